@@ -1,0 +1,31 @@
+# EAGLE-3 draft-head workflow: compat report -> hidden-state shards -> vocab map ->
+# training checkpoint -> vLLM-format head -> benchmark JSON. See README.md.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: f"{workflow.basedir}/config.yaml"
+
+
+validate(config, "schemas/config.schema.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/materialize_target.smk"
+include: "rules/compat_report.smk"
+include: "rules/prepare_data.smk"
+include: "rules/capture_hidden_states.smk"
+include: "rules/build_vocab_map.smk"
+include: "rules/train_draft.smk"
+include: "rules/export_head.smk"
+include: "rules/benchmark.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        f"{RES}/compat.json",
+        f"{RES}/data/data_report.json",
+        f"{RES}/head/config.json",
+        f"{RES}/benchmark.json",

@@ -1,0 +1,61 @@
+"""Atomic writes: every artifact is written to a temporary sibling, then renamed.
+
+A job killed at any moment leaves either the previous file or no file, never a
+half-written one that Snakemake or the next stage would accept. ``os.replace`` is
+atomic on POSIX when source and destination are on the same filesystem, which a
+sibling path guarantees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _tmp_sibling(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` on success.
+
+    Works for files and directories. On an exception the temporary is removed and
+    ``path`` is left untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(path)
+    _remove(tmp)
+    try:
+        yield tmp
+        if path.is_dir() and tmp.is_dir():
+            # os.replace cannot overwrite a non-empty directory.
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        _remove(tmp)
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    elif p.exists() or p.is_symlink():
+        p.unlink()
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented, key-sorted JSON atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)

@@ -1,0 +1,120 @@
+"""Stage ``build_vocab_map``: the draft vocabulary (d2t/t2d) from assistant-token frequencies.
+
+The mapping itself is speculators' ``build_vocab_mappings_from_distribution``: the
+``draft_vocab_size`` most frequent target tokens (ties by id), sorted;
+``d2t[i] = target_id - i`` (int64, [draft]) and ``t2d`` a bool mask over the target
+vocabulary ([target]) — the tensors vLLM reads from the head (REFERENCE.md).
+
+The fingerprint (sha256 of the sorted counts and the draft size, 16 hex chars) travels
+with the checkpoint and the exported head, so a head can never be exported with a map it
+was not trained with (REFERENCE.md failure kind 5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+
+import numpy as np
+
+from .atomic import atomic_path, write_json
+from .prepare_data import read_tokens
+
+log = logging.getLogger(__name__)
+
+
+def count_assistant_tokens(tokens_path: str | os.PathLike, num_samples: int | None = None) -> dict[int, int]:
+    """Frequencies of target token ids under the loss mask, over the first ``num_samples`` samples."""
+    toks = read_tokens(tokens_path)
+    n = len(toks) if num_samples is None else min(num_samples, len(toks))
+    end = int(toks.offsets[n])
+    ids = toks.input_ids[:end][toks.loss_mask[:end].astype(bool)]
+    uniq, counts = np.unique(ids, return_counts=True)
+    return dict(zip(uniq.tolist(), counts.tolist(), strict=True))
+
+
+def vocab_fingerprint(freq: dict[int, int], draft_vocab_size: int) -> str:
+    """sha256 over the sorted ``(token, count)`` pairs and the draft size; 16 hex chars."""
+    h = hashlib.sha256(json.dumps([draft_vocab_size, sorted(freq.items())]).encode())
+    return h.hexdigest()[:16]
+
+
+def build(
+    tokens_path: str | os.PathLike,
+    target_vocab_size: int,
+    draft_vocab_size: int,
+    out_d2t: str | os.PathLike,
+    out_t2d: str | os.PathLike,
+    out_json: str | os.PathLike,
+    num_samples: int | None = None,
+) -> dict:
+    """Count, map, and write ``d2t.npy`` (int64 [draft]), ``t2d.npy`` (bool [target]) and ``vocab.json``.
+
+    Raises:
+        ValueError: ``draft_vocab_size`` exceeds the target vocabulary.
+    """
+    import torch
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    if draft_vocab_size > target_vocab_size:
+        raise ValueError(f"vocab.draft_vocab_size {draft_vocab_size} exceeds the target vocabulary ({target_vocab_size})")
+    freq = count_assistant_tokens(tokens_path, num_samples)
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
+    assert isinstance(d2t, torch.Tensor)
+    total = sum(freq.values())
+    selected = set((torch.arange(draft_vocab_size) + d2t).tolist())
+    covered = sum(c for t, c in freq.items() if t in selected)
+    info = {
+        "fingerprint": vocab_fingerprint(freq, draft_vocab_size),
+        "draft_vocab_size": draft_vocab_size,
+        "target_vocab_size": target_vocab_size,
+        "distinct_tokens_seen": len(freq),
+        "tokens_counted": total,
+        "coverage": covered / total if total else 0.0,
+        "num_samples": num_samples,
+    }
+    for path, arr in ((out_d2t, d2t.numpy().astype(np.int64)), (out_t2d, t2d.numpy().astype(bool))):
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, arr)
+    write_json(out_json, info)
+    log.info("vocab map: %s", info)
+    return info
+
+
+def load(d2t_path: str | os.PathLike, t2d_path: str | os.PathLike, json_path: str | os.PathLike):
+    """Read a map written by ``build``: ``(d2t int64 [draft], t2d bool [target], info dict)`` as torch tensors.
+
+    Raises:
+        ValueError: d2t and t2d disagree (``t2d`` must be True exactly at ``arange + d2t``).
+    """
+    import torch
+
+    d2t = torch.from_numpy(np.load(d2t_path))
+    t2d = torch.from_numpy(np.load(t2d_path))
+    info = json.loads(open(json_path).read())
+    check_consistent(d2t, t2d)
+    return d2t, t2d, info
+
+
+def check_consistent(d2t, t2d) -> None:
+    """``t2d`` must be True exactly at the target ids ``arange(draft) + d2t``, which must be increasing.
+
+    Raises:
+        ValueError: naming how many ids disagree.
+    """
+    import torch
+
+    targets = torch.arange(d2t.shape[0]) + d2t.to(torch.int64)
+    if targets.min() < 0 or targets.max() >= t2d.shape[0]:
+        raise ValueError(f"d2t maps outside the target vocabulary [0, {t2d.shape[0]})")
+    if not bool((targets[1:] > targets[:-1]).all()):
+        raise ValueError("d2t target ids are not strictly increasing")
+    expect = torch.zeros(t2d.shape[0], dtype=torch.bool)
+    expect[targets] = True
+    bad = int((expect != t2d.to(torch.bool)).sum())
+    if bad:
+        raise ValueError(f"d2t and t2d disagree on {bad} target ids")
+

@@ -1,0 +1,168 @@
+"""Stage ``export_head``: the trained checkpoint -> a head directory vLLM loads as ``speculative_config.model``.
+
+Format (speculators' EAGLE-3 format; REFERENCE.md "Files vLLM loads"): ``config.json``
+(``speculators_model_type: eagle3``, ``transformer_layer_config``, ``draft_vocab_size``,
+``eagle_aux_hidden_state_layer_ids``, head flags, ``speculators_config`` with the
+verifier) and ``model.safetensors`` (``fc.weight``, ``layers.0.*``, ``norm.weight``,
+``lm_head.weight``, ``d2t`` int64 [draft], ``t2d`` bool [target], the frozen
+``embed_tokens.weight``; ``input_norm.weight`` when ``norm_before_fc``).
+
+The verifier is named by ``served_name`` (e.g. the hub id), never by a local path,
+so the directory is portable. ``head_meta.json`` beside them records the target and
+vocab-map fingerprints and the aux ids the head was trained with.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from .atomic import atomic_path
+from .build_vocab_map import check_consistent
+
+log = logging.getLogger(__name__)
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot become a valid head; the message says which tensor/field and why."""
+
+
+def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape that a head with speculators config ``cfg`` must hold."""
+    tl = cfg["transformer_layer_config"]
+    H = tl["hidden_size"]
+    V = tl["vocab_size"]
+    D = cfg["draft_vocab_size"]
+    A = len(cfg["eagle_aux_hidden_state_layer_ids"])
+    heads, kv = tl["num_attention_heads"], tl["num_key_value_heads"]
+    hd = tl.get("head_dim") or H // heads
+    inter = tl["intermediate_size"]
+    shapes = {
+        "fc.weight": (H, A * H),
+        "norm.weight": (H,),
+        "lm_head.weight": (D, H),
+        "d2t": (D,),
+        "t2d": (V,),
+        "embed_tokens.weight": (V, H),
+        # the first draft layer attends over [embed, hidden] (2H wide)
+        "layers.0.self_attn.q_proj.weight": (heads * hd, 2 * H),
+        "layers.0.self_attn.k_proj.weight": (kv * hd, 2 * H),
+        "layers.0.self_attn.v_proj.weight": (kv * hd, 2 * H),
+        "layers.0.self_attn.o_proj.weight": (H, heads * hd),
+        "layers.0.mlp.gate_proj.weight": (inter, H),
+        "layers.0.mlp.up_proj.weight": (inter, H),
+        "layers.0.mlp.down_proj.weight": (H, inter),
+        "layers.0.input_layernorm.weight": (H,),
+        "layers.0.hidden_norm.weight": (H,),
+        "layers.0.post_attention_layernorm.weight": (H,),
+    }
+    if cfg.get("norm_before_fc"):
+        shapes["input_norm.weight"] = (A * H,)
+    return shapes
+
+
+def _absolute_paths(obj, where: str = "") -> list[str]:
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in _absolute_paths(v, f"{where}.{k}" if where else k)]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in _absolute_paths(v, f"{where}[{i}]")]
+    if isinstance(obj, str) and (os.path.isabs(obj) or obj.startswith(("./", "../", "~"))):
+        return [f"{where}={obj!r}"]
+    return []
+
+
+def export(
+    checkpoint_dir: str | os.PathLike,
+    d2t_path: str,
+    t2d_path: str,
+    vocab_json: str,
+    out_dir: str | os.PathLike,
+    served_name: str,
+    target_dir: str,
+    dtype: str = "bfloat16",
+) -> dict:
+    """Check the checkpoint against the vocab map and write the head directory; then load it with speculators.
+
+    Raises:
+        ExportError: vocab-map fingerprint differs from the one trained with (both named);
+            a required tensor is missing or has the wrong shape/dtype; d2t/t2d disagree
+            with each other or with the map files; an absolute path would be written.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from . import build_vocab_map
+
+    ck = Path(checkpoint_dir)
+    cfg = json.loads((ck / "config.json").read_text())
+    meta = json.loads((ck / "train_meta.json").read_text())
+    d2t, t2d, vinfo = build_vocab_map.load(d2t_path, t2d_path, vocab_json)
+    if vinfo["fingerprint"] != meta["vocab_fingerprint"]:
+        raise ExportError(
+            f"vocab map {vocab_json} has fingerprint {vinfo['fingerprint']}, but the checkpoint "
+            f"{ck} was trained with {meta['vocab_fingerprint']}; retrain or use the matching map"
+        )
+    state = load_file(str(ck / "model.safetensors"))
+    shapes = expected_shapes(cfg)
+    for name, shape in shapes.items():
+        if name not in state:
+            raise ExportError(f"{ck}/model.safetensors: required tensor {name} is missing")
+        if tuple(state[name].shape) != shape:
+            raise ExportError(f"{ck}/model.safetensors: {name} has shape {tuple(state[name].shape)}, expected {shape}")
+    if state["d2t"].dtype != torch.int64 or state["t2d"].dtype != torch.bool:
+        raise ExportError(f"{ck}: d2t must be int64 and t2d bool, got {state['d2t'].dtype} / {state['t2d'].dtype}")
+    check_consistent(state["d2t"], state["t2d"])
+    if not torch.equal(state["d2t"], d2t) or not torch.equal(state["t2d"], t2d):
+        raise ExportError(f"{ck}: d2t/t2d inside the checkpoint differ from {d2t_path}/{t2d_path}")
+    flags = {k: cfg.get(k) for k in meta["head_flags"]}
+    if flags != meta["head_flags"]:
+        raise ExportError(f"{ck}: config head flags {flags} differ from those trained with {meta['head_flags']}")
+    if list(cfg["eagle_aux_hidden_state_layer_ids"]) != list(meta["aux_layer_ids"]):
+        raise ExportError(f"{ck}: config aux ids {cfg['eagle_aux_hidden_state_layer_ids']} != trained {meta['aux_layer_ids']}")
+
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+    out_state = {k: (v.to(tdt) if v.is_floating_point() else v).contiguous() for k, v in state.items() if k in shapes}
+    cfg["speculators_config"]["verifier"]["name_or_path"] = served_name
+    cfg.pop("auto_map", None)  # points at a config.py we do not ship; vLLM and speculators do not need it
+    cfg["dtype"] = dtype
+    bad = _absolute_paths(cfg)
+    if bad:
+        raise ExportError(f"head config would contain local paths: {bad}")
+    head_meta = {**meta, "served_name": served_name, "dtype": dtype, "tensors": {k: list(v.shape) for k, v in out_state.items()}}
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        save_file(out_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "head_meta.json").write_text(json.dumps(head_meta, indent=2) + "\n")
+    check_loads_with_speculators(out_dir, target_dir, out_state)
+    log.info("exported head to %s (%d tensors, %s)", out_dir, len(out_state), dtype)
+    return head_meta
+
+
+def check_loads_with_speculators(head_dir: str | os.PathLike, target_dir: str, state: dict[str, torch.Tensor]) -> None:
+    """Load the head with speculators' ``Eagle3DraftModel.from_pretrained`` and compare every tensor.
+
+    The config names the verifier by its served name, which need not exist on this
+    machine; for the check the verifier is pointed at the local target directory.
+
+    Raises:
+        ExportError: loading fails or a loaded tensor differs from the one written.
+    """
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    try:
+        cfg = Eagle3SpeculatorConfig.from_pretrained(os.fspath(head_dir))
+        cfg.speculators_config.verifier.name_or_path = os.fspath(target_dir)
+        cfg.transformer_layer_config._attn_implementation = "sdpa"
+        model = Eagle3DraftModel.from_pretrained(os.fspath(head_dir), config=cfg)
+    except Exception as e:  # noqa: BLE001 - any failure to load is the finding
+        raise ExportError(f"speculators cannot load {head_dir}: {type(e).__name__}: {e}") from e
+    loaded = model.state_dict()
+    for k, v in state.items():
+        if k not in loaded:
+            raise ExportError(f"speculators dropped tensor {k} when loading {head_dir}")
+        if not torch.equal(loaded[k].to(v.dtype), v):
+            raise ExportError(f"tensor {k} differs after loading {head_dir} with speculators")

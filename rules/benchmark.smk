@@ -1,0 +1,23 @@
+rule benchmark:
+    input:
+        head=f"{RES}/head/model.safetensors",
+        head_config=f"{RES}/head/config.json",
+        prompts=f"{RES}/data/prompts.jsonl",
+        target=TARGET,
+    output:
+        f"{RES}/benchmark.json",
+    params:
+        head_dir=lambda w, input: os.path.dirname(input.head),
+        settings=config["benchmark"],
+        served_name=config["target"]["served_name"],
+    log:
+        f"{LOGS}/benchmark.log",
+    threads: config["resources"]["serve"]["threads"]
+    resources:
+        gpu=res("serve", "gpu"),
+        mem_mb=res("serve", "mem_mb"),
+        runtime=res("serve", "runtime"),
+    conda:
+        "../envs/eagle3build.yaml"
+    script:
+        "../scripts/benchmark.py"

@@ -1,0 +1,17 @@
+rule build_vocab_map:
+    input:
+        tokens=f"{RES}/data/train.safetensors",
+        compat=f"{RES}/compat.json",
+    output:
+        d2t=f"{RES}/vocab/d2t.npy",
+        t2d=f"{RES}/vocab/t2d.npy",
+        info=f"{RES}/vocab/vocab.json",
+    params:
+        draft_vocab_size=config["vocab"]["draft_vocab_size"],
+        num_samples=config["capture"]["num_train_samples"],
+    log:
+        f"{LOGS}/build_vocab_map.log",
+    conda:
+        "../envs/eagle3build.yaml"
+    script:
+        "../scripts/build_vocab_map.py"

@@ -1,0 +1,53 @@
+# Paths, shard arithmetic and input functions shared by all rules.
+import math
+import os
+
+RUN = config["run"]
+RES = f"results/{RUN}"
+LOGS = f"logs/{RUN}"
+BENCH = f"{RES}/benchmarks"
+
+# The target: a user's HF directory, or a bundled GGUF materialised under resources/.
+TARGET = config["target"]["path"] or f"resources/targets/{config['target']['bundled']}"
+
+# One file target per shard: shard i of a split holds samples [i*S, min((i+1)*S, N)).
+# A shard's params depend only on its own range, so raising N adds shards and
+# leaves the full ones up to date.
+SHARD_SIZE = config["capture"]["samples_per_shard"]
+NUM_SAMPLES = {
+    "train": config["capture"]["num_train_samples"],
+    "eval": config["capture"]["num_eval_samples"],
+}
+
+
+wildcard_constraints:
+    split="train|eval",
+    shard=r"\d{5}",
+
+
+def num_shards(split):
+    return math.ceil(NUM_SAMPLES[split] / SHARD_SIZE)
+
+
+def shard_files(split):
+    return [
+        f"{RES}/hidden_states/{split}/shard-{i:05d}.safetensors"
+        for i in range(num_shards(split))
+    ]
+
+
+def shard_start(wildcards):
+    return int(wildcards.shard) * SHARD_SIZE
+
+
+def shard_count(wildcards):
+    return min(SHARD_SIZE, NUM_SAMPLES[wildcards.split] - shard_start(wildcards))
+
+
+def prompts_file_input(wildcards):
+    return config["data"]["prompts_file"] or []
+
+
+def res(job, key):
+    """A resource of config section resources.<job>, 0 for gpu when absent."""
+    return config["resources"][job].get(key, 0)

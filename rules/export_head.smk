@@ -1,0 +1,22 @@
+rule export_head:
+    input:
+        checkpoint=f"{RES}/checkpoint/model.safetensors",
+        d2t=f"{RES}/vocab/d2t.npy",
+        t2d=f"{RES}/vocab/t2d.npy",
+        vocab=f"{RES}/vocab/vocab.json",
+        target=TARGET,
+    output:
+        config=f"{RES}/head/config.json",
+        weights=f"{RES}/head/model.safetensors",
+        meta=f"{RES}/head/head_meta.json",
+    params:
+        checkpoint_dir=lambda w, input: os.path.dirname(input.checkpoint),
+        out_dir=lambda w, output: os.path.dirname(output.config),
+        served_name=config["target"]["served_name"],
+        dtype=config["export"]["dtype"],
+    log:
+        f"{LOGS}/export_head.log",
+    conda:
+        "../envs/eagle3build.yaml"
+    script:
+        "../scripts/export_head.py"

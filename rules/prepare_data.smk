@@ -1,0 +1,29 @@
+rule prepare_data:
+    input:
+        target=TARGET,
+        prompts_file=prompts_file_input,
+    output:
+        train=f"{RES}/data/train.safetensors",
+        eval=f"{RES}/data/eval.safetensors",
+        prompts=f"{RES}/data/prompts.jsonl",
+        report=f"{RES}/data/data_report.json",
+    params:
+        sources=config["data"]["sources"],
+        max_seq_len=config["data"]["max_seq_len"],
+        min_supervised_tokens=config["data"]["min_supervised_tokens"],
+        eval_fraction=config["data"]["eval_fraction"],
+        seed=config["data"]["seed"],
+        num_aux_layers=(
+            3
+            if config["capture"]["aux_layer_ids"] == "auto"
+            else len(config["capture"]["aux_layer_ids"])
+        ),
+        trust_remote_code=config["target"]["trust_remote_code"],
+    log:
+        f"{LOGS}/prepare_data.log",
+    benchmark:
+        f"{BENCH}/prepare_data.tsv"
+    conda:
+        "../envs/eagle3build.yaml"
+    script:
+        "../scripts/prepare_data.py"

@@ -1,0 +1,32 @@
+rule train_draft:
+    input:
+        compat=f"{RES}/compat.json",
+        train=shard_files("train"),
+        eval=shard_files("eval"),
+        d2t=f"{RES}/vocab/d2t.npy",
+        t2d=f"{RES}/vocab/t2d.npy",
+        vocab=f"{RES}/vocab/vocab.json",
+        target=TARGET,
+    output:
+        config=f"{RES}/checkpoint/config.json",
+        weights=f"{RES}/checkpoint/model.safetensors",
+        meta=f"{RES}/checkpoint/train_meta.json",
+        metrics=f"{RES}/checkpoint/metrics.json",
+        curves=report(f"{RES}/checkpoint/curves.png", category="3. Training"),
+    params:
+        out_dir=lambda w, output: os.path.dirname(output.config),
+        train=config["train"],
+        trust_remote_code=config["target"]["trust_remote_code"],
+    log:
+        f"{LOGS}/train_draft.log",
+    benchmark:
+        f"{BENCH}/train_draft.tsv"
+    threads: config["resources"]["train"]["threads"]
+    resources:
+        gpu=res("train", "gpu"),
+        mem_mb=res("train", "mem_mb"),
+        runtime=res("train", "runtime"),
+    conda:
+        "../envs/eagle3build.yaml"
+    script:
+        "../scripts/train_draft.py"

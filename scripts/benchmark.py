@@ -1,0 +1,19 @@
+"""Snakemake adapter for eagle3build.benchmark."""
+from eagle3build.benchmark import benchmark
+from eagle3build.job import setup
+
+setup(snakemake)
+s = snakemake.params.settings
+benchmark(
+    target_dir=snakemake.input.target,
+    head_dir=snakemake.params.head_dir,
+    prompts_path=snakemake.input.prompts,
+    out_json=snakemake.output[0],
+    ks=s["ks"],
+    num_prompts=s["num_prompts"],
+    max_tokens=s["max_tokens"],
+    dtype=s["dtype"],
+    served_name=snakemake.params.served_name,
+    max_model_len=s["max_model_len"],
+    seed=s["seed"],
+)

@@ -1,0 +1,25 @@
+"""Snakemake adapter for eagle3build.capture_hidden_states."""
+import json
+
+from eagle3build.capture_hidden_states import capture_shard
+from eagle3build.job import setup
+
+setup(snakemake)
+compat = json.load(open(snakemake.input.compat))
+p = snakemake.params
+capture_shard(
+    target_dir=snakemake.input.target,
+    tokens_path=snakemake.input.tokens,
+    out_path=snakemake.output[0],
+    start=p.start,
+    count=p.num_samples,
+    aux_layer_ids=compat["capture"]["aux_layer_ids"],
+    target_fingerprint=compat["target"]["fingerprint"],
+    split=snakemake.wildcards.split,
+    backend=compat["capture"]["backend"],
+    device="cuda" if snakemake.resources.gpu > 0 else "cpu",
+    compute_dtype=p.compute_dtype,
+    storage_dtype=p.storage_dtype,
+    tokens_per_batch=p.tokens_per_batch,
+    trust_remote_code=p.trust_remote_code,
+)

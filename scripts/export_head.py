@@ -1,0 +1,15 @@
+"""Snakemake adapter for eagle3build.export_head."""
+from eagle3build.export_head import export
+from eagle3build.job import setup
+
+setup(snakemake)
+export(
+    checkpoint_dir=snakemake.params.checkpoint_dir,
+    d2t_path=snakemake.input.d2t,
+    t2d_path=snakemake.input.t2d,
+    vocab_json=snakemake.input.vocab,
+    out_dir=snakemake.params.out_dir,
+    served_name=snakemake.params.served_name,
+    target_dir=snakemake.input.target,
+    dtype=snakemake.params.dtype,
+)

@@ -1,0 +1,20 @@
+"""Snakemake adapter for eagle3build.train_draft."""
+
+from eagle3build.job import setup
+from eagle3build.train_draft import train
+
+setup(snakemake)
+i = snakemake.input
+train(
+    target_dir=i.target,
+    train_shards=list(i.train),
+    eval_shards=list(i.eval),
+    d2t_path=i.d2t,
+    t2d_path=i.t2d,
+    vocab_json=i.vocab,
+    compat_json=i.compat,
+    out_dir=snakemake.params.out_dir,
+    device="cuda" if snakemake.resources.gpu > 0 else "cpu",
+    trust_remote_code=snakemake.params.trust_remote_code,
+    **snakemake.params.train,
+)

@@ -1,0 +1,61 @@
+"""Shared fixtures: the materialised SmolLM2 target (built once per session) and tiny random targets."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+@pytest.fixture(scope="session")
+def smol_target(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct dequantised from the bundled GGUF into an HF directory (~1 min, once)."""
+    from eagle3build.materialize_target import materialize
+
+    out = tmp_path_factory.mktemp("targets") / "smollm2"
+    materialize("smollm2-135m-instruct", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory, smol_target) -> Path:
+    """A 6-layer, hidden-64 random Llama with SmolLM2's tokenizer and chat template (vocab 49152)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+    out = tmp_path_factory.mktemp("targets") / "tiny-llama"
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
+    for f in TOKENIZER_FILES:
+        if (smol_target / f).exists():
+            shutil.copy(smol_target / f, out / f)
+    return out
+
+
+@pytest.fixture(scope="session")
+def sharegpt_sample(tmp_path_factory) -> Path:
+    """The first 60 records of the bundled ShareGPT file, as a small JSON array."""
+    import json
+
+    from eagle3build.prepare_data import SourceStats, bundled_sharegpt_path, read_records
+
+    recs = []
+    for _, r in read_records(bundled_sharegpt_path(), SourceStats(path="bundled")):
+        recs.append(r)
+        if len(recs) == 60:
+            break
+    out = tmp_path_factory.mktemp("data") / "sharegpt60.json"
+    out.write_text(json.dumps(recs))
+    return out

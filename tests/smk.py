@@ -1,0 +1,48 @@
+"""Helpers to run the workflow through the snakemake CLI in a subprocess."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+def write_config(path: Path, **overrides) -> Path:
+    """config.yaml with nested ``overrides`` (``{"capture": {"num_train_samples": 5}}``) applied."""
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    for section, values in overrides.items():
+        if isinstance(values, dict):
+            cfg[section].update(values)
+        else:
+            cfg[section] = values
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run(args: list[str], workdir: Path | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "2"]
+    if workdir is not None:
+        cmd += ["-d", str(workdir)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(cmd + args, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def planned_jobs(args: list[str], workdir: Path | None = None) -> dict[str, int]:
+    """Rule -> job count of a dry-run's "Job stats" table ({} when nothing is to be done)."""
+    p = run(["-n", *args], workdir)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout + p.stderr
+    if "Nothing to be done" in out:
+        return {}
+    table = out.split("Job stats:", 1)[1]
+    jobs = {}
+    for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M):
+        if m.group(1) != "total":
+            jobs[m.group(1)] = int(m.group(2))
+    return jobs

@@ -1,0 +1,130 @@
+"""prepare_data: ingest with salvage, normalisation rules, the assistant mask, the split, the files."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from eagle3build import prepare_data as pd
+
+
+def conv(*turns, key="conversations"):
+    if key == "conversations":
+        return {"conversations": [{"from": r, "value": t} for r, t in turns]}
+    return {"messages": [{"role": r, "content": t} for r, t in turns]}
+
+
+def test_truncated_array_keeps_complete_records(tmp_path):
+    good = [dict(conv(("human", "hi"), ("gpt", "hello")), id=f"r{i}") for i in range(2)]
+    head = json.dumps(good)[:-1]  # two complete records, array not closed
+    cut = head + ', {"id": "r2", "conversations": [{"from": "hu'
+    f = tmp_path / "cut.json"
+    f.write_text(cut)
+    stats = pd.SourceStats(path=str(f))
+    recs = list(pd.read_records(f, stats))
+    assert [r["id"] for _, r in recs] == ["r0", "r1"]
+    kept_end = len(head.encode())
+    assert stats.truncated_at_byte == kept_end
+    assert stats.bytes_lost == len(cut.encode()) - kept_end
+
+
+def test_bundled_sharegpt_yields_17671_conversations():
+    stats = pd.SourceStats(path="bundled")
+    n = sum(1 for _ in pd.read_records(pd.bundled_sharegpt_path(), stats))
+    assert n == 17671
+    assert stats.truncated_at_byte is not None and stats.bytes_lost > 0
+
+
+def test_jsonl_bad_line_is_counted(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text(json.dumps(conv(("user", "a"), ("assistant", "b"), key="messages")) + "\n{not json\n")
+    stats = pd.SourceStats(path=str(f))
+    assert len(list(pd.read_records(f, stats))) == 1
+    assert stats.bad_lines == 1
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(b"", "empty"), (b"\xff\xfe\x00bad", "not UTF-8"), (b'"a string"', "expected a JSON array")],
+)
+def test_unreadable_files_name_the_file(tmp_path, content, message):
+    f = tmp_path / "bad.json"
+    f.write_bytes(content)
+    with pytest.raises(pd.DataError, match=message) as e:
+        list(pd.read_records(f, pd.SourceStats(path=str(f))))
+    assert str(f) in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "record, reason",
+    [
+        ([1, 2], "not_an_object"),
+        ({"id": "x"}, "missing_key"),
+        (conv(("alien", "hi"), ("gpt", "yo")), "unknown_role"),
+        ({"conversations": [{"from": "human", "value": 3}, {"from": "gpt", "value": "x"}]}, "non_string_text"),
+        (conv(("human", "  "), ("gpt", "x")), "empty_text"),
+        (conv(("human", "a"), ("system", "s"), ("gpt", "b")), "system_not_first"),
+        (conv(("human", "only a question")), "no_assistant_turn"),
+    ],
+)
+def test_normalise_skips_are_counted(record, reason):
+    c = pd.Counters()
+    assert pd.normalise(record, "f.json", 0, c) is None
+    assert c.skipped == {reason: 1}
+
+
+def test_normalise_fixes_order():
+    c = pd.Counters()
+    rec = conv(("gpt", "lead"), ("human", "q1"), ("human", "q2"), ("gpt", "a"), ("human", "trailing"))
+    out = pd.normalise(rec, "f.json", 0, c)
+    assert out.messages == [{"role": "user", "content": "q1\n\nq2"}, {"role": "assistant", "content": "a"}]
+    assert c.fixed == {"fixed_leading_assistant": 1, "fixed_merged_turns": 1, "fixed_trailing_user": 1}
+
+
+def test_chatml_mask_covers_assistant_text_and_end_token(smol_target):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_target)
+    msgs = [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "It is 4."},
+        {"role": "user", "content": "And 3+3?"},
+        {"role": "assistant", "content": "It is 6."},
+    ]
+    ids, mask = pd.tokenize_with_mask(tok, msgs, max_seq_len=1000)
+    assert ids.dtype == np.int32 and mask.dtype == np.uint8 and len(ids) == len(mask)
+    # Hand-checked: exactly the two answers, each with ChatML's end-of-turn token.
+    assert tok.decode(ids[mask == 1]) == "It is 4.<|im_end|>It is 6.<|im_end|>"
+    # The system prompt, user turns and "assistant\n" headers stay unsupervised.
+    assert "What is 2+2?" in tok.decode(ids[mask == 0])
+    # Truncation cuts ids and mask together.
+    ids2, mask2 = pd.tokenize_with_mask(tok, msgs, max_seq_len=40)
+    assert len(ids2) == 40 and np.array_equal(mask2, mask[:40])
+
+
+def test_split_is_deterministic_and_per_sample():
+    ids = [f"s{i}" for i in range(2000)]
+    a = [pd.is_eval(i, 0, 0.1) for i in ids]
+    assert a == [pd.is_eval(i, 0, 0.1) for i in ids]
+    assert 150 < sum(a) < 250
+    assert a != [pd.is_eval(i, 1, 0.1) for i in ids]
+
+
+def test_prepare_writes_splits_and_report(tmp_path, smol_target, sharegpt_sample):
+    out = {k: tmp_path / f for k, f in dict(train="train.safetensors", eval="eval.safetensors",
+                                            prompts="prompts.jsonl", report="report.json").items()}
+    rep = pd.prepare([{"path": str(sharegpt_sample), "max_samples": 40}], smol_target, out["train"], out["eval"],
+                     out["prompts"], out["report"], max_seq_len=256, min_supervised_tokens=4, eval_fraction=0.25, seed=0)
+    tr, ev = pd.read_tokens(out["train"]), pd.read_tokens(out["eval"])
+    assert len(tr) + len(ev) == rep["kept"] == 40
+    assert len(ev) == rep["eval_samples"] and len(ev) > 0
+    assert not set(tr.sample_ids) & set(ev.sample_ids)
+    for f in (tr, ev):
+        assert f.offsets[-1] == len(f.input_ids) == len(f.loss_mask)
+        assert (np.diff(f.offsets) <= 256).all()
+    assert rep["tokens"]["max"] <= 256
+    assert rep["hidden_state_bytes"]["per_token_bf16"] == 4 * 576 * 2
+    prompts = [json.loads(x) for x in out["prompts"].read_text().splitlines()]
+    assert prompts and all(p["messages"][-1]["role"] == "user" for p in prompts)
+    assert json.loads(out["report"].read_text())["kept"] == 40

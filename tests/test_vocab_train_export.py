@@ -1,0 +1,120 @@
+"""build_vocab_map, train_draft and export_head on a tiny random target with real captured shards."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from eagle3build import build_vocab_map as bv
+from eagle3build import capture_hidden_states as cap
+from eagle3build import export_head as ex
+from eagle3build import prepare_data as pd
+from eagle3build import train_draft as td
+
+AUX = [1, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, tiny_target):
+    """Tokens (skewed toward a few ids, like real text), one train and one eval shard, a vocab map, a compat stub."""
+    d = tmp_path_factory.mktemp("pipeline")
+    rng = np.random.default_rng(0)
+    common = rng.integers(100, 400, 64)  # a 64-token "language"
+    samples = []
+    for i in range(10):
+        n = int(rng.integers(40, 90))
+        ids = rng.choice(common, n).astype(np.int32)
+        mask = np.zeros(n, np.uint8)
+        mask[n // 3:] = 1
+        samples.append((f"s{i}", ids, mask))
+    pd.write_tokens(d / "train.safetensors", samples[:8])
+    pd.write_tokens(d / "eval.safetensors", samples[8:])
+    for split, n in (("train", 8), ("eval", 2)):
+        cap.capture_shard(tiny_target, d / f"{split}.safetensors", d / f"{split}-shard.safetensors", 0, n, AUX, "fp-tiny", split)
+    (d / "compat.json").write_text(json.dumps({"target": {"fingerprint": "fp-tiny"}, "capture": {"aux_layer_ids": AUX}}))
+    info = bv.build(d / "train.safetensors", 49152, 256, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+    return d, samples, info
+
+
+def test_vocab_map_from_assistant_tokens(workdir):
+    d, samples, info = workdir
+    d2t, t2d, loaded = bv.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+    assert d2t.dtype == torch.int64 and d2t.shape == (256,) and t2d.dtype == torch.bool and t2d.shape == (49152,)
+    assert int(t2d.sum()) == 256
+    seen = {int(t) for _, ids, m in samples[:8] for t in ids[m == 1]}
+    selected = set((torch.arange(256) + d2t).tolist())
+    assert seen <= selected  # fewer distinct tokens than the draft size: all of them are in
+    assert info["coverage"] == 1.0 and loaded["fingerprint"] == info["fingerprint"]
+    freq = bv.count_assistant_tokens(d / "train.safetensors")
+    assert sum(freq.values()) == sum(int(m.sum()) for _, _, m in samples[:8])
+    assert bv.vocab_fingerprint(freq, 256) != bv.vocab_fingerprint(freq, 512)
+
+
+def test_inconsistent_map_is_refused():
+    d2t = torch.tensor([1, 1, 1])
+    t2d = torch.zeros(8, dtype=torch.bool)
+    t2d[[1, 2, 4]] = True  # d2t says 1, 2, 3
+    with pytest.raises(ValueError, match="disagree on 2 target ids"):
+        bv.check_consistent(d2t, t2d)
+
+
+def test_train_loss_falls_and_checkpoint_is_written(workdir, tiny_target):
+    d, _, info = workdir
+    out = d / "checkpoint"
+    m = td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
+                 str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "compat.json"), str(out),
+                 epochs=12, lr=3e-3, total_seq_len=256, ttt_steps=3, seed=0, device="cpu")
+    losses = [h["loss"] for h in m["train_history"]]
+    assert m["steps"] == len(losses) >= 12
+    assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
+    ev = m["final_eval"]
+    assert len(ev["full_acc_per_step"]) == 3 and 1.0 <= ev["simulated_acceptance_length"] <= 4.0
+    assert ev["simulated_acceptance_length"] == pytest.approx(1 + sum(ev["full_acc_per_step"]))
+    for f in ("config.json", "model.safetensors", "train_meta.json", "metrics.json", "curves.png"):
+        assert (out / f).stat().st_size > 0
+    meta = json.loads((out / "train_meta.json").read_text())
+    assert meta["vocab_fingerprint"] == info["fingerprint"] and meta["aux_layer_ids"] == AUX
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("fc.weight").shape == (64, 3 * 64)
+
+
+def test_trainer_refuses_foreign_shards(workdir, tiny_target, tmp_path):
+    d, _, _ = workdir
+    (tmp_path / "compat.json").write_text(json.dumps({"target": {"fingerprint": "other"}, "capture": {"aux_layer_ids": AUX}}))
+    with pytest.raises(Exception, match="fingerprint fp-tiny but this run's target is other"):
+        td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [], str(d / "d2t.npy"), str(d / "t2d.npy"),
+                 str(d / "vocab.json"), str(tmp_path / "compat.json"), str(tmp_path / "ck"), device="cpu")
+
+
+def test_export_head(workdir, tiny_target):
+    d, _, info = workdir
+    ck = d / "checkpoint"
+    if not ck.exists():
+        pytest.skip("needs the checkpoint of test_train_loss_falls_and_checkpoint_is_written")
+    head = d / "head"
+    ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), head, "org/tiny-llama", str(tiny_target))
+    cfg = json.loads((head / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["architectures"] == ["Eagle3DraftModel"]
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-llama"
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == AUX and cfg["draft_vocab_size"] == 256
+    assert cfg["norm_before_fc"] is True and cfg["norm_output"] is True  # eagle3.1 default
+    assert str(tiny_target) not in (head / "config.json").read_text()
+    with safe_open(str(head / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
+        assert f.get_tensor("lm_head.weight").shape == (256, 64) and f.get_tensor("lm_head.weight").dtype == torch.bfloat16
+        assert set(ex.expected_shapes(cfg)) == set(f.keys())
+
+
+def test_export_refuses_other_vocab_map(workdir, tiny_target, tmp_path):
+    d, _, info = workdir
+    ck = d / "checkpoint"
+    if not ck.exists():
+        pytest.skip("needs the checkpoint")
+    other = bv.build(d / "train.safetensors", 49152, 300, tmp_path / "d2t.npy", tmp_path / "t2d.npy", tmp_path / "v.json")
+    with pytest.raises(ex.ExportError, match=f"fingerprint {other['fingerprint']}.*trained with {info['fingerprint']}"):
+        ex.export(ck, str(tmp_path / "d2t.npy"), str(tmp_path / "t2d.npy"), str(tmp_path / "v.json"), tmp_path / "head",
+                  "org/tiny", str(tiny_target))
+    assert not (tmp_path / "head").exists()
