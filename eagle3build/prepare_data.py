@@ -271,7 +271,7 @@ def normalise(record: object, source: str, index: int, counters: Counters) -> Co
 SENTINEL = "\u2063EAGLE3BUILD-TURN\u2063"  # invisible separator: no template rewrites it
 
 
-def assistant_char_spans(tokenizer, messages: list[dict[str, str]], full: str) -> list[tuple[int, int]] | None:
+def assistant_char_spans(tokenizer, messages: list[dict[str, str]], full: str, limit: int | None = None) -> list[tuple[int, int]] | None:
     """Character spans of ``full`` (the rendered conversation) that the loss mask covers.
 
     Template-agnostic, by rendering. For assistant turn ``i`` the span starts where the
@@ -285,13 +285,16 @@ def assistant_char_spans(tokenizer, messages: list[dict[str, str]], full: str) -
     conversation with its content replaced by a sentinel: the text before the sentinel
     and after it must frame ``full``, and what lies between is the turn as the template
     renders it in context; the end-of-turn text is what follows the sentinel when the
-    turn is last. Returns None when a turn cannot be located either way.
+    turn is last. Returns None when a turn cannot be located either way. Turns that start
+    at or after character ``limit`` (beyond the truncation) are not located.
     """
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        if limit is not None and len(before) >= limit:
+            break
         after = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
         if after.startswith(before) and full.startswith(after):
             span = (len(before), len(after.rstrip()))
@@ -332,6 +335,67 @@ def has_generation_tags(tokenizer) -> bool:
     return isinstance(t, str) and any(tag in t for tag in GENERATION_TAGS)
 
 
+# A token of a byte-level BPE vocabulary spans at most a few characters except in long
+# runs of one character; tokenizing only the first max_seq_len * 8 characters, and going
+# back for more when that yields too few tokens, avoids tokenizing the tail of long
+# conversations that truncation throws away (ShareGPT's longest are >50k tokens).
+CHARS_PER_TOKEN_BOUND = 8
+# Tokens past the cut that must exist before the first max_seq_len are trusted: the cut
+# can only change the segmentation of the pre-token it falls in.
+CUT_MARGIN = 64
+
+
+def _encode_prefixes(tokenizer, texts: list[str], max_seq_len: int) -> list[tuple[list[int], list[int], bool]]:
+    """``(ids, char_starts, truncated)`` of the first ``max_seq_len`` tokens of each text, tokenized as one batch."""
+    limit = max_seq_len * CHARS_PER_TOKEN_BOUND
+    todo = list(range(len(texts)))
+    out: list = [None] * len(texts)
+    while todo:
+        enc = tokenizer([texts[i][:limit] for i in todo], add_special_tokens=False, return_offsets_mapping=True)
+        again = []
+        for k, i in enumerate(todo):
+            ids, offs = enc["input_ids"][k], enc["offset_mapping"][k]
+            if len(texts[i]) > limit and len(ids) < max_seq_len + CUT_MARGIN:
+                again.append(i)  # cut too close: tokenize a longer prefix
+                continue
+            out[i] = (ids[:max_seq_len], [o[0] for o in offs[:max_seq_len]], len(ids) > max_seq_len)
+        todo, limit = again, limit * 4
+    return out
+
+
+def tokenize_batch(
+    tokenizer, conversations: list[list[dict[str, str]]], max_seq_len: int
+) -> list[tuple[np.ndarray, np.ndarray, bool] | None]:
+    """``tokenize_with_mask`` for many conversations, plus whether each was truncated.
+
+    The tokenizer runs once over the whole batch (its Rust core uses every core).
+    """
+    if has_generation_tags(tokenizer):
+        out = []
+        for messages in conversations:
+            enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            ids = np.asarray(enc["input_ids"], dtype=np.int32)
+            mask = np.asarray(enc["assistant_masks"], dtype=np.uint8)
+            out.append((ids[:max_seq_len], mask[:max_seq_len], len(ids) > max_seq_len))
+        return out
+    fulls = [tokenizer.apply_chat_template(m, tokenize=False) for m in conversations]
+    encoded = _encode_prefixes(tokenizer, fulls, max_seq_len)
+    out = []
+    for messages, full, (ids_l, starts_l, truncated) in zip(conversations, fulls, encoded, strict=True):
+        limit = (starts_l[-1] + 1) if len(ids_l) == max_seq_len else None
+        spans = assistant_char_spans(tokenizer, messages, full, limit)
+        if spans is None:
+            out.append(None)
+            continue
+        ids = np.asarray(ids_l, dtype=np.int32)
+        starts = np.asarray(starts_l, dtype=np.int64)
+        mask = np.zeros(len(ids), dtype=np.uint8)
+        for s, e in spans:
+            mask |= ((starts >= s) & (starts < e)).astype(np.uint8)
+        out.append((ids, mask, truncated))
+    return out
+
+
 def tokenize_with_mask(tokenizer, messages: list[dict[str, str]], max_seq_len: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Render ``messages`` with the tokenizer's chat template and tokenize.
 
@@ -342,21 +406,8 @@ def tokenize_with_mask(tokenizer, messages: list[dict[str, str]], max_seq_len: i
     ``assistant_char_spans``). None when the render does not contain an assistant
     turn's text.
     """
-    if has_generation_tags(tokenizer):
-        enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-        ids = np.asarray(enc["input_ids"], dtype=np.int32)[:max_seq_len]
-        return ids, np.asarray(enc["assistant_masks"], dtype=np.uint8)[: len(ids)]
-    full = tokenizer.apply_chat_template(messages, tokenize=False)
-    spans = assistant_char_spans(tokenizer, messages, full)
-    if spans is None:
-        return None
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int32)[:max_seq_len]
-    starts = np.asarray([o[0] for o in enc["offset_mapping"]], dtype=np.int64)[: len(ids)]
-    mask = np.zeros(len(ids), dtype=np.uint8)
-    for s, e in spans:
-        mask |= ((starts >= s) & (starts < e)).astype(np.uint8)
-    return ids, mask
+    enc = tokenize_batch(tokenizer, [messages], max_seq_len)[0]
+    return None if enc is None else enc[:2]
 
 
 # ---------------------------------------------------------------- split + files
@@ -457,6 +508,24 @@ def read_prompts(path: str | os.PathLike) -> list[dict]:
     return out
 
 
+TOKENIZE_BATCH = 64  # conversations per tokenizer call
+
+
+def _normalised_batches(records, source: str, counters: Counters, n: int) -> Iterator[list[tuple[int, Conversation]]]:
+    """Normalised conversations of ``records`` in lists of up to ``n`` ``(record_index, conversation)``."""
+    batch: list[tuple[int, Conversation]] = []
+    for index, rec in records:
+        conv = normalise(rec, source, index, counters)
+        if conv is None:
+            continue
+        batch.append((index, conv))
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def _percentile(values: list[int], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
@@ -510,34 +579,32 @@ def prepare(
         stats = SourceStats(path=str(src["path"]))
         source_stats.append(stats)
         cap = src.get("max_samples")
-        for index, rec in read_records(path, stats):
+        for batch in _normalised_batches(read_records(path, stats), str(path), counters, TOKENIZE_BATCH):
             if cap is not None and stats.kept >= cap:
                 break
-            conv = normalise(rec, str(path), index, counters)
-            if conv is None:
-                continue
-            enc = tokenize_with_mask(tok, conv.messages, max_seq_len=10**9)
-            if enc is None:
-                counters.skip("template_mismatch", str(path), index, "an assistant turn is not found in the template's render")
-                continue
-            ids, mask = enc
-            if len(ids) > max_seq_len:
-                truncated += 1
-                ids, mask = ids[:max_seq_len], mask[:max_seq_len]
-            if int(mask.sum()) < min_supervised_tokens:
-                counters.skip("too_few_supervised_tokens", str(path), index, f"{int(mask.sum())} < {min_supervised_tokens}")
-                continue
-            stats.kept += 1
-            lengths.append(len(ids))
-            supervised += int(mask.sum())
-            sid = f"{conv.id}"
-            if is_eval(sid, seed, eval_fraction):
-                evals.append((sid, ids, mask))
-                head = [m for m in conv.messages[:2] if m["role"] in ("system", "user")]
-                if head and head[-1]["role"] == "user":
-                    prompts.append({"id": sid, "messages": head})
-            else:
-                train.append((sid, ids, mask))
+            encs = tokenize_batch(tok, [c.messages for _, c in batch], max_seq_len)
+            for (index, conv), enc in zip(batch, encs, strict=True):
+                if cap is not None and stats.kept >= cap:
+                    break
+                if enc is None:
+                    counters.skip("template_mismatch", str(path), index, "an assistant turn is not found in the template's render")
+                    continue
+                ids, mask, was_truncated = enc
+                if int(mask.sum()) < min_supervised_tokens:
+                    counters.skip("too_few_supervised_tokens", str(path), index, f"{int(mask.sum())} < {min_supervised_tokens}")
+                    continue
+                truncated += was_truncated
+                stats.kept += 1
+                lengths.append(len(ids))
+                supervised += int(mask.sum())
+                sid = conv.id
+                if is_eval(sid, seed, eval_fraction):
+                    evals.append((sid, ids, mask))
+                    head = [m for m in conv.messages[:2] if m["role"] in ("system", "user")]
+                    if head and head[-1]["role"] == "user":
+                        prompts.append({"id": sid, "messages": head})
+                else:
+                    train.append((sid, ids, mask))
     if not train:
         raise DataError(f"no training sample survived preparation of {[s['path'] for s in sources]}; see the skip counts in the log")
 

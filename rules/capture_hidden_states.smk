@@ -1,6 +1,6 @@
 rule capture_hidden_states:
     input:
-        compat=f"{RES}/compat.json",
+        compat=ancient(f"{RES}/compat.json"),
         tokens=f"{RES}/data/{{split}}.safetensors",
         target=TARGET,
     output:
@@ -9,6 +9,7 @@ rule capture_hidden_states:
         start=shard_start,
         num_samples=shard_count,
         aux_layer_ids=config["capture"]["aux_layer_ids"],
+        backend=config["capture"]["backend"],
         storage_dtype=config["capture"]["storage_dtype"],
         tokens_per_batch=config["capture"]["tokens_per_batch"],
         compute_dtype=config["target"]["dtype"],

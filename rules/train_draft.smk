@@ -1,6 +1,6 @@
 rule train_draft:
     input:
-        compat=f"{RES}/compat.json",
+        compat=ancient(f"{RES}/compat.json"),
         train=shard_files("train"),
         eval=shard_files("eval"),
         d2t=f"{RES}/vocab/d2t.npy",
@@ -16,6 +16,7 @@ rule train_draft:
     params:
         out_dir=lambda w, output: os.path.dirname(output.config),
         train=config["train"],
+        aux_layer_ids=config["capture"]["aux_layer_ids"],
         trust_remote_code=config["target"]["trust_remote_code"],
     log:
         f"{LOGS}/train_draft.log",

@@ -128,3 +128,26 @@ def test_prepare_writes_splits_and_report(tmp_path, smol_target, sharegpt_sample
     prompts = [json.loads(x) for x in out["prompts"].read_text().splitlines()]
     assert prompts and all(p["messages"][-1]["role"] == "user" for p in prompts)
     assert json.loads(out["report"].read_text())["kept"] == 40
+
+
+def test_prefix_tokenization_equals_full_tokenization(smol_target, sharegpt_sample):
+    """Tokenizing only a prefix of long conversations gives exactly the first max_seq_len tokens and mask bits."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_target)
+    convs = [c for i, r in enumerate(json.loads(sharegpt_sample.read_text()))
+             if (c := pd.normalise(r, "s", i, pd.Counters())) is not None]
+    batch = pd.tokenize_batch(tok, [c.messages for c in convs], 64)
+    n_truncated = 0
+    for conv, (ids, mask, truncated) in zip(convs, batch, strict=True):
+        full = tok.apply_chat_template(conv.messages, tokenize=False)
+        enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+        assert ids.tolist() == enc["input_ids"][:64]
+        starts = np.array([o[0] for o in enc["offset_mapping"][:64]])
+        ref = np.zeros(len(starts), np.uint8)
+        for s, e in pd.assistant_char_spans(tok, conv.messages, full):
+            ref |= ((starts >= s) & (starts < e)).astype(np.uint8)
+        assert mask.tolist() == ref.tolist()
+        assert truncated == (len(enc["input_ids"]) > 64)
+        n_truncated += truncated
+    assert n_truncated > len(convs) // 2
