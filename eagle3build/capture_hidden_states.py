@@ -6,19 +6,26 @@ forward hook on the last decoder layer records its output *before* the final nor
 the state speculators' ``Eagle3DraftModel`` feeds through its own ``verifier_norm`` and
 ``verifier_lm_head`` to rebuild the target's logits (REFERENCE.md "Layer ids").
 Only the text model that owns the layers is run, so the target's ``lm_head`` costs nothing.
+
+The GPU never waits for the disk: each batch's valid rows are packed and cast (or
+fp8-quantised) on the GPU, copied to pinned host memory on a side stream, and a writer
+thread puts them straight into the shard file (``ShardFileWriter``) while the next
+batch computes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import sys
+import threading
 import time
 
 import torch
 
 from .prepare_data import read_tokens
-from .shards import STORAGE_DTYPES, ShardMeta, write_shard
+from .shards import ShardFileWriter, ShardMeta, encode_states
 from .target import DecoderStack, find_decoder_layers, load_model, resolve_dtype, text_config
 
 log = logging.getLogger(__name__)
@@ -27,9 +34,9 @@ log = logging.getLogger(__name__)
 class HookCapture:
     """Capture aux-layer inputs and the last layer's output of a transformers model.
 
-    ``capture(input_ids [B, T] int64, attention_mask [B, T])`` returns
-    ``(aux [B, T, A*H], last [B, T, H])`` in the model's compute dtype, aux states
-    concatenated in ``aux_layer_ids`` order.
+    ``capture(input_ids [B, T] int64, attention_mask [B, T] or None)`` returns
+    ``(aux [B, T, A*H], last [B, T, H])`` in the model's compute dtype on the device of
+    the first layer, aux states concatenated in ``aux_layer_ids`` order.
     """
 
     def __init__(self, model: torch.nn.Module, aux_layer_ids: list[int], stack: DecoderStack | None = None):
@@ -58,8 +65,10 @@ class HookCapture:
     def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._buf.clear()
         self.stack.owner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        aux = torch.cat([self._buf[i] for i in self.aux_layer_ids], dim=-1)
-        return aux, self._buf["last"]
+        dev = input_ids.device
+        # With the layers spread over several GPUs the states live on different devices.
+        aux = torch.cat([self._buf[i].to(dev) for i in self.aux_layer_ids], dim=-1)
+        return aux, self._buf["last"].to(dev)
 
     def remove(self) -> None:
         for h in self._handles:
@@ -85,6 +94,85 @@ def plan_batches(lengths: list[int], tokens_per_batch: int) -> list[list[int]]:
     return batches
 
 
+class WriterPipeline:
+    """Overlap device->host copies and shard writes with the next batch's compute.
+
+    ``submit(samples, packed)`` takes the per-sample row counts of a batch and its packed
+    states ``(hidden [N, A*H], last [N, H], hidden_scale, last_scale)`` on the compute
+    device (N = sum of the samples' tokens). On CUDA the copy runs on a side stream into
+    pinned memory; a thread waits for it and writes each sample's rows. ``depth`` batches
+    may be in flight, which bounds host memory.
+    """
+
+    def __init__(self, writer: ShardFileWriter, tokens: list[tuple], device: str, depth: int = 3, threads: int = 4):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shard-pwrite")  # pwrite drops the GIL
+        self.writer = writer
+        self.tokens = tokens  # per sample: (input_ids np.int32, loss_mask np.uint8)
+        self.cuda = device.startswith("cuda")
+        self.stream = torch.cuda.Stream() if self.cuda else None
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="shard-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, samples: list[int], packed: tuple) -> None:
+        if self.error:
+            raise self.error
+        event = None
+        if self.cuda:
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                host = tuple(None if t is None else _to_pinned(t) for t in packed)
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            for t in packed:  # keep the device tensors alive until the side stream is done
+                if t is not None:
+                    t.record_stream(self.stream)
+        else:
+            host = packed
+        self.q.put((samples, host, event))
+
+    def _run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            if self.error:
+                continue
+            samples, (hidden, last, hs, ls), event = item
+            try:
+                if event is not None:
+                    event.synchronize()
+                row, jobs = 0, []
+                for j in samples:
+                    ids, mask = self.tokens[j]
+                    sl = slice(row, row + len(ids))
+                    jobs.append(self.pool.submit(
+                        self.writer.write_sample, j, hidden[sl], last[sl], torch.from_numpy(ids), torch.from_numpy(mask),
+                        None if hs is None else hs[sl], None if ls is None else ls[sl]))
+                    row += len(ids)
+                for f in jobs:
+                    f.result()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+                self.error = e
+
+    def finish(self) -> None:
+        """Wait for every write; re-raise a writer error."""
+        self.q.put(None)
+        self.thread.join()
+        self.pool.shutdown()
+        if self.error:
+            raise self.error
+
+
+def _to_pinned(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    return out
+
+
 def capture_shard(
     target_dir: str | os.PathLike,
     tokens_path: str | os.PathLike,
@@ -100,10 +188,15 @@ def capture_shard(
     storage_dtype: str = "bfloat16",
     tokens_per_batch: int = 4096,
     trust_remote_code: bool = False,
+    model: torch.nn.Module | None = None,
+    writer_threads: int = 4,
+    fsync: bool = False,
 ) -> dict:
     """Capture samples ``[start, start+count)`` of ``tokens_path`` into the shard ``out_path``.
 
-    Returns a summary: samples, tokens, seconds, tokens/s.
+    ``model``: an already loaded target (benchmarks and tests); else it is loaded from
+    ``target_dir``. ``writer_threads`` write samples' rows in parallel; ``fsync`` flushes
+    the shard to disk before the rename. Returns a summary: samples, tokens, seconds, tokens/s.
 
     Raises:
         NotImplementedError: ``backend`` is not ``hooks``.
@@ -118,56 +211,54 @@ def capture_shard(
     idx = list(range(start, min(start + count, len(toks))))
     if len(idx) < count:
         log.warning("%s holds %d samples; shard %s gets %d instead of %d", tokens_path, len(toks), out_path, len(idx), count)
-    dtype = resolve_dtype(compute_dtype, device)
-    t_load = time.perf_counter()
-    model = load_model(target_dir, dtype, device, trust_remote_code)
+    if model is None:
+        t_load = time.perf_counter()
+        model = load_model(target_dir, resolve_dtype(compute_dtype, device), device, trust_remote_code)
+        log.info("target loaded in %.1f s (%s on %s)", time.perf_counter() - t_load, model.dtype, device)
     hidden = text_config(model.config).hidden_size
     cap = HookCapture(model, aux_layer_ids)
-    log.info("target loaded in %.1f s (%s on %s); decoder layers at %s", time.perf_counter() - t_load, dtype, device, cap.stack.path)
+    in_device = next(cap.stack.layers[0].parameters()).device if device != "cpu" else torch.device("cpu")
+    log.info("decoder layers at %s; aux layers %s", cap.stack.path, aux_layer_ids)
 
-    sdt = STORAGE_DTYPES[storage_dtype]
     samples = [toks.sample(i) for i in idx]
     lengths = [len(s[0]) for s in samples]
-    aux_out: list[torch.Tensor | None] = [None] * len(idx)
-    last_out: list[torch.Tensor | None] = [None] * len(idx)
+    meta = ShardMeta(target_fingerprint=target_fingerprint, aux_layer_ids=list(aux_layer_ids), dtype=storage_dtype,
+                     hidden_size=hidden, sample_ids=[toks.sample_ids[i] for i in idx], split=split)
+    writer = ShardFileWriter(out_path, meta, lengths, fsync=fsync)
     from tqdm import tqdm
 
     t0 = time.perf_counter()
     bar = tqdm(total=sum(lengths), unit="tok", unit_scale=True, file=sys.stderr, mininterval=5, desc=f"capture {split}")
-    for batch in plan_batches(lengths, tokens_per_batch):
-        T = max(lengths[j] for j in batch)
-        ids = torch.zeros(len(batch), T, dtype=torch.long)
-        att = torch.zeros(len(batch), T, dtype=torch.long)
-        for r, j in enumerate(batch):
-            ids[r, : lengths[j]] = torch.from_numpy(samples[j][0].astype("int64"))
-            att[r, : lengths[j]] = 1
-        aux, last = cap.capture(ids.to(device), att.to(device))
-        for r, j in enumerate(batch):
-            aux_out[j] = aux[r, : lengths[j]].to("cpu", sdt)
-            last_out[j] = last[r, : lengths[j]].to("cpu", sdt)
-        bar.update(sum(lengths[j] for j in batch))
-    bar.close()
+    try:
+        pipe = WriterPipeline(writer, samples, str(in_device), threads=writer_threads)
+        for batch in plan_batches(lengths, tokens_per_batch):
+            T = max(lengths[j] for j in batch)
+            ids = torch.zeros(len(batch), T, dtype=torch.long)
+            att = torch.zeros(len(batch), T, dtype=torch.long)
+            for r, j in enumerate(batch):
+                ids[r, : lengths[j]] = torch.from_numpy(samples[j][0].astype("int64"))
+                att[r, : lengths[j]] = 1
+            ids, att = ids.to(in_device, non_blocking=True), att.to(in_device, non_blocking=True)
+            padded = any(lengths[j] != T for j in batch)
+            # Without padding no mask is needed, and attention can take its fused causal kernel.
+            aux, last = cap.capture(ids, att if padded else None)
+            if padded:
+                valid = att.bool()  # rows of sample r are contiguous and in batch order
+                aux, last = aux[valid], last[valid]
+            else:
+                aux, last = aux.reshape(-1, aux.shape[-1]), last.reshape(-1, last.shape[-1])
+            pipe.submit(batch, encode_states(aux, last, meta))
+            bar.update(sum(lengths[j] for j in batch))
+        pipe.finish()
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+        cap.remove()
     seconds = time.perf_counter() - t0
-    cap.remove()
-
-    meta = ShardMeta(
-        target_fingerprint=target_fingerprint,
-        aux_layer_ids=list(aux_layer_ids),
-        dtype=storage_dtype,
-        hidden_size=hidden,
-        sample_ids=[toks.sample_ids[i] for i in idx],
-        split=split,
-    )
-    write_shard(
-        out_path,
-        meta,
-        aux_out,  # type: ignore[arg-type]
-        last_out,  # type: ignore[arg-type]
-        [torch.from_numpy(s[0].astype("int64")) for s in samples],
-        [torch.from_numpy(s[1]) for s in samples],
-    )
     ntok = sum(lengths)
     summary = {"samples": len(idx), "tokens": ntok, "seconds": round(seconds, 2), "tokens_per_s": round(ntok / max(seconds, 1e-9), 1)}
     log.info("captured %s", summary)
     return summary
-

@@ -410,8 +410,10 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         )
         probes["aux_layer_ids"] = aux_probe
         capture["aux_layer_ids"] = aux_probe.value
-        bpt = (len(aux_probe.value or []) + 1) * target["hidden_size"] * torch.finfo(getattr(torch, storage_dtype)).bits // 8
-        capture["bytes_per_token"] = bpt
+        from .shards import ShardMeta, bytes_per_token
+
+        meta = ShardMeta("", list(aux_probe.value or []), storage_dtype, target["hidden_size"], [], "")
+        capture["bytes_per_token"] = bytes_per_token(meta)
     capture.update(decide_backend(backend, probes))
 
     Path(results_dir).mkdir(parents=True, exist_ok=True)

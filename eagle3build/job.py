@@ -14,6 +14,7 @@ import sys
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+_GPU_ALLOCATION = None  # this job's GPU slots, held for the life of the process
 
 
 def log_to_file(path: str | os.PathLike) -> logging.Logger:
@@ -32,8 +33,17 @@ def log_to_file(path: str | os.PathLike) -> logging.Logger:
 
 
 def setup(smk) -> logging.Logger:
-    """Log to ``smk.log[0]``; set HF offline mode when ``config.target.offline``; use ``smk.threads`` torch threads."""
+    """Log to ``smk.log[0]``; set HF offline mode when ``config.target.offline``; use ``smk.threads`` torch
+    threads; for a job with ``resources.gpu > 0``, take that many GPUs no concurrent job holds and export
+    them as ``CUDA_VISIBLE_DEVICES`` (``gpu_slots``), held until the process exits."""
     log = log_to_file(smk.log[0])
+    from . import gpu_slots
+
+    n_gpu = int(getattr(smk.resources, "gpu", 0) or 0)
+    global _GPU_ALLOCATION
+    _GPU_ALLOCATION = gpu_slots.claim_for_job(n_gpu)
+    if _GPU_ALLOCATION is not None:
+        log.info("CUDA_VISIBLE_DEVICES=%s", _GPU_ALLOCATION.cuda_visible_devices)
     if smk.config["target"]["offline"]:
         for var in OFFLINE_VARS:
             os.environ[var] = "1"  # inherited by child processes (the vLLM engine) too

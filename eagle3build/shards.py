@@ -2,34 +2,49 @@
 
 One safetensors file holds several samples back to back:
 
-=============================  =========================  ==========================================
-tensor                         shape / dtype              meaning
-=============================  =========================  ==========================================
-``hidden_states``              [T, A*H] storage dtype     aux hidden states, concatenated in aux-id
-                                                          order (speculators' layout)
-``verifier_last_hidden_states`` [T, H] storage dtype      output of the last decoder layer, *before*
-                                                          the final norm
-``input_ids``                  [T] int32                  token ids
-``loss_mask``                  [T] uint8                  1 on assistant tokens
-``offsets``                    [n+1] int64                sample i is rows ``offsets[i]:offsets[i+1]``
-=============================  =========================  ==========================================
+=================================  ======================  ==========================================
+tensor                             shape / dtype           meaning
+=================================  ======================  ==========================================
+``hidden_states``                  [T, A*H] storage dtype  aux hidden states, concatenated in aux-id
+                                                           order (speculators' layout)
+``verifier_last_hidden_states``    [T, H] storage dtype    output of the last decoder layer, *before*
+                                                           the final norm
+``input_ids``                      [T] int32               token ids
+``loss_mask``                      [T] uint8               1 on assistant tokens
+``offsets``                        [n+1] int64             sample i is rows ``offsets[i]:offsets[i+1]``
+``hidden_states_scale``            [T, A] float32          fp8 storage only: per token and layer
+``verifier_last_hidden_states_scale`` [T, 1] float32       fp8 storage only
+=================================  ======================  ==========================================
 
 Metadata (all strings): ``schema``, ``target_fingerprint``, ``aux_layer_ids`` (JSON),
 ``dtype``, ``hidden_size``, ``sample_ids`` (JSON), ``split``.
+
+Storage ``float8_e4m3fn`` keeps one float32 scale per token and layer (amax / 448, the
+largest finite e4m3 value), i.e. ``x ≈ q.float() * scale``: half the bytes of bf16.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from .atomic import atomic_path
-
 SCHEMA = "eagle3build.shard/1"
-STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+STORAGE_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+}
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+SAFETENSORS_DTYPES = {
+    torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float8_e4m3fn: "F8_E4M3",
+    torch.int32: "I32", torch.int64: "I64", torch.uint8: "U8",
+}
 
 
 class ShardMismatch(ValueError):
@@ -74,6 +89,150 @@ class ShardMeta:
             schema=m["schema"],
         )
 
+    @property
+    def fp8(self) -> bool:
+        return self.dtype == "float8_e4m3fn"
+
+
+def quantize_fp8(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token, per-group fp8: ``x`` [T, G*H] -> (``q`` [T, G*H] float8_e4m3fn, ``scale`` [T, G] float32).
+
+    ``scale = amax / 448`` over each group's H values (1 where a row is all zeros).
+    """
+    T = x.shape[0]
+    xg = x.float().reshape(T, groups, -1)
+    scale = xg.abs().amax(-1) / FP8_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (xg / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(T, -1), scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of ``quantize_fp8``: [T, G*H] in ``dtype``."""
+    T, G = scale.shape
+    return (q.float().reshape(T, G, -1) * scale.unsqueeze(-1)).reshape(T, -1).to(dtype)
+
+
+def shard_layout(meta: ShardMeta, num_tokens: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """Tensor name -> (dtype, shape) of a shard with ``num_tokens`` rows, in file order."""
+    A, H, n = len(meta.aux_layer_ids), meta.hidden_size, len(meta.sample_ids)
+    sdt = STORAGE_DTYPES[meta.dtype]
+    layout = {
+        "hidden_states": (sdt, (num_tokens, A * H)),
+        "verifier_last_hidden_states": (sdt, (num_tokens, H)),
+    }
+    if meta.fp8:
+        layout["hidden_states_scale"] = (torch.float32, (num_tokens, A))
+        layout["verifier_last_hidden_states_scale"] = (torch.float32, (num_tokens, 1))
+    layout.update({
+        "input_ids": (torch.int32, (num_tokens,)),
+        "loss_mask": (torch.uint8, (num_tokens,)),
+        "offsets": (torch.int64, (n + 1,)),
+    })
+    return layout
+
+
+class ShardFileWriter:
+    """Write a shard's rows in any order, as they are computed, straight into the final file layout.
+
+    safetensors' own writer takes whole tensors, so a shard could only be written after
+    its last batch — disk time that cannot overlap the GPU's work. The format is a
+    little-endian u64 header length, a JSON header (name -> dtype, shape, byte range of
+    the data buffer; ``__metadata__``) padded with spaces to 8 bytes, then the tensors'
+    bytes back to back (https://github.com/huggingface/safetensors, "Format"). Knowing
+    every sample's length in advance, the header is written first and each batch's rows
+    land at their offsets with ``pwrite``. The file lives under a temporary name until
+    ``close()``, which renames it into place; the result is read back with safetensors
+    itself in the tests.
+    """
+
+    def __init__(self, path: str | os.PathLike, meta: ShardMeta, lengths: list[int], fsync: bool = False):
+        self.fsync = fsync
+        self.path = Path(path)
+        self.meta = meta
+        self.lengths = list(lengths)
+        self.row_offsets = [0]
+        for n in self.lengths:
+            self.row_offsets.append(self.row_offsets[-1] + n)
+        T = self.row_offsets[-1]
+        self.layout = shard_layout(meta, T)
+        header: dict = {"__metadata__": meta.to_strings()}
+        self.byte_offsets: dict[str, int] = {}
+        self.row_bytes: dict[str, int] = {}
+        pos = 0
+        for name, (dtype, shape) in self.layout.items():
+            nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+            self.byte_offsets[name] = pos
+            self.row_bytes[name] = nbytes // shape[0] if shape[0] else 0
+            pos += nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-(8 + len(raw)) % 8)
+        self._data_start = 8 + len(raw)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.pwrite(self.fd, struct.pack("<Q", len(raw)) + raw, 0)
+        os.ftruncate(self.fd, self._data_start + pos)
+        offsets = torch.tensor(self.row_offsets, dtype=torch.int64)
+        self._write("offsets", 0, offsets)
+        self._done = [False] * len(self.lengths)
+
+    def _write(self, name: str, row: int, t: torch.Tensor) -> None:
+        dtype, shape = self.layout[name]
+        if t.dtype != dtype or tuple(t.shape[1:]) != tuple(shape[1:]):
+            raise ValueError(f"{self.path}: {name} rows of {t.dtype} {tuple(t.shape)}, expected {dtype} [*, {shape[1:]}]")
+        buf = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+        os.pwrite(self.fd, buf, self._data_start + self.byte_offsets[name] + row * self.row_bytes[name])
+
+    def write_sample(self, i: int, hidden: torch.Tensor, last: torch.Tensor, input_ids: torch.Tensor,
+                     loss_mask: torch.Tensor, hidden_scale: torch.Tensor | None = None,
+                     last_scale: torch.Tensor | None = None) -> None:
+        """Sample ``i``'s rows: ``hidden`` [T_i, A*H], ``last`` [T_i, H] in the storage dtype (plus scales for fp8)."""
+        if hidden.shape[0] != self.lengths[i] or last.shape[0] != self.lengths[i] or input_ids.shape[0] != self.lengths[i]:
+            raise ValueError(f"{self.path}: sample {self.meta.sample_ids[i]} has {self.lengths[i]} tokens, got "
+                             f"{hidden.shape[0]}/{last.shape[0]}/{input_ids.shape[0]} rows")
+        r = self.row_offsets[i]
+        self._write("hidden_states", r, hidden)
+        self._write("verifier_last_hidden_states", r, last)
+        if self.meta.fp8:
+            self._write("hidden_states_scale", r, hidden_scale)
+            self._write("verifier_last_hidden_states_scale", r, last_scale)
+        self._write("input_ids", r, input_ids.to(torch.int32))
+        self._write("loss_mask", r, loss_mask.to(torch.uint8))
+        self._done[i] = True
+
+    def close(self) -> None:
+        """Check every sample was written and rename into place (atomic: a killed job leaves only
+        the temporary). With ``fsync`` the bytes reach the disk first (survives a power cut; costs
+        the disk's write time)."""
+        missing = [self.meta.sample_ids[i] for i, d in enumerate(self._done) if not d]
+        if missing:
+            self.abort()
+            raise ValueError(f"{self.path}: samples never written: {missing[:5]}")
+        if self.fsync:
+            os.fsync(self.fd)
+        os.close(self.fd)
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        """Drop the temporary file."""
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        self.tmp.unlink(missing_ok=True)
+
+
+def encode_states(hidden: torch.Tensor, last: torch.Tensor, meta: ShardMeta):
+    """Cast (or fp8-quantise) one sample's states for storage: ``(hidden, last, hidden_scale, last_scale)``."""
+    if meta.fp8:
+        hq, hs = quantize_fp8(hidden, len(meta.aux_layer_ids))
+        lq, ls = quantize_fp8(last, 1)
+        return hq, lq, hs, ls
+    sdt = STORAGE_DTYPES[meta.dtype]
+    return hidden.to(sdt), last.to(sdt), None, None
+
 
 def write_shard(
     path: str | os.PathLike,
@@ -86,46 +245,39 @@ def write_shard(
     """Write one shard atomically from per-sample tensors.
 
     Per sample i: ``hidden_states[i]`` [T_i, A*H], ``last_hidden_states[i]`` [T_i, H]
-    (cast to ``meta.dtype``), ``input_ids[i]`` [T_i] int, ``loss_mask[i]`` [T_i].
+    (cast or quantised to ``meta.dtype``), ``input_ids[i]`` [T_i] int, ``loss_mask[i]`` [T_i].
 
     Raises:
-        ValueError: lengths or widths disagree.
+        ValueError: lengths or widths disagree (nothing is left on disk).
     """
-    from safetensors.torch import save_file
-
-    dtype = STORAGE_DTYPES[meta.dtype]
     n = len(meta.sample_ids)
     if not (len(hidden_states) == len(last_hidden_states) == len(input_ids) == len(loss_mask) == n):
         raise ValueError("write_shard: one entry per sample id is required in every list")
-    A = len(meta.aux_layer_ids)
+    A, H = len(meta.aux_layer_ids), meta.hidden_size
     for i in range(n):
         T = input_ids[i].shape[0]
-        if hidden_states[i].shape != (T, A * meta.hidden_size) or last_hidden_states[i].shape != (T, meta.hidden_size):
+        if hidden_states[i].shape != (T, A * H) or last_hidden_states[i].shape != (T, H):
             raise ValueError(
                 f"sample {meta.sample_ids[i]}: hidden {tuple(hidden_states[i].shape)} / last "
-                f"{tuple(last_hidden_states[i].shape)} do not fit T={T}, A={A}, H={meta.hidden_size}"
+                f"{tuple(last_hidden_states[i].shape)} do not fit T={T}, A={A}, H={H}"
             )
-    lengths = torch.tensor([x.shape[0] for x in input_ids], dtype=torch.int64)
-    offsets = torch.zeros(n + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(lengths, 0)
-    H = meta.hidden_size
-    tensors = {
-        "hidden_states": torch.cat(hidden_states).to(dtype) if n else torch.zeros(0, A * H, dtype=dtype),
-        "verifier_last_hidden_states": torch.cat(last_hidden_states).to(dtype) if n else torch.zeros(0, H, dtype=dtype),
-        "input_ids": torch.cat(input_ids).to(torch.int32) if n else torch.zeros(0, dtype=torch.int32),
-        "loss_mask": torch.cat(loss_mask).to(torch.uint8) if n else torch.zeros(0, dtype=torch.uint8),
-        "offsets": offsets,
-    }
-    with atomic_path(path) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta.to_strings())
+    w = ShardFileWriter(path, meta, [x.shape[0] for x in input_ids])
+    try:
+        for i in range(n):
+            h, l, hs, ls = encode_states(hidden_states[i], last_hidden_states[i], meta)
+            w.write_sample(i, h, l, input_ids[i], loss_mask[i], hs, ls)
+    except BaseException:
+        w.abort()
+        raise
+    w.close()
 
 
 class ShardReader:
     """Random access to the samples of one shard without loading the whole file.
 
     ``reader[i]`` -> dict with ``hidden_states`` [T, A*H], ``verifier_last_hidden_states``
-    [T, H] (storage dtype), ``input_ids`` [T] int64, ``loss_mask`` [T] bool — the
-    per-sample layout speculators' data pipeline expects.
+    [T, H] (storage dtype; fp8 shards are dequantised to float32), ``input_ids`` [T]
+    int64, ``loss_mask`` [T] bool — the per-sample layout speculators' data pipeline expects.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -144,9 +296,14 @@ class ShardReader:
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        hidden = self._f.get_slice("hidden_states")[a:b]
+        last = self._f.get_slice("verifier_last_hidden_states")[a:b]
+        if self.meta.fp8:
+            hidden = dequantize_fp8(hidden, self._f.get_slice("hidden_states_scale")[a:b])
+            last = dequantize_fp8(last, self._f.get_slice("verifier_last_hidden_states_scale")[a:b])
         return {
-            "hidden_states": self._f.get_slice("hidden_states")[a:b],
-            "verifier_last_hidden_states": self._f.get_slice("verifier_last_hidden_states")[a:b],
+            "hidden_states": hidden,
+            "verifier_last_hidden_states": last,
             "input_ids": self._f.get_slice("input_ids")[a:b].to(torch.int64),
             "loss_mask": self._f.get_slice("loss_mask")[a:b].to(torch.bool),
         }
@@ -164,3 +321,11 @@ def check_meta(path: str, meta: ShardMeta, target_fingerprint: str, aux_layer_id
         )
     if list(meta.aux_layer_ids) != list(aux_layer_ids):
         raise ShardMismatch(f"{path}: aux_layer_ids {meta.aux_layer_ids} but this run uses {list(aux_layer_ids)}")
+
+
+def bytes_per_token(meta: ShardMeta, with_tokens: bool = False) -> int:
+    """Hidden-state bytes one token takes in a shard of this kind (states and fp8 scales);
+    ``with_tokens`` adds its id and mask byte (5 bytes)."""
+    skip = {"offsets"} | (set() if with_tokens else {"input_ids", "loss_mask"})
+    layout = shard_layout(meta, 1)
+    return sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size() for k, (d, s) in layout.items() if k not in skip)

@@ -100,11 +100,12 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     Layer id ``k`` is the residual stream *entering* decoder layer ``k``.
 
     Raises:
-        ValueError: fewer than 6 layers (the three ids would not be distinct and increasing).
+        ValueError: fewer than 7 layers (the three ids would not be distinct and increasing).
     """
     ids = [2, num_layers // 2, num_layers - 3]
-    if num_layers < 6:
-        raise ValueError(f"target has {num_layers} decoder layers; default aux ids {ids} need at least 6")
+    if num_layers < 7:
+        raise ValueError(f"target has {num_layers} decoder layers; default aux ids {ids} need at least 7 "
+                         "(set capture.aux_layer_ids)")
     return ids
 
 
@@ -192,14 +193,25 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 
 
 def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str = "cpu", trust_remote_code: bool = False):
-    """Load the target as a transformers causal LM in eval mode, weights from local files only."""
-    from transformers import AutoModelForCausalLM
+    """Load the target in eval mode, weights from local files only.
 
-    model = AutoModelForCausalLM.from_pretrained(
-        os.fspath(path),
-        dtype=dtype,
-        trust_remote_code=trust_remote_code,
-        local_files_only=True,
-        device_map=device if device != "cpu" else None,
-    )
+    ``device="cuda"`` with several visible GPUs spreads the layers over all of them
+    (accelerate's ``device_map="auto"``): a target larger than one GPU still loads.
+    Multimodal wrappers load through ``AutoModelForImageTextToText``.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if device == "cpu":
+        device_map = None
+    elif device == "cuda" and torch.cuda.device_count() > 1:
+        device_map = "auto"
+    else:
+        device_map = device
+    kw = dict(dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=True, device_map=device_map)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(os.fspath(path), **kw)
+    except ValueError as e:
+        if "Unrecognized configuration class" not in str(e):
+            raise
+        model = AutoModelForImageTextToText.from_pretrained(os.fspath(path), **kw)
     return model.eval()

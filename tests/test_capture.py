@@ -95,3 +95,92 @@ def test_write_shard_rejects_wrong_width(tmp_path):
         write_shard(tmp_path / "s.safetensors", meta, [torch.zeros(4, 8)], [torch.zeros(4, 8)],
                     [torch.zeros(4, dtype=torch.long)], [torch.zeros(4)])
     assert not (tmp_path / "s.safetensors").exists()
+
+
+def test_fp8_storage_roundtrip(tmp_path):
+    torch.manual_seed(0)
+    meta = ShardMeta("fp", [1, 2, 3], "float8_e4m3fn", 16, ["a", "b"], "train")
+    hs = [torch.randn(5, 48) * 7, torch.randn(3, 48) * 0.01]
+    last = [torch.randn(5, 16) * 30, torch.randn(3, 16)]
+    write_shard(tmp_path / "s.safetensors", meta, hs, last, [torch.arange(5), torch.arange(3)], [torch.ones(5), torch.zeros(3)])
+    r = ShardReader(tmp_path / "s.safetensors")
+    for i in range(2):
+        s = r[i]
+        # e4m3 keeps 3 mantissa bits: relative error <= 2^-4 of each token-and-layer's amax
+        amax = hs[i].reshape(hs[i].shape[0], 3, 16).abs().amax(-1, keepdim=True)
+        err = (s["hidden_states"].reshape(-1, 3, 16) - hs[i].reshape(-1, 3, 16)).abs()
+        assert (err <= amax * 2**-4 + 1e-12).all()
+        torch.testing.assert_close(s["verifier_last_hidden_states"], last[i], rtol=2**-4, atol=last[i].abs().max().item() * 2**-4)
+    from eagle3build.shards import bytes_per_token
+
+    bf16 = ShardMeta("fp", [1, 2, 3], "bfloat16", 4096, ["a"], "train")
+    fp8 = ShardMeta("fp", [1, 2, 3], "float8_e4m3fn", 4096, ["a"], "train")
+    assert bytes_per_token(bf16) == 8 * 4096 and bytes_per_token(fp8) == 4 * 4096 + 4 * 4
+    assert bytes_per_token(bf16, with_tokens=True) == 8 * 4096 + 5
+
+
+def test_streaming_writer_is_read_by_safetensors_in_any_order(tmp_path):
+    from safetensors.torch import load_file
+
+    from eagle3build.shards import ShardFileWriter
+
+    meta = ShardMeta("fp", [0, 1], "bfloat16", 4, ["x", "y", "z"], "eval")
+    lengths = [2, 3, 1]
+    w = ShardFileWriter(tmp_path / "s.safetensors", meta, lengths)
+    rows = {i: torch.arange(n * 8, dtype=torch.float32).reshape(n, 8) + 100 * i for i, n in enumerate(lengths)}
+    for i in (2, 0, 1):  # out of order, as batches sorted by length finish
+        w.write_sample(i, rows[i].bfloat16(), rows[i][:, :4].bfloat16(), torch.full((lengths[i],), i), torch.ones(lengths[i]))
+    assert not (tmp_path / "s.safetensors").exists()  # only the temporary exists until close()
+    w.close()
+    t = load_file(tmp_path / "s.safetensors")
+    assert t["offsets"].tolist() == [0, 2, 5, 6]
+    assert torch.equal(t["hidden_states"].float(), torch.cat([rows[0], rows[1], rows[2]]))
+    assert t["input_ids"].tolist() == [0, 0, 1, 1, 1, 2] and t["input_ids"].dtype == torch.int32
+
+
+def test_unfinished_shard_is_never_accepted(tmp_path):
+    from eagle3build.shards import ShardFileWriter
+
+    meta = ShardMeta("fp", [0], "bfloat16", 4, ["x", "y"], "train")
+    w = ShardFileWriter(tmp_path / "s.safetensors", meta, [2, 2])
+    w.write_sample(0, torch.zeros(2, 4).bfloat16(), torch.zeros(2, 4).bfloat16(), torch.zeros(2), torch.zeros(2))
+    with pytest.raises(ValueError, match=r"samples never written: \['y'\]"):
+        w.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3_moe", "llava_wrapper"])
+def test_capture_moe_and_multimodal_targets(tmp_path, family):
+    """Tiny random MoE and multimodal-wrapper targets: hooks equal the text model's own hidden states."""
+    from transformers import (CLIPVisionConfig, DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig,
+                              LlavaConfig, LlavaForConditionalGeneration)
+
+    torch.manual_seed(0)
+    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, vocab_size=500,
+                 max_position_embeddings=128)
+    if family == "deepseek_v3_moe":
+        model = DeepseekV3ForCausalLM(DeepseekV3Config(**small, num_key_value_heads=4, moe_intermediate_size=32,
+                                                       n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                                                       first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                                                       qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                                       n_group=2, topk_group=1)).eval()
+        text = model.model
+    else:
+        model = LlavaForConditionalGeneration(LlavaConfig(
+            text_config=LlamaConfig(**small, num_key_value_heads=2).to_dict(),
+            vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                                           image_size=32, patch_size=8).to_dict())).eval()
+        text = model.model.language_model
+    c = cap.HookCapture(model, [1, 3, 4])
+    assert c.stack.owner is text
+    ids = torch.randint(0, 500, (2, 11))
+    att = torch.ones_like(ids)
+    att[1, 7:] = 0
+    aux, last = c.capture(ids, att)
+    with torch.no_grad():
+        ref = text(input_ids=ids[:1], output_hidden_states=True).hidden_states
+    torch.testing.assert_close(aux[0], torch.cat([ref[i][0] for i in (1, 3, 4)], -1), rtol=0, atol=1e-5)
+    torch.testing.assert_close(text.norm(last[:1]), ref[-1], rtol=0, atol=1e-5)
+    with torch.no_grad():
+        ref1 = text(input_ids=ids[1:, :7], output_hidden_states=True).hidden_states
+    torch.testing.assert_close(aux[1, :7], torch.cat([ref1[i][0] for i in (1, 3, 4)], -1), rtol=0, atol=1e-5)

@@ -19,8 +19,9 @@ def test_inspect_tiny_llama(tiny_target):
 def test_default_aux_ids():
     assert default_aux_layer_ids(30) == [2, 15, 27]
     assert default_aux_layer_ids(61) == [2, 30, 58]
-    with pytest.raises(ValueError, match="at least 6"):
-        default_aux_layer_ids(4)
+    assert default_aux_layer_ids(7) == [2, 3, 4]
+    with pytest.raises(ValueError, match="at least 7"):
+        default_aux_layer_ids(6)
 
 
 @pytest.mark.parametrize("ids, msg", [([2, 40], "out of range"), ([3, 3], "unique"), ([5, 2], "sorted"), ([], "empty")])

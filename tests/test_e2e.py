@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
+import yaml
 from safetensors import safe_open
 
 from smk import REPO, planned_jobs, run
@@ -47,7 +49,7 @@ def test_shards(built):
             assert s.get_slice("loss_mask").get_shape() == [T] and T <= 8 * 128
             assert json.loads(m["aux_layer_ids"]) == [2, 15, 27]
             n += len(json.loads(m["sample_ids"]))
-    assert n == 12
+    assert n == 16
 
 
 def test_vocab_and_checkpoint(built):
@@ -88,3 +90,18 @@ def test_benchmark(built):
 def test_rebuild_plans_nothing(built):
     wd, _ = built
     assert planned_jobs(["--configfile", str(REPO / "tests/reduced.yaml")], wd) == {}
+    assert planned_jobs(["--configfile", str(REPO / "tests/reduced.yaml")], wd) == {}
+
+
+def test_more_samples_add_only_new_shards(built, tmp_path):
+    """16 -> 24 train samples: one new shard and what depends on it; the two full shards stay.
+    compat_report re-plans the disk (seconds) but its consumers read it as ancient()."""
+    wd, _ = built
+    cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
+    cfg["capture"]["num_train_samples"] = 24
+    (tmp_path / "more.yaml").write_text(yaml.safe_dump(cfg))
+    p = run(["-n", "--configfile", str(tmp_path / "more.yaml")], wd)
+    assert re.findall(r"output: (\S*hidden_states\S*)", p.stdout) == ["results/reduced/hidden_states/train/shard-00002.safetensors"]
+    assert planned_jobs(["--configfile", str(tmp_path / "more.yaml")], wd) == {
+        "compat_report": 1, "capture_hidden_states": 1, "build_vocab_map": 1, "train_draft": 1,
+        "export_head": 1, "benchmark": 1, "all": 1}
