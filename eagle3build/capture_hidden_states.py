@@ -18,9 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
 import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -173,6 +175,32 @@ def _to_pinned(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str, num_aux: int, storage_dtype: str, tokens: int,
+                         trust_remote_code: bool = False) -> dict:
+    """Fail before the target is loaded if this shard cannot fit on the disk under ``out_path``.
+
+    Bytes: ``tokens x (num_aux + 1) x hidden x element size`` (+ ids, mask and fp8 scales),
+    the compat report's disk plan for one shard. The compat report plans the whole run
+    when it is built; this check covers a run grown since (more samples).
+
+    Raises:
+        OSError: the shard needs more bytes than are free (both numbers in the message).
+    """
+    from .compat_report import plan_disk
+    from .shards import bytes_per_token
+    from .target import load_config
+
+    hidden = text_config(load_config(target_dir, trust_remote_code)).hidden_size
+    meta = ShardMeta("", list(range(num_aux)), storage_dtype, hidden, [], "")
+    d = Path(out_path).resolve().parent
+    while not d.exists():
+        d = d.parent
+    plan = plan_disk(bytes_per_token(meta, with_tokens=True), tokens, shutil.disk_usage(d).free)
+    if plan["status"] == "fail":
+        raise OSError(f"{out_path}: not enough disk for this shard: {plan['message']}")
+    return plan
+
+
 def capture_shard(
     target_dir: str | os.PathLike,
     tokens_path: str | os.PathLike,
@@ -211,6 +239,8 @@ def capture_shard(
     idx = list(range(start, min(start + count, len(toks))))
     if len(idx) < count:
         log.warning("%s holds %d samples; shard %s gets %d instead of %d", tokens_path, len(toks), out_path, len(idx), count)
+    check_disk_for_shard(out_path, target_dir, len(aux_layer_ids), storage_dtype, sum(len(toks.sample(i)[0]) for i in idx),
+                         trust_remote_code)
     if model is None:
         t_load = time.perf_counter()
         model = load_model(target_dir, resolve_dtype(compute_dtype, device), device, trust_remote_code)

@@ -93,6 +93,35 @@ def probe_vllm_eagle3():
     return {"class": f"{mod.__name__}.{mod.Eagle3LlamaForCausalLM.__name__}"}
 
 
+HEAD_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def probe_vllm_head_flags():
+    """Which EAGLE-3 head flags the installed vLLM reads, both where it parses a speculators
+    config and in its draft model (some versions silently ignore e.g. ``norm_before_fc``,
+    REFERENCE.md): a head trained with a flag vLLM ignores loads fine and accepts little."""
+    import inspect
+
+    model_src = inspect.getsource(importlib.import_module("vllm.model_executor.models.llama_eagle3"))
+    try:
+        cfg_src = inspect.getsource(importlib.import_module("vllm.transformers_utils.configs.speculators.algos"))
+    except ImportError:
+        cfg_src = ""
+    reads = [f for f in HEAD_FLAGS if f in model_src and f in cfg_src]
+    return {"reads": reads, "ignores": [f for f in HEAD_FLAGS if f not in reads]}
+
+
+def recommend_head_variant(flags_probe: Probe) -> dict:
+    """``eagle3.1`` where vLLM reads every flag that variant sets, else the classic ``eagle3``."""
+    from .train_draft import HEAD_VARIANTS
+
+    reads = set((flags_probe.value or {}).get("reads", []))
+    needed = {k for k, v in HEAD_VARIANTS["eagle3.1"].items() if v}
+    variant = "eagle3.1" if needed <= reads else "eagle3"
+    return {"vllm_reads_flags": sorted(reads), "recommended_variant": variant,
+            "reason": f"vLLM reads {sorted(reads)}; eagle3.1 needs {sorted(needed)}"}
+
+
 def probe_vllm_extract_hidden_states():
     """vLLM's hidden-state extraction (``speculative_config.method = "extract_hidden_states"``) needs CUDA."""
     from vllm.config.speculative import SpeculativeConfig  # noqa: F401 - import is the probe
@@ -384,6 +413,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         ("vllm", probe_vllm, True),
         ("vllm_eagle3_model", probe_vllm_eagle3, True),
         ("vllm_extract_hidden_states", probe_vllm_extract_hidden_states, False),
+        ("vllm_head_flags", probe_vllm_head_flags, False),
         ("speculators", probe_speculators, True),
         ("speculators_eagle3", probe_speculators_eagle3, True),
         ("speculators_datagen", probe_speculators_datagen, False),
@@ -435,6 +465,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         "probes": {k: asdict(v) for k, v in probes.items()},
         "target": target,
         "capture": capture,
+        "head": recommend_head_variant(probes["vllm_head_flags"]),
         "plans": plans,
         "hard_failures": [k for k, v in probes.items() if v.required and v.status == "fail"]
         + [f"plan_{k}" for k, v in plans.items() if v["status"] == "fail"],
@@ -470,6 +501,9 @@ def render_markdown(r: dict) -> str:
     if "aux_layer_ids" in c:
         lines += [f"- aux_layer_ids: {c['aux_layer_ids']} (recommended {c['recommended_aux_layer_ids']})",
                   f"- bytes per token ({c['storage_dtype']}, aux + last): {c['bytes_per_token']}"]
+    h = r.get("head")
+    if h:
+        lines += ["", "## Head", "", f"- recommended variant: **{h['recommended_variant']}** ({h['reason']})"]
     if r.get("plans"):
         lines += ["", "## Plans", ""]
         d = r["plans"].get("disk")

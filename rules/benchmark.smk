@@ -8,7 +8,7 @@ rule benchmark:
         f"{RES}/benchmark.json",
     params:
         head_dir=lambda w, input: os.path.dirname(input.head),
-        settings=config["benchmark"],
+        settings=canonical(config["benchmark"]),
         served_name=config["target"]["served_name"],
     log:
         f"{LOGS}/benchmark.log",

@@ -1,7 +1,7 @@
 rule build_vocab_map:
     input:
         tokens=f"{RES}/data/train.safetensors",
-        compat=ancient(f"{RES}/compat.json"),
+        compat=f"{RES}/compat.json",
     output:
         d2t=f"{RES}/vocab/d2t.npy",
         t2d=f"{RES}/vocab/t2d.npy",

@@ -1,6 +1,6 @@
 rule capture_hidden_states:
     input:
-        compat=ancient(f"{RES}/compat.json"),
+        compat=f"{RES}/compat.json",
         tokens=f"{RES}/data/{{split}}.safetensors",
         target=TARGET,
     output:

@@ -48,6 +48,17 @@ def prompts_file_input(wildcards):
     return config["data"]["prompts_file"] or []
 
 
+def canonical(obj):
+    """``obj`` with every mapping's keys sorted. Snakemake compares params by their repr,
+    so a config whose keys come in another order (yaml.safe_dump sorts them) must not
+    read as changed params and rerun the jobs."""
+    if isinstance(obj, dict):
+        return {k: canonical(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, list):
+        return [canonical(v) for v in obj]
+    return obj
+
+
 def res(job, key):
     """A resource of config section resources.<job>, 0 for gpu when absent."""
     return config["resources"][job].get(key, 0)

@@ -8,7 +8,7 @@ rule prepare_data:
         prompts=f"{RES}/data/prompts.jsonl",
         report=f"{RES}/data/data_report.json",
     params:
-        sources=config["data"]["sources"],
+        sources=canonical(config["data"]["sources"]),
         max_seq_len=config["data"]["max_seq_len"],
         min_supervised_tokens=config["data"]["min_supervised_tokens"],
         eval_fraction=config["data"]["eval_fraction"],

@@ -1,6 +1,6 @@
 rule train_draft:
     input:
-        compat=ancient(f"{RES}/compat.json"),
+        compat=f"{RES}/compat.json",
         train=shard_files("train"),
         eval=shard_files("eval"),
         d2t=f"{RES}/vocab/d2t.npy",
@@ -15,7 +15,7 @@ rule train_draft:
         curves=report(f"{RES}/checkpoint/curves.png", category="3. Training"),
     params:
         out_dir=lambda w, output: os.path.dirname(output.config),
-        train=config["train"],
+        train=canonical(config["train"]),
         aux_layer_ids=config["capture"]["aux_layer_ids"],
         trust_remote_code=config["target"]["trust_remote_code"],
     log:

@@ -4,6 +4,11 @@ from eagle3build.job import setup
 
 setup(snakemake)
 p = snakemake.params
+# The disk and GPU plans read the config here, not through params: growing the sample count
+# or changing resources must not re-run this report and, behind it, every shard. Each
+# capture job re-checks the disk for its own shard before loading the target.
+cfg = snakemake.config
+cap, res = cfg["capture"], cfg["resources"]
 report = compat_report.build_report(
     target_dir=snakemake.input.target,
     results_dir=p.results_dir,
@@ -11,9 +16,10 @@ report = compat_report.build_report(
     aux_layer_ids=p.aux_layer_ids,
     storage_dtype=p.storage_dtype,
     trust_remote_code=p.trust_remote_code,
-    planned_tokens=p.planned_tokens,
-    gpu_memory_gb=p.gpu_memory_gb,
-    gpus_per_node=p.gpus_per_node,
-    job_gpus=p.job_gpus,
+    # upper bound of captured tokens
+    planned_tokens=(cap["num_train_samples"] + cap["num_eval_samples"]) * cfg["data"]["max_seq_len"],
+    gpu_memory_gb=res["gpu_memory_gb"],
+    gpus_per_node=res["gpus_per_node"],
+    job_gpus={"capture": res["capture"]["gpu"], "serve": res["serve"]["gpu"]},
 )
 compat_report.write(report, snakemake.output.json, snakemake.output.md)

@@ -1,11 +1,12 @@
 """Snakemake adapter for eagle3build.train_draft."""
 
 from eagle3build.job import setup
-from eagle3build.train_draft import train
+from eagle3build.train_draft import launch, train
 
 setup(snakemake)
 i = snakemake.input
-train(
+gpus = snakemake.resources.gpu
+kwargs = dict(
     target_dir=i.target,
     train_shards=list(i.train),
     eval_shards=list(i.eval),
@@ -14,7 +15,11 @@ train(
     vocab_json=i.vocab,
     compat_json=i.compat,
     out_dir=snakemake.params.out_dir,
-    device="cuda" if snakemake.resources.gpu > 0 else "cpu",
+    device="cuda" if gpus > 0 else "cpu",
     trust_remote_code=snakemake.params.trust_remote_code,
     **snakemake.params.train,
 )
+if gpus > 1:
+    launch(kwargs, nproc=gpus)  # torchrun: one DDP process per GPU of this job's slots
+else:
+    train(**kwargs)

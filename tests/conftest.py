@@ -59,3 +59,40 @@ def sharegpt_sample(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data") / "sharegpt60.json"
     out.write_text(json.dumps(recs))
     return out
+
+
+TINY_AUX = [1, 3, 4]
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tmp_path_factory, tiny_target):
+    """Tokens skewed toward a few ids (like real text), one train and one eval shard captured from the
+    tiny target, a vocab map (draft 256) and a compat stub: ``(dir, samples, vocab_info)``."""
+    import json
+
+    import numpy as np
+
+    from eagle3build import build_vocab_map as bv
+    from eagle3build import capture_hidden_states as cap
+    from eagle3build import prepare_data as pd
+
+    d = tmp_path_factory.mktemp("pipeline")
+    rng = np.random.default_rng(0)
+    common = rng.integers(100, 400, 64)  # a 64-token "language"
+    samples = []
+    for i in range(10):
+        n = int(rng.integers(40, 90))
+        ids = rng.choice(common, n).astype(np.int32)
+        mask = np.zeros(n, np.uint8)
+        mask[n // 3:] = 1
+        samples.append((f"s{i}", ids, mask))
+    pd.write_tokens(d / "train.safetensors", samples[:8])
+    pd.write_tokens(d / "eval.safetensors", samples[8:])
+    for split, n in (("train", 8), ("eval", 2)):
+        cap.capture_shard(tiny_target, d / f"{split}.safetensors", d / f"{split}-shard.safetensors", 0, n, TINY_AUX,
+                          "fp-tiny", split)
+    (d / "compat.json").write_text(json.dumps({"target": {"fingerprint": "fp-tiny"},
+                                               "capture": {"aux_layer_ids": TINY_AUX},
+                                               "head": {"recommended_variant": "eagle3.1"}}))
+    info = bv.build(d / "train.safetensors", 49152, 256, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+    return d, samples, info

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -94,14 +95,55 @@ def test_rebuild_plans_nothing(built):
 
 
 def test_more_samples_add_only_new_shards(built, tmp_path):
-    """16 -> 24 train samples: one new shard and what depends on it; the two full shards stay.
-    compat_report re-plans the disk (seconds) but its consumers read it as ancient()."""
+    """16 -> 24 train samples: one new shard and what depends on it; the two full shards stay."""
     wd, _ = built
     cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
     cfg["capture"]["num_train_samples"] = 24
     (tmp_path / "more.yaml").write_text(yaml.safe_dump(cfg))
     p = run(["-n", "--configfile", str(tmp_path / "more.yaml")], wd)
     assert re.findall(r"output: (\S*hidden_states\S*)", p.stdout) == ["results/reduced/hidden_states/train/shard-00002.safetensors"]
-    assert planned_jobs(["--configfile", str(tmp_path / "more.yaml")], wd) == {
-        "compat_report": 1, "capture_hidden_states": 1, "build_vocab_map": 1, "train_draft": 1,
-        "export_head": 1, "benchmark": 1, "all": 1}
+
+
+DOWNSTREAM_OF_TRAIN = {"train_draft": 1, "export_head": 1, "benchmark": 1, "all": 1}
+FROM_SHARDS_ON = {"capture_hidden_states": 3, "build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN}
+
+# (what changes, {section: {key: value}} over tests/reduced.yaml, the jobs a dry-run must plan)
+RERUN_MATRIX = [
+    ("training hyperparameter", {"train": {"lr": 0.001}}, DOWNSTREAM_OF_TRAIN),
+    ("draft vocab size", {"vocab": {"draft_vocab_size": 1024}}, {"build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN}),
+    ("aux layer ids", {"capture": {"aux_layer_ids": [3, 15, 27]}}, {"compat_report": 1, **FROM_SHARDS_ON}),
+    ("max_seq_len", {"data": {"max_seq_len": 96}}, {"prepare_data": 1, **FROM_SHARDS_ON}),
+    ("the target", {"target": {"path": "OTHER_TARGET"}}, {"compat_report": 1, "prepare_data": 1, **FROM_SHARDS_ON}),
+    ("benchmark settings", {"benchmark": {"max_tokens": 24}}, {"benchmark": 1, "all": 1}),
+    ("more samples", {"capture": {"num_train_samples": 24}},
+     {"capture_hidden_states": 1, "build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN}),
+    ("resources only", {"resources": {"train": {"gpu": 0, "threads": 1, "mem_mb": 4000, "runtime": 30}}}, {}),
+]
+
+
+@pytest.mark.parametrize("what,change,expected", RERUN_MATRIX, ids=[r[0] for r in RERUN_MATRIX])
+def test_rerun_matrix(built, tmp_path, what, change, expected):
+    """A changed knob plans exactly its downstream jobs: no more (days of GPU time), no less (a stale head)."""
+    wd, res = built
+    cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
+    for section, values in change.items():
+        cfg[section] = {**cfg.get(section, {}), **values}
+    if cfg["target"].get("path") == "OTHER_TARGET":  # the same weights under another path: another target
+        (tmp_path / "other").symlink_to(wd / "resources/targets/smollm2-135m-instruct", target_is_directory=True)
+        cfg["target"]["path"] = str(tmp_path / "other")
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(cfg))
+    assert planned_jobs(["--configfile", str(tmp_path / "changed.yaml")], wd) == expected
+
+
+def test_edited_script_reruns_its_stage_and_downstream(built, tmp_path):
+    """Editing one stage's script (its mtime) reruns that stage and what follows; a copy of the
+    workflow with preserved mtimes stands in for the checkout."""
+    wd, _ = built
+    wf = tmp_path / "wf"
+    for part in ("Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "profiles"):
+        src = REPO / part
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, wf / part)
+    args = ["-s", str(wf / "Snakefile"), "--configfile", str(REPO / "tests/reduced.yaml")]
+    assert planned_jobs(args, wd) == {}
+    (wf / "scripts/train_draft.py").touch()
+    assert planned_jobs(args, wd) == DOWNSTREAM_OF_TRAIN
