@@ -14,12 +14,17 @@ validate(config, "schemas/config.schema.yaml")
 include: "rules/common.smk"
 include: "rules/materialize_target.smk"
 include: "rules/compat_report.smk"
+include: "rules/regenerate_responses.smk"
 include: "rules/prepare_data.smk"
 include: "rules/capture_hidden_states.smk"
 include: "rules/build_vocab_map.smk"
 include: "rules/train_draft.smk"
 include: "rules/export_head.smk"
 include: "rules/benchmark.smk"
+include: "rules/plot_benchmark.smk"
+
+
+report: "report/workflow.rst"
 
 
 rule all:
@@ -29,3 +34,4 @@ rule all:
         f"{RES}/data/data_report.json",
         f"{RES}/head/config.json",
         f"{RES}/benchmark.json",
+        f"{RES}/report/benchmark.png",

@@ -7,7 +7,15 @@ vLLM's own counters (``LLM.get_metrics()`` with stats on): ``vllm:spec_decode_nu
 ``..._num_draft_tokens``, ``..._num_accepted_tokens``, ``..._num_accepted_tokens_per_pos``.
 
 Mean acceptance length τ = 1 + accepted / drafts (tokens emitted per target forward;
-EAGLE-3 paper). Acceptance rate at position i = accepted_per_pos[i] / drafts.
+EAGLE-3 paper). Acceptance rate at position i = accepted_per_pos[i] / drafts; overall
+acceptance rate = accepted / draft tokens.
+
+Per request, from vLLM's ``RequestOutput.metrics`` (engine-core timestamps, seconds):
+latency = last token - queued; time to first token = first token - queued; time per
+output token (TPOT) = (last token - first token) / (output tokens - 1), as in vLLM's
+own ``vllm:request_time_per_output_token_seconds``. ``concurrency`` requests are in
+flight at a time (1: one after another, the latency-bound case speculative decoding is
+for; 0: all prompts at once).
 """
 
 from __future__ import annotations
@@ -72,8 +80,9 @@ def run_once(spec: dict) -> dict:
     msgs = [p["messages"] for p in spec["prompts"]]
     llm.chat(msgs[:1], sp, use_tqdm=False)  # warm-up, excluded from timing and counters below
     before = _spec_counters(llm.get_metrics())
+    c = spec.get("concurrency") or len(msgs)
     t1 = time.perf_counter()
-    outs = llm.chat(msgs, sp, use_tqdm=False)
+    outs = [o for i in range(0, len(msgs), c) for o in llm.chat(msgs[i:i + c], sp, use_tqdm=False)]
     wall = time.perf_counter() - t1
     after = _spec_counters(llm.get_metrics())
     counters = {k: _sub(after.get(k), before.get(k)) for k in after}
@@ -84,6 +93,7 @@ def run_once(spec: dict) -> dict:
         "wall_s": round(wall, 3),
         "output_tokens": out_tokens,
         "output_tokens_per_s": round(out_tokens / wall, 2),
+        **request_timings(outs),
         "token_ids": token_ids,
         "texts": [o.outputs[0].text for o in outs],
     }
@@ -97,9 +107,41 @@ def run_once(spec: dict) -> dict:
             accepted_tokens=accepted,
             accepted_per_position=per_pos,
             mean_acceptance_length=1 + accepted / drafts if drafts else None,
+            acceptance_rate=accepted / res_draft_tokens if (res_draft_tokens := counters.get("vllm:spec_decode_num_draft_tokens", 0)) else None,
             acceptance_rate_per_position=[a / drafts for a in per_pos] if drafts else None,
         )
     return res
+
+
+def summary(values: list[float]) -> dict:
+    """p50, p95 (linear interpolation, numpy's default) and mean of ``values`` (seconds)."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return {"p50": 0.0, "p95": 0.0, "mean": 0.0}
+    return {"p50": round(float(np.percentile(v, 50)), 5), "p95": round(float(np.percentile(v, 95)), 5),
+            "mean": round(float(v.mean()), 5)}
+
+
+def request_timings(outs) -> dict:
+    """Latency, time to first token and time per output token over the requests (seconds).
+
+    Raises:
+        RuntimeError: vLLM returned no per-request metrics (stats logging is off).
+    """
+    lat, ttft, tpot = [], [], []
+    for o in outs:
+        m = o.metrics
+        if m is None or not getattr(m, "last_token_ts", 0):
+            raise RuntimeError("vLLM returned no per-request metrics; the engine must run with disable_log_stats=False")
+        n = len(o.outputs[0].token_ids)
+        lat.append(m.last_token_ts - m.queued_ts)
+        ttft.append(m.first_token_ts - m.queued_ts)
+        if n > 1:
+            tpot.append((m.last_token_ts - m.first_token_ts) / (n - 1))
+    return {"request_latency_s": summary(lat), "time_to_first_token_s": summary(ttft),
+            "time_per_output_token_s": summary(tpot)}
 
 
 def _sub(a, b):
@@ -121,7 +163,12 @@ def _spec_counters(metrics) -> dict:
     return out
 
 
-def _run_child(spec: dict, workdir: Path, name: str) -> dict:
+def _run_child(spec: dict, workdir: Path, name: str, module: str = "eagle3build.benchmark") -> dict:
+    """Run ``python -m module run SPEC OUT`` with the vLLM CPU environment below; return OUT's JSON.
+
+    Raises:
+        RuntimeError: the child failed (its output went to this job's log).
+    """
     spec_path = workdir / f"{name}.spec.json"
     out_path = workdir / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
@@ -137,12 +184,26 @@ def _run_child(spec: dict, workdir: Path, name: str) -> dict:
     # and 32 vs 18 (EAGLE-3, k=3) here. Ignored on GPU platforms.
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "eagle3build.benchmark", "run", str(spec_path), str(out_path)], env=env)
+    proc = subprocess.run([sys.executable, "-m", module, "run", str(spec_path), str(out_path)], env=env)
     if proc.returncode != 0 or not out_path.exists():
         raise RuntimeError(f"vLLM run {name!r} failed (exit {proc.returncode}); its output is above in this log")
     res = json.loads(out_path.read_text())
     res["process_s"] = round(time.perf_counter() - t0, 2)
     return res
+
+
+SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "benchmark.schema.json"
+
+
+def validate(result: dict) -> None:
+    """Check a benchmark result against ``schemas/benchmark.schema.json``.
+
+    Raises:
+        jsonschema.ValidationError: a field is missing or out of range (the message names it).
+    """
+    import jsonschema
+
+    jsonschema.validate(result, json.loads(SCHEMA.read_text()))
 
 
 def versions() -> dict:
@@ -179,8 +240,9 @@ def benchmark(
     served_name: str,
     max_model_len: int = 2048,
     seed: int = 0,
+    concurrency: int = 1,
 ) -> dict:
-    """Baseline run plus one EAGLE-3 run per k; write ``out_json``.
+    """Baseline run plus one EAGLE-3 run per k; write ``out_json`` (schemas/benchmark.schema.json).
 
     Per run: output tokens/s, wall seconds, engine start seconds; per EAGLE-3 run also
     drafts, draft tokens, accepted tokens, τ, acceptance rate per position, speed-up
@@ -192,17 +254,20 @@ def benchmark(
     prompts = load_prompts(prompts_path, num_prompts)
     eng = engine_kwargs(os.path.abspath(target_dir), dtype, served_name, max_model_len, seed)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
-        return _benchmark(Path(tmpdir), eng, prompts, head_dir, out_json, ks, max_tokens, dtype, served_name, max_model_len)
+        return _benchmark(Path(tmpdir), eng, prompts, head_dir, out_json, ks, max_tokens, dtype, served_name, max_model_len,
+                          concurrency)
 
 
 def _benchmark(tmp: Path, eng: dict, prompts: list[dict], head_dir: str, out_json: str, ks: list[int], max_tokens: int,
-               dtype: str, served_name: str, max_model_len: int) -> dict:
-    base = _run_child({"engine": eng, "prompts": prompts, "max_tokens": max_tokens}, tmp, "baseline")
+               dtype: str, served_name: str, max_model_len: int, concurrency: int) -> dict:
+    base = _run_child({"engine": eng, "prompts": prompts, "max_tokens": max_tokens, "concurrency": concurrency}, tmp,
+                      "baseline")
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
     runs = []
     for k in ks:
         spec = {"method": "eagle3", "model": os.path.abspath(head_dir), "num_speculative_tokens": k}
-        r = _run_child({"engine": eng, "prompts": prompts, "max_tokens": max_tokens, "speculative_config": spec}, tmp, f"eagle3_k{k}")
+        r = _run_child({"engine": eng, "prompts": prompts, "max_tokens": max_tokens, "speculative_config": spec,
+                        "concurrency": concurrency}, tmp, f"eagle3_k{k}")
         differing = [p["id"] for p, a, b in zip(prompts, base["token_ids"], r["token_ids"], strict=True) if a != b]
         r.update(
             num_speculative_tokens=k,
@@ -220,10 +285,11 @@ def _benchmark(tmp: Path, eng: dict, prompts: list[dict], head_dir: str, out_jso
         "versions": versions(),
         "hardware": hardware(),
         "settings": {"num_prompts": len(prompts), "max_tokens": max_tokens, "dtype": dtype, "temperature": 0.0,
-                     "ks": ks, "served_name": served_name, "max_model_len": max_model_len},
+                     "ks": ks, "concurrency": concurrency, "served_name": served_name, "max_model_len": max_model_len},
         "baseline": base,
         "eagle3": runs,
     }
+    validate(result)
     write_json(out_json, result)
     return result
 

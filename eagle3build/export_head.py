@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
 
-from .atomic import atomic_path
+from .atomic import atomic_path, write_json
 from .build_vocab_map import check_consistent
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,10 @@ def export(
     served_name: str,
     target_dir: str,
     dtype: str = "bfloat16",
+    vllm_load_check: str = "auto",
 ) -> dict:
-    """Check the checkpoint against the vocab map and write the head directory; then load it with speculators.
+    """Check the checkpoint against the vocab map and write the head directory; then load it with
+    speculators and, where vLLM is installed (``vllm_load_check``: auto | always | never), with vLLM.
 
     Raises:
         ExportError: vocab-map fingerprint differs from the one trained with (both named);
@@ -137,9 +140,50 @@ def export(
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         save_file(out_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "head_meta.json").write_text(json.dumps(head_meta, indent=2) + "\n")
-    check_loads_with_speculators(out_dir, target_dir, out_state)
+    try:
+        check_loads_with_speculators(out_dir, target_dir, out_state)
+        if vllm_load_check == "always" or (vllm_load_check == "auto" and _vllm_installed()):
+            head_meta["vllm_load_check"] = check_loads_with_vllm(out_dir, target_dir, served_name)
+            write_json(Path(out_dir) / "head_meta.json", head_meta)
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)  # a head that does not load is no artifact
+        raise
     log.info("exported head to %s (%d tensors, %s)", out_dir, len(out_state), dtype)
     return head_meta
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_name: str, max_tokens: int = 8) -> dict:
+    """Serve the target with the head as its EAGLE-3 drafter in vLLM (a child process, as the
+    benchmark does; float32 on CPU) and decode one prompt greedily with k=1.
+
+    Returns vLLM's counters for that request (drafts, accepted tokens, seconds).
+
+    Raises:
+        ExportError: vLLM fails to load the head or drafts nothing with it.
+    """
+    import tempfile
+
+    from .benchmark import _run_child, engine_kwargs
+
+    eng = engine_kwargs(os.path.abspath(target_dir), "float32", served_name, max_model_len=256, seed=0)
+    spec = {"engine": eng, "max_tokens": max_tokens, "concurrency": 1,
+            "prompts": [{"id": "load-check", "messages": [{"role": "user", "content": "What is the capital of France?"}]}],
+            "speculative_config": {"method": "eagle3", "model": os.path.abspath(head_dir), "num_speculative_tokens": 1}}
+    with tempfile.TemporaryDirectory(prefix="eagle3-load-") as tmp:
+        try:
+            r = _run_child(spec, Path(tmp), "vllm_load_check")
+        except RuntimeError as e:
+            raise ExportError(f"vLLM cannot serve {head_dir} as an EAGLE-3 head: {e}") from e
+    if not r.get("drafts"):
+        raise ExportError(f"vLLM loaded {head_dir} but proposed no draft tokens with it")
+    log.info("vLLM served the head: %d drafts, %d accepted, in %.1f s", r["drafts"], r["accepted_tokens"], r["process_s"])
+    return {"drafts": r["drafts"], "accepted_tokens": r["accepted_tokens"], "seconds": r["process_s"]}
 
 
 def check_loads_with_speculators(head_dir: str | os.PathLike, target_dir: str, state: dict[str, torch.Tensor]) -> None:

@@ -5,7 +5,7 @@ rule benchmark:
         prompts=f"{RES}/data/prompts.jsonl",
         target=TARGET,
     output:
-        f"{RES}/benchmark.json",
+        report(f"{RES}/benchmark.json", category="4. Benchmark"),
     params:
         head_dir=lambda w, input: os.path.dirname(input.head),
         settings=canonical(config["benchmark"]),

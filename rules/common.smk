@@ -59,6 +59,20 @@ def canonical(obj):
     return obj
 
 
+REGENERATED = f"{RES}/data/regenerated.jsonl"
+
+
+def data_sources():
+    """What prepare_data tokenizes: the configured sources, or their regenerated form."""
+    if config["data"]["regenerate"]["enabled"]:
+        return [{"max_samples": None, "path": REGENERATED}]
+    return canonical(config["data"]["sources"])
+
+
+def regenerated_input(wildcards):
+    return REGENERATED if config["data"]["regenerate"]["enabled"] else []
+
+
 def res(job, key):
     """A resource of config section resources.<job>, 0 for gpu when absent."""
     return config["resources"][job].get(key, 0)

@@ -14,6 +14,7 @@ rule export_head:
         out_dir=lambda w, output: os.path.dirname(output.config),
         served_name=config["target"]["served_name"],
         dtype=config["export"]["dtype"],
+        vllm_load_check=config["export"]["vllm_load_check"],
     log:
         f"{LOGS}/export_head.log",
     conda:

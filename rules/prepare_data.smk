@@ -2,13 +2,14 @@ rule prepare_data:
     input:
         target=TARGET,
         prompts_file=prompts_file_input,
+        regenerated=regenerated_input,
     output:
         train=f"{RES}/data/train.safetensors",
         eval=f"{RES}/data/eval.safetensors",
         prompts=f"{RES}/data/prompts.jsonl",
-        report=f"{RES}/data/data_report.json",
+        report=report(f"{RES}/data/data_report.json", category="2. Data", caption="../report/data.rst"),
     params:
-        sources=canonical(config["data"]["sources"]),
+        sources=data_sources(),
         max_seq_len=config["data"]["max_seq_len"],
         min_supervised_tokens=config["data"]["min_supervised_tokens"],
         eval_fraction=config["data"]["eval_fraction"],

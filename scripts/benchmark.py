@@ -16,4 +16,5 @@ benchmark(
     served_name=snakemake.params.served_name,
     max_model_len=s["max_model_len"],
     seed=s["seed"],
+    concurrency=s["concurrency"],
 )

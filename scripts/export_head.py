@@ -12,4 +12,5 @@ export(
     served_name=snakemake.params.served_name,
     target_dir=snakemake.input.target,
     dtype=snakemake.params.dtype,
+    vllm_load_check=snakemake.params.vllm_load_check,
 )

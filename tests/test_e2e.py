@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -86,6 +88,64 @@ def test_benchmark(built):
     assert len(r["acceptance_rate_per_position"]) == 2
     assert r["prompts_differing_from_baseline"] == 0 and r["outputs_identical"] is True
     assert "Using auxiliary layers" in (wd / "logs/reduced/benchmark.log").read_text()
+    # Every field the schema requires, with real values: latencies positive and ordered.
+    import jsonschema
+
+    jsonschema.validate(b, json.loads((REPO / "schemas/benchmark.schema.json").read_text()))
+    for run_ in (b["baseline"], r):
+        lat, tpot = run_["request_latency_s"], run_["time_per_output_token_s"]
+        assert 0 < lat["p50"] <= lat["p95"] and 0 < tpot["p50"] < lat["p50"]
+    assert b["settings"]["concurrency"] == 1
+    assert r["acceptance_rate"] == pytest.approx(r["accepted_tokens"] / r["draft_tokens"])
+
+
+def test_head_loaded_by_vllm(built):
+    _, res = built
+    meta = json.loads((res / "head/head_meta.json").read_text())
+    assert meta["vllm_load_check"]["drafts"] > 0
+
+
+def _chromium() -> str:
+    """Headless Chromium, installed from Debian's archive when missing and apt is usable (CI runs as root)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None and shutil.which("apt-get") and os.geteuid() == 0:
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        p = subprocess.run("apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium", shell=True,
+                           capture_output=True, text=True, env=env, timeout=900)
+        found = shutil.which("chromium")
+        if found is None:
+            pytest.skip(f"chromium could not be installed with apt-get: {(p.stdout + p.stderr)[-500:]}")
+    if found is None:
+        pytest.skip("no chromium here and no root apt-get to install it")
+    return found
+
+
+def _png_is_not_blank(path) -> None:
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(path))
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert float(img[..., :3].std()) > 0.05, f"{path} is (nearly) one colour"
+
+
+def test_report_html_renders(built, tmp_path):
+    """snakemake --report: one HTML page holding the compat summary, data report, curves and benchmark plot;
+    headless Chromium renders it to a non-blank screenshot."""
+    wd, res = built
+    _png_is_not_blank(res / "report/benchmark.png")
+    _png_is_not_blank(res / "checkpoint/curves.png")
+    html = tmp_path / "report.html"
+    p = run(["--configfile", str(REPO / "tests/reduced.yaml"), "--report", str(html)], wd)
+    assert p.returncode == 0, p.stderr[-3000:]
+    text = html.read_text()
+    for name in ("compat.md", "data_report.json", "curves.png", "benchmark.png", "benchmark.json"):
+        assert name in text, name
+    chromium = _chromium()
+    shot = tmp_path / "shot.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1280,1600", "--virtual-time-budget=10000", html.as_uri()],
+                   check=True, capture_output=True, timeout=180)
+    _png_is_not_blank(shot)
 
 
 def test_rebuild_plans_nothing(built):
@@ -104,7 +164,7 @@ def test_more_samples_add_only_new_shards(built, tmp_path):
     assert re.findall(r"output: (\S*hidden_states\S*)", p.stdout) == ["results/reduced/hidden_states/train/shard-00002.safetensors"]
 
 
-DOWNSTREAM_OF_TRAIN = {"train_draft": 1, "export_head": 1, "benchmark": 1, "all": 1}
+DOWNSTREAM_OF_TRAIN = {"train_draft": 1, "export_head": 1, "benchmark": 1, "plot_benchmark": 1, "all": 1}
 FROM_SHARDS_ON = {"capture_hidden_states": 3, "build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN}
 
 # (what changes, {section: {key: value}} over tests/reduced.yaml, the jobs a dry-run must plan)
@@ -114,9 +174,11 @@ RERUN_MATRIX = [
     ("aux layer ids", {"capture": {"aux_layer_ids": [3, 15, 27]}}, {"compat_report": 1, **FROM_SHARDS_ON}),
     ("max_seq_len", {"data": {"max_seq_len": 96}}, {"prepare_data": 1, **FROM_SHARDS_ON}),
     ("the target", {"target": {"path": "OTHER_TARGET"}}, {"compat_report": 1, "prepare_data": 1, **FROM_SHARDS_ON}),
-    ("benchmark settings", {"benchmark": {"max_tokens": 24}}, {"benchmark": 1, "all": 1}),
+    ("benchmark settings", {"benchmark": {"max_tokens": 16}}, {"benchmark": 1, "plot_benchmark": 1, "all": 1}),
     ("more samples", {"capture": {"num_train_samples": 24}},
      {"capture_hidden_states": 1, "build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN}),
+    ("response regeneration", {"data": {"regenerate": {"enabled": True, "max_tokens": 32}}},
+     {"regenerate_responses": 1, "prepare_data": 1, **FROM_SHARDS_ON}),
     ("resources only", {"resources": {"train": {"gpu": 0, "threads": 1, "mem_mb": 4000, "runtime": 30}}}, {}),
 ]
 
@@ -128,7 +190,7 @@ def test_rerun_matrix(built, tmp_path, what, change, expected):
     cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
     for section, values in change.items():
         cfg[section] = {**cfg.get(section, {}), **values}
-    if cfg["target"].get("path") == "OTHER_TARGET":  # the same weights under another path: another target
+    if cfg.get("target", {}).get("path") == "OTHER_TARGET":  # the same weights under another path: another target
         (tmp_path / "other").symlink_to(wd / "resources/targets/smollm2-135m-instruct", target_is_directory=True)
         cfg["target"]["path"] = str(tmp_path / "other")
     (tmp_path / "changed.yaml").write_text(yaml.safe_dump(cfg))
@@ -140,6 +202,7 @@ def test_edited_script_reruns_its_stage_and_downstream(built, tmp_path):
     workflow with preserved mtimes stands in for the checkout."""
     wd, _ = built
     wf = tmp_path / "wf"
+    wf.mkdir()
     for part in ("Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "profiles"):
         src = REPO / part
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, wf / part)
@@ -147,3 +210,30 @@ def test_edited_script_reruns_its_stage_and_downstream(built, tmp_path):
     assert planned_jobs(args, wd) == {}
     (wf / "scripts/train_draft.py").touch()
     assert planned_jobs(args, wd) == DOWNSTREAM_OF_TRAIN
+
+
+def test_regenerated_responses(built, tmp_path):
+    """data.regenerate: vLLM answers every kept conversation itself; prepare_data tokenizes those answers,
+    keeping the records' ids (so the split and the benchmark prompts stay)."""
+    wd, res = built
+    cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
+    cfg["run"] = "regen"
+    cfg["data"]["regenerate"] = {"enabled": True, "max_tokens": 16}
+    (tmp_path / "regen.yaml").write_text(yaml.safe_dump(cfg))
+    p = run(["results/regen/data/data_report.json", "--configfile", str(tmp_path / "regen.yaml")], wd, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads((wd / "results/regen/data/regenerate_report.json").read_text())
+    assert rep["conversations_in"] == 40 and 0 < rep["conversations_out"] <= 40
+    assert rep["turns_regenerated"] >= rep["conversations_out"] and rep["generated_tokens"] > 0
+    assert rep["answers_at_max_tokens"] <= rep["turns_regenerated"]
+    recs = [json.loads(x) for x in (wd / "results/regen/data/regenerated.jsonl").read_text().splitlines()]
+    assert len(recs) == rep["conversations_out"] and all(r["messages"][-1]["role"] == "assistant" for r in recs)
+    data = json.loads((wd / "results/regen/data/data_report.json").read_text())
+    assert data["sources"][0]["path"] == "results/regen/data/regenerated.jsonl"
+    orig = {json.loads(x)["id"] for x in (res / "data/prompts.jsonl").read_text().splitlines()}
+    regen = {json.loads(x)["id"] for x in (wd / "results/regen/data/prompts.jsonl").read_text().splitlines()}
+    # The seeded split goes by record id: the regenerated run's eval prompts are eval records there too.
+    from eagle3build.prepare_data import is_eval
+
+    assert regen and all(is_eval(i, cfg["data"]["seed"], cfg["data"]["eval_fraction"]) for i in regen)
+    assert len(regen & orig) >= len(regen) // 2

@@ -17,6 +17,7 @@ FULL_PLAN = {
     "train_draft": 1,
     "export_head": 1,
     "benchmark": 1,
+    "plot_benchmark": 1,
     "all": 1,
 }
 

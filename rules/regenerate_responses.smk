@@ -1,0 +1,26 @@
+rule regenerate_responses:
+    input:
+        target=TARGET,
+    output:
+        jsonl=REGENERATED,
+        report=report(f"{RES}/data/regenerate_report.json", category="2. Data"),
+    params:
+        sources=canonical(config["data"]["sources"]),
+        max_seq_len=config["data"]["max_seq_len"],
+        max_tokens=config["data"]["regenerate"]["max_tokens"],
+        served_name=config["target"]["served_name"],
+        dtype=config["benchmark"]["dtype"],
+        seed=config["data"]["seed"],
+    log:
+        f"{LOGS}/regenerate_responses.log",
+    benchmark:
+        f"{BENCH}/regenerate_responses.tsv"
+    threads: config["resources"]["serve"]["threads"]
+    resources:
+        gpu=res("serve", "gpu"),
+        mem_mb=res("serve", "mem_mb"),
+        runtime=res("serve", "runtime"),
+    conda:
+        "../envs/eagle3build.yaml"
+    script:
+        "../scripts/regenerate_responses.py"

@@ -1,0 +1,17 @@
+"""Snakemake adapter for eagle3build.regenerate_responses."""
+from eagle3build.job import setup
+from eagle3build.regenerate_responses import regenerate
+
+setup(snakemake)
+p = snakemake.params
+regenerate(
+    sources=p.sources,
+    target_dir=snakemake.input.target,
+    out_jsonl=snakemake.output.jsonl,
+    out_report=snakemake.output.report,
+    max_seq_len=p.max_seq_len,
+    max_tokens=p.max_tokens,
+    served_name=p.served_name,
+    dtype=p.dtype,
+    seed=p.seed,
+)
