@@ -12,7 +12,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from smk import REPO, planned_jobs, run
+from smk import REPO, SNAKEMAKE, planned_jobs, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -237,3 +237,44 @@ def test_regenerated_responses(built, tmp_path):
 
     assert regen and all(is_eval(i, cfg["data"]["seed"], cfg["data"]["eval_fraction"]) for i in regen)
     assert len(regen & orig) >= len(regen) // 2
+
+
+def _digests(res) -> dict[str, str]:
+    import hashlib
+
+    files = sorted(res.glob("hidden_states/*/*.safetensors")) + [
+        res / "vocab/d2t.npy", res / "vocab/t2d.npy", res / "checkpoint/model.safetensors", res / "head/model.safetensors"]
+    return {str(f.relative_to(res)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
+    """SIGKILL the whole snakemake process group while a shard is being written; `--rerun-incomplete`
+    then ends with byte-identical shards, vocab map, checkpoint and head (CPU runs are deterministic)."""
+    import signal
+    import time
+
+    wd0, _ = built
+    wd = tmp_path / "wd"
+    shutil.copytree(wd0, wd, symlinks=True)  # keeps mtimes and .snakemake metadata: a second, up-to-date build
+    res = wd / "results/reduced"
+    before = _digests(res)
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "2", "-d", str(wd),
+           "--configfile", str(REPO / "tests/reduced.yaml"), "--forcerun", "capture_hidden_states",
+           "results/reduced/head/model.safetensors"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    partial = []
+    while time.time() < deadline and proc.poll() is None:
+        partial = list((res / "hidden_states").glob("*/.shard-*.tmp-*"))
+        if partial and partial[0].stat().st_size > 0:
+            break
+        time.sleep(0.05)
+    assert partial, "no shard was being written"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = partial[0].name.split(".tmp-")[0].lstrip(".")
+    assert not (partial[0].parent / killed).exists()  # never a half shard under the real name
+    p = run(["--configfile", str(REPO / "tests/reduced.yaml"), "--rerun-incomplete",
+             "results/reduced/head/model.safetensors"], wd, timeout=1800)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert _digests(res) == before
