@@ -46,3 +46,15 @@ def planned_jobs(args: list[str], workdir: Path | None = None) -> dict[str, int]
         if m.group(1) != "total":
             jobs[m.group(1)] = int(m.group(2))
     return jobs
+
+
+def planned_resources(args: list[str], workdir: Path | None = None) -> dict[str, list[dict[str, str]]]:
+    """Rule -> the ``resources:`` of each of its jobs in a dry-run (values as printed)."""
+    p = run(["-n", *args], workdir)
+    assert p.returncode == 0, p.stdout + p.stderr
+    jobs: dict[str, list[dict[str, str]]] = {}
+    for m in re.finditer(r"^(?:local)?rule (\w+):\n((?:    .*\n?)*)", p.stdout, re.M):
+        r = re.search(r"^    resources: (.*)$", m.group(2), re.M)
+        res = dict(kv.split("=", 1) for kv in r.group(1).split(", ")) if r else {}
+        jobs.setdefault(m.group(1), []).append(res)
+    return jobs

@@ -1,0 +1,90 @@
+"""Planning cost of a 10,000-shard run: `snakemake -n` on this workflow with 10,000 capture jobs,
+beside a bare Snakefile of the same shape (10,000 one-line jobs feeding one aggregate), timed in
+the same run on this machine. Goal: ours <= 1.5x the bare plan.
+
+    .venv/bin/python benchmarks/plan_10k.py        # writes benchmarks/plan_10k.txt
+"""
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+N = 10_000
+BARE = f"""N = {N}
+
+
+rule all:
+    input:
+        expand("shards/shard-{{i:05d}}.txt", i=range(N)),
+
+
+rule shard:
+    output:
+        "shards/shard-{{i}}.txt",
+    shell:
+        "echo {{wildcards.i}} > {{output}}"
+"""
+
+
+def cpu_of_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def dry_run(snakefile: Path, workdir: Path, *args: str) -> tuple[float, float, str]:
+    """Wall seconds, CPU seconds (user + system: less sensitive to other work on a shared machine), stdout."""
+    cmd = [SNAKEMAKE, "-s", str(snakefile), "-d", str(workdir), "--cores", "2", "-n", *args]
+    t, c = time.perf_counter(), cpu_of_children()
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    dt, dc = time.perf_counter() - t, cpu_of_children() - c
+    if p.returncode != 0:
+        sys.exit(p.stderr[-3000:])
+    return dt, dc, p.stdout
+
+
+def jobs_of(out: str, rule: str) -> int:
+    return int(next(l.split()[1] for l in out.split("Job stats:", 1)[1].splitlines() if l.startswith(rule + " ")))
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+        cfg["run"] = "plan10k"
+        cfg["target"]["path"] = str(REPO / "examples/targets/llama-3.1-8b-instruct-shape")  # config only: exists
+        cfg["capture"].update(num_train_samples=N - 10, num_eval_samples=10, samples_per_shard=1)
+        (tmp / "plan10k.yaml").write_text(yaml.safe_dump(cfg))
+        (tmp / "bare").mkdir()
+        (tmp / "bare/Snakefile").write_text(BARE)
+        (tmp / "ours").mkdir()
+        rows = []
+        for rep in range(2):  # alternate, keep the faster of two
+            *bare, out_bare = dry_run(tmp / "bare/Snakefile", tmp / "bare")
+            *ours, out_ours = dry_run(REPO / "Snakefile", tmp / "ours", "--configfile", str(tmp / "plan10k.yaml"))
+            rows.append((*ours, *bare))
+        assert jobs_of(out_bare, "shard") == N and jobs_of(out_ours, "capture_hidden_states") == N
+        t_ours, c_ours, t_bare, c_bare = (min(r[i] for r in rows) for i in range(4))
+    lines = [
+        f"snakemake -n, {N} shard jobs + aggregate, --cores 2, {os.cpu_count()} CPU(s), "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}",
+        "runs (ours wall/cpu s, bare wall/cpu s): " + ", ".join(f"({a:.1f}/{b:.1f}, {c:.1f}/{d:.1f})" for a, b, c, d in rows),
+        f"ours: {t_ours:.1f} s wall, {c_ours:.1f} s CPU (best of {len(rows)}; {N} capture_hidden_states + 8 other jobs)",
+        f"bare: {t_bare:.1f} s wall, {c_bare:.1f} s CPU (best of {len(rows)}; {N} one-line jobs + all)",
+        f"ratio: {t_ours / t_bare:.2f}x wall, {c_ours / c_bare:.2f}x CPU (goal <= 1.5x)",
+    ]
+    print("\n".join(lines))
+    (REPO / "benchmarks/plan_10k.txt").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Example configs for real deployments: they validate, plan the right GPUs per job, and the compat
+report's disk estimate for them (config-only targets, inspected on the meta device)."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from smk import REPO, planned_jobs, planned_resources
+
+GPU_RULES = ("capture_hidden_states", "train_draft", "benchmark")
+# config -> (GPUs per GPU job, capture jobs, bytes per captured token: 3 aux + 1 last state x H x 2 B, aux ids)
+EXAMPLES = {
+    "kimi-k2.5-8x-rtx-pro-6000": (8, 157 + 4, 4 * 7168 * 2, [2, 30, 58]),
+    "llama-3.1-8b-1gpu": (1, 40 + 1, 4 * 4096 * 2, [2, 16, 29]),
+}
+
+
+def workdir(tmp_path):
+    (tmp_path / "examples").symlink_to(REPO / "examples")  # the configs name their targets relative to the repo
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_plans_gpus_per_job(tmp_path, name):
+    gpus, captures, _, _ = EXAMPLES[name]
+    args = ["--configfile", str(REPO / f"examples/configs/{name}.yaml")]
+    jobs = planned_resources(args, workdir(tmp_path))
+    assert len(jobs["capture_hidden_states"]) == captures and "materialize_target" not in jobs
+    for rule in GPU_RULES:
+        assert {j["gpu"] for j in jobs[rule]} == {str(gpus)}, rule
+    assert all("gpu" not in j for r in ("prepare_data", "build_vocab_map", "export_head") for j in jobs[r])
+
+
+def test_kimi_with_blackwell_profile(tmp_path):
+    """The 8-GPU profile over the Kimi config: every GPU job asks for the machine's 8 cards."""
+    args = ["--profile", str(REPO / "profiles/blackwell-8x"),
+            "--configfile", str(REPO / "examples/configs/kimi-k2.5-8x-rtx-pro-6000.yaml")]
+    jobs = planned_resources(args, workdir(tmp_path))
+    assert {(j["gpu"], j["gpu_model"]) for r in GPU_RULES for j in jobs[r]} == {("8", "rtx_pro_6000_blackwell")}
+    assert planned_jobs(args, tmp_path)["capture_hidden_states"] == 161
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_disk_and_gpu_plan(tmp_path, name):
+    """The compat report's plans, built as scripts/compat_report.py builds them from the config."""
+    from eagle3build import compat_report as cr
+
+    _, _, bpt, aux = EXAMPLES[name]
+    cfg = yaml.safe_load((REPO / f"examples/configs/{name}.yaml").read_text())
+    cap, res = cfg["capture"], cfg["resources"]
+    tokens = (cap["num_train_samples"] + cap["num_eval_samples"]) * cfg["data"]["max_seq_len"]
+    r = cr.build_report(str(REPO / cfg["target"]["path"]), str(tmp_path), backend=cap["backend"],
+                        aux_layer_ids=cap["aux_layer_ids"], storage_dtype=cap["storage_dtype"],
+                        trust_remote_code=cfg["target"]["trust_remote_code"], planned_tokens=tokens,
+                        gpu_memory_gb=res["gpu_memory_gb"], gpus_per_node=res["gpus_per_node"],
+                        job_gpus={"capture": res["capture"]["gpu"], "serve": res["serve"]["gpu"]})
+    assert r["capture"]["aux_layer_ids"] == aux and r["capture"]["bytes_per_token"] == bpt
+    disk = r["plans"]["disk"]
+    assert (disk["planned_tokens"], disk["needed_bytes"]) == (tokens, bpt * tokens)
+    assert disk["needed_bytes"] == {"kimi-k2.5-8x-rtx-pro-6000": 1_204_469_891_072,  # 1.20 TB
+                                    "llama-3.1-8b-1gpu": 344_134_254_592}[name]       # 344 GB
+    g = r["plans"]["gpus"]
+    assert g["status"] == "ok" and g["gpus_needed_per_job"] == {"kimi-k2.5-8x-rtx-pro-6000": 8,
+                                                                "llama-3.1-8b-1gpu": 1}[name]
