@@ -21,6 +21,17 @@ def _tmp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def clear_stale_temporaries(path: str | os.PathLike) -> None:
+    """Remove ``.NAME.tmp-PID`` siblings of ``path`` that a killed writer left behind.
+
+    Snakemake runs one job per output at a time (it locks the working directory), so a
+    temporary of ``path`` that exists before this writer starts belongs to a dead one.
+    """
+    path = Path(path)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):
+        _remove(stale)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` on success.
@@ -30,8 +41,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clear_stale_temporaries(path)
     tmp = _tmp_sibling(path)
-    _remove(tmp)
     try:
         yield tmp
         if path.is_dir() and tmp.is_dir():

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from .atomic import clear_stale_temporaries
+
 SCHEMA = "eagle3build.shard/1"
 STORAGE_DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -170,6 +172,7 @@ class ShardFileWriter:
         raw += b" " * (-(8 + len(raw)) % 8)
         self._data_start = 8 + len(raw)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        clear_stale_temporaries(self.path)
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.pwrite(self.fd, struct.pack("<Q", len(raw)) + raw, 0)

@@ -76,7 +76,9 @@ def test_export_head(workdir, tiny_target):
     if not ck.exists():
         pytest.skip("needs the checkpoint of test_train_loss_falls_and_checkpoint_is_written")
     head = d / "head"
-    ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), head, "org/tiny-llama", str(tiny_target))
+    # vLLM's CPU attention has no kernel for the tiny target's head_dim 16; the e2e test has vLLM load a real head.
+    ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), head, "org/tiny-llama", str(tiny_target),
+              vllm_load_check="never")
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["speculators_model_type"] == "eagle3" and cfg["architectures"] == ["Eagle3DraftModel"]
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-llama"
@@ -98,4 +100,18 @@ def test_export_refuses_other_vocab_map(workdir, tiny_target, tmp_path):
     with pytest.raises(ex.ExportError, match=f"fingerprint {other['fingerprint']}.*trained with {info['fingerprint']}"):
         ex.export(ck, str(tmp_path / "d2t.npy"), str(tmp_path / "t2d.npy"), str(tmp_path / "v.json"), tmp_path / "head",
                   "org/tiny", str(tiny_target))
+    assert not (tmp_path / "head").exists()
+
+
+@pytest.mark.vllm
+def test_export_fails_and_leaves_nothing_when_vllm_cannot_serve_the_head(workdir, tiny_target, tmp_path):
+    """The tiny target's head_dim 16 has no vLLM CPU attention kernel: the load check must fail the export."""
+    pytest.importorskip("vllm")
+    d, _, _ = workdir
+    ck = d / "checkpoint"
+    if not ck.exists():
+        pytest.skip("needs the checkpoint")
+    with pytest.raises(ex.ExportError, match="vLLM cannot serve"):
+        ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/tiny",
+                  str(tiny_target), vllm_load_check="always")
     assert not (tmp_path / "head").exists()
