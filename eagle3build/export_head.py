@@ -22,10 +22,15 @@ from pathlib import Path
 
 import torch
 
+from . import vllm_engine
 from .atomic import atomic_path, write_json
 from .build_vocab_map import check_consistent
 
 log = logging.getLogger(__name__)
+
+
+# One engine run: start, decode greedily, read vLLM's spec-decode counters.
+RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 
 
 class ExportError(ValueError):
@@ -86,11 +91,18 @@ def export(
     target_dir: str,
     dtype: str = "bfloat16",
     vllm_load_check: str = "auto",
+    gpus: int = 0,
+    pipeline_parallel_size: int = 1,
 ) -> dict:
     """Check the checkpoint against the vocab map and write the head directory; then load it with
-    speculators and, where vLLM is installed (``vllm_load_check``: auto | always | never), with vLLM.
+    speculators and, where vLLM is installed (``vllm_load_check``: auto | always | never), with vLLM,
+    serving the target tensor-parallel over the job's ``gpus`` GPUs (0 = CPU, float32).
+
+    ``auto`` without an importable vLLM skips the vLLM check with a warning, recorded in
+    ``head_meta.json`` (``vllm_load_check.skipped``); ``always`` then fails before any work.
 
     Raises:
+        vllm_engine.VLLMUnavailable: ``vllm_load_check="always"`` and vLLM cannot be imported.
         ExportError: vocab-map fingerprint differs from the one trained with (both named);
             a required tensor is missing or has the wrong shape/dtype; d2t/t2d disagree
             with each other or with the map files; an absolute path would be written.
@@ -99,6 +111,16 @@ def export(
 
     from . import build_vocab_map
 
+    vllm_check = vllm_load_check == "always"
+    if vllm_load_check == "always":
+        vllm_engine.require_vllm(needed_by=f"{os.fspath(out_dir)} (export.vllm_load_check: always)")
+    elif vllm_load_check == "auto":
+        try:
+            vllm_engine.require_vllm(needed_by=f"the vLLM load check of {os.fspath(out_dir)}")
+            vllm_check = True
+        except vllm_engine.VLLMUnavailable as e:
+            log.warning("vLLM load check skipped: %s", e)
+            skipped = str(e)
     ck = Path(checkpoint_dir)
     cfg = json.loads((ck / "config.json").read_text())
     meta = json.loads((ck / "train_meta.json").read_text())
@@ -142,9 +164,12 @@ def export(
         (tmp / "head_meta.json").write_text(json.dumps(head_meta, indent=2) + "\n")
     try:
         check_loads_with_speculators(out_dir, target_dir, out_state)
-        if vllm_load_check == "always" or (vllm_load_check == "auto" and _vllm_installed()):
-            head_meta["vllm_load_check"] = check_loads_with_vllm(out_dir, target_dir, served_name)
-            write_json(Path(out_dir) / "head_meta.json", head_meta)
+        if vllm_check:
+            head_meta["vllm_load_check"] = check_loads_with_vllm(out_dir, target_dir, served_name, gpus=gpus,
+                                                                 pipeline_parallel_size=pipeline_parallel_size)
+        elif vllm_load_check == "auto":
+            head_meta["vllm_load_check"] = {"skipped": skipped}
+        write_json(Path(out_dir) / "head_meta.json", head_meta)
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)  # a head that does not load is no artifact
         raise
@@ -152,15 +177,11 @@ def export(
     return head_meta
 
 
-def _vllm_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
-def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_name: str, max_tokens: int = 8) -> dict:
-    """Serve the target with the head as its EAGLE-3 drafter in vLLM (a child process, as the
-    benchmark does; float32 on CPU) and decode one prompt greedily with k=1.
+def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_name: str, max_tokens: int = 8,
+                          gpus: int = 0, pipeline_parallel_size: int = 1) -> dict:
+    """Serve the target with the head as its EAGLE-3 drafter in vLLM (a child process started by
+    ``vllm_engine``: tensor-parallel over ``gpus`` GPUs in bf16, or float32 on CPU) and decode one
+    prompt greedily with k=1.
 
     Returns vLLM's counters for that request (drafts, accepted tokens, seconds).
 
@@ -169,15 +190,14 @@ def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_n
     """
     import tempfile
 
-    from .benchmark import _run_child, engine_kwargs
-
-    eng = engine_kwargs(os.path.abspath(target_dir), "float32", served_name, max_model_len=256, seed=0)
+    eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=256, seed=0,
+                                  pipeline_parallel_size=pipeline_parallel_size)
     spec = {"engine": eng, "max_tokens": max_tokens, "concurrency": 1,
             "prompts": [{"id": "load-check", "messages": [{"role": "user", "content": "What is the capital of France?"}]}],
             "speculative_config": {"method": "eagle3", "model": os.path.abspath(head_dir), "num_speculative_tokens": 1}}
     with tempfile.TemporaryDirectory(prefix="eagle3-load-") as tmp:
         try:
-            r = _run_child(spec, Path(tmp), "vllm_load_check")
+            r = vllm_engine.run_child(RUN_ENTRY, spec, tmp, "vllm_load_check")
         except RuntimeError as e:
             raise ExportError(f"vLLM cannot serve {head_dir} as an EAGLE-3 head: {e}") from e
     if not r.get("drafts"):

@@ -10,7 +10,7 @@ conversation stops at the first turn whose prompt reaches ``max_seq_len`` tokens
 follows would be truncated away by tokenization anyway. The output is a chat-messages
 JSONL with the records' ids, so the train/eval split and the benchmark prompts stay the same.
 
-vLLM runs in a child process with the benchmark's CPU environment (``benchmark._run_child``).
+vLLM runs in a child process started by ``vllm_engine.run_child`` (tensor-parallel over the job's GPUs).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import vllm_engine
 from .atomic import write_json, write_text
 from .prepare_data import Conversation, Counters, DataError, SourceStats, normalise, read_records, resolve_source_path
 
@@ -63,8 +64,10 @@ def regenerate(
     max_seq_len: int,
     max_tokens: int,
     served_name: str,
-    dtype: str = "float32",
+    dtype: str = "auto",
     seed: int = 0,
+    gpus: int = 0,
+    pipeline_parallel_size: int = 1,
 ) -> dict:
     """Replace every assistant turn with the target's greedy answer; write ``out_jsonl`` and a report.
 
@@ -72,19 +75,23 @@ def regenerate(
     out, assistant turns regenerated, conversations cut at ``max_seq_len``, answers that hit
     ``max_tokens``, generated tokens and tokens/s, skip counts of normalisation.
 
+    ``gpus``: GPUs the job holds (the engine's tensor parallel size; 0 = CPU); ``dtype``
+    ``auto`` = bf16 on GPUs, float32 on CPU.
+
     Raises:
+        vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
         DataError: no conversation in the sources.
         RuntimeError: the vLLM child failed.
     """
-    from .benchmark import _run_child, engine_kwargs
-
+    vllm_engine.require_vllm(needed_by=os.fspath(out_jsonl))
     t0 = time.perf_counter()
     convs, counters, stats = collect(sources)
-    eng = engine_kwargs(os.path.abspath(target_dir), dtype, served_name, max_seq_len + max_tokens, seed)
+    eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_seq_len + max_tokens,
+                                  seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size)
     spec = {"engine": eng, "conversations": [c.messages for c in convs], "max_tokens": max_tokens,
             "max_seq_len": max_seq_len}
     with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:
-        res = _run_child(spec, Path(tmp), "regenerate", module="eagle3build.regenerate_responses")
+        res = vllm_engine.run_child("eagle3build.regenerate_responses:run_child", spec, tmp, "regenerate")
     lines, n_out = [], 0
     for conv, msgs in zip(convs, res["conversations"], strict=True):
         if any(m["role"] == "assistant" for m in msgs):
@@ -110,9 +117,9 @@ def regenerate(
 
 def run_child(spec: dict) -> dict:
     """Inside the child: rounds of ``LLM.chat`` over the conversations' next assistant turns."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(**spec["engine"])
+    llm, _ = vllm_engine.start_engine(spec["engine"])
     tok = llm.get_tokenizer()
     sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
     limit = spec["max_seq_len"]
@@ -157,10 +164,3 @@ def run_child(spec: dict) -> dict:
             d.pop()
     return {"conversations": done, "turns_regenerated": turns, "conversations_cut_at_max_seq_len": cut,
             "answers_at_max_tokens": at_max, "generated_tokens": gen_tokens, "generate_seconds": round(gen_s, 2)}
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "run":
-        Path(sys.argv[3]).write_text(json.dumps(run_child(json.loads(Path(sys.argv[2]).read_text()))))
-    else:
-        sys.exit("usage: python -m eagle3build.regenerate_responses run SPEC.json OUT.json")

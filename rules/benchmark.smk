@@ -10,6 +10,7 @@ rule benchmark:
         head_dir=lambda w, input: os.path.dirname(input.head),
         settings=canonical(config["benchmark"]),
         served_name=config["target"]["served_name"],
+        pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
     log:
         f"{LOGS}/benchmark.log",
     threads: config["resources"]["serve"]["threads"]

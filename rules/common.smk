@@ -76,3 +76,11 @@ def regenerated_input(wildcards):
 def res(job, key):
     """A resource of config section resources.<job>, 0 for gpu when absent."""
     return config["resources"][job].get(key, 0)
+
+
+def export_res(key):
+    """export_head's resources: the serve job's while its vLLM load check may run, else a
+    small CPU job (the check is off: ``export.vllm_load_check: never``)."""
+    if config["export"]["vllm_load_check"] != "never":
+        return res("serve", key)
+    return {"gpu": 0, "threads": 1, "mem_mb": 4000, "runtime": 30}[key]

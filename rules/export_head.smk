@@ -15,8 +15,15 @@ rule export_head:
         served_name=config["target"]["served_name"],
         dtype=config["export"]["dtype"],
         vllm_load_check=config["export"]["vllm_load_check"],
+        pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
     log:
         f"{LOGS}/export_head.log",
+    # The vLLM load check serves the target like the benchmark does; without it, a CPU job.
+    threads: export_res("threads")
+    resources:
+        gpu=export_res("gpu"),
+        mem_mb=export_res("mem_mb"),
+        runtime=export_res("runtime"),
     conda:
         "../envs/eagle3build.yaml"
     script:

@@ -11,6 +11,7 @@ rule regenerate_responses:
         served_name=config["target"]["served_name"],
         dtype=config["benchmark"]["dtype"],
         seed=config["data"]["seed"],
+        pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
     log:
         f"{LOGS}/regenerate_responses.log",
     benchmark:

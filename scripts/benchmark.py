@@ -17,4 +17,6 @@ benchmark(
     max_model_len=s["max_model_len"],
     seed=s["seed"],
     concurrency=s["concurrency"],
+    gpus=snakemake.resources.gpu,
+    pipeline_parallel_size=snakemake.params.pipeline_parallel_size,
 )

@@ -13,4 +13,6 @@ export(
     target_dir=snakemake.input.target,
     dtype=snakemake.params.dtype,
     vllm_load_check=snakemake.params.vllm_load_check,
+    gpus=snakemake.resources.gpu,
+    pipeline_parallel_size=snakemake.params.pipeline_parallel_size,
 )

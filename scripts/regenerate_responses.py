@@ -14,4 +14,6 @@ regenerate(
     served_name=p.served_name,
     dtype=p.dtype,
     seed=p.seed,
+    gpus=snakemake.resources.gpu,
+    pipeline_parallel_size=p.pipeline_parallel_size,
 )

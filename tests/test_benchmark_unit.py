@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import jsonschema
 import pytest
 
-from eagle3build import benchmark, plot_benchmark
+from eagle3build import benchmark, plot_benchmark, vllm_engine
 
 
 def _out(queued, first, last, n):
@@ -18,7 +18,7 @@ def _out(queued, first, last, n):
 def test_request_timings():
     # three requests, one after another: latency 1, 2, 4 s; first token after 0.1 s; 11 tokens each
     outs = [_out(0.0, 0.1, 1.0, 11), _out(1.0, 1.1, 3.0, 11), _out(3.0, 3.1, 7.0, 11)]
-    t = benchmark.request_timings(outs)
+    t = vllm_engine.request_timings(outs)
     assert t["request_latency_s"] == {"p50": 2.0, "p95": pytest.approx(3.8), "mean": pytest.approx(7 / 3, abs=1e-5)}
     assert t["time_to_first_token_s"]["p50"] == pytest.approx(0.1)
     # TPOT = (last - first) / (n - 1): 0.09, 0.19, 0.39
@@ -28,7 +28,7 @@ def test_request_timings():
 
 def test_request_timings_need_metrics():
     with pytest.raises(RuntimeError, match="disable_log_stats"):
-        benchmark.request_timings([SimpleNamespace(metrics=None, outputs=[])])
+        vllm_engine.request_timings([SimpleNamespace(metrics=None, outputs=[])])
 
 
 def _result(speedups=(0.8, 1.3), taus=(1.5, 2.2)):

