@@ -1,10 +1,14 @@
 # `make run`: install (exact pins into .venv) and build the default run.
 # `make test`: install and run the test suite (unit, plan, end-to-end).
+# `make install-gpu`: the CUDA route (vLLM 0.33.0, torch 2.14.0+cu130) into .venv-gpu; README "On GPUs".
 CORES ?= 2
 
-.PHONY: install run test lint
+.PHONY: install install-gpu run test lint
 install:
 	./install.sh
+
+install-gpu:
+	./install-gpu.sh
 
 run: install
 	.venv/bin/snakemake --cores $(CORES)

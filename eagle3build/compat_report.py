@@ -450,10 +450,13 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
     capture: dict = {"storage_dtype": storage_dtype}
     if target:
         n = target["num_layers"]
-        capture["recommended_aux_layer_ids"] = default_aux_layer_ids(n)
+        try:
+            capture["recommended_aux_layer_ids"] = default_aux_layer_ids(n)
+        except ValueError:  # fewer than 7 layers: only user-given ids can work
+            capture["recommended_aux_layer_ids"] = None
         aux_probe = run_probe(
             "aux_layer_ids",
-            lambda: capture["recommended_aux_layer_ids"] if aux_layer_ids == "auto" else check_aux_layer_ids(list(aux_layer_ids), n),
+            lambda: default_aux_layer_ids(n) if aux_layer_ids == "auto" else check_aux_layer_ids(list(aux_layer_ids), n),
             required=True,
         )
         probes["aux_layer_ids"] = aux_probe

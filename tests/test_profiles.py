@@ -9,7 +9,7 @@ import yaml
 from smk import REPO, planned_resources
 
 PROFILES = ["default", "blackwell-8x", "slurm", "kubernetes"]
-GPU_RULES = ("capture_hidden_states", "train_draft", "benchmark")
+GPU_RULES = ("capture_hidden_states", "train_draft", "benchmark", "export_head")  # export: its vLLM load check
 PLUGIN = {"slurm": "snakemake_executor_plugin_slurm", "kubernetes": "snakemake_executor_plugin_kubernetes"}
 
 
@@ -37,14 +37,15 @@ def dry_run(name, tmp_path):
 def test_default_plan_asks_for_no_gpus(tmp_path):
     jobs = dry_run("default", tmp_path)
     assert {r: [j.get("gpu", "0") for j in jobs[r]] for r in GPU_RULES} == {
-        "capture_hidden_states": ["0"] * 3, "train_draft": ["0"], "benchmark": ["0"]}
+        "capture_hidden_states": ["0"] * 3, "train_draft": ["0"], "benchmark": ["0"], "export_head": ["0"]}
     assert jobs["train_draft"][0]["mem_mb"] == "8000" and jobs["benchmark"][0]["runtime"] == "60"
 
 
 def test_blackwell_8x_plan(tmp_path):
     assert profile("blackwell-8x")["resources"] == ["gpu=8"]  # the machine's cap on GPUs in use at once
     jobs = dry_run("blackwell-8x", tmp_path)
-    for rule, runtime in (("capture_hidden_states", "240"), ("train_draft", "1440"), ("benchmark", "180")):
+    for rule, runtime in (("capture_hidden_states", "240"), ("train_draft", "1440"), ("benchmark", "180"),
+                          ("export_head", "60")):
         for j in jobs[rule]:
             assert (j["gpu"], j["gpu_model"], j["mem_mb"], j["runtime"]) == ("8", "rtx_pro_6000_blackwell", "256000", runtime)
     assert len(jobs["capture_hidden_states"]) == 3
@@ -55,12 +56,12 @@ def test_slurm_plan(tmp_path):
     jobs = dry_run("slurm", tmp_path)
     assert {j["slurm_partition"] for js in jobs.values() for j in js if j} == {"gpu"}
     for rule, cpus, runtime in (("capture_hidden_states", "16", "240"), ("train_draft", "32", "1440"),
-                                ("benchmark", "16", "180")):
+                                ("benchmark", "16", "180"), ("export_head", "16", "60")):
         for j in jobs[rule]:
             assert (j["gpu"], j["gpu_model"], j["cpus_per_task"], j["mem_mb"], j["runtime"]) == (
                 "8", "rtx_pro_6000", cpus, "256000", runtime)
     assert (jobs["prepare_data"][0]["cpus_per_task"], jobs["prepare_data"][0]["mem_mb"]) == ("2", "8000")
-    assert "gpu" not in jobs["export_head"][0]
+    assert "gpu" not in jobs["build_vocab_map"][0]
 
 
 def test_kubernetes_plan(tmp_path):

@@ -1,0 +1,123 @@
+"""The one vLLM-runner module (engine arguments, child environment, run protocol) and vLLM as an
+optional dependency: the head builds without it, the stages that serve fail at once naming it."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from eagle3build import benchmark, compat_report, regenerate_responses, vllm_engine
+from eagle3build import export_head as ex
+from smk import REPO, planned_resources
+
+
+def _example_workdir(tmp_path):
+    (tmp_path / "examples").symlink_to(REPO / "examples")  # the configs name their targets relative to the repo
+    return tmp_path
+
+
+@pytest.mark.parametrize("name, tp, dtype", [("kimi-k2.5-8x-rtx-pro-6000", 8, "bfloat16"),
+                                             ("llama-3.1-8b-1gpu", 1, "bfloat16")])
+def test_example_engines_are_tensor_parallel_over_the_jobs_gpus(tmp_path, name, tp, dtype):
+    """What the serving jobs of the example configs plan (dry-run) and the engine arguments those GPUs give."""
+    cfg_path = REPO / f"examples/configs/{name}.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    jobs = planned_resources(["--configfile", str(cfg_path)], _example_workdir(tmp_path))
+    for rule in ("export_head", "benchmark"):
+        (job,) = jobs[rule]
+        eng = vllm_engine.engine_args(str(REPO / cfg["target"]["path"]), gpus=int(job["gpu"]),
+                                      served_name=cfg["target"]["served_name"],
+                                      max_model_len=cfg["benchmark"]["max_model_len"], dtype=cfg["benchmark"]["dtype"],
+                                      pipeline_parallel_size=cfg["target"]["pipeline_parallel_size"])
+        assert (eng["tensor_parallel_size"], eng["pipeline_parallel_size"], eng["dtype"]) == (tp, 1, dtype), rule
+        assert "enforce_eager" not in eng and "distributed_executor_backend" not in eng
+        assert int(job["mem_mb"]) == cfg["resources"]["serve"]["mem_mb"]
+
+
+def test_engine_args_on_cpu_and_with_pipeline_stages(tmp_path):
+    cpu = vllm_engine.engine_args(str(tmp_path), gpus=0, served_name="org/m", max_model_len=512, seed=3)
+    assert (cpu["dtype"], cpu["tensor_parallel_size"], cpu["enforce_eager"], cpu["seed"]) == ("float32", 1, True, 3)
+    assert cpu["model"] == str(tmp_path.resolve()) and cpu["disable_log_stats"] is False
+    with pytest.raises(ValueError, match="bfloat16.*on CPU"):
+        vllm_engine.engine_args(str(tmp_path), gpus=0, served_name="m", max_model_len=8, dtype="bfloat16")
+    pp = vllm_engine.engine_args(str(tmp_path), gpus=8, served_name="m", max_model_len=8, pipeline_parallel_size=2,
+                                 enable_prefix_caching=False)
+    assert (pp["tensor_parallel_size"], pp["pipeline_parallel_size"], pp["distributed_executor_backend"]) == (8, 2, "ray")
+    assert pp["dtype"] == "bfloat16" and pp["enable_prefix_caching"] is False
+    with pytest.raises(ValueError, match="pipeline_parallel_size must be >= 1"):
+        vllm_engine.engine_args(str(tmp_path), gpus=1, served_name="m", max_model_len=8, pipeline_parallel_size=0)
+
+
+def test_child_env_keeps_the_jobs_gpus_and_drops_blas_caps():
+    env = vllm_engine.child_env({"CUDA_VISIBLE_DEVICES": "2,3", "MKL_NUM_THREADS": "2", "OMP_NUM_THREADS": "2",
+                                 "PYTHONPATH": "/x"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and "MKL_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in env
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert env["PYTHONPATH"].split(":") == ["/x", str(REPO)]
+
+
+def test_run_child_protocol(tmp_path):
+    """A fresh process runs MODULE:FUNCTION on the spec and its JSON result comes back; a failure is an error."""
+    r = vllm_engine.run_child("builtins:dict", {"a": [1, 2], "b": "x"}, tmp_path, "echo")
+    assert r["a"] == [1, 2] and r["b"] == "x" and r["process_s"] > 0
+    assert json.loads((tmp_path / "echo.spec.json").read_text()) == {"a": [1, 2], "b": "x"}
+    with pytest.raises(RuntimeError, match="vLLM run 'bad' .*failed"):
+        vllm_engine.run_child("builtins:ZeroDivisionError", {}, tmp_path, "bad")  # not JSON-able: the child exits 1
+
+
+@pytest.fixture
+def no_vllm(monkeypatch):
+    """vLLM made unimportable (as on a GPU training node without it), also where it was imported before."""
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")] + ["vllm"]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_compat_report_without_vllm_warns_and_the_head_still_builds(no_vllm, tiny_target, tmp_path):
+    r = compat_report.build_report(str(tiny_target), str(tmp_path), aux_layer_ids=[1, 3, 4], planned_tokens=1000)
+    assert r["hard_failures"] == []
+    assert r["probes"]["vllm"]["status"] == "fail" and r["probes"]["vllm"]["required"] is False
+    assert r["probes"]["vllm_eagle3_model"]["status"] == "fail"
+    v = r["vllm"]
+    assert v["usable"] is False and v["version"] is None and "import of vllm halted" in v["evidence"]["vllm"]
+    assert "train_draft" in v["builds_without"] and any("benchmark" in n for n in v["needed_by"])
+    assert r["capture"]["backend"] == "hooks" and r["head"]["recommended_variant"] == "eagle3.1"
+    assert "no vLLM importable here" in r["head"]["reason"]
+    import jsonschema
+
+    jsonschema.validate(json.loads(json.dumps(r, default=str)),
+                        json.loads((REPO / "schemas/compat.schema.json").read_text()))
+    compat_report.write(r, tmp_path / "compat.json", tmp_path / "compat.md")
+    md = (tmp_path / "compat.md").read_text()
+    assert "usable here: **no**" in md and "WARNING: vLLM is not usable here" in md
+
+
+def test_serving_stages_fail_at_once_naming_vllm_and_the_target(no_vllm, tmp_path):
+    """Before any work (the prompts file and the head do not even exist), naming the package and the artifact."""
+    out = tmp_path / "results/r/benchmark.json"
+    with pytest.raises(vllm_engine.VLLMUnavailable, match=rf"{out} needs the Python package 'vllm'"):
+        benchmark.benchmark(str(tmp_path), str(tmp_path / "nohead"), str(tmp_path / "missing.jsonl"), str(out), [3], 8,
+                            16, "auto", "org/m")
+    regen = tmp_path / "results/r/data/regenerated.jsonl"
+    with pytest.raises(vllm_engine.VLLMUnavailable, match=rf"{regen} needs the Python package 'vllm'"):
+        regenerate_responses.regenerate([{"path": str(tmp_path / "missing.json"), "max_samples": None}], str(tmp_path),
+                                        regen, tmp_path / "report.json", 128, 16, "org/m")
+    with pytest.raises(vllm_engine.VLLMUnavailable, match=r"head \(export.vllm_load_check: always\) needs.*'vllm'"):
+        ex.export(tmp_path / "nock", "d2t", "t2d", "vocab", tmp_path / "head", "org/m", str(tmp_path),
+                  vllm_load_check="always")
+    assert not out.exists() and not regen.exists() and not (tmp_path / "head").exists()
+
+
+def test_export_without_vllm_skips_the_load_check_and_records_why(no_vllm, tiny_shards, tiny_target, tmp_path):
+    from eagle3build import train_draft as td
+
+    d, _, _ = tiny_shards
+    ck = tmp_path / "checkpoint"
+    td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [], str(d / "d2t.npy"), str(d / "t2d.npy"),
+             str(d / "vocab.json"), str(d / "compat.json"), str(ck), epochs=1, total_seq_len=256, device="cpu")
+    meta = ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/tiny",
+                     str(tiny_target), vllm_load_check="auto")
+    assert "needs the Python package 'vllm'" in meta["vllm_load_check"]["skipped"]
+    on_disk = json.loads((tmp_path / "head/head_meta.json").read_text())
+    assert on_disk["vllm_load_check"] == meta["vllm_load_check"] and (tmp_path / "head/model.safetensors").is_file()
