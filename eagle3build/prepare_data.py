@@ -27,6 +27,11 @@ too few supervised tokens  skip   ``too_few_supervised_tokens`` (after truncatio
 =========================  =====  ==========================================================
 
 Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system.
+
+A record with ``"last_turn_unfinished": true`` (written by ``regenerate_responses`` for an
+answer cut at its ``max_tokens``) keeps that answer's text in the loss mask but not the
+end-of-turn token the chat template closes it with (``open_last_turn``); counted in the
+report as ``last_turn_unfinished``.
 """
 
 from __future__ import annotations
