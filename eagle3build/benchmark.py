@@ -16,6 +16,11 @@ output token (TPOT) = (last token - first token) / (output tokens - 1), as in vL
 own ``vllm:request_time_per_output_token_seconds``. ``concurrency`` requests are in
 flight at a time (1: one after another, the latency-bound case speculative decoding is
 for; 0: all prompts at once).
+
+Prompt sets (``benchmark.sets``, see ``prompt_sets``): every engine decodes the sets one
+after the other; vLLM's spec-decode counters are global per engine, so each set's
+figures are the counter deltas and the wall time around that set's requests. The
+overall figures sum the sets (tokens/s = all output tokens / summed wall time of the sets).
 """
 
 from __future__ import annotations
@@ -27,22 +32,10 @@ import platform
 import time
 from pathlib import Path
 
-from . import vllm_engine
+from . import prompt_sets, vllm_engine
 from .atomic import write_json
 
 log = logging.getLogger(__name__)
-
-def load_prompts(path: str | os.PathLike, num_prompts: int) -> list[dict]:
-    """The first ``num_prompts`` records ``{"id", "messages"}`` of a prompts JSONL file.
-
-    Raises:
-        ValueError: the file holds no prompt.
-    """
-    prompts = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()][:num_prompts]
-    if not prompts:
-        raise ValueError(f"{path}: no benchmark prompt (the eval split is empty?)")
-    return prompts
-
 
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 
@@ -98,65 +91,86 @@ def benchmark(
     concurrency: int = 1,
     gpus: int = 0,
     pipeline_parallel_size: int = 1,
+    sets: list[str] | None = None,
+    custom_prompts_path: str | None = None,
 ) -> dict:
-    """Baseline run plus one EAGLE-3 run per k; write ``out_json`` (schemas/benchmark.schema.json).
+    """Baseline run plus one EAGLE-3 run per k over every prompt set; write ``out_json`` (schemas/benchmark.schema.json).
 
-    Per run: output tokens/s, wall seconds, engine start seconds; per EAGLE-3 run also
-    drafts, draft tokens, accepted tokens, τ, acceptance rate per position, speed-up
-    against the baseline and the lossless check (prompts whose greedy token ids differ
-    from the baseline's; must be 0). ``gpus``: GPUs the job holds (the engines' tensor
-    parallel size; 0 = CPU); ``dtype`` ``auto`` = bf16 on GPUs, float32 on CPU.
+    ``sets``: names of ``prompt_sets`` (``chat`` = ``prompts_path``, prepare_data's held-out
+    eval prompts; ``humaneval``; ``custom`` = ``custom_prompts_path``); default ``["chat"]``.
+    ``num_prompts`` applies per set. One engine per configuration (baseline, each k) decodes
+    the sets one after the other (``vllm_engine.decode_greedy`` with ``sets``), so a set's
+    figures are its own counter deltas and wall time in that engine.
+
+    Per run, overall and per set (``"sets": {name: ...}``): output tokens/s, wall seconds,
+    latencies; per EAGLE-3 run also drafts, draft tokens, accepted tokens, τ, acceptance rate
+    per position, speed-up against the baseline (the same set's tokens/s) and the lossless
+    check (prompts whose greedy token ids differ from the baseline's; must be 0). Engine start
+    seconds per run. ``gpus``: GPUs the job holds (the engines' tensor parallel size; 0 = CPU);
+    ``dtype`` ``auto`` = bf16 on GPUs, float32 on CPU.
 
     Raises:
         vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
-        ValueError: no prompt in ``prompts_path``.
+        prompt_sets.PromptSetError: an unknown set, or a set without prompts (before any engine starts).
         RuntimeError: an engine run failed.
     """
     import tempfile
 
     vllm_engine.require_vllm(needed_by=os.fspath(out_json))
-    prompts = load_prompts(prompts_path, num_prompts)
+    by_set = prompt_sets.load_sets(sets or ["chat"], num_prompts, chat_path=prompts_path, custom_path=custom_prompts_path)
     eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_model_len,
                                   seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size)
     dtype = eng["dtype"]
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
-        return _benchmark(Path(tmpdir), eng, prompts, head_dir, out_json, ks, max_tokens, dtype, served_name, max_model_len,
-                          concurrency)
+        return _benchmark(Path(tmpdir), eng, by_set, head_dir, out_json, ks, max_tokens, dtype, served_name, max_model_len,
+                          concurrency, num_prompts)
 
 
-def _benchmark(tmp: Path, eng: dict, prompts: list[dict], head_dir: str, out_json: str, ks: list[int], max_tokens: int,
-               dtype: str, served_name: str, max_model_len: int, concurrency: int) -> dict:
-    base = vllm_engine.run_child(RUN_ENTRY, {"engine": eng, "prompts": prompts, "max_tokens": max_tokens,
-                                             "concurrency": concurrency}, tmp, "baseline")
+def _benchmark(tmp: Path, eng: dict, by_set: dict[str, list[dict]], head_dir: str, out_json: str, ks: list[int],
+               max_tokens: int, dtype: str, served_name: str, max_model_len: int, concurrency: int, num_prompts: int) -> dict:
+    prompts = [p for ps in by_set.values() for p in ps]
+    groups = [{"name": name, "count": len(ps)} for name, ps in by_set.items()]
+    common = {"engine": eng, "prompts": prompts, "max_tokens": max_tokens, "concurrency": concurrency, "sets": groups}
+    base = vllm_engine.run_child(RUN_ENTRY, common, tmp, "baseline")
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
     runs = []
     for k in ks:
         spec = {"method": "eagle3", "model": os.path.abspath(head_dir), "num_speculative_tokens": k}
-        r = vllm_engine.run_child(RUN_ENTRY, {"engine": eng, "prompts": prompts, "max_tokens": max_tokens,
-                                              "speculative_config": spec, "concurrency": concurrency}, tmp, f"eagle3_k{k}")
-        differing = [p["id"] for p, a, b in zip(prompts, base["token_ids"], r["token_ids"], strict=True) if a != b]
-        r.update(
-            num_speculative_tokens=k,
-            speedup=r["output_tokens_per_s"] / base["output_tokens_per_s"],
-            prompts_differing_from_baseline=len(differing),
-            differing_prompt_ids=differing,
-            outputs_identical=not differing,
-        )
-        log.info("k=%d: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ", k, r["mean_acceptance_length"],
-                 r["output_tokens_per_s"], r["speedup"], len(differing))
+        r = vllm_engine.run_child(RUN_ENTRY, {**common, "speculative_config": spec}, tmp, f"eagle3_k{k}")
+        r.update(num_speculative_tokens=k, **compare(base, r, prompts))
+        for name, ps in by_set.items():
+            r["sets"][name].update(compare(base["sets"][name], r["sets"][name], ps))
+            log.info("k=%d %s: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ", k, name,
+                     r["sets"][name]["mean_acceptance_length"], r["sets"][name]["output_tokens_per_s"],
+                     r["sets"][name]["speedup"], r["sets"][name]["prompts_differing_from_baseline"])
+        log.info("k=%d overall: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ", k, r["mean_acceptance_length"],
+                 r["output_tokens_per_s"], r["speedup"], r["prompts_differing_from_baseline"])
         runs.append(r)
     for r in [base, *runs]:
         r.pop("token_ids")
+        for v in r["sets"].values():
+            v.pop("token_ids")
     result = {
         "versions": versions(),
         "hardware": hardware(),
-        "settings": {"num_prompts": len(prompts), "max_tokens": max_tokens, "dtype": dtype, "temperature": 0.0,
+        "settings": {"num_prompts": num_prompts, "max_tokens": max_tokens, "dtype": dtype, "temperature": 0.0,
                      "ks": ks, "concurrency": concurrency, "served_name": served_name, "max_model_len": max_model_len,
                      "tensor_parallel_size": eng["tensor_parallel_size"],
-                     "pipeline_parallel_size": eng["pipeline_parallel_size"]},
+                     "pipeline_parallel_size": eng["pipeline_parallel_size"],
+                     "sets": {name: {"num_prompts": len(ps), "prompt_ids": [p["id"] for p in ps]}
+                              for name, ps in by_set.items()}},
         "baseline": base,
         "eagle3": runs,
     }
     validate(result)
     write_json(out_json, result)
     return result
+
+
+def compare(base: dict, run: dict, prompts: list[dict]) -> dict:
+    """Speed-up (``run`` tokens/s over ``base`` tokens/s, same prompts) and the lossless check: the ids of
+    ``prompts`` whose greedy token ids differ between the two runs (``token_ids`` in prompt order)."""
+    differing = [p["id"] for p, a, b in zip(prompts, base["token_ids"], run["token_ids"], strict=True) if a != b]
+    return {"speedup": run["output_tokens_per_s"] / base["output_tokens_per_s"],
+            "prompts_differing_from_baseline": len(differing), "differing_prompt_ids": differing,
+            "outputs_identical": not differing}

@@ -497,8 +497,9 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
 
 # What needs vLLM, and what builds without it.
 NEEDS_VLLM = ("export's vLLM load check (export.vllm_load_check: auto skips it, always fails)",
-              "regenerate_responses (data.regenerate.enabled)", "benchmark (benchmark.json)")
-BUILDS_WITHOUT_VLLM = ("capture_hidden_states (hooks backend)", "build_vocab_map", "train_draft", "export_head")
+              "benchmark (benchmark.json)")
+BUILDS_WITHOUT_VLLM = ("capture_hidden_states (hooks backend)", "build_vocab_map", "train_draft", "export_head",
+                       "regenerate_responses (data.regenerate.backend auto falls back to transformers' generate)")
 
 
 def vllm_summary(probes: dict[str, Probe]) -> dict:

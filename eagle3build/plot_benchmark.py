@@ -1,8 +1,8 @@
 """Stage ``plot_benchmark``: the benchmark's figures as one PNG for ``snakemake --report``.
 
-Left: vLLM's acceptance rate at each draft position, one line per k (num_speculative_tokens),
-with τ in the legend. Right: output tokens/s of each EAGLE-3 run relative to the baseline
-(speed-up bars; the line at 1 is the baseline). Values are read from ``benchmark.json``
+Left: vLLM's acceptance rate at each draft position, one line per k (num_speculative_tokens)
+and prompt set, with τ in the legend. Right: output tokens/s of each EAGLE-3 run relative to
+the baseline per prompt set and over all sets (speed-up bars; the line at 1 is the baseline). Values are read from ``benchmark.json``
 (schemas/benchmark.schema.json), nothing is recomputed.
 """
 
@@ -18,7 +18,9 @@ from .atomic import atomic_path
 def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     """Write ``out_png`` (two panels, 10 x 4 inches at 80 dpi) from ``benchmark_json``.
 
-    Returns ``{k: {"tau": τ, "speedup": x}}`` for the runs plotted.
+    Left: acceptance rate per draft position, one line per k and prompt set (τ in the
+    legend). Right: speed-up bars per k, one bar per set and one for all sets together.
+    Returns ``{k: {"tau": τ, "speedup": x, "sets": {set: {"tau": τ, "speedup": x}}}}`` for the runs plotted.
 
     Raises:
         ValueError: the benchmark holds no EAGLE-3 run.
@@ -27,31 +29,43 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     b = json.loads(Path(benchmark_json).read_text())
     runs = b.get("eagle3") or []
     if not runs:
         raise ValueError(f"{benchmark_json}: no EAGLE-3 run to plot")
+    names = list(b["settings"]["sets"])
+    styles = ["-", "--", ":", "-."]
     fig, (a, s) = plt.subplots(1, 2, figsize=(10, 4))
     out = {}
     for r in runs:
-        k, rates, tau = r["num_speculative_tokens"], r["acceptance_rate_per_position"] or [], r["mean_acceptance_length"]
-        a.plot(range(1, len(rates) + 1), rates, marker="o", label=f"k={k}, τ={tau:.2f}" if tau else f"k={k}")
-        out[k] = {"tau": tau, "speedup": r["speedup"]}
+        k = r["num_speculative_tokens"]
+        out[k] = {"tau": r["mean_acceptance_length"], "speedup": r["speedup"], "sets": {}}
+        for j, name in enumerate(names):
+            x = r["sets"][name]
+            rates, tau = x["acceptance_rate_per_position"] or [], x["mean_acceptance_length"]
+            label = f"k={k} {name}, τ={tau:.2f}" if tau else f"k={k} {name}"
+            a.plot(range(1, len(rates) + 1), rates, marker="o", ls=styles[j % len(styles)], label=label)
+            out[k]["sets"][name] = {"tau": tau, "speedup": x["speedup"]}
     a.set_xlabel("draft position")
     a.set_ylabel("acceptance rate (vLLM counters)")
     a.set_ylim(0, 1)
     a.set_title("acceptance per position")
-    a.legend()
-    ks = [str(r["num_speculative_tokens"]) for r in runs]
-    ups = [r["speedup"] for r in runs]
-    bars = s.bar(ks, ups, color=["tab:green" if u >= 1 else "tab:red" for u in ups])
-    s.bar_label(bars, labels=[f"{u:.2f}x" for u in ups])
+    a.legend(fontsize="small")
+    groups = [*names, "all"] if len(names) > 1 else names
+    width = 0.8 / len(groups)
+    xs = np.arange(len(runs))
+    for j, name in enumerate(groups):
+        ups = [r["speedup"] if name == "all" else r["sets"][name]["speedup"] for r in runs]
+        bars = s.bar(xs + (j - (len(groups) - 1) / 2) * width, ups, width, label=name)
+        s.bar_label(bars, labels=[f"{u:.2f}x" for u in ups], fontsize="small")
+    s.set_xticks(xs, [str(r["num_speculative_tokens"]) for r in runs])
     s.axhline(1.0, color="black", lw=1, ls="--", label=f"baseline {b['baseline']['output_tokens_per_s']:.1f} tok/s")
     s.set_xlabel("num_speculative_tokens (k)")
     s.set_ylabel("speed-up (output tokens/s vs baseline)")
-    s.set_title("speed-up")
-    s.legend()
+    s.set_title("speed-up per prompt set")
+    s.legend(fontsize="small")
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, dpi=80, format="png")

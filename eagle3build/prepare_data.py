@@ -27,6 +27,11 @@ too few supervised tokens  skip   ``too_few_supervised_tokens`` (after truncatio
 =========================  =====  ==========================================================
 
 Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system.
+
+A record with ``"last_turn_unfinished": true`` (written by ``regenerate_responses`` for an
+answer cut at its ``max_tokens``) keeps that answer's text in the loss mask but not the
+end-of-turn token the chat template closes it with (``open_last_turn``); counted in the
+report as ``last_turn_unfinished``.
 """
 
 from __future__ import annotations
@@ -196,6 +201,9 @@ class Conversation:
 
     id: str
     messages: list[dict[str, str]]
+    # The last assistant turn was cut at a generation cap (regenerate_responses' record field
+    # ``last_turn_unfinished``): its end-of-turn token is not trained (``open_last_turn``).
+    last_turn_unfinished: bool = False
 
 
 @dataclass
@@ -262,10 +270,37 @@ def normalise(record: object, source: str, index: int, counters: Counters) -> Co
         merged.pop()
     if not any(m["role"] == "assistant" for m in merged):
         return skip("no_assistant_turn")
-    return Conversation(id=rid, messages=system + merged)
+    unfinished = record.get(UNFINISHED_KEY) is True and merged[-1] is msgs[-1]
+    return Conversation(id=rid, messages=system + merged, last_turn_unfinished=unfinished)
 
 
 # ---------------------------------------------------------------- tokenize + mask
+
+
+UNFINISHED_KEY = "last_turn_unfinished"
+
+
+def open_last_turn(ids: np.ndarray, mask: np.ndarray, special_ids: set[int]) -> np.ndarray:
+    """The loss mask without the end-of-turn token(s) of the last supervised turn.
+
+    For a conversation whose last assistant answer was cut at a generation cap
+    (``max_tokens``): the template still closes the turn, but the target never emitted that
+    end-of-turn token there, so it must not be trained as the answer's end. Clears the
+    trailing run of special tokens (``tokenizer.all_special_ids``: ``<|im_end|>``,
+    ``<|eot_id|>``, ``</s>``, ...) at the end of the last masked run; the answer's own text
+    has none (it is decoded without special tokens). ``ids`` int32 [T], ``mask`` uint8 [T]
+    -> a new uint8 [T] mask. A turn truncated away by ``max_seq_len`` has no end token
+    inside and is returned unchanged.
+    """
+    mask = mask.copy()
+    on = np.flatnonzero(mask)
+    if on.size == 0:
+        return mask
+    j = int(on[-1])
+    while j >= 0 and mask[j] and int(ids[j]) in special_ids:
+        mask[j] = 0
+        j -= 1
+    return mask
 
 
 SENTINEL = "\u2063EAGLE3BUILD-TURN\u2063"  # invisible separator: no template rewrites it
@@ -478,36 +513,6 @@ def read_tokens(path: str | os.PathLike) -> TokenFile:
     return TokenFile(t["input_ids"], t["loss_mask"], t["offsets"], json.loads(meta["sample_ids"]))
 
 
-def read_prompts(path: str | os.PathLike) -> list[dict]:
-    """Benchmark prompts from a JSONL file: each line ``{"messages": [...]}`` (chat, ending on a user
-    turn) or ``{"prompt": "text"}``; an optional ``"id"``. Returns ``[{"id", "messages"}]``.
-
-    Raises:
-        DataError: naming the file and line of a record that is neither form.
-    """
-    out = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from e
-        if isinstance(rec, dict) and isinstance(rec.get("prompt"), str) and rec["prompt"].strip():
-            msgs = [{"role": "user", "content": rec["prompt"]}]
-        elif (isinstance(rec, dict) and isinstance(rec.get("messages"), list) and rec["messages"]
-              and all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") in ("system", "user", "assistant")
-                      for m in rec["messages"])
-              and rec["messages"][-1]["role"] == "user"):
-            msgs = rec["messages"]
-        else:
-            raise DataError(f"{path}: line {lineno}: expected {{\"prompt\": str}} or {{\"messages\": [...]}} ending on a user turn")
-        out.append({"id": str(rec.get("id", f"{Path(path).name}:{lineno}")), "messages": msgs})
-    if not out:
-        raise DataError(f"{path}: no prompt")
-    return out
-
-
 TOKENIZE_BATCH = 64  # conversations per tokenizer call
 
 
@@ -543,15 +548,14 @@ def prepare(
     seed: int,
     num_aux_layers: int = 3,
     trust_remote_code: bool = False,
-    prompts_file: str | None = None,
 ) -> dict:
     """Run the whole stage; returns the data report (also written to ``out_report``).
 
     ``sources``: list of ``{"path": str, "max_samples": int | None}``; ``path`` may be
     ``bundled:sharegpt``. ``max_samples`` caps the conversations *kept* from that file.
     ``num_aux_layers`` sizes the projected hidden-state bytes: ``(num_aux_layers + 1) *
-    hidden_size * 2`` bytes per token in bf16. ``prompts_file`` (see ``read_prompts``)
-    replaces the eval split's first user turns as benchmark prompts.
+    hidden_size * 2`` bytes per token in bf16. ``out_prompts``: the first user turn of each
+    eval-split conversation (benchmark set ``chat``, see ``prompt_sets``).
 
     Raises:
         DataError: a source file cannot be read at all, or no sample survives.
@@ -574,6 +578,8 @@ def prepare(
     lengths: list[int] = []
     supervised = 0
     truncated = 0
+    unfinished = 0
+    special_ids = set(tok.all_special_ids)
     for src in sources:
         path = resolve_source_path(src["path"])
         stats = SourceStats(path=str(src["path"]))
@@ -590,6 +596,9 @@ def prepare(
                     counters.skip("template_mismatch", str(path), index, "an assistant turn is not found in the template's render")
                     continue
                 ids, mask, was_truncated = enc
+                if conv.last_turn_unfinished:
+                    mask = open_last_turn(ids, mask, special_ids)
+                    unfinished += 1
                 if int(mask.sum()) < min_supervised_tokens:
                     counters.skip("too_few_supervised_tokens", str(path), index, f"{int(mask.sum())} < {min_supervised_tokens}")
                     continue
@@ -608,8 +617,6 @@ def prepare(
     if not train:
         raise DataError(f"no training sample survived preparation of {[s['path'] for s in sources]}; see the skip counts in the log")
 
-    if prompts_file:
-        prompts = read_prompts(prompts_file)
     write_tokens(out_train, train)
     write_tokens(out_eval, evals)
     write_text(out_prompts, "".join(json.dumps(p) + "\n" for p in prompts))
@@ -626,6 +633,7 @@ def prepare(
         "skipped_total": sum(counters.skipped.values()),
         "fixed": dict(counters.fixed),
         "truncated_to_max_seq_len": truncated,
+        "last_turn_unfinished": unfinished,
         "max_seq_len": max_seq_len,
         "tokens": {
             "total": total_tokens,

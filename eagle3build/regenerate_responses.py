@@ -5,12 +5,28 @@ them (EAGLE-3 paper §4 and speculators' response-regeneration scripts do the sa
 Between ingest and tokenization: the conversations of ``data.sources`` are normalised by
 ``prepare_data``'s rules (same skip counts), then turn by turn every assistant turn is
 replaced by the target's greedy answer to the conversation so far (earlier turns already
-regenerated), in vLLM batches — one batch per turn position over all conversations. A
-conversation stops at the first turn whose prompt reaches ``max_seq_len`` tokens: what
-follows would be truncated away by tokenization anyway. The output is a chat-messages
-JSONL with the records' ids, so the train/eval split and the benchmark prompts stay the same.
+regenerated), in batches — one round per turn position over all conversations
+(``regenerate_turns``). A conversation stops at the first turn whose prompt reaches
+``max_seq_len`` tokens: what follows would be truncated away by tokenization anyway. The
+output is a chat-messages JSONL with the records' ids, so the train/eval split and the
+benchmark prompts stay the same.
 
-vLLM runs in a child process started by ``vllm_engine.run_child`` (tensor-parallel over the job's GPUs).
+An answer cut at ``max_tokens`` (no end-of-turn token generated) ends its conversation: it
+is kept as the last turn and the record gets ``"last_turn_unfinished": true``, so that
+``prepare_data`` trains its text but not the end-of-turn token the chat template appends
+(``prepare_data.open_last_turn``); the turns after it are dropped (the rest of the original
+conversation answers a reply the target never finished). The report counts these answers.
+
+Two backends, the same rounds, output format and ids (``data.regenerate.backend``):
+
+- ``vllm``: ``LLM.chat`` in a child process started by ``vllm_engine.run_child``
+  (tensor-parallel over the job's GPUs);
+- ``transformers``: ``model.generate`` (greedy, left padding, ``batch_size`` conversations per
+  call, sorted by prompt length) on the target loaded by ``target.load_model`` (layers spread
+  over the job's GPUs; CPU without GPUs) — for GPU nodes without a working vLLM.
+- ``auto``: vLLM where ``import vllm`` works in this job (the check of the compat report's
+  ``vllm`` section, made where the job runs, since a cluster job may land on another node
+  than the report), else transformers; the report says which ran and why.
 """
 
 from __future__ import annotations
@@ -21,13 +37,17 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from . import vllm_engine
 from .atomic import write_json, write_text
-from .prepare_data import Conversation, Counters, DataError, SourceStats, normalise, read_records, resolve_source_path
+from .prepare_data import (UNFINISHED_KEY, Conversation, Counters, DataError, SourceStats, normalise, read_records,
+                           resolve_source_path)
 
 log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "vllm", "transformers")
 
 
 def collect(sources: list[dict]) -> tuple[list[Conversation], Counters, list[SourceStats]]:
@@ -56,6 +76,30 @@ def collect(sources: list[dict]) -> tuple[list[Conversation], Counters, list[Sou
     return convs, counters, stats_all
 
 
+def choose_backend(requested: str) -> dict:
+    """``{"used", "requested", "reason"}``: the backend this job runs.
+
+    ``auto``: ``vllm`` where vLLM imports here (``vllm_engine.require_vllm``), else ``transformers``
+    with the import error as the reason. ``vllm`` forced where it does not import fails at once.
+
+    Raises:
+        ValueError: an unknown backend name.
+        vllm_engine.VLLMUnavailable: ``requested == "vllm"`` and vLLM cannot be imported.
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"data.regenerate.backend {requested!r}: expected one of {BACKENDS}")
+    if requested == "transformers":
+        return {"used": "transformers", "requested": requested, "reason": "data.regenerate.backend: transformers"}
+    try:
+        version = vllm_engine.require_vllm(needed_by="regenerate_responses (data.regenerate.backend: vllm)")
+    except vllm_engine.VLLMUnavailable as e:
+        if requested == "vllm":
+            raise
+        return {"used": "transformers", "requested": requested, "reason": f"vLLM is not usable in this job ({type(e.__cause__).__name__}: {e.__cause__})"}
+    why = "data.regenerate.backend: vllm" if requested == "vllm" else f"vLLM {version} imports in this job"
+    return {"used": "vllm", "requested": requested, "reason": why}
+
+
 def regenerate(
     sources: list[dict],
     target_dir: str,
@@ -68,36 +112,51 @@ def regenerate(
     seed: int = 0,
     gpus: int = 0,
     pipeline_parallel_size: int = 1,
+    backend: str = "auto",
+    batch_size: int = 32,
+    trust_remote_code: bool = False,
 ) -> dict:
     """Replace every assistant turn with the target's greedy answer; write ``out_jsonl`` and a report.
 
-    ``max_tokens``: cap of one regenerated answer (tokens). Report: conversations in and
-    out, assistant turns regenerated, conversations cut at ``max_seq_len``, answers that hit
-    ``max_tokens``, generated tokens and tokens/s, skip counts of normalisation.
+    ``max_tokens``: cap of one regenerated answer (tokens); an answer that reaches it is kept
+    as its conversation's last turn, flagged ``last_turn_unfinished`` (module docstring).
+    Report: the backend used and why, conversations in and out, assistant turns regenerated,
+    conversations cut at ``max_seq_len``, answers that hit ``max_tokens``, generated tokens and
+    tokens/s, skip counts of normalisation.
 
-    ``gpus``: GPUs the job holds (the engine's tensor parallel size; 0 = CPU); ``dtype``
-    ``auto`` = bf16 on GPUs, float32 on CPU.
+    ``gpus``: GPUs the job holds (vLLM's tensor parallel size, or the devices transformers
+    spreads the layers over; 0 = CPU); ``dtype`` ``auto`` = bf16 on GPUs, float32 on CPU.
+    ``backend``: auto | vllm | transformers (``choose_backend``); ``batch_size``: conversations
+    per ``generate`` call of the transformers backend.
 
     Raises:
-        vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
+        vllm_engine.VLLMUnavailable: ``backend="vllm"`` and vLLM cannot be imported (checked first).
         DataError: no conversation in the sources.
         RuntimeError: the vLLM child failed.
     """
-    vllm_engine.require_vllm(needed_by=os.fspath(out_jsonl))
+    choice = choose_backend(backend)
+    log.info("regeneration backend: %s (%s)", choice["used"], choice["reason"])
     t0 = time.perf_counter()
     convs, counters, stats = collect(sources)
-    eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_seq_len + max_tokens,
-                                  seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size)
-    spec = {"engine": eng, "conversations": [c.messages for c in convs], "max_tokens": max_tokens,
-            "max_seq_len": max_seq_len}
-    with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:
-        res = vllm_engine.run_child("eagle3build.regenerate_responses:run_child", spec, tmp, "regenerate")
+    if choice["used"] == "vllm":
+        eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name,
+                                      max_model_len=max_seq_len + max_tokens, seed=seed, dtype=dtype,
+                                      pipeline_parallel_size=pipeline_parallel_size)
+        spec = {"engine": eng, "conversations": [c.messages for c in convs], "max_tokens": max_tokens,
+                "max_seq_len": max_seq_len}
+        with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:
+            res = vllm_engine.run_child("eagle3build.regenerate_responses:run_child", spec, tmp, "regenerate")
+    else:
+        res = regenerate_with_transformers(target_dir, [c.messages for c in convs], max_tokens, max_seq_len,
+                                           device="cuda" if gpus > 0 else "cpu", dtype=dtype, batch_size=batch_size,
+                                           trust_remote_code=trust_remote_code)
     lines, n_out = [], 0
-    for conv, msgs in zip(convs, res["conversations"], strict=True):
+    for conv, msgs, unfinished in zip(convs, res["conversations"], res["last_turn_unfinished"], strict=True):
         if any(m["role"] == "assistant" for m in msgs):
-            lines.append(json.dumps({"id": conv.id, "messages": msgs}, ensure_ascii=False))
+            lines.append(json.dumps({"id": conv.id, "messages": msgs, UNFINISHED_KEY: unfinished}, ensure_ascii=False))
             n_out += 1
     report = {
+        "backend": choice,
         "sources": [s.__dict__ for s in stats],
         "skipped": dict(counters.skipped),
         "fixed": dict(counters.fixed),
@@ -110,21 +169,40 @@ def regenerate(
     }
     write_text(out_jsonl, "\n".join(lines) + "\n")
     write_json(out_report, report)
-    log.info("regenerated %d assistant turns of %d conversations (%d tokens, %.0f tokens/s)", report["turns_regenerated"],
-             n_out, report["generated_tokens"], report["generated_tokens_per_s"])
+    log.info("regenerated %d assistant turns of %d conversations with %s (%d tokens, %.0f tokens/s; %d answers cut at "
+             "max_tokens)", report["turns_regenerated"], n_out, choice["used"], report["generated_tokens"],
+             report["generated_tokens_per_s"], report["answers_at_max_tokens"])
     return report
 
 
-def run_child(spec: dict) -> dict:
-    """Inside the child: rounds of ``LLM.chat`` over the conversations' next assistant turns."""
-    from vllm import SamplingParams
+@dataclass
+class Answer:
+    """One generated answer: its text (special tokens removed), tokens generated (the end-of-turn
+    token included when there is one), and whether the target ended it itself (False: cut at max_tokens)."""
 
-    llm, _ = vllm_engine.start_engine(spec["engine"])
-    tok = llm.get_tokenizer()
-    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
-    limit = spec["max_seq_len"]
-    todo = [list(m) for m in spec["conversations"]]
+    text: str
+    tokens: int
+    finished: bool
+
+
+def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[list[dict]]], list[Answer]],
+                     prompt_tokens: Callable[[list[dict]], int], max_seq_len: int) -> dict:
+    """The backend-independent rounds: turn position by turn position over all conversations.
+
+    ``generate``: greedy answers to a batch of chat prompts (each ending on a user turn), in
+    order; ``prompt_tokens``: tokens of a chat prompt rendered with the generation prompt.
+    A conversation stops at a turn whose prompt reaches ``max_seq_len`` tokens (that turn and
+    the rest dropped) or after an answer cut at ``max_tokens`` (kept, flagged; the rest dropped).
+    Conversations end on an assistant turn (trailing user turns removed).
+
+    Returns ``conversations`` (messages per input conversation, possibly without any assistant
+    turn), ``last_turn_unfinished`` (bool per conversation), ``turns_regenerated``,
+    ``conversations_cut_at_max_seq_len``, ``answers_at_max_tokens``, ``generated_tokens``,
+    ``generate_seconds``.
+    """
+    todo = [list(m) for m in conversations]
     done: list[list[dict]] = [[] for _ in todo]
+    unfinished = [False] * len(todo)
     active = list(range(len(todo)))
     turns = cut = at_max = gen_tokens = 0
     gen_s = 0.0
@@ -136,9 +214,7 @@ def run_child(spec: dict) -> dict:
             if not todo[i]:
                 continue
             todo[i].pop(0)  # the original answer, replaced below
-            text = tok.apply_chat_template(done[i], add_generation_prompt=True, tokenize=False)
-            n = len(tok.encode(text, add_special_tokens=False))
-            if n >= limit:
+            if prompt_tokens(done[i]) >= max_seq_len:
                 cut += 1
                 todo[i] = []
                 continue
@@ -147,14 +223,16 @@ def run_child(spec: dict) -> dict:
         if not prompts:
             break
         t = time.perf_counter()
-        outs = llm.chat(prompts, sp, use_tqdm=False)
+        answers = generate(prompts)
         gen_s += time.perf_counter() - t
-        for i, o in zip(ids, outs, strict=True):
-            c = o.outputs[0]
-            done[i].append({"role": "assistant", "content": c.text})
-            gen_tokens += len(c.token_ids)
-            at_max += c.finish_reason == "length"
+        for i, a in zip(ids, answers, strict=True):
+            done[i].append({"role": "assistant", "content": a.text})
+            gen_tokens += a.tokens
             turns += 1
+            if not a.finished:
+                at_max += 1
+                unfinished[i] = True
+                todo[i] = []
         active = [i for i in ids if todo[i]]
         print(f"regenerate: round done, {turns} turns, {gen_tokens} tokens, {gen_tokens / max(gen_s, 1e-9):.0f} tok/s",
               file=sys.stderr, flush=True)
@@ -162,5 +240,91 @@ def run_child(spec: dict) -> dict:
     for d in done:
         while d and d[-1]["role"] != "assistant":
             d.pop()
-    return {"conversations": done, "turns_regenerated": turns, "conversations_cut_at_max_seq_len": cut,
-            "answers_at_max_tokens": at_max, "generated_tokens": gen_tokens, "generate_seconds": round(gen_s, 2)}
+    return {"conversations": done, "last_turn_unfinished": unfinished, "turns_regenerated": turns,
+            "conversations_cut_at_max_seq_len": cut, "answers_at_max_tokens": at_max, "generated_tokens": gen_tokens,
+            "generate_seconds": round(gen_s, 2)}
+
+
+def run_child(spec: dict) -> dict:
+    """Inside the vLLM child: ``regenerate_turns`` with ``LLM.chat`` (greedy) as the generator."""
+    from vllm import SamplingParams
+
+    llm, _ = vllm_engine.start_engine(spec["engine"])
+    tok = llm.get_tokenizer()
+    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
+
+    def generate(prompts):
+        outs = llm.chat(prompts, sp, use_tqdm=False)
+        return [Answer(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason != "length")
+                for o in outs]
+
+    def prompt_tokens(msgs):
+        return len(tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                              add_special_tokens=False))
+
+    return regenerate_turns(spec["conversations"], generate, prompt_tokens, spec["max_seq_len"])
+
+
+class TransformersGenerator:
+    """Greedy chat answers from ``model.generate``, batched with left padding.
+
+    Prompts are rendered with the tokenizer's chat template (generation prompt on) and
+    tokenized without added special tokens, as vLLM's ``LLM.chat`` does. Within a call,
+    prompts are sorted by length and cut into batches of ``batch_size`` (less padding); the
+    answers come back in input order. Generation stops at the model's
+    ``generation_config.eos_token_id`` (all of them where it is a list); an answer without one
+    within ``max_tokens`` is unfinished.
+    """
+
+    def __init__(self, model, tokenizer, max_tokens: int, batch_size: int):
+        self.model, self.tok, self.max_tokens, self.batch_size = model, tokenizer, max_tokens, batch_size
+        self.tok.padding_side = "left"
+        eos = model.generation_config.eos_token_id
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self.eos = {eos} if isinstance(eos, int) else set(eos or [])
+        if not self.eos:
+            raise ValueError("the target has no eos_token_id (generation_config or tokenizer): answers would never end")
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos)
+
+    def render(self, msgs: list[dict]) -> str:
+        return self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+
+    def prompt_tokens(self, msgs: list[dict]) -> int:
+        return len(self.tok(self.render(msgs), add_special_tokens=False)["input_ids"])
+
+    def __call__(self, prompts: list[list[dict]]) -> list[Answer]:
+        import torch
+
+        texts = [self.render(m) for m in prompts]
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        out: list[Answer | None] = [None] * len(texts)
+        device = next(self.model.parameters()).device
+        for b in range(0, len(order), self.batch_size):
+            idx = order[b:b + self.batch_size]
+            enc = self.tok([texts[i] for i in idx], add_special_tokens=False, padding=True, return_tensors="pt").to(device)
+            with torch.inference_mode():
+                gen = self.model.generate(**enc, max_new_tokens=self.max_tokens, do_sample=False,
+                                          eos_token_id=sorted(self.eos), pad_token_id=self.pad)
+            new = gen[:, enc["input_ids"].shape[1]:].tolist()
+            for i, row in zip(idx, new, strict=True):
+                end = next((j for j, t in enumerate(row) if t in self.eos), None)
+                kept = row if end is None else row[:end]
+                out[i] = Answer(self.tok.decode(kept, skip_special_tokens=True), len(kept) + (end is not None),
+                                end is not None)
+        return out
+
+
+def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]], max_tokens: int, max_seq_len: int,
+                                 device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
+                                 trust_remote_code: bool = False) -> dict:
+    """``regenerate_turns`` on transformers' ``generate`` (``TransformersGenerator``); the target is
+    loaded by ``target.load_model`` (``device="cuda"``: layers over every visible GPU, i.e. the job's)."""
+    from transformers import AutoTokenizer
+
+    from .target import load_model, resolve_dtype
+
+    model = load_model(target_dir, resolve_dtype(dtype, device), device, trust_remote_code)
+    tok = AutoTokenizer.from_pretrained(os.fspath(target_dir), trust_remote_code=trust_remote_code, local_files_only=True)
+    gen = TransformersGenerator(model, tok, max_tokens, batch_size)
+    return regenerate_turns(conversations, gen, gen.prompt_tokens, max_seq_len)

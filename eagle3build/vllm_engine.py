@@ -171,10 +171,15 @@ def decode_greedy(spec: dict) -> dict:
     """One engine: start it, decode all prompts greedily, read its counters. Runs inside the child process.
 
     ``spec``: ``engine`` (``engine_args``), ``prompts`` (``[{"id", "messages"}]``), ``max_tokens``,
-    ``concurrency`` (requests in flight; 0 = all) and optionally ``speculative_config``.
-    Returns per-run figures: engine start and wall seconds, output tokens and tokens/s, request
-    latency / TTFT / TPOT summaries, token ids and texts; with a drafter also vLLM's
-    spec-decode counters, τ = 1 + accepted / drafts (EAGLE-3 paper) and acceptance rates.
+    ``concurrency`` (requests in flight; 0 = all) and optionally ``speculative_config`` and
+    ``sets``: ``[{"name": str, "count": int}]``, consecutive groups of ``prompts`` (counts sum to
+    ``len(prompts)``). Each group is decoded on its own, one after the other in the same engine,
+    with wall time and vLLM's (engine-global) spec-decode counters read before and after it, so
+    each group gets its own figures; without ``sets`` all prompts are one group.
+    Returns per-run figures over all prompts: engine start and wall seconds (sum over groups),
+    output tokens and tokens/s, request latency / TTFT / TPOT summaries, token ids and texts; with
+    a drafter also vLLM's spec-decode counters, τ = 1 + accepted / drafts (EAGLE-3 paper) and
+    acceptance rates. With ``sets`` also ``"sets": {name: the same figures for that group}``.
     """
     from vllm import SamplingParams
 
@@ -184,17 +189,37 @@ def decode_greedy(spec: dict) -> dict:
     sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
     msgs = [p["messages"] for p in spec["prompts"]]
     llm.chat(msgs[:1], sp, use_tqdm=False)  # warm-up, excluded from timing and counters below
-    before = _spec_counters(llm.get_metrics())
-    c = spec.get("concurrency") or len(msgs)
-    t1 = time.perf_counter()
-    outs = [o for i in range(0, len(msgs), c) for o in llm.chat(msgs[i:i + c], sp, use_tqdm=False)]
-    wall = time.perf_counter() - t1
-    after = _spec_counters(llm.get_metrics())
-    counters = {k: _sub(after.get(k), before.get(k)) for k in after}
+    groups = spec.get("sets") or [{"name": None, "count": len(msgs)}]
+    if sum(g["count"] for g in groups) != len(msgs):
+        raise ValueError(f"sets {groups} do not partition the {len(msgs)} prompts")
+    speculative = bool(spec.get("speculative_config"))
+    per_set, all_outs, all_counters, total_wall, i0 = {}, [], {}, 0.0, 0
+    for g in groups:
+        part = msgs[i0:i0 + g["count"]]
+        i0 += g["count"]
+        c = spec.get("concurrency") or len(part)
+        before = _spec_counters(llm.get_metrics())
+        t1 = time.perf_counter()
+        outs = [o for i in range(0, len(part), c) for o in llm.chat(part[i:i + c], sp, use_tqdm=False)]
+        wall = time.perf_counter() - t1
+        after = _spec_counters(llm.get_metrics())
+        counters = {k: _sub(after.get(k), before.get(k)) for k in after}
+        per_set[g["name"]] = _run_figures(outs, wall, counters, speculative)
+        all_outs += outs
+        total_wall += wall
+        all_counters = {k: _add(all_counters.get(k), v) for k, v in counters.items()}
+    res = {"engine_start_s": round(start_s, 2), **_run_figures(all_outs, total_wall, all_counters, speculative)}
+    if spec.get("sets"):
+        res["sets"] = per_set
+    return res
+
+
+def _run_figures(outs, wall: float, counters: dict, speculative: bool) -> dict:
+    """Figures of one group of requests: tokens, tokens/s over ``wall`` seconds, timings, texts,
+    and with a drafter the spec-decode counters and τ = 1 + accepted / drafts (EAGLE-3 paper)."""
     token_ids = [list(o.outputs[0].token_ids) for o in outs]
     out_tokens = sum(len(t) for t in token_ids)
     res = {
-        "engine_start_s": round(start_s, 2),
         "wall_s": round(wall, 3),
         "output_tokens": out_tokens,
         "output_tokens_per_s": round(out_tokens / wall, 2),
@@ -202,20 +227,30 @@ def decode_greedy(spec: dict) -> dict:
         "token_ids": token_ids,
         "texts": [o.outputs[0].text for o in outs],
     }
-    if spec.get("speculative_config"):
-        drafts = counters.get("vllm:spec_decode_num_drafts", 0)
-        accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0)
-        per_pos = counters.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])
-        res.update(
-            drafts=drafts,
-            draft_tokens=counters.get("vllm:spec_decode_num_draft_tokens", 0),
-            accepted_tokens=accepted,
-            accepted_per_position=per_pos,
-            mean_acceptance_length=1 + accepted / drafts if drafts else None,
-            acceptance_rate=accepted / res_draft_tokens if (res_draft_tokens := counters.get("vllm:spec_decode_num_draft_tokens", 0)) else None,
-            acceptance_rate_per_position=[a / drafts for a in per_pos] if drafts else None,
-        )
+    if speculative:
+        res.update(spec_figures(counters))
     return res
+
+
+def spec_figures(counters: dict) -> dict:
+    """τ and acceptance rates from vLLM's spec-decode counter deltas (``vllm:spec_decode_*``).
+
+    τ (mean acceptance length) = 1 + accepted / drafts (EAGLE-3 paper); acceptance rate =
+    accepted / draft tokens; at position i = accepted_per_pos[i] / drafts. None where no draft ran.
+    """
+    drafts = counters.get("vllm:spec_decode_num_drafts", 0)
+    draft_tokens = counters.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0)
+    per_pos = counters.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])
+    return {
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted,
+        "accepted_per_position": per_pos,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "acceptance_rate_per_position": [a / drafts for a in per_pos] if drafts else None,
+    }
 
 
 def summary(values: list[float]) -> dict:
@@ -254,6 +289,13 @@ def _sub(a, b):
         b = b or [0] * len(a)
         return [x - y for x, y in zip(a, b, strict=True)]
     return (a or 0) - (b or 0)
+
+
+def _add(a, b):
+    if isinstance(b, list):
+        a = a or [0] * len(b)
+        return [x + y for x, y in zip(a, b, strict=True)]
+    return (a or 0) + (b or 0)
 
 
 def _spec_counters(metrics) -> dict:

@@ -3,6 +3,7 @@ rule benchmark:
         head=f"{RES}/head/model.safetensors",
         head_config=f"{RES}/head/config.json",
         prompts=f"{RES}/data/prompts.jsonl",
+        custom_prompts=custom_prompts_input,
         target=TARGET,
     output:
         report(f"{RES}/benchmark.json", category="4. Benchmark"),

@@ -44,8 +44,18 @@ def shard_count(wildcards):
     return min(SHARD_SIZE, NUM_SAMPLES[wildcards.split] - shard_start(wildcards))
 
 
-def prompts_file_input(wildcards):
-    return config["data"]["prompts_file"] or []
+# Benchmark set ``custom`` is the file data.prompts_file; one without the other is a
+# config error (the file would be silently ignored, or the set would have no prompts).
+if ("custom" in config["benchmark"]["sets"]) != bool(config["data"]["prompts_file"]):
+    raise ValueError(
+        "config: benchmark.sets lists 'custom' exactly when data.prompts_file names a prompts JSONL; "
+        f"got benchmark.sets={config['benchmark']['sets']} and data.prompts_file={config['data']['prompts_file']!r}"
+    )
+
+
+def custom_prompts_input(wildcards):
+    """data.prompts_file, an input of the benchmark only (editing it reruns just the benchmark)."""
+    return config["data"]["prompts_file"] if "custom" in config["benchmark"]["sets"] else []
 
 
 def canonical(obj):

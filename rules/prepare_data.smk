@@ -1,7 +1,6 @@
 rule prepare_data:
     input:
         target=TARGET,
-        prompts_file=prompts_file_input,
         regenerated=regenerated_input,
     output:
         train=f"{RES}/data/train.safetensors",

@@ -12,6 +12,9 @@ rule regenerate_responses:
         dtype=config["benchmark"]["dtype"],
         seed=config["data"]["seed"],
         pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
+        backend=config["data"]["regenerate"]["backend"],
+        batch_size=config["data"]["regenerate"]["batch_size"],
+        trust_remote_code=config["target"]["trust_remote_code"],
     log:
         f"{LOGS}/regenerate_responses.log",
     benchmark:

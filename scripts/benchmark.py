@@ -19,4 +19,6 @@ benchmark(
     concurrency=s["concurrency"],
     gpus=snakemake.resources.gpu,
     pipeline_parallel_size=snakemake.params.pipeline_parallel_size,
+    sets=s["sets"],
+    custom_prompts_path=snakemake.input.custom_prompts or None,
 )

@@ -18,5 +18,4 @@ prepare(
     seed=p.seed,
     num_aux_layers=p.num_aux_layers,
     trust_remote_code=p.trust_remote_code,
-    prompts_file=snakemake.input.prompts_file or None,
 )

@@ -16,4 +16,7 @@ regenerate(
     seed=p.seed,
     gpus=snakemake.resources.gpu,
     pipeline_parallel_size=p.pipeline_parallel_size,
+    backend=p.backend,
+    batch_size=p.batch_size,
+    trust_remote_code=p.trust_remote_code,
 )

@@ -31,19 +31,32 @@ def test_request_timings_need_metrics():
         vllm_engine.request_timings([SimpleNamespace(metrics=None, outputs=[])])
 
 
+STATS = {"p50": 0.5, "p95": 0.7, "mean": 0.55}
+
+
+def _figures(tokens=100, tps=50.0):
+    return {"wall_s": tokens / tps, "output_tokens": tokens, "output_tokens_per_s": tps, "request_latency_s": STATS,
+            "time_to_first_token_s": STATS, "time_per_output_token_s": STATS, "texts": ["a"]}
+
+
+def _spec(k, tau, speedup):
+    return dict(drafts=40, draft_tokens=40 * k, accepted_tokens=int(40 * (tau - 1)), mean_acceptance_length=tau,
+                acceptance_rate=(tau - 1) / k, acceptance_rate_per_position=[0.6, 0.3, 0.1][:k], speedup=speedup,
+                prompts_differing_from_baseline=0, outputs_identical=True)
+
+
 def _result(speedups=(0.8, 1.3), taus=(1.5, 2.2)):
-    stats = {"p50": 0.5, "p95": 0.7, "mean": 0.55}
-    run = {"engine_start_s": 3.0, "wall_s": 2.0, "output_tokens": 100, "output_tokens_per_s": 50.0,
-           "request_latency_s": stats, "time_to_first_token_s": stats, "time_per_output_token_s": stats, "texts": ["a"]}
-    eagle = [dict(run, num_speculative_tokens=k, drafts=40, draft_tokens=40 * k, accepted_tokens=int(40 * (tau - 1)),
-                  mean_acceptance_length=tau, acceptance_rate=(tau - 1) / k, acceptance_rate_per_position=[0.6, 0.3, 0.1][:k],
-                  speedup=s, prompts_differing_from_baseline=0, outputs_identical=True)
+    sets = ("chat", "humaneval")
+    base = dict(_figures(), engine_start_s=3.0, sets={n: _figures(50) for n in sets})
+    eagle = [dict(_figures(), engine_start_s=3.0, num_speculative_tokens=k, **_spec(k, tau, s),
+                  sets={n: dict(_figures(50), **_spec(k, tau + 0.1 * j, s + 0.1 * j)) for j, n in enumerate(sets)})
              for k, s, tau in zip((1, 3), speedups, taus)]
     return {"versions": {"python": "3.11", "torch": "2.13.0", "transformers": "5.19.0", "speculators": "0.9.0"},
             "hardware": {"platform": "x", "processor": "x86_64", "cpu_count": 2},
             "settings": {"num_prompts": 1, "max_tokens": 8, "dtype": "float32", "temperature": 0.0, "ks": [1, 3],
-                         "concurrency": 1, "served_name": "m"},
-            "baseline": run, "eagle3": eagle}
+                         "concurrency": 1, "served_name": "m",
+                         "sets": {n: {"num_prompts": 1, "prompt_ids": [f"{n}-0"]} for n in sets}},
+            "baseline": base, "eagle3": eagle}
 
 
 def test_schema_accepts_a_result_and_names_a_missing_field():
@@ -54,11 +67,119 @@ def test_schema_accepts_a_result_and_names_a_missing_field():
         benchmark.validate(r)
 
 
+def test_schema_requires_per_set_figures():
+    r = _result()
+    del r["eagle3"][0]["sets"]["humaneval"]["mean_acceptance_length"]
+    with pytest.raises(jsonschema.ValidationError, match="mean_acceptance_length"):
+        benchmark.validate(r)
+    r = _result()
+    del r["baseline"]["sets"]
+    with pytest.raises(jsonschema.ValidationError, match="'sets' is a required property"):
+        benchmark.validate(r)
+
+
 def test_plot(tmp_path):
     import matplotlib.image
 
     (tmp_path / "b.json").write_text(json.dumps(_result()))
     got = plot_benchmark.plot(tmp_path / "b.json", tmp_path / "b.png")
-    assert got == {1: {"tau": 1.5, "speedup": 0.8}, 3: {"tau": 2.2, "speedup": 1.3}}
+    assert got[1]["tau"] == 1.5 and got[3]["speedup"] == 1.3
+    assert got[3]["sets"] == {"chat": {"tau": 2.2, "speedup": 1.3},
+                              "humaneval": {"tau": pytest.approx(2.3), "speedup": pytest.approx(1.4)}}
     img = matplotlib.image.imread(str(tmp_path / "b.png"))
     assert img.shape[:2] == (320, 800) and img[..., :3].std() > 0.05
+
+
+# ---------------------------------------------------------------- one engine, counters split per set
+
+
+class FakeLLM:
+    """Stands in for vllm.LLM: each request emits 4 tokens; each request adds 2 drafts of which 3 draft
+    tokens are accepted in total (positions 2, 1), so the counters move by known amounts per set."""
+
+    def __init__(self):
+        self.c = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0, 0]}
+        self.t = 0.0
+
+    def chat(self, msgs, sp, use_tqdm=False):
+        outs = []
+        for m in msgs:
+            n = 4 if "code" not in m[-1]["content"] else 6
+            self.c["drafts"] += 2
+            self.c["draft_tokens"] += 4
+            self.c["accepted"] += 3 if n == 4 else 1
+            self.c["per_pos"] = [self.c["per_pos"][0] + (2 if n == 4 else 1), self.c["per_pos"][1] + (1 if n == 4 else 0)]
+            self.t += 1.0
+            outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(n)), text="x" * n)],
+                                        metrics=SimpleNamespace(queued_ts=self.t - 1, first_token_ts=self.t - 0.9,
+                                                                last_token_ts=self.t)))
+        return outs
+
+    def get_metrics(self):
+        c = self.c
+        return [SimpleNamespace(name="vllm:spec_decode_num_drafts", value=c["drafts"]),
+                SimpleNamespace(name="vllm:spec_decode_num_draft_tokens", value=c["draft_tokens"]),
+                SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens", value=c["accepted"]),
+                SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=list(c["per_pos"])),
+                SimpleNamespace(name="vllm:num_requests_running", value=0)]
+
+
+def test_decode_greedy_splits_counters_per_set(monkeypatch):
+    pytest.importorskip("vllm")
+    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine, **kw: (FakeLLM(), 1.5))
+    chat = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(3)]
+    code = [{"id": f"h{i}", "messages": [{"role": "user", "content": "code"}]} for i in range(2)]
+    res = vllm_engine.decode_greedy({"engine": {}, "prompts": chat + code, "max_tokens": 8, "concurrency": 1,
+                                     "speculative_config": {"method": "eagle3"},
+                                     "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 2}]})
+    c, h = res["sets"]["chat"], res["sets"]["humaneval"]
+    # the warm-up request (a chat prompt) is excluded: 3 chat requests -> 6 drafts, 9 accepted
+    assert (c["drafts"], c["draft_tokens"], c["accepted_tokens"], c["accepted_per_position"]) == (6, 12, 9, [6, 3])
+    assert c["mean_acceptance_length"] == pytest.approx(1 + 9 / 6) and c["acceptance_rate_per_position"] == [1.0, 0.5]
+    assert (h["drafts"], h["accepted_tokens"], h["accepted_per_position"]) == (4, 2, [2, 0])
+    assert h["mean_acceptance_length"] == pytest.approx(1.5) and h["output_tokens"] == 12 and c["output_tokens"] == 12
+    # overall = the sets together
+    assert (res["drafts"], res["accepted_tokens"], res["accepted_per_position"]) == (10, 11, [8, 3])
+    assert res["mean_acceptance_length"] == pytest.approx(2.1) and res["output_tokens"] == 24
+    assert res["wall_s"] == pytest.approx(c["wall_s"] + h["wall_s"], abs=2e-3)
+    assert len(res["token_ids"]) == 5 and res["engine_start_s"] == 1.5
+    # without sets: the old single-group result, no "sets" key (export's load check)
+    res1 = vllm_engine.decode_greedy({"engine": {}, "prompts": chat, "max_tokens": 8, "concurrency": 0,
+                                      "speculative_config": {"method": "eagle3"}})
+    assert "sets" not in res1 and res1["drafts"] == 6 and res1["accepted_per_position"] == [6, 3]
+
+
+def test_benchmark_assembles_sets_and_lossless_check(tmp_path, monkeypatch):
+    """One child run per configuration over all sets; the parent splits speed-up and lossless check per set."""
+    calls = []
+
+    def fake_run_child(entry, spec, workdir, name):
+        calls.append((name, [g["count"] for g in spec["sets"]], len(spec["prompts"])))
+        k = (spec.get("speculative_config") or {}).get("num_speculative_tokens")
+        tps = {None: (10.0, 20.0), 2: (15.0, 50.0)}[k]  # chat, humaneval tokens/s
+        ids = [[1, 2]] * 4 if k is None else [[1, 2], [1, 3], [1, 2], [1, 2]]  # k=2 changes chat prompt 2
+        sets = {}
+        for j, (n, cnt) in enumerate((("chat", 2), ("humaneval", 2))):
+            sets[n] = dict(_figures(40, tps[j]), token_ids=ids[2 * j:2 * j + cnt])
+            if k:
+                sets[n].update(_spec(k, 2.0, 1.0))
+        res = dict(_figures(80, 80 / (4 + 0.8 * (k is None))), engine_start_s=2.0, token_ids=ids, sets=sets)
+        if k:
+            res.update({x: v for x, v in _spec(k, 2.0, 1.0).items() if x not in ("speedup",)})
+        return res
+
+    monkeypatch.setattr(vllm_engine, "run_child", fake_run_child)
+    by_set = {"chat": [{"id": "a", "messages": []}, {"id": "b", "messages": []}],
+              "humaneval": [{"id": "HumanEval/0", "messages": []}, {"id": "HumanEval/1", "messages": []}]}
+    eng = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+    out = tmp_path / "b.json"
+    r = benchmark._benchmark(tmp_path, eng, by_set, "head", out, [2], 8, "float32", "m", 512, 1, 2)
+    assert calls == [("baseline", [2, 2], 4), ("eagle3_k2", [2, 2], 4)]
+    (e,) = r["eagle3"]
+    assert e["sets"]["chat"]["speedup"] == 1.5 and e["sets"]["humaneval"]["speedup"] == 2.5
+    assert e["sets"]["chat"]["differing_prompt_ids"] == ["b"] and e["sets"]["humaneval"]["outputs_identical"]
+    assert e["prompts_differing_from_baseline"] == 1 and e["speedup"] == pytest.approx(20 / (80 / 4.8))
+    assert r["settings"]["sets"] == {"chat": {"num_prompts": 2, "prompt_ids": ["a", "b"]},
+                                     "humaneval": {"num_prompts": 2, "prompt_ids": ["HumanEval/0", "HumanEval/1"]}}
+    assert json.loads(out.read_text()) == json.loads(json.dumps(r))
+    assert "token_ids" not in r["baseline"]["sets"]["chat"]

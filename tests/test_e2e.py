@@ -76,27 +76,42 @@ def test_head(built):
 
 
 def test_benchmark(built):
+    """One engine per configuration over both prompt sets (reduced: chat and humaneval, 2 prompts each);
+    figures per set and overall, the chat set held out from training."""
     wd, res = built
     b = json.loads((res / "benchmark.json").read_text())
-    assert b["settings"]["num_prompts"] == 3 and b["baseline"]["output_tokens"] > 0
-    assert b["baseline"]["output_tokens_per_s"] > 0
-    (r,) = b["eagle3"]
-    assert r["num_speculative_tokens"] == 2
-    # vLLM loaded the head and drafted with it: its counters moved.
-    assert r["drafts"] > 0 and r["draft_tokens"] == 2 * r["drafts"]
-    assert r["mean_acceptance_length"] == pytest.approx(1 + r["accepted_tokens"] / r["drafts"])
-    assert len(r["acceptance_rate_per_position"]) == 2
-    assert r["prompts_differing_from_baseline"] == 0 and r["outputs_identical"] is True
-    assert "Using auxiliary layers" in (wd / "logs/reduced/benchmark.log").read_text()
-    # Every field the schema requires, with real values: latencies positive and ordered.
     import jsonschema
 
     jsonschema.validate(b, json.loads((REPO / "schemas/benchmark.schema.json").read_text()))
-    for run_ in (b["baseline"], r):
-        lat, tpot = run_["request_latency_s"], run_["time_per_output_token_s"]
+    sets = b["settings"]["sets"]
+    assert list(sets) == ["chat", "humaneval"] and b["settings"]["num_prompts"] == 2
+    assert sets["humaneval"]["prompt_ids"] == ["HumanEval/0", "HumanEval/1"]
+    chat_ids = [json.loads(x)["id"] for x in (res / "data/prompts.jsonl").read_text().splitlines()][:2]
+    assert sets["chat"]["prompt_ids"] == chat_ids and len(chat_ids) == 2
+    from eagle3build.prepare_data import read_tokens
+
+    # Held out: no chat prompt is a trained sample (record ids).
+    assert not set(chat_ids) & set(read_tokens(res / "data/train.safetensors").sample_ids)
+    base = b["baseline"]
+    assert base["output_tokens"] == sum(base["sets"][n]["output_tokens"] for n in sets) > 0
+    assert all(len(base["sets"][n]["texts"]) == 2 for n in sets)
+    (r,) = b["eagle3"]
+    assert r["num_speculative_tokens"] == 2
+    # vLLM loaded the head and drafted with it: its counters moved, in each set; the sets add up to the run.
+    for x in (r, *r["sets"].values()):
+        assert x["drafts"] > 0 and x["draft_tokens"] == 2 * x["drafts"]
+        assert x["mean_acceptance_length"] == pytest.approx(1 + x["accepted_tokens"] / x["drafts"])
+        assert len(x["acceptance_rate_per_position"]) == 2
+        assert x["acceptance_rate"] == pytest.approx(x["accepted_tokens"] / x["draft_tokens"])
+        assert x["prompts_differing_from_baseline"] == 0 and x["outputs_identical"] is True
+        lat, tpot = x["request_latency_s"], x["time_per_output_token_s"]
         assert 0 < lat["p50"] <= lat["p95"] and 0 < tpot["p50"] < lat["p50"]
+    for key in ("drafts", "accepted_tokens", "output_tokens"):
+        assert r[key] == sum(r["sets"][n][key] for n in sets), key
+    for n in sets:
+        assert r["sets"][n]["speedup"] == pytest.approx(r["sets"][n]["output_tokens_per_s"] / base["sets"][n]["output_tokens_per_s"])
+    assert "Using auxiliary layers" in (wd / "logs/reduced/benchmark.log").read_text()
     assert b["settings"]["concurrency"] == 1
-    assert r["acceptance_rate"] == pytest.approx(r["accepted_tokens"] / r["draft_tokens"])
 
 
 def test_head_loaded_by_vllm(built):
@@ -177,7 +192,7 @@ RERUN_MATRIX = [
     ("benchmark settings", {"benchmark": {"max_tokens": 16}}, {"benchmark": 1, "plot_benchmark": 1, "all": 1}),
     ("more samples", {"capture": {"num_train_samples": 24}},
      {"capture_hidden_states": 1, "build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN}),
-    ("response regeneration", {"data": {"regenerate": {"enabled": True, "max_tokens": 32}}},
+    ("response regeneration", {"data": {"regenerate": {"enabled": True, "max_tokens": 32, "backend": "auto", "batch_size": 8}}},
      {"regenerate_responses": 1, "prepare_data": 1, **FROM_SHARDS_ON}),
     ("resources only", {"resources": {"train": {"gpu": 0, "threads": 1, "mem_mb": 4000, "runtime": 30}}}, {}),
 ]
@@ -218,17 +233,20 @@ def test_regenerated_responses(built, tmp_path):
     wd, res = built
     cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
     cfg["run"] = "regen"
-    cfg["data"]["regenerate"] = {"enabled": True, "max_tokens": 16}
+    cfg["data"]["regenerate"] = {"enabled": True, "max_tokens": 16, "backend": "auto", "batch_size": 8}
     (tmp_path / "regen.yaml").write_text(yaml.safe_dump(cfg))
     p = run(["results/regen/data/data_report.json", "--configfile", str(tmp_path / "regen.yaml")], wd, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]
     rep = json.loads((wd / "results/regen/data/regenerate_report.json").read_text())
     assert rep["conversations_in"] == 40 and 0 < rep["conversations_out"] <= 40
     assert rep["turns_regenerated"] >= rep["conversations_out"] and rep["generated_tokens"] > 0
-    assert rep["answers_at_max_tokens"] <= rep["turns_regenerated"]
+    assert rep["backend"]["used"] == "vllm" and rep["backend"]["requested"] == "auto"
     recs = [json.loads(x) for x in (wd / "results/regen/data/regenerated.jsonl").read_text().splitlines()]
     assert len(recs) == rep["conversations_out"] and all(r["messages"][-1]["role"] == "assistant" for r in recs)
+    # 16 tokens cut most answers: each such answer ends its conversation, flagged for prepare_data's loss mask.
+    assert 0 < rep["answers_at_max_tokens"] == sum(r["last_turn_unfinished"] for r in recs) <= rep["turns_regenerated"]
     data = json.loads((wd / "results/regen/data/data_report.json").read_text())
+    assert 0 < data["last_turn_unfinished"] <= rep["answers_at_max_tokens"]
     assert data["sources"][0]["path"] == "results/regen/data/regenerated.jsonl"
     orig = {json.loads(x)["id"] for x in (res / "data/prompts.jsonl").read_text().splitlines()}
     regen = {json.loads(x)["id"] for x in (wd / "results/regen/data/prompts.jsonl").read_text().splitlines()}

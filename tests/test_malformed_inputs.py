@@ -101,15 +101,15 @@ def test_mixed_sources_and_caps(tmp_path, smol_target, sharegpt_sample):
     assert sum(i.startswith("c") for i in ids) == 3
 
 
-def test_prompts_file(tmp_path, smol_target, sharegpt_sample):
+def test_prompts_file(tmp_path):
+    """Benchmark set `custom` (data.prompts_file): both line forms, ids kept or derived; a bad line is named."""
+    from eagle3build import prompt_sets
+
     pf = tmp_path / "p.jsonl"
     pf.write_text('{"prompt": "Tell me a joke."}\n{"id": "x", "messages": [{"role": "user", "content": "Hi"}]}\n')
-    out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
-    pd.prepare([{"path": str(sharegpt_sample), "max_samples": 10}], smol_target, *out, max_seq_len=256,
-               min_supervised_tokens=4, eval_fraction=0.2, seed=0, prompts_file=str(pf))
-    got = [json.loads(x) for x in out[2].read_text().splitlines()]
+    got = prompt_sets.load_sets(["custom"], 10, custom_path=pf)["custom"]
     assert got == [{"id": "p.jsonl:1", "messages": [{"role": "user", "content": "Tell me a joke."}]},
                    {"id": "x", "messages": [{"role": "user", "content": "Hi"}]}]
     pf.write_text('{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}\n')
-    with pytest.raises(pd.DataError, match=r"p.jsonl: line 1: expected"):
-        pd.read_prompts(pf)
+    with pytest.raises(prompt_sets.PromptSetError, match=r"p.jsonl: line 1: expected"):
+        prompt_sets.read_prompts(pf)

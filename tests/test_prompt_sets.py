@@ -1,0 +1,66 @@
+"""Benchmark prompt sets: HumanEval from the installed package, per-set caps, config errors named."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3build import prompt_sets
+from smk import REPO, planned_jobs
+
+
+def test_humaneval_from_the_installed_package():
+    p = prompt_sets.humaneval_path()
+    assert p.name == "HumanEval.jsonl.gz" and p.is_file()
+    hv = prompt_sets.humaneval_prompts()
+    assert len(hv) == 164 and hv[0]["id"] == "HumanEval/0" and hv[163]["id"] == "HumanEval/163"
+    (turn,) = hv[0]["messages"]
+    assert turn["role"] == "user" and turn["content"].startswith(prompt_sets.HUMANEVAL_INSTRUCTION)
+    assert "def has_close_elements(numbers: List[float], threshold: float) -> bool:" in turn["content"]
+    assert turn["content"].endswith('"""\n```')
+
+
+def test_load_sets_caps_each_set(tmp_path):
+    chat = tmp_path / "prompts.jsonl"
+    chat.write_text("".join(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"q{i}"}]}) + "\n"
+                            for i in range(5)))
+    got = prompt_sets.load_sets(["humaneval", "chat"], 3, chat_path=chat)
+    assert list(got) == ["humaneval", "chat"]
+    assert [p["id"] for p in got["chat"]] == ["c0", "c1", "c2"]
+    assert [p["id"] for p in got["humaneval"]] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert len(prompt_sets.load_sets(["chat"], 100, chat_path=chat)["chat"]) == 5
+
+
+@pytest.mark.parametrize("sets,kw,message", [
+    (["mtbench"], {}, "unknown set 'mtbench'"),
+    (["chat", "chat"], {}, "named twice"),
+    (["custom"], {}, "needs data.prompts_file"),
+    (["chat"], {"chat_path": "EMPTY"}, "benchmark set 'chat' is empty"),
+])
+def test_load_sets_errors_name_the_set(tmp_path, sets, kw, message):
+    if kw.get("chat_path") == "EMPTY":
+        (tmp_path / "p.jsonl").write_text("")
+        kw = {"chat_path": tmp_path / "p.jsonl"}
+    with pytest.raises(prompt_sets.PromptSetError, match=message):
+        prompt_sets.load_sets(sets, 2, **kw)
+
+
+def test_custom_set_and_prompts_file_go_together(tmp_path):
+    """`custom` in benchmark.sets without data.prompts_file (or the file without the set) stops the plan;
+    with both, the file is an input of the benchmark only."""
+    import yaml
+
+    from smk import run
+
+    cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
+    cfg["benchmark"]["sets"] = ["chat", "custom"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    p = run(["-n", "--configfile", str(tmp_path / "c.yaml")], tmp_path)
+    assert p.returncode != 0 and "benchmark.sets lists 'custom' exactly when data.prompts_file" in p.stdout + p.stderr
+    pf = tmp_path / "mine.jsonl"
+    pf.write_text('{"prompt": "hi"}\n')
+    cfg["data"]["prompts_file"] = str(pf)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    p = run(["-n", "results/reduced/benchmark.json", "--configfile", str(tmp_path / "c.yaml")], tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "mine.jsonl" in p.stdout  # listed among the benchmark job's inputs

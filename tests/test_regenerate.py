@@ -1,0 +1,144 @@
+"""Response regeneration without vLLM: transformers' batched greedy generate, backend choice, and the
+rule for answers cut at max_tokens (kept, flagged, their end-of-turn token not trained)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from eagle3build import prepare_data as pd
+from eagle3build import regenerate_responses as rr
+from eagle3build import vllm_engine
+
+CONVS = [
+    [{"role": "user", "content": "What is the capital of France? One word."}, {"role": "assistant", "content": "x"},
+     {"role": "user", "content": "And of Italy?"}, {"role": "assistant", "content": "y"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."},
+     {"role": "assistant", "content": "z"}],
+    [{"role": "user", "content": "Write a long story about a dragon who learns to code in Python, with dialogue."},
+     {"role": "assistant", "content": "w"}, {"role": "user", "content": "Now shorter."}, {"role": "assistant", "content": "v"}],
+]
+
+
+@pytest.fixture(scope="module")
+def smol(smol_target):
+    from transformers import AutoTokenizer
+
+    from eagle3build.target import load_model
+
+    return load_model(smol_target, torch.float32, "cpu"), AutoTokenizer.from_pretrained(smol_target)
+
+
+def _plain_generate(model, tok, msgs, max_tokens):
+    """One conversation, no batch, no padding: the reference greedy answer (token ids up to the first eos)."""
+    ids = tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), add_special_tokens=False,
+              return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)[0, ids.shape[1]:].tolist()
+    eos = model.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos)
+    end = next((j for j, t in enumerate(out) if t in eos), None)
+    return out if end is None else out[:end], end is not None
+
+
+def test_batched_greedy_equals_plain_generate(smol):
+    """Left-padded batches (three prompts of different lengths in one batch) give each conversation the
+    same greedy answer as a plain generate of that conversation alone."""
+    model, tok = smol
+    gen = rr.TransformersGenerator(model, tok, max_tokens=12, batch_size=8)
+    prompts = [c[: next(i for i, m in enumerate(c) if m["role"] == "assistant")] for c in CONVS]
+    assert len({gen.prompt_tokens(p) for p in prompts}) == 3  # really padded
+    answers = gen(prompts)
+    for p, a in zip(prompts, answers, strict=True):
+        ids, finished = _plain_generate(model, tok, p, 12)
+        assert a.text == tok.decode(ids, skip_special_tokens=True) and a.finished == finished
+        assert a.tokens == len(ids) + finished
+    assert "Paris" in answers[0].text and answers[0].finished
+    assert not answers[2].finished and answers[2].tokens == 12  # the story is cut at max_tokens
+
+
+def test_rounds_and_the_unfinished_answer_rule(smol):
+    """Turn by turn: a finished answer continues its conversation, a cut one ends it (flagged)."""
+    model, tok = smol
+    gen = rr.TransformersGenerator(model, tok, max_tokens=12, batch_size=2)
+    res = rr.regenerate_turns(CONVS, gen, gen.prompt_tokens, max_seq_len=512)
+    c0, c1, c2 = res["conversations"]
+    # France: two user turns, both answered by the target (the second prompt holds the first answer).
+    assert [m["role"] for m in c0] == ["user", "assistant", "user", "assistant"] and c0[1]["content"] != "x"
+    ids, finished = _plain_generate(model, tok, c0[:3], 12)
+    assert c0[3]["content"] == tok.decode(ids, skip_special_tokens=True)
+    assert res["last_turn_unfinished"][0] == (not finished)
+    assert c1[0]["role"] == "system" and c1[2]["content"] != "z"
+    # The story: cut at 12 tokens, kept as the last turn, flagged; "Now shorter." and its answer dropped.
+    assert [m["role"] for m in c2] == ["user", "assistant"] and res["last_turn_unfinished"][2] is True
+    assert res["answers_at_max_tokens"] == sum(res["last_turn_unfinished"]) >= 1
+    assert res["turns_regenerated"] == sum(m["role"] == "assistant" for c in res["conversations"] for m in c)
+    # A prompt at max_seq_len stops its conversation before generating.
+    short = rr.regenerate_turns(CONVS[:1], gen, gen.prompt_tokens, max_seq_len=gen.prompt_tokens(CONVS[0][:1]))
+    assert short["conversations"] == [[]] and short["conversations_cut_at_max_seq_len"] == 1
+
+
+def test_regenerate_transformers_end_to_end_then_mask(tmp_path, smol_target):
+    """regenerate(backend=transformers) writes the vLLM backend's format (ids kept, the flag added); prepare_data
+    then trains a cut answer's text but not the <|im_end|> the template closes it with."""
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "messages": c}) + "\n" for i, c in enumerate(CONVS)))
+    out, rep_path = tmp_path / "regen.jsonl", tmp_path / "rep.json"
+    rep = rr.regenerate([{"path": str(src), "max_samples": None}], str(smol_target), out, rep_path, max_seq_len=256,
+                        max_tokens=12, served_name="m", dtype="float32", backend="transformers", batch_size=2)
+    assert rep["backend"] == {"used": "transformers", "requested": "transformers",
+                              "reason": "data.regenerate.backend: transformers"}
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in recs] == ["r0", "r1", "r2"] and recs[2][pd.UNFINISHED_KEY] is True
+    assert rep["conversations_out"] == 3 and rep["answers_at_max_tokens"] == sum(r[pd.UNFINISHED_KEY] for r in recs)
+    assert rep["generated_tokens"] > 0 and json.loads(rep_path.read_text()) == rep
+    files = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "data.json")]
+    data = pd.prepare([{"path": str(out), "max_samples": None}], smol_target, *files, max_seq_len=256,
+                      min_supervised_tokens=1, eval_fraction=0.01, seed=0)
+    assert data["last_turn_unfinished"] == rep["answers_at_max_tokens"]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_target)
+    tf = pd.read_tokens(files[0])
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    for r in recs:
+        ids, mask = tf.sample(tf.sample_ids.index(r["id"]))
+        last = int(np.flatnonzero(mask)[-1])
+        if r[pd.UNFINISHED_KEY]:
+            assert ids[last] != end and ids[last + 1] == end  # text trained, the closing token not
+            assert tok.decode(ids[mask == 1]).endswith(r["messages"][-1]["content"][-5:])
+        else:
+            assert ids[last] == end
+
+
+def test_open_last_turn_clears_only_the_trailing_special_tokens():
+    ids = np.array([5, 6, 2, 9, 7, 8, 2, 4], np.int32)
+    mask = np.array([0, 1, 1, 0, 1, 1, 1, 0], np.uint8)
+    assert pd.open_last_turn(ids, mask, {2}).tolist() == [0, 1, 1, 0, 1, 1, 0, 0]
+    assert pd.open_last_turn(ids, mask, {3}).tolist() == mask.tolist()  # no special token at the end: unchanged
+    assert pd.normalise({"messages": CONVS[1], pd.UNFINISHED_KEY: True}, "s", 0, pd.Counters()).last_turn_unfinished
+    # A trailing user turn is dropped by normalisation: the flag no longer names the last turn.
+    conv = pd.normalise({"messages": CONVS[1] + [{"role": "user", "content": "more"}], pd.UNFINISHED_KEY: True}, "s", 0,
+                        pd.Counters())
+    assert conv.last_turn_unfinished is False
+
+
+def test_backend_choice(monkeypatch):
+    def broken(needed_by):
+        try:
+            raise ImportError("libcudart.so.12: cannot open shared object file")
+        except ImportError as e:
+            raise vllm_engine.VLLMUnavailable(f"{needed_by} needs vllm") from e
+
+    monkeypatch.setattr(vllm_engine, "require_vllm", lambda needed_by: "0.32.0")
+    assert rr.choose_backend("auto") == {"used": "vllm", "requested": "auto", "reason": "vLLM 0.32.0 imports in this job"}
+    monkeypatch.setattr(vllm_engine, "require_vllm", broken)
+    got = rr.choose_backend("auto")
+    assert got["used"] == "transformers" and "libcudart.so.12" in got["reason"]
+    assert rr.choose_backend("transformers")["used"] == "transformers"
+    with pytest.raises(vllm_engine.VLLMUnavailable):
+        rr.choose_backend("vllm")
+    with pytest.raises(ValueError, match="data.regenerate.backend"):
+        rr.choose_backend("sglang")
