@@ -406,11 +406,13 @@ def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, token
 def capture_shard_vllm(target_dir: str, tokens_path: str, out_path: str, indices: list[int], lengths: list[int],
                        meta: ShardMeta, *, gpus: int, compute_dtype: str = "auto", tokens_per_batch: int = 4096,
                        pipeline_parallel_size: int = 1, trust_remote_code: bool = False, writer_threads: int = 4,
-                       fsync: bool = False) -> dict:
+                       fsync: bool = False, expected_params: list[str] | None = None, **engine_extra) -> dict:
     """Capture one shard through a vLLM engine started in a child process; returns its statistics.
 
     ``gpus``: the job's GPUs (tensor parallel size; its cards are the job's
-    ``CUDA_VISIBLE_DEVICES``); 0 = vLLM's CPU backend (float32).
+    ``CUDA_VISIBLE_DEVICES``); 0 = vLLM's CPU backend (float32). ``tokens_per_batch``:
+    tokens per engine step. ``expected_params``: the decoder-layer call to require
+    (default ``LAYER_PARAMS``). ``engine_extra``: more ``vllm.LLM`` arguments.
 
     Raises:
         ParallelismError: pipeline parallel asked for.
@@ -423,13 +425,15 @@ def capture_shard_vllm(target_dir: str, tokens_path: str, out_path: str, indices
     require_vllm(str(out_path))
     engine = capture_engine_args(str(target_dir), gpus=gpus, max_model_len=max(lengths, default=1) + 1,
                                  tokens_per_step=tokens_per_batch, dtype=compute_dtype,
-                                 pipeline_parallel_size=pipeline_parallel_size, trust_remote_code=trust_remote_code)
+                                 pipeline_parallel_size=pipeline_parallel_size, trust_remote_code=trust_remote_code,
+                                 **engine_extra)
     spec = {"engine": engine, "aux_layer_ids": list(meta.aux_layer_ids), "writer_threads": writer_threads, "fsync": fsync,
+            "expected_params": list(expected_params or LAYER_PARAMS),
             "shards": [{"out_path": os.path.abspath(out_path), "meta": meta.to_strings(),
                         "tokens_path": os.path.abspath(tokens_path), "indices": list(indices)}]}
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{Path(out_path).name}.vllm-", dir=Path(out_path).parent) as work:
         res = run_child("eagle3build.vllm_capture:run_capture", spec, work, "capture")
     out = dict(res["shards"][0])
-    out.update(engine_start_s=res["engine_start_s"], process_s=res["process_s"], layer_path=res["install"]["layer_path"])
+    out.update(engine_start_s=res["engine_start_s"], process_s=res["process_s"], install=res["install"])
     return out
