@@ -227,12 +227,17 @@ class CaptureExtension:
     def eagle3_install(self, aux_layer_ids: list[int], expected_params: list[str] | None = None) -> dict:
         """Find the decoder layers, check their call, register the hooks (TP rank 0 only).
 
-        Returns the evidence: rank, model type, layer path and class, the layer's parameters.
-
-        Raises:
-            LayoutError: no decoder-layer stack (naming the model type) or an unexpected layer call.
-            ParallelismError: pipeline or data parallel.
+        Returns the evidence: rank, model type, layer path and class, the layer's parameters;
+        or ``{"error": "LayoutError: ..."}`` where the layout or parallelism is refused (returned,
+        not raised: an exception in a worker brings the engine down before the reason reaches
+        the caller; ``start_capture_engine`` raises it).
         """
+        try:
+            return self._eagle3_install(aux_layer_ids, expected_params)
+        except (LayoutError, ParallelismError, ValueError) as e:
+            return {"error": f"{type(e).__name__}: {e}", "writes": True}
+
+    def _eagle3_install(self, aux_layer_ids: list[int], expected_params: list[str] | None) -> dict:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
         pc = self.vllm_config.parallel_config
@@ -355,12 +360,19 @@ def capture_in_engine(llm, out_path: str, meta: dict, samples: list[tuple], writ
 
 
 def start_capture_engine(engine: dict, aux_layer_ids: list[int], expected_params=None):
-    """Start an engine with the capture extension and install the hooks; ``(llm, install evidence, start seconds)``."""
+    """Start an engine with the capture extension and install the hooks; ``(llm, install evidence, start seconds)``.
+
+    Raises:
+        LayoutError: a worker refused the hooks (its reason: layout, layer call or parallelism).
+    """
     from .vllm_engine import start_engine
 
     llm, start_s = start_engine(engine)
-    info = _rank0([r for r in llm.collective_rpc("eagle3_install", args=(list(aux_layer_ids), expected_params))
-                   if r.get("writes")])
+    results = llm.collective_rpc("eagle3_install", args=(list(aux_layer_ids), expected_params))
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        raise LayoutError(f"vLLM worker refused the capture hooks: {errors[0]}")
+    info = _rank0([r for r in results if r.get("writes")])
     return llm, info, start_s
 
 
@@ -455,7 +467,9 @@ def capture_shard_vllm(target_dir: str, tokens_path: str, out_path: str, indices
             "shards": [{"out_path": os.path.abspath(out_path), "meta": meta.to_strings(),
                         "tokens_path": os.path.abspath(tokens_path), "indices": list(indices)}]}
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{Path(out_path).name}.vllm-", dir=Path(out_path).parent) as work:
+    # spec and result JSON of the engine child: not next to the shard, where the worker's writer clears
+    # stale temporaries and Snakemake watches the outputs
+    with tempfile.TemporaryDirectory(prefix="eagle3build-vllm-capture-") as work:
         res = run_child("eagle3build.vllm_capture:run_capture", spec, work, "capture")
     out = dict(res["shards"][0])
     out.update(engine_start_s=res["engine_start_s"], process_s=res["process_s"], install=res["install"])

@@ -217,8 +217,10 @@ def test_compat_falls_back_to_hooks_when_vllm_layers_do_not_match(moe_target, tm
     p, c = r["probes"]["vllm_capture_smoke"], r["capture"]
     assert p["status"] == "fail" and not p["required"] and r["hard_failures"] == []
     # the worker's LayoutError, passed back through collective_rpc and the engine child's exit
-    evidence = ("model type 'llama': decoder layer LlamaDecoderLayer.forward('positions', 'hidden_states', 'residual'")
+    evidence = ("LayoutError: model type 'llama': decoder layer LlamaDecoderLayer.forward('positions', "
+                "'hidden_states', 'residual'")
     assert evidence in p["error"], p["error"]
+    assert "vLLM worker refused the capture hooks" in p["error"]
     assert "does not start with ('positions', 'hidden_states', 'residual', 'kv_cache')" in p["error"]
     assert c["backend"] == "hooks" and c["auto_choice"] == "hooks"
     assert any(x.startswith("vLLM capture probe failed: RuntimeError: vLLM run 'capture'") and evidence in x
