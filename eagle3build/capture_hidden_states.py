@@ -219,20 +219,27 @@ def capture_shard(
     model: torch.nn.Module | None = None,
     writer_threads: int = 4,
     fsync: bool = False,
+    gpus: int | None = None,
+    pipeline_parallel_size: int = 1,
 ) -> dict:
     """Capture samples ``[start, start+count)`` of ``tokens_path`` into the shard ``out_path``.
 
-    ``model``: an already loaded target (benchmarks and tests); else it is loaded from
+    ``backend``: ``hooks`` (transformers in this process) or ``vllm`` (our hooks inside a
+    vLLM engine started in a child process, ``vllm_capture``; ``gpus`` = the job's GPUs =
+    its tensor parallel size, default 1 on ``cuda``, 0 on ``cpu``; ``pipeline_parallel_size``
+    > 1 is refused). Both write the same shard format and metadata.
+    ``model``: an already loaded target (hooks; benchmarks and tests); else it is loaded from
     ``target_dir``. ``writer_threads`` write samples' rows in parallel; ``fsync`` flushes
     the shard to disk before the rename. Returns a summary: samples, tokens, seconds, tokens/s.
 
     Raises:
-        NotImplementedError: ``backend`` is not ``hooks``.
+        ValueError: ``backend`` is neither ``hooks`` nor ``vllm``.
+        vllm_capture.ParallelismError: ``vllm`` with pipeline parallel.
         IndexError: the tokens file holds fewer than ``start + 1`` samples (the message
             gives both numbers; lower ``capture.num_train_samples`` or add data).
     """
-    if backend != "hooks":
-        raise NotImplementedError(f"capture backend {backend!r}: only 'hooks' is implemented in this version")
+    if backend not in ("hooks", "vllm"):
+        raise ValueError(f"capture backend {backend!r}: expected 'hooks' or 'vllm'")
     toks = read_tokens(tokens_path)
     if start >= len(toks) and count > 0:
         raise IndexError(f"{tokens_path}: shard wants samples from {start}, but the split has only {len(toks)}")
@@ -241,6 +248,10 @@ def capture_shard(
         log.warning("%s holds %d samples; shard %s gets %d instead of %d", tokens_path, len(toks), out_path, len(idx), count)
     check_disk_for_shard(out_path, target_dir, len(aux_layer_ids), storage_dtype, sum(len(toks.sample(i)[0]) for i in idx),
                          trust_remote_code)
+    if backend == "vllm":
+        return _capture_vllm(target_dir, tokens_path, out_path, idx, toks, aux_layer_ids, target_fingerprint, split,
+                             device, compute_dtype, storage_dtype, tokens_per_batch, trust_remote_code, writer_threads,
+                             fsync, gpus, pipeline_parallel_size)
     if model is None:
         t_load = time.perf_counter()
         model = load_model(target_dir, resolve_dtype(compute_dtype, device), device, trust_remote_code)
@@ -292,3 +303,23 @@ def capture_shard(
     summary = {"samples": len(idx), "tokens": ntok, "seconds": round(seconds, 2), "tokens_per_s": round(ntok / max(seconds, 1e-9), 1)}
     log.info("captured %s", summary)
     return summary
+
+
+def _capture_vllm(target_dir, tokens_path, out_path, idx, toks, aux_layer_ids, target_fingerprint, split, device,
+                  compute_dtype, storage_dtype, tokens_per_batch, trust_remote_code, writer_threads, fsync, gpus,
+                  pipeline_parallel_size) -> dict:
+    """The ``vllm`` backend for ``capture_shard``: same metadata, the engine's worker writes the shard."""
+    from .target import load_config
+    from .vllm_capture import capture_shard_vllm
+
+    hidden = text_config(load_config(target_dir, trust_remote_code)).hidden_size
+    meta = ShardMeta(target_fingerprint=target_fingerprint, aux_layer_ids=list(aux_layer_ids), dtype=storage_dtype,
+                     hidden_size=hidden, sample_ids=[toks.sample_ids[i] for i in idx], split=split)
+    if gpus is None:
+        gpus = 1 if device.startswith("cuda") else 0
+    res = capture_shard_vllm(target_dir, tokens_path, out_path, idx, [len(toks.sample(i)[0]) for i in idx], meta,
+                             gpus=gpus, compute_dtype=compute_dtype, tokens_per_batch=tokens_per_batch,
+                             pipeline_parallel_size=pipeline_parallel_size, trust_remote_code=trust_remote_code,
+                             writer_threads=writer_threads, fsync=fsync)
+    log.info("captured through vLLM %s", res)
+    return res

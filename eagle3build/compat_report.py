@@ -34,7 +34,13 @@ log = logging.getLogger(__name__)
 SCHEMA = "eagle3build.compat/1"
 
 # Backends whose capture code exists in this version of eagle3build.
-IMPLEMENTED_BACKENDS = ("hooks",)
+IMPLEMENTED_BACKENDS = ("hooks", "vllm")
+
+# A target is "large" when its weights do not fit one 80 GB card: transformers must then
+# spread its layers over the cards (device_map="auto"), and only one card works at a time,
+# while vLLM serves it tensor-parallel (every card busy) with its fused MoE kernels.
+# SmolLM2-135M (0.27 GB) and Llama-3.1-8B (16 GB) stay on hooks; Kimi-K2.5 (MoE) goes to vllm.
+LARGE_TARGET_WEIGHT_BYTES = 80e9
 
 
 class CompatError(RuntimeError):
@@ -257,6 +263,94 @@ def probe_hook_capture():
     return {"max_abs_err_aux": err_aux, "max_abs_err_last_after_norm": err_last}
 
 
+def engine_capture_preferred(target: dict) -> tuple[bool, str]:
+    """Whether ``backend: auto`` prefers the vllm backend for this target (large or MoE), and why.
+
+    ``target``: ``inspect_target``'s dict. Large: weight bytes (parameters x bytes per
+    parameter) above ``LARGE_TARGET_WEIGHT_BYTES``.
+    """
+    if not target:
+        return False, "target not inspected"
+    weight = target["parameters"] * target["weight_bytes_per_parameter"]
+    size = f"{weight / 1e9:.1f} GB of weights ({target['parameters'] / 1e9:.2f}B parameters)"
+    if target.get("moe"):
+        return True, f"MoE target ({target['moe']['routed_experts']} routed experts), {size}: vLLM's fused MoE kernels"
+    if weight > LARGE_TARGET_WEIGHT_BYTES:
+        return True, f"large target: {size} > {LARGE_TARGET_WEIGHT_BYTES / 1e9:.0f} GB (one card)"
+    return False, f"dense target of {size} <= {LARGE_TARGET_WEIGHT_BYTES / 1e9:.0f} GB: transformers on one card"
+
+
+_VLLM_CAPTURE_PROBES: dict = {}  # (expected layer params, gpus) -> result: one engine per process
+
+
+def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
+    """Smoke capture through the installed vLLM with our hooks (``vllm_capture``), checked against transformers.
+
+    A 6-layer random Llama (hidden 128, head_dim 64, fp32, no tokenizer) is written to a temporary
+    directory; three samples (12, 37 and 5 tokens) are captured through a vLLM engine
+    started in a child process with 16 tokens per engine step (so chunked prefill splits
+    the 37-token sample and several requests share steps), then through the ``hooks``
+    backend; aux and last states must agree to ``1e-4`` relative (fp32 on CPU) or
+    ``5e-2`` (bf16 on GPU) per sample. ``expected_params``: the decoder-layer call the
+    hooks require (default ``vllm_capture.LAYER_PARAMS``). The result is kept for the
+    life of the process (one engine start, 30-90 s on 2 CPU cores).
+
+    Raises:
+        RuntimeError: the engine child failed; its exception (e.g. ``LayoutError`` naming
+            the layer's parameters) is in the message.
+        AssertionError: the states differ (the per-sample errors are in the message).
+    """
+    import tempfile
+
+    import numpy as np
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from . import vllm_capture
+    from .capture_hidden_states import HookCapture
+    from .prepare_data import write_tokens
+    from .shards import ShardMeta, ShardReader
+    from .vllm_engine import require_vllm
+
+    require_vllm("the vllm capture probe")
+    expected = tuple(expected_params or vllm_capture.LAYER_PARAMS)
+    gpus = 1 if torch.cuda.is_available() else 0
+    key = (expected, gpus)
+    if key in _VLLM_CAPTURE_PROBES:
+        return _VLLM_CAPTURE_PROBES[key]
+    aux = [1, 2, 4]
+    with tempfile.TemporaryDirectory(prefix="eagle3build-vllm-probe-") as d:
+        torch.manual_seed(0)
+        # head_dim 64: vLLM's CPU attention has no kernel for head_dim 16
+        cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_layers=6,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+        model = LlamaForCausalLM(cfg).eval()
+        model.save_pretrained(f"{d}/tiny")
+        rng = np.random.default_rng(0)
+        samples = [(f"p{i}", rng.integers(0, 256, n).astype(np.int32), np.ones(n, np.uint8)) for i, n in enumerate((12, 37, 5))]
+        write_tokens(f"{d}/tokens.safetensors", samples)
+        meta = ShardMeta("probe", aux, "float32", 128, [s[0] for s in samples], "probe")
+        res = vllm_capture.capture_shard_vllm(f"{d}/tiny", f"{d}/tokens.safetensors", f"{d}/shard.safetensors",
+                                              [0, 1, 2], [len(s[1]) for s in samples], meta, gpus=gpus, tokens_per_batch=16,
+                                              expected_params=list(expected), gpu_memory_utilization=0.1 if gpus else 0.5)
+        cap = HookCapture(model, aux)
+        reader = ShardReader(f"{d}/shard.safetensors")
+        errs = []
+        for i, (_, ids, _) in enumerate(samples):
+            a, last = cap.capture(torch.from_numpy(ids.astype(np.int64))[None], None)
+            got = reader[i]
+            errs.append(max(((got["hidden_states"].float() - a[0]).norm() / a[0].norm()).item(),
+                            ((got["verifier_last_hidden_states"].float() - last[0]).norm() / last[0].norm()).item()))
+        cap.remove()
+    tol = 1e-4 if gpus == 0 else 5e-2
+    if max(errs) > tol:
+        raise AssertionError(f"vLLM capture differs from transformers: relative errors per sample {errs} > {tol}")
+    out = {"max_rel_err": max(errs), "tolerance": tol, "gpus": gpus, "install": res["install"],
+           "engine_steps": res["engine_steps"], "samples_over_several_steps": res["samples_over_several_steps"],
+           "engine_start_s": res["engine_start_s"]}
+    _VLLM_CAPTURE_PROBES[key] = out
+    return out
+
+
 # ---------------------------------------------------------------- target
 
 
@@ -392,23 +486,47 @@ def plan_gpus(parameters: int, bytes_per_parameter: float, gpu_memory_bytes: int
 # ---------------------------------------------------------------- report
 
 
-def decide_backend(requested: str, probes: dict[str, Probe]) -> dict:
-    """``vllm`` where vLLM capture can run here and is implemented, else ``hooks``; reasons recorded."""
-    ext = probes["vllm_extract_hidden_states"]
-    vllm_runnable = ext.status != "fail" and bool((ext.value or {}).get("runnable_here"))
-    reasons = []
-    if not vllm_runnable:
-        reasons.append(f"vLLM hidden-state extraction cannot run here ({(ext.value or {}).get('reason') or ext.error})")
-    if "vllm" not in IMPLEMENTED_BACKENDS:
-        reasons.append("this version of eagle3build implements only the hooks backend")
-    auto = "vllm" if vllm_runnable and "vllm" in IMPLEMENTED_BACKENDS else "hooks"
+def decide_backend(requested: str, probes: dict[str, Probe], target: dict | None = None) -> dict:
+    """The capture backend: ``vllm`` where the vLLM capture probe passed and the target is large or MoE, else
+    ``hooks``; reasons recorded.
+
+    ``probes["vllm_capture_smoke"]`` is the smoke capture (absent where it was not run);
+    ``target``: ``inspect_target``'s dict (``engine_capture_preferred``).
+
+    Raises:
+        CompatError: ``requested`` is ``vllm`` but the probe failed or was not run, or a backend
+            this version does not implement.
+    """
+    prefer, why_target = engine_capture_preferred(target or {})
+    smoke = probes.get("vllm_capture_smoke")
+    ext = probes.get("vllm_extract_hidden_states")
+    reasons = [why_target]
+    if smoke is None:
+        vllm_ok = False
+        reasons.append("vLLM capture probe not run")
+    elif smoke.status == "fail":
+        vllm_ok = False
+        reasons.append(f"vLLM capture probe failed: {smoke.error}")
+    else:
+        vllm_ok = True
+        v = smoke.value or {}
+        reasons.append(f"vLLM capture probe passed (hooks on {v.get('install', {}).get('layer_class')}, max relative "
+                       f"error {v.get('max_rel_err', float('nan')):.1e})")
+    if ext is not None:
+        reasons.append("vLLM's own extract_hidden_states is not used: "
+                       + ((ext.value or {}).get("reason") or ext.error or "")
+                       + " (the vllm backend hooks the layers itself)")
+    auto = "vllm" if vllm_ok and prefer else "hooks"
     chosen = auto if requested == "auto" else requested
+    if chosen not in IMPLEMENTED_BACKENDS:
+        raise CompatError(f"capture backend {chosen!r} is not implemented in this version (available: {IMPLEMENTED_BACKENDS})")
+    if chosen == "vllm" and not vllm_ok:
+        raise CompatError("capture.backend vllm, but the vLLM capture probe "
+                          + (f"failed: {smoke.error}" if smoke is not None else "was not run") + "; use hooks or auto")
     contradiction = None
     if requested != "auto" and requested != auto:
         contradiction = f"backend forced to {requested!r}; the probes would choose {auto!r}: " + "; ".join(reasons)
-    if chosen not in IMPLEMENTED_BACKENDS:
-        raise CompatError(f"capture backend {chosen!r} is not implemented in this version (available: {IMPLEMENTED_BACKENDS})")
-    return {"backend": chosen, "requested": requested, "auto_choice": auto, "reasons": reasons or ["vLLM capture runs here"],
+    return {"backend": chosen, "requested": requested, "auto_choice": auto, "reasons": reasons,
             "contradiction": contradiction}
 
 
@@ -465,7 +583,17 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
 
         meta = ShardMeta("", list(aux_probe.value or []), storage_dtype, target["hidden_size"], [], "")
         capture["bytes_per_token"] = bytes_per_token(meta)
-    capture.update(decide_backend(backend, probes))
+    # The engine smoke capture costs an engine start: run it only where its answer decides something.
+    prefer, why_target = engine_capture_preferred(target)
+    if backend == "vllm" or (backend == "auto" and prefer):
+        probes["vllm_capture_smoke"] = run_probe("vllm_capture_smoke", probe_vllm_capture, required=False)
+        p = probes["vllm_capture_smoke"]
+        log.info("probe %-28s %-4s %6.2fs %s", p.name, p.status, p.seconds, p.error or "")
+        capture["vllm_capture_probe"] = {"run": True, "why": f"backend {backend}" + (f"; {why_target}" if backend == "auto" else "")}
+    else:
+        capture["vllm_capture_probe"] = {"run": False, "why": f"backend {backend}" + (
+            f"; {why_target}, so auto takes hooks whatever the probe says" if backend == "auto" else "")}
+    capture.update(decide_backend(backend, probes, target))
 
     Path(results_dir).mkdir(parents=True, exist_ok=True)
     usage = shutil.disk_usage(results_dir)
@@ -542,6 +670,9 @@ def render_markdown(r: dict) -> str:
     c = r["capture"]
     lines += ["", "## Capture", "", f"- backend: **{c['backend']}** (requested {c['requested']})"]
     lines += [f"- reason: {x}" for x in c["reasons"]]
+    if c.get("vllm_capture_probe"):
+        vp = c["vllm_capture_probe"]
+        lines.append(f"- vLLM capture probe {'run' if vp['run'] else 'not run'}: {vp['why']}")
     if c.get("contradiction"):
         lines.append(f"- WARNING: {c['contradiction']}")
     if "aux_layer_ids" in c:

@@ -136,11 +136,13 @@ def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str) -> 
     """Run ``entry`` (``"module:function"``) on ``spec`` in a fresh Python process; return its result.
 
     The child's stdout/stderr go to this process's (the job's log). ``workdir`` holds the
-    spec and result JSON files, named after ``name``. The result gets ``process_s``: the
+    spec and result JSON files, named after ``name``; an exception raised by ``entry`` comes
+    back as the text of the RuntimeError. The result gets ``process_s``: the
     child's wall time in seconds, engine start included.
 
     Raises:
-        RuntimeError: the child exited non-zero or wrote no result (its output is in the log).
+        RuntimeError: the child exited non-zero or wrote no result (its output is in the log;
+            the message ends with the child's exception, ``Type: message``, where it raised one).
     """
     workdir = Path(workdir)
     spec_path = workdir / f"{name}.spec.json"
@@ -152,7 +154,10 @@ def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str) -> 
     proc = subprocess.run([sys.executable, "-m", "eagle3build.vllm_engine", "run", entry, str(spec_path),
                            str(out_path)], env=child_env())
     if proc.returncode != 0 or not out_path.exists():
-        raise RuntimeError(f"vLLM run {name!r} ({entry}) failed (exit {proc.returncode}); its output is above in this log")
+        err_path = Path(str(out_path) + ".error")
+        why = f": {err_path.read_text().strip()}" if err_path.exists() else ""
+        raise RuntimeError(f"vLLM run {name!r} ({entry}) failed (exit {proc.returncode}){why}; its output is above in "
+                           "this log")
     res = json.loads(out_path.read_text())
     res["process_s"] = round(time.perf_counter() - t0, 2)
     return res
@@ -315,7 +320,12 @@ def _main(argv: list[str]) -> int:
         sys.exit("usage: python -m eagle3build.vllm_engine run MODULE:FUNCTION SPEC.json OUT.json")
     module, func = argv[2].split(":", 1)
     fn = getattr(importlib.import_module(module), func)
-    res = fn(json.loads(Path(argv[3]).read_text()))
+    try:
+        res = fn(json.loads(Path(argv[3]).read_text()))
+    except Exception as e:
+        # The exception's text goes back to run_child (OUT.error), so the parent's error names the cause.
+        Path(argv[4] + ".error").write_text(f"{type(e).__name__}: {e}")
+        raise
     tmp = Path(argv[4] + ".tmp")
     tmp.write_text(json.dumps(res))
     tmp.replace(argv[4])

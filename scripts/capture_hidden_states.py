@@ -22,4 +22,8 @@ capture_shard(
     storage_dtype=p.storage_dtype,
     tokens_per_batch=p.tokens_per_batch,
     trust_remote_code=p.trust_remote_code,
+    # backend vllm: tensor parallel over the job's cards (CUDA_VISIBLE_DEVICES from setup); read from the
+    # config, not params, so that a serving setting does not re-run the shards of the hooks backend
+    gpus=snakemake.resources.gpu,
+    pipeline_parallel_size=snakemake.config["target"]["pipeline_parallel_size"],
 )

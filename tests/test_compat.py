@@ -41,12 +41,49 @@ def test_probe_records_warnings_and_errors():
     assert p.status == "fail" and p.error.startswith("ZeroDivisionError") and p.required
 
 
+SMOL = {"parameters": 134_515_008, "weight_bytes_per_parameter": 2.0, "moe": None}
+MOE = {"parameters": 30_000_000_000, "weight_bytes_per_parameter": 2.0,
+       "moe": {"routed_experts": 128, "shared_experts": None, "active_experts": 8}}
+DENSE_200B = {"parameters": 200_000_000_000, "weight_bytes_per_parameter": 2.0, "moe": None}
+
+
 def test_backend_decision_on_cpu():
-    probes = {"vllm_extract_hidden_states": cr.Probe("x", value={"runnable_here": False, "reason": "needs CUDA; none here"})}
-    d = cr.decide_backend("auto", probes)
-    assert d["backend"] == "hooks" and any("needs CUDA" in r for r in d["reasons"]) and d["contradiction"] is None
-    with pytest.raises(cr.CompatError, match="not implemented"):
-        cr.decide_backend("vllm", probes)
+    ext = cr.Probe("x", value={"runnable_here": False, "reason": "needs CUDA; none here"})
+    passed = cr.Probe("vllm_capture_smoke", value={"max_rel_err": 3e-6, "install": {"layer_class": "LlamaDecoderLayer"}})
+    failed = cr.Probe("vllm_capture_smoke", status="fail", error="RuntimeError: ... LayoutError: model type 'llama'")
+    # Without the probe (not run): hooks, and the reasons say so.
+    d = cr.decide_backend("auto", {"vllm_extract_hidden_states": ext}, MOE)
+    assert d["backend"] == "hooks" and "vLLM capture probe not run" in d["reasons"] and d["contradiction"] is None
+    assert any("needs CUDA" in r for r in d["reasons"])
+    # Probe passed: vllm for MoE and large dense targets, hooks for the bundled SmolLM2.
+    for target, backend in ((MOE, "vllm"), (DENSE_200B, "vllm"), (SMOL, "hooks")):
+        d = cr.decide_backend("auto", {"vllm_capture_smoke": passed}, target)
+        assert d["backend"] == d["auto_choice"] == backend, (target, d)
+    assert "MoE target (128 routed experts), 60.0 GB" in cr.decide_backend("auto", {"vllm_capture_smoke": passed}, MOE)["reasons"][0]
+    assert "large target: 400.0 GB of weights (200.00B parameters) > 80 GB" in cr.decide_backend("auto", {"vllm_capture_smoke": passed}, DENSE_200B)["reasons"][0]
+    # Probe failed: hooks, the evidence in the reasons; forcing vllm then is a hard error.
+    d = cr.decide_backend("auto", {"vllm_capture_smoke": failed}, MOE)
+    assert d["backend"] == "hooks" and any("probe failed: RuntimeError: ... LayoutError" in r for r in d["reasons"])
+    with pytest.raises(cr.CompatError, match="capture probe failed: RuntimeError"):
+        cr.decide_backend("vllm", {"vllm_capture_smoke": failed}, MOE)
+    with pytest.raises(cr.CompatError, match="capture probe was not run"):
+        cr.decide_backend("vllm", {}, SMOL)
+    d = cr.decide_backend("vllm", {"vllm_capture_smoke": passed}, SMOL)
+    assert d["backend"] == "vllm" and d["auto_choice"] == "hooks" and "forced to 'vllm'" in d["contradiction"]
+
+
+def test_smol_report_does_not_start_an_engine(tmp_path, smol_target, monkeypatch):
+    """The bundled dense target under auto: the engine probe is not run (no engine start) and the report says why."""
+    def no_engine(*a, **k):
+        raise AssertionError("the vLLM capture probe must not run for a small dense target under auto")
+
+    monkeypatch.setattr(cr, "probe_vllm_capture", no_engine)
+    r = cr.build_report(str(smol_target), str(tmp_path / "res"))
+    c = r["capture"]
+    assert c["backend"] == "hooks" and "vllm_capture_smoke" not in r["probes"]
+    assert c["vllm_capture_probe"]["run"] is False
+    assert c["vllm_capture_probe"]["why"].startswith("backend auto; dense target of 0.3 GB of weights (0.13B parameters) <= 80 GB")
+    assert "vLLM capture probe not run" in cr.render_markdown(r)
 
 
 def test_hook_capture_smoke_probe_passes():

