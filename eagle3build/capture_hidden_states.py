@@ -218,12 +218,12 @@ def capture_shard(
     trust_remote_code: bool = False,
     model: torch.nn.Module | None = None,
     writer_threads: int = 4,
-    fsync: bool = False,
+    fsync: bool = True,
 ) -> dict:
     """Capture samples ``[start, start+count)`` of ``tokens_path`` into the shard ``out_path``.
 
     ``model``: an already loaded target (benchmarks and tests); else it is loaded from
-    ``target_dir``. ``writer_threads`` write samples' rows in parallel; ``fsync`` flushes
+    ``target_dir``. ``writer_threads`` write samples' rows in parallel; ``fsync`` (default) flushes
     the shard to disk before the rename. Returns a summary: samples, tokens, seconds, tokens/s.
 
     Raises:
