@@ -32,6 +32,10 @@ from .target import DecoderStack, find_decoder_layers, load_model, resolve_dtype
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 
 class HookCapture:
     """Capture aux-layer inputs and the last layer's output of a transformers model.

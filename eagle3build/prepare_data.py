@@ -48,6 +48,10 @@ from .atomic import atomic_path, write_json, write_text
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 TOKENS_SCHEMA = "eagle3build.tokens/1"
 
 ROLE_MAP = {

@@ -28,6 +28,10 @@ from .prepare_data import Conversation, Counters, DataError, SourceStats, normal
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 
 def collect(sources: list[dict]) -> tuple[list[Conversation], Counters, list[SourceStats]]:
     """Normalised conversations of ``sources`` (``{"path", "max_samples"}``), at most ``max_samples`` per source.

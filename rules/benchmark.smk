@@ -3,13 +3,15 @@ rule benchmark:
         head=f"{RES}/head/model.safetensors",
         head_config=f"{RES}/head/config.json",
         prompts=f"{RES}/data/prompts.jsonl",
-        target=TARGET,
+        target=TARGET_FILES,
     output:
         report(f"{RES}/benchmark.json", category="4. Benchmark"),
     params:
         head_dir=lambda w, input: os.path.dirname(input.head),
         settings=canonical(config["benchmark"]),
         served_name=config["target"]["served_name"],
+        target_dir=target_dir,
+        version=stage_version("benchmark"),
     log:
         f"{LOGS}/benchmark.log",
     threads: config["resources"]["serve"]["threads"]

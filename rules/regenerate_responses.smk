@@ -1,6 +1,6 @@
 rule regenerate_responses:
     input:
-        target=TARGET,
+        target=TARGET_FILES,
     output:
         jsonl=REGENERATED,
         report=report(f"{RES}/data/regenerate_report.json", category="2. Data"),
@@ -11,6 +11,8 @@ rule regenerate_responses:
         served_name=config["target"]["served_name"],
         dtype=config["benchmark"]["dtype"],
         seed=config["data"]["seed"],
+        target_dir=target_dir,
+        version=stage_version("regenerate_responses"),
     log:
         f"{LOGS}/regenerate_responses.log",
     benchmark:
