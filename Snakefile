@@ -31,6 +31,8 @@ rule all:
     default_target: True
     input:
         f"{RES}/compat.json",
+        f"{RES}/compat.md",
+        DECISIONS,
         f"{RES}/data/data_report.json",
         f"{RES}/head/config.json",
         f"{RES}/benchmark.json",

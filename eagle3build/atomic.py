@@ -3,7 +3,9 @@
 A job killed at any moment leaves either the previous file or no file, never a
 half-written one that Snakemake or the next stage would accept. ``os.replace`` is
 atomic on POSIX when source and destination are on the same filesystem, which a
-sibling path guarantees.
+sibling path guarantees. The temporary's bytes are ``fsync``ed before the rename and
+the directory after it, so a power loss also leaves the old file or the new one whole
+(``rename(2)`` alone orders nothing on disk).
 """
 
 from __future__ import annotations
@@ -32,12 +34,31 @@ def clear_stale_temporaries(path: str | os.PathLike) -> None:
         _remove(stale)
 
 
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file or a directory (a directory: its entries, e.g. a rename done in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    """fsync a file, or every file and directory under a directory."""
+    if path.is_dir():
+        for sub in sorted(path.rglob("*")):
+            if not sub.is_symlink():
+                fsync_path(sub)
+    fsync_path(path)
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` on success.
 
     Works for files and directories. On an exception the temporary is removed and
-    ``path`` is left untouched.
+    ``path`` is left untouched. With ``fsync`` the temporary (every file of a directory)
+    reaches the disk before the rename, and the parent directory after it.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,10 +66,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = _tmp_sibling(path)
     try:
         yield tmp
+        if fsync and tmp.exists():
+            _fsync_tree(tmp)
         if path.is_dir() and tmp.is_dir():
             # os.replace cannot overwrite a non-empty directory.
             shutil.rmtree(path)
         os.replace(tmp, path)
+        if fsync:
+            fsync_path(path.parent)
     finally:
         _remove(tmp)
 

@@ -37,6 +37,10 @@ from .atomic import write_json
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 
 

@@ -24,6 +24,10 @@ from .prepare_data import read_tokens
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 
 def count_assistant_tokens(tokens_path: str | os.PathLike, num_samples: int | None = None) -> dict[int, int]:
     """Frequencies of target token ids under the loss mask, over the first ``num_samples`` samples."""

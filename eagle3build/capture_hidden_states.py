@@ -32,6 +32,10 @@ from .target import DecoderStack, find_decoder_layers, load_model, resolve_dtype
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 
 class HookCapture:
     """Capture aux-layer inputs and the last layer's output of a transformers model.
@@ -218,7 +222,7 @@ def capture_shard(
     trust_remote_code: bool = False,
     model: torch.nn.Module | None = None,
     writer_threads: int = 4,
-    fsync: bool = False,
+    fsync: bool = True,
     gpus: int | None = None,
     pipeline_parallel_size: int = 1,
 ) -> dict:
@@ -229,7 +233,7 @@ def capture_shard(
     its tensor parallel size, default 1 on ``cuda``, 0 on ``cpu``; ``pipeline_parallel_size``
     > 1 is refused). Both write the same shard format and metadata.
     ``model``: an already loaded target (hooks; benchmarks and tests); else it is loaded from
-    ``target_dir``. ``writer_threads`` write samples' rows in parallel; ``fsync`` flushes
+    ``target_dir``. ``writer_threads`` write samples' rows in parallel; ``fsync`` (default) flushes
     the shard to disk before the rename. Returns a summary: samples, tokens, seconds, tokens/s.
 
     Raises:

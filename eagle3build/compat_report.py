@@ -31,6 +31,10 @@ from .target import check_aux_layer_ids, default_aux_layer_ids, find_decoder_lay
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 SCHEMA = "eagle3build.compat/1"
 
 # Backends whose capture code exists in this version of eagle3build.
@@ -565,7 +569,8 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
     if target:
         target["fingerprint"] = fingerprint(target_dir)
 
-    capture: dict = {"storage_dtype": storage_dtype}
+    capture: dict = {"storage_dtype": storage_dtype,
+                     "aux_layer_ids_requested": aux_layer_ids if aux_layer_ids == "auto" else list(aux_layer_ids)}
     if target:
         n = target["num_layers"]
         try:
@@ -710,10 +715,48 @@ def render_markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(report: dict, out_json: str, out_md: str) -> None:
-    """Write compat.json and compat.md; raise CompatError (one-screen summary) on a hard failure."""
+DECISIONS_SCHEMA = "eagle3build.decisions/1"
+
+
+def decisions(report: dict) -> dict:
+    """What the stages act on, from a compat report: the capture backend and aux layer ids (each
+    with what was requested), the storage dtype, the recommended head variant and the target
+    summary (architecture, sizes, fingerprint). Nothing that varies between two reports of the
+    same target and settings (probe seconds, free disk, warnings, versions): a rebuilt report
+    with the same decisions writes the same bytes, and plans nothing below it. Key paths match
+    compat.json's (``target.fingerprint``, ``capture.aux_layer_ids``, ``head.recommended_variant``).
+    """
+    cap = report["capture"]
+    return {
+        "schema": DECISIONS_SCHEMA,
+        "target": report["target"],
+        "capture": {
+            "backend": cap["backend"],
+            "backend_requested": cap["requested"],
+            "aux_layer_ids": cap.get("aux_layer_ids"),
+            "aux_layer_ids_requested": cap["aux_layer_ids_requested"],
+            "storage_dtype": cap["storage_dtype"],
+        },
+        "head": {"recommended_variant": report["head"]["recommended_variant"]},
+    }
+
+
+def write_decisions(report: dict, out_json: str) -> None:
+    """Write ``decisions(report)`` as key-sorted JSON (same decisions, same bytes)."""
+    write_json(out_json, decisions(report))
+
+
+def write(report: dict, out_json: str, out_md: str | None = None) -> None:
+    """Write compat.json (and compat.md when ``out_md`` is given); raise CompatError (one-screen
+    summary) on a hard failure."""
     md = render_markdown(report)
     if report["hard_failures"]:
         raise CompatError(md)
     write_json(out_json, report)
-    write_text(out_md, md)
+    if out_md is not None:
+        write_text(out_md, md)
+
+
+def write_markdown(compat_json: str, out_md: str) -> None:
+    """Render compat.md from a written compat.json (rule ``compat_markdown``)."""
+    write_text(out_md, render_markdown(json.loads(Path(compat_json).read_text())))

@@ -28,6 +28,10 @@ from .build_vocab_map import check_consistent
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 
 # One engine run: start, decode greedily, read vLLM's spec-decode counters.
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"

@@ -20,6 +20,10 @@ from .target import bundled_gguf_path
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 
 def gguf_to_hf(gguf: str | os.PathLike, out_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Dequantise ``gguf`` into ``out_dir``: config.json, model.safetensors (``dtype``), tokenizer, chat template.

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from .atomic import atomic_path
 
+# Version of what this stage writes: bump it when a change alters the output bytes.
+OUTPUT_VERSION = 1
+
 
 def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     """Write ``out_png`` (two panels, 10 x 4 inches at 80 dpi) from ``benchmark_json``.

@@ -23,6 +23,7 @@ consecutive same role      fix    merged with a blank line (``fixed_merged_turns
 trailing user turn         fix    dropped (``fixed_trailing_user``)
 no assistant turn          skip   ``no_assistant_turn``
 template cannot locate     skip   ``template_mismatch`` (assistant text not found in the render)
+template raises            skip   ``template_error`` (e.g. a template that refuses a system turn; its message is kept)
 too few supervised tokens  skip   ``too_few_supervised_tokens`` (after truncation)
 =========================  =====  ==========================================================
 
@@ -51,6 +52,10 @@ import numpy as np
 from .atomic import atomic_path, write_json, write_text
 
 log = logging.getLogger(__name__)
+
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
 
 TOKENS_SCHEMA = "eagle3build.tokens/1"
 
@@ -206,16 +211,25 @@ class Conversation:
     last_turn_unfinished: bool = False
 
 
+EXAMPLES_PER_REASON = 3
+
+
 @dataclass
 class Counters:
     """Skip and fix counts by reason."""
 
     skipped: collections.Counter = field(default_factory=collections.Counter)
     fixed: collections.Counter = field(default_factory=collections.Counter)
+    # The first EXAMPLES_PER_REASON skips of each reason: {"source", "index", "detail"}.
+    examples: dict = field(default_factory=dict)
 
     def skip(self, reason: str, source: str, index: int, detail: str = "") -> None:
-        """Count a skipped record; the first three of each reason are logged with file and record index."""
+        """Count a skipped record; the first three of each reason are logged with file and record
+        index, and kept (with ``detail``, e.g. a template's error message) for the data report."""
         self.skipped[reason] += 1
+        kept = self.examples.setdefault(reason, [])
+        if len(kept) < EXAMPLES_PER_REASON:
+            kept.append({"source": source, "index": index, "detail": detail})
         level = logging.WARNING if self.skipped[reason] <= 3 else logging.DEBUG
         log.log(level, "%s record %d: skipped (%s) %s", source, index, reason, detail)
 
@@ -398,36 +412,65 @@ def _encode_prefixes(tokenizer, texts: list[str], max_seq_len: int) -> list[tupl
     return out
 
 
+@dataclass(frozen=True)
+class TemplateRaised:
+    """The chat template raised while rendering one conversation; ``message`` is its error text."""
+
+    message: str
+
+
+def _template_message(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"[:500]
+
+
 def tokenize_batch(
     tokenizer, conversations: list[list[dict[str, str]]], max_seq_len: int
-) -> list[tuple[np.ndarray, np.ndarray, bool] | None]:
+) -> list[tuple[np.ndarray, np.ndarray, bool] | None | TemplateRaised]:
     """``tokenize_with_mask`` for many conversations, plus whether each was truncated.
 
-    The tokenizer runs once over the whole batch (its Rust core uses every core).
+    The tokenizer runs once over the whole batch (its Rust core uses every core). A
+    conversation whose render raises (many templates ``raise_exception`` on a system turn
+    or on roles they do not know; jinja2 raises ``TemplateError``, others ``TypeError``
+    and the like) yields ``TemplateRaised`` with the template's message instead of
+    failing the batch: one record must not lose the others.
     """
     if has_generation_tags(tokenizer):
         out = []
         for messages in conversations:
-            enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            try:
+                enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            except Exception as e:  # noqa: BLE001 -- a template may raise anything; see the docstring
+                out.append(TemplateRaised(_template_message(e)))
+                continue
             ids = np.asarray(enc["input_ids"], dtype=np.int32)
             mask = np.asarray(enc["assistant_masks"], dtype=np.uint8)
             out.append((ids[:max_seq_len], mask[:max_seq_len], len(ids) > max_seq_len))
         return out
-    fulls = [tokenizer.apply_chat_template(m, tokenize=False) for m in conversations]
-    encoded = _encode_prefixes(tokenizer, fulls, max_seq_len)
-    out = []
-    for messages, full, (ids_l, starts_l, truncated) in zip(conversations, fulls, encoded, strict=True):
+    out: list = [None] * len(conversations)
+    fulls: dict[int, str] = {}
+    for k, m in enumerate(conversations):
+        try:
+            fulls[k] = tokenizer.apply_chat_template(m, tokenize=False)
+        except Exception as e:  # noqa: BLE001 -- a template may raise anything; see the docstring
+            out[k] = TemplateRaised(_template_message(e))
+    order = sorted(fulls)
+    encoded = _encode_prefixes(tokenizer, [fulls[k] for k in order], max_seq_len) if order else []
+    for k, (ids_l, starts_l, truncated) in zip(order, encoded, strict=True):
+        messages, full = conversations[k], fulls[k]
         limit = (starts_l[-1] + 1) if len(ids_l) == max_seq_len else None
-        spans = assistant_char_spans(tokenizer, messages, full, limit)
-        if spans is None:
-            out.append(None)
+        try:
+            spans = assistant_char_spans(tokenizer, messages, full, limit)
+        except Exception as e:  # noqa: BLE001 -- a prefix render may raise where the full one did not
+            out[k] = TemplateRaised(_template_message(e))
             continue
+        if spans is None:
+            continue  # stays None: template_mismatch
         ids = np.asarray(ids_l, dtype=np.int32)
         starts = np.asarray(starts_l, dtype=np.int64)
         mask = np.zeros(len(ids), dtype=np.uint8)
         for s, e in spans:
             mask |= ((starts >= s) & (starts < e)).astype(np.uint8)
-        out.append((ids, mask, truncated))
+        out[k] = (ids, mask, truncated)
     return out
 
 
@@ -442,7 +485,7 @@ def tokenize_with_mask(tokenizer, messages: list[dict[str, str]], max_seq_len: i
     turn's text.
     """
     enc = tokenize_batch(tokenizer, [messages], max_seq_len)[0]
-    return None if enc is None else enc[:2]
+    return None if enc is None or isinstance(enc, TemplateRaised) else enc[:2]
 
 
 # ---------------------------------------------------------------- split + files
@@ -592,6 +635,9 @@ def prepare(
             for (index, conv), enc in zip(batch, encs, strict=True):
                 if cap is not None and stats.kept >= cap:
                     break
+                if isinstance(enc, TemplateRaised):
+                    counters.skip("template_error", str(path), index, enc.message)
+                    continue
                 if enc is None:
                     counters.skip("template_mismatch", str(path), index, "an assistant turn is not found in the template's render")
                     continue
@@ -631,6 +677,7 @@ def prepare(
         "benchmark_prompts": len(prompts),
         "skipped": dict(counters.skipped),
         "skipped_total": sum(counters.skipped.values()),
+        "skip_examples": counters.examples,
         "fixed": dict(counters.fixed),
         "truncated_to_max_seq_len": truncated,
         "last_turn_unfinished": unfinished,

@@ -47,6 +47,10 @@ from .prepare_data import (UNFINISHED_KEY, Conversation, Counters, DataError, So
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 BACKENDS = ("auto", "vllm", "transformers")
 
 

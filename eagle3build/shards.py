@@ -28,12 +28,13 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .atomic import clear_stale_temporaries
+from .atomic import clear_stale_temporaries, fsync_path
 
 SCHEMA = "eagle3build.shard/1"
 STORAGE_DTYPES = {
@@ -134,6 +135,17 @@ def shard_layout(meta: ShardMeta, num_tokens: int) -> dict[str, tuple[torch.dtyp
     return layout
 
 
+class NonFiniteStates(ValueError):
+    """Captured states hold NaN or inf: such a shard cannot be trained on and is not stored."""
+
+
+def _nonfinite(t: torch.Tensor) -> bool:
+    """Whether ``t`` (any float dtype, fp8 included) holds a NaN or an inf."""
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        t = t.float()  # isfinite has no fp8 kernel
+    return not bool(torch.isfinite(t).all())
+
+
 class ShardFileWriter:
     """Write a shard's rows in any order, as they are computed, straight into the final file layout.
 
@@ -146,10 +158,17 @@ class ShardFileWriter:
     land at their offsets with ``pwrite``. The file lives under a temporary name until
     ``close()``, which renames it into place; the result is read back with safetensors
     itself in the tests.
+
+    Every sample's states are checked for NaN/inf as they are written; ``close()`` refuses
+    the shard (``NonFiniteStates``, naming the sample ids and states) when any were found.
+    With ``fsync`` (the default) the file's bytes reach the disk before the rename and the
+    rename reaches it after, so a power loss leaves the old file or the new one whole.
     """
 
-    def __init__(self, path: str | os.PathLike, meta: ShardMeta, lengths: list[int], fsync: bool = False):
+    def __init__(self, path: str | os.PathLike, meta: ShardMeta, lengths: list[int], fsync: bool = True):
         self.fsync = fsync
+        self._nonfinite: dict[str, list[str]] = {}  # sample id -> names of states with NaN/inf
+        self._lock = threading.Lock()
         self.path = Path(path)
         self.meta = meta
         self.lengths = list(lengths)
@@ -195,6 +214,12 @@ class ShardFileWriter:
         if hidden.shape[0] != self.lengths[i] or last.shape[0] != self.lengths[i] or input_ids.shape[0] != self.lengths[i]:
             raise ValueError(f"{self.path}: sample {self.meta.sample_ids[i]} has {self.lengths[i]} tokens, got "
                              f"{hidden.shape[0]}/{last.shape[0]}/{input_ids.shape[0]} rows")
+        bad = [name for name, t in (("hidden_states", hidden), ("verifier_last_hidden_states", last),
+                                    ("hidden_states_scale", hidden_scale), ("verifier_last_hidden_states_scale", last_scale))
+               if t is not None and _nonfinite(t)]
+        if bad:
+            with self._lock:
+                self._nonfinite[self.meta.sample_ids[i]] = bad
         r = self.row_offsets[i]
         self._write("hidden_states", r, hidden)
         self._write("verifier_last_hidden_states", r, last)
@@ -206,17 +231,32 @@ class ShardFileWriter:
         self._done[i] = True
 
     def close(self) -> None:
-        """Check every sample was written and rename into place (atomic: a killed job leaves only
-        the temporary). With ``fsync`` the bytes reach the disk first (survives a power cut; costs
-        the disk's write time)."""
+        """Check every sample was written with finite states and rename into place (atomic: a
+        killed job leaves only the temporary). With ``fsync`` the bytes reach the disk first
+        (survives a power cut; costs the disk's write time).
+
+        Raises:
+            ValueError: a sample was never written.
+            NonFiniteStates: some sample's states hold NaN/inf (the ids and states are named;
+                nothing is left on disk).
+        """
         missing = [self.meta.sample_ids[i] for i, d in enumerate(self._done) if not d]
         if missing:
             self.abort()
             raise ValueError(f"{self.path}: samples never written: {missing[:5]}")
+        if self._nonfinite:
+            self.abort()
+            bad = sorted(self._nonfinite.items())
+            raise NonFiniteStates(
+                f"{self.path}: {len(bad)} sample(s) with NaN/inf hidden states, shard refused: "
+                + "; ".join(f"{sid} ({', '.join(names)})" for sid, names in bad[:20])
+                + (" ..." if len(bad) > 20 else ""))
         if self.fsync:
             os.fsync(self.fd)
         os.close(self.fd)
         os.replace(self.tmp, self.path)
+        if self.fsync:
+            fsync_path(self.path.parent)
 
     def abort(self) -> None:
         """Drop the temporary file."""
@@ -244,14 +284,16 @@ def write_shard(
     last_hidden_states: list[torch.Tensor],
     input_ids: list[torch.Tensor],
     loss_mask: list[torch.Tensor],
+    fsync: bool = True,
 ) -> None:
-    """Write one shard atomically from per-sample tensors.
+    """Write one shard atomically from per-sample tensors (``fsync``: see ``ShardFileWriter``).
 
     Per sample i: ``hidden_states[i]`` [T_i, A*H], ``last_hidden_states[i]`` [T_i, H]
     (cast or quantised to ``meta.dtype``), ``input_ids[i]`` [T_i] int, ``loss_mask[i]`` [T_i].
 
     Raises:
         ValueError: lengths or widths disagree (nothing is left on disk).
+        NonFiniteStates: a sample's states hold NaN/inf (nothing is left on disk).
     """
     n = len(meta.sample_ids)
     if not (len(hidden_states) == len(last_hidden_states) == len(input_ids) == len(loss_mask) == n):
@@ -264,7 +306,7 @@ def write_shard(
                 f"sample {meta.sample_ids[i]}: hidden {tuple(hidden_states[i].shape)} / last "
                 f"{tuple(last_hidden_states[i].shape)} do not fit T={T}, A={A}, H={H}"
             )
-    w = ShardFileWriter(path, meta, [x.shape[0] for x in input_ids])
+    w = ShardFileWriter(path, meta, [x.shape[0] for x in input_ids], fsync=fsync)
     try:
         for i in range(n):
             h, l, hs, ls = encode_states(hidden_states[i], last_hidden_states[i], meta)

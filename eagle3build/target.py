@@ -27,6 +27,47 @@ BUNDLED_TARGETS: dict[str, tuple[str, str]] = {
 }
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+# Files of a target directory that decide what the stages compute: the config, the
+# tokenizer and chat template, remote code, the weights and their index. Anything else
+# (a README, NOTES.md, .git, a cache folder) is not an input of any rule.
+_CONTENT_NAMES = frozenset({
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja",
+    "chat_template.json", "preprocessor_config.json", "processor_config.json",
+})
+_CONTENT_SUFFIXES = _WEIGHT_SUFFIXES + (".index.json", ".py", ".tiktoken")
+# The fingerprint samples this many evenly spaced blocks of this many bytes from each weight file.
+FINGERPRINT_BLOCKS = 64
+FINGERPRINT_BLOCK_BYTES = 64 * 1024
+
+
+def content_files(path: str | os.PathLike) -> list[str]:
+    """The files of target directory ``path`` that decide the build's outputs, sorted.
+
+    The config, tokenizer files and chat template, remote-code ``*.py``, and weight files
+    (``*.safetensors``, ``*.bin``, ``*.pt``, ``*.gguf``, ``*.index.json``) at the top
+    level. These, not the directory, are the rules' inputs: a new unrelated file in the
+    folder changes nothing. A missing directory gives ``[path/config.json]`` so that
+    Snakemake reports that file as the missing input.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return [os.fspath(path / "config.json")]
+    return sorted(os.fspath(f) for f in path.iterdir()
+                  if f.is_file() and (f.name in _CONTENT_NAMES or f.name.endswith(_CONTENT_SUFFIXES)))
+
+
+def _sampled_blocks(fh, start: int, end: int, h) -> None:
+    """Hash ``FINGERPRINT_BLOCKS`` blocks evenly spaced over bytes ``[start, end)`` of ``fh``."""
+    span = end - start
+    if span <= FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK_BYTES:
+        fh.seek(start)
+        h.update(fh.read(span))
+        return
+    step = (span - FINGERPRINT_BLOCK_BYTES) / (FINGERPRINT_BLOCKS - 1)
+    for k in range(FINGERPRINT_BLOCKS):
+        fh.seek(start + int(k * step))
+        h.update(fh.read(FINGERPRINT_BLOCK_BYTES))
 
 
 def bundled_gguf_path(name: str) -> Path:
@@ -66,12 +107,16 @@ def load_config(path: str | os.PathLike, trust_remote_code: bool = False):
 
 
 def fingerprint(path: str | os.PathLike) -> str:
-    """A cheap, content-based fingerprint of a target directory (16 hex chars).
+    """A content-based fingerprint of a target directory (16 hex chars), cheap enough for every build.
 
-    Hashes ``config.json`` and, for every weight file, its name, size and — for
-    safetensors — its header (tensor names, dtypes, shapes, offsets). It does not read
-    the weight bytes (a 1T-parameter target would take hours), so it detects a
-    different model, a re-quantisation or a re-shard, not a single flipped bit.
+    Hashes ``config.json``, the tokenizer files and chat template, and, for every weight
+    file, its name, size, its safetensors header (tensor names, dtypes, shapes, offsets)
+    and ``FINGERPRINT_BLOCKS`` blocks of ``FINGERPRINT_BLOCK_BYTES`` evenly spaced over
+    its bytes (first and last included): 4 MiB per weight file, whatever its size. A
+    different model, a re-quantisation, a re-shard, or weights rewritten in place with
+    other values of the same shapes (a fine-tune touches every block) change it; an edit
+    confined to bytes between the sampled blocks does not (reading every byte of a
+    600 GB target would take tens of minutes on each compat report).
 
     Raises:
         FileNotFoundError: ``path`` has no ``config.json``.
@@ -82,15 +127,22 @@ def fingerprint(path: str | os.PathLike) -> str:
     if not cfg.is_file():
         raise FileNotFoundError(f"target {path}: no config.json")
     h.update(json.dumps(json.loads(cfg.read_text()), sort_keys=True).encode())
-    for f in sorted(path.iterdir()):
-        if not f.name.endswith(_WEIGHT_SUFFIXES):
+    for f in map(Path, content_files(path)):
+        if f.name == "config.json":
             continue
         h.update(f.name.encode())
-        h.update(str(f.stat().st_size).encode())
-        if f.suffix == ".safetensors":
-            with open(f, "rb") as fh:
+        size = f.stat().st_size
+        h.update(str(size).encode())
+        if not f.name.endswith(_WEIGHT_SUFFIXES):
+            h.update(f.read_bytes())  # tokenizer, template, index, code: small
+            continue
+        with open(f, "rb") as fh:
+            data_start = 0
+            if f.suffix == ".safetensors":
                 (n,) = struct.unpack("<Q", fh.read(8))
                 h.update(fh.read(n))
+                data_start = 8 + n
+            _sampled_blocks(fh, data_start, size, h)
     return h.hexdigest()[:16]
 
 

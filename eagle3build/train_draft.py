@@ -36,6 +36,10 @@ from .shards import ShardReader, check_meta
 
 log = logging.getLogger(__name__)
 
+# Version of what this stage writes: bump it when a change alters the output bytes (the
+# rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
+OUTPUT_VERSION = 1
+
 # Head flags of the two EAGLE-3 variants (speculators' Eagle3SpeculatorConfig fields).
 HEAD_VARIANTS = {
     # Li et al. 2025: fc over the raw concatenated aux states, residual after the hidden norm.

@@ -4,10 +4,12 @@ rule benchmark:
         head_config=f"{RES}/head/config.json",
         prompts=f"{RES}/data/prompts.jsonl",
         custom_prompts=custom_prompts_input,
-        target=TARGET,
+        target=TARGET_FILES,
     output:
         report(f"{RES}/benchmark.json", category="4. Benchmark"),
     params:
+        target_dir=target_dir,
+        version=stage_version("benchmark"),
         head_dir=lambda w, input: os.path.dirname(input.head),
         settings=canonical(config["benchmark"]),
         served_name=config["target"]["served_name"],

@@ -1,7 +1,7 @@
 rule build_vocab_map:
     input:
         tokens=f"{RES}/data/train.safetensors",
-        compat=f"{RES}/compat.json",
+        decisions=DECISIONS,
     output:
         d2t=f"{RES}/vocab/d2t.npy",
         t2d=f"{RES}/vocab/t2d.npy",
@@ -9,6 +9,7 @@ rule build_vocab_map:
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         num_samples=config["capture"]["num_train_samples"],
+        version=stage_version("build_vocab_map"),
     log:
         f"{LOGS}/build_vocab_map.log",
     conda:

@@ -1,15 +1,17 @@
 rule capture_hidden_states:
     input:
-        compat=f"{RES}/compat.json",
+        decisions=DECISIONS,
         tokens=f"{RES}/data/{{split}}.safetensors",
-        target=TARGET,
+        target=TARGET_FILES,
     output:
         f"{RES}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
     params:
         start=shard_start,
         num_samples=shard_count,
-        aux_layer_ids=config["capture"]["aux_layer_ids"],
-        backend=config["capture"]["backend"],
+        aux_layer_ids=REQUESTED["aux_layer_ids"],
+        backend=REQUESTED["backend"],
+        target_dir=target_dir,
+        version=stage_version("capture_hidden_states"),
         storage_dtype=config["capture"]["storage_dtype"],
         tokens_per_batch=config["capture"]["tokens_per_batch"],
         compute_dtype=config["target"]["dtype"],

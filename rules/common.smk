@@ -1,6 +1,11 @@
 # Paths, shard arithmetic and input functions shared by all rules.
 import math
 import os
+import sys
+
+sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
+from eagle3build import staleness
+from eagle3build.target import content_files
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -9,6 +14,44 @@ BENCH = f"{RES}/benchmarks"
 
 # The target: a user's HF directory, or a bundled GGUF materialised under resources/.
 TARGET = config["target"]["path"] or f"resources/targets/{config['target']['bundled']}"
+# Its content, not the folder, is what rules take as input: config, tokenizer files, chat
+# template, remote code and weight files (eagle3build.target.content_files). A new unrelated
+# file in the folder changes nothing; weights rewritten in place are newer than every output.
+# A bundled target's files are the outputs of materialize_target.
+TARGET_FILES = (
+    content_files(TARGET)
+    if config["target"]["path"]
+    else [f"{TARGET}/{f}" for f in staleness.MATERIALIZED_FILES]
+)
+
+
+def target_dir(wildcards, input):
+    """The target's folder, for the adapters (from the input files: the lint's advice for
+    executors without a shared filesystem)."""
+    return os.path.dirname(input.target[0])
+
+
+# What the compat report decided (backend, aux ids, head variant, target summary), apart
+# from its diagnostics (compat.json: timings, free disk, warnings; compat.md is rendered
+# from it by its own job). Stages read only this file, which a report with the same
+# decisions rewrites byte for byte: Snakemake skips an input that is newer than the outputs
+# but has the checksum it recorded, so a report rebuilt on its own replans nothing below it.
+# Settings that may be `auto` reach the params as REQUESTED: writing down what `auto` chose
+# is no change (eagle3build.staleness.canonical_request). Not ancient(): Snakemake 9 then
+# never checks the jobs below a re-running report, and a changed setting would go unplanned.
+DECISIONS = f"{RES}/decisions.json"
+_RECORDED_DECISIONS = staleness.read_decisions(DECISIONS)
+REQUESTED = {
+    key: staleness.canonical_request(config["capture"][cfg_key], _RECORDED_DECISIONS, key)
+    for key, cfg_key in (("aux_layer_ids", "aux_layer_ids"), ("backend", "backend"))
+}
+
+
+def stage_version(stage):
+    """A rule's `version` param: its module's OUTPUT_VERSION and the installed versions of the
+    packages that shape its output (staleness.STAGE_PACKAGES; left out when the config's
+    staleness.track_package_versions is false)."""
+    return staleness.stage_version(stage, config["staleness"]["track_package_versions"])
 
 # One file target per shard: shard i of a split holds samples [i*S, min((i+1)*S, N)).
 # A shard's params depend only on its own range, so raising N adds shards and

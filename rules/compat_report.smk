@@ -1,13 +1,17 @@
 rule compat_report:
     input:
-        target=TARGET,
+        target=TARGET_FILES,
     output:
+        decisions=DECISIONS,
         json=f"{RES}/compat.json",
-        md=report(f"{RES}/compat.md", category="1. Compatibility"),
     params:
+        target_dir=target_dir,
         results_dir=lambda w, output: os.path.dirname(output.json),
-        backend=config["capture"]["backend"],
-        aux_layer_ids=config["capture"]["aux_layer_ids"],
+        # as requested, with a pinned value equal to what `auto` chose reading `auto`
+        # (the adapter passes the config's own value)
+        backend=REQUESTED["backend"],
+        aux_layer_ids=REQUESTED["aux_layer_ids"],
+        version=stage_version("compat_report"),
         storage_dtype=config["capture"]["storage_dtype"],
         trust_remote_code=config["target"]["trust_remote_code"],
     log:
@@ -16,3 +20,20 @@ rule compat_report:
         "../envs/eagle3build.yaml"
     script:
         "../scripts/compat_report.py"
+
+
+# compat.md is rendered from compat.json by its own job: a missing compat.md is brought back
+# without re-running the report (and, behind it, every job that reads the decisions).
+rule compat_markdown:
+    input:
+        json=f"{RES}/compat.json",
+    output:
+        md=report(f"{RES}/compat.md", category="1. Compatibility"),
+    params:
+        version=stage_version("compat_report"),
+    log:
+        f"{LOGS}/compat_markdown.log",
+    conda:
+        "../envs/eagle3build.yaml"
+    script:
+        "../scripts/compat_markdown.py"

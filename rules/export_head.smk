@@ -4,7 +4,7 @@ rule export_head:
         d2t=f"{RES}/vocab/d2t.npy",
         t2d=f"{RES}/vocab/t2d.npy",
         vocab=f"{RES}/vocab/vocab.json",
-        target=TARGET,
+        target=TARGET_FILES,
     output:
         config=f"{RES}/head/config.json",
         weights=f"{RES}/head/model.safetensors",
@@ -14,6 +14,8 @@ rule export_head:
         out_dir=lambda w, output: os.path.dirname(output.config),
         served_name=config["target"]["served_name"],
         dtype=config["export"]["dtype"],
+        target_dir=target_dir,
+        version=stage_version("export_head"),
         vllm_load_check=config["export"]["vllm_load_check"],
         pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
     log:

@@ -1,6 +1,10 @@
 rule materialize_target:
     output:
-        directory("resources/targets/{name}"),
+        # the files, not the folder: rules take the target's files as input (rules/common.smk)
+        expand("resources/targets/{{name}}/{file}", file=staleness.MATERIALIZED_FILES),
+    params:
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        version=stage_version("materialize_target"),
     log:
         "logs/materialize_target/{name}.log",
     threads: config["resources"]["materialize"]["threads"]

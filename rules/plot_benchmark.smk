@@ -7,6 +7,8 @@ rule plot_benchmark:
             category="4. Benchmark",
             caption="../report/benchmark.rst",
         ),
+    params:
+        version=stage_version("plot_benchmark"),
     log:
         f"{LOGS}/plot_benchmark.log",
     conda:

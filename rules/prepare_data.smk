@@ -1,6 +1,6 @@
 rule prepare_data:
     input:
-        target=TARGET,
+        target=TARGET_FILES,
         regenerated=regenerated_input,
     output:
         train=f"{RES}/data/train.safetensors",
@@ -8,6 +8,8 @@ rule prepare_data:
         prompts=f"{RES}/data/prompts.jsonl",
         report=report(f"{RES}/data/data_report.json", category="2. Data", caption="../report/data.rst"),
     params:
+        target_dir=target_dir,
+        version=stage_version("prepare_data"),
         sources=data_sources(),
         max_seq_len=config["data"]["max_seq_len"],
         min_supervised_tokens=config["data"]["min_supervised_tokens"],

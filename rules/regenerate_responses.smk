@@ -1,10 +1,12 @@
 rule regenerate_responses:
     input:
-        target=TARGET,
+        target=TARGET_FILES,
     output:
         jsonl=REGENERATED,
         report=report(f"{RES}/data/regenerate_report.json", category="2. Data"),
     params:
+        target_dir=target_dir,
+        version=stage_version("regenerate_responses"),
         sources=canonical(config["data"]["sources"]),
         max_seq_len=config["data"]["max_seq_len"],
         max_tokens=config["data"]["regenerate"]["max_tokens"],

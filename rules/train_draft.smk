@@ -1,12 +1,12 @@
 rule train_draft:
     input:
-        compat=f"{RES}/compat.json",
+        decisions=DECISIONS,
         train=shard_files("train"),
         eval=shard_files("eval"),
         d2t=f"{RES}/vocab/d2t.npy",
         t2d=f"{RES}/vocab/t2d.npy",
         vocab=f"{RES}/vocab/vocab.json",
-        target=TARGET,
+        target=TARGET_FILES,
     output:
         config=f"{RES}/checkpoint/config.json",
         weights=f"{RES}/checkpoint/model.safetensors",
@@ -16,7 +16,9 @@ rule train_draft:
     params:
         out_dir=lambda w, output: os.path.dirname(output.config),
         train=canonical(config["train"]),
-        aux_layer_ids=config["capture"]["aux_layer_ids"],
+        aux_layer_ids=REQUESTED["aux_layer_ids"],
+        target_dir=target_dir,
+        version=stage_version("train_draft"),
         trust_remote_code=config["target"]["trust_remote_code"],
     log:
         f"{LOGS}/train_draft.log",

@@ -5,7 +5,7 @@ from eagle3build.job import setup
 setup(snakemake)
 s = snakemake.params.settings
 benchmark(
-    target_dir=snakemake.input.target,
+    target_dir=snakemake.params.target_dir,
     head_dir=snakemake.params.head_dir,
     prompts_path=snakemake.input.prompts,
     out_json=snakemake.output[0],

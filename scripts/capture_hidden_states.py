@@ -5,18 +5,18 @@ from eagle3build.capture_hidden_states import capture_shard
 from eagle3build.job import setup
 
 setup(snakemake)
-compat = json.load(open(snakemake.input.compat))
+decisions = json.load(open(snakemake.input.decisions))
 p = snakemake.params
 capture_shard(
-    target_dir=snakemake.input.target,
+    target_dir=p.target_dir,
     tokens_path=snakemake.input.tokens,
     out_path=snakemake.output[0],
     start=p.start,
     count=p.num_samples,
-    aux_layer_ids=compat["capture"]["aux_layer_ids"],
-    target_fingerprint=compat["target"]["fingerprint"],
+    aux_layer_ids=decisions["capture"]["aux_layer_ids"],
+    target_fingerprint=decisions["target"]["fingerprint"],
     split=snakemake.wildcards.split,
-    backend=compat["capture"]["backend"],
+    backend=decisions["capture"]["backend"],
     device="cuda" if snakemake.resources.gpu > 0 else "cpu",
     compute_dtype=p.compute_dtype,
     storage_dtype=p.storage_dtype,

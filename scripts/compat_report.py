@@ -10,10 +10,11 @@ p = snakemake.params
 cfg = snakemake.config
 cap, res = cfg["capture"], cfg["resources"]
 report = compat_report.build_report(
-    target_dir=snakemake.input.target,
+    target_dir=p.target_dir,
     results_dir=p.results_dir,
-    backend=p.backend,
-    aux_layer_ids=p.aux_layer_ids,
+    # the config's own values: params carry them canonicalised (rules/common.smk, REQUESTED)
+    backend=cap["backend"],
+    aux_layer_ids=cap["aux_layer_ids"],
     storage_dtype=p.storage_dtype,
     trust_remote_code=p.trust_remote_code,
     # upper bound of captured tokens
@@ -22,4 +23,5 @@ report = compat_report.build_report(
     gpus_per_node=res["gpus_per_node"],
     job_gpus={"capture": res["capture"]["gpu"], "serve": res["serve"]["gpu"]},
 )
-compat_report.write(report, snakemake.output.json, snakemake.output.md)
+compat_report.write(report, snakemake.output.json)
+compat_report.write_decisions(report, snakemake.output.decisions)

@@ -10,7 +10,7 @@ export(
     vocab_json=snakemake.input.vocab,
     out_dir=snakemake.params.out_dir,
     served_name=snakemake.params.served_name,
-    target_dir=snakemake.input.target,
+    target_dir=snakemake.params.target_dir,
     dtype=snakemake.params.dtype,
     vllm_load_check=snakemake.params.vllm_load_check,
     gpus=snakemake.resources.gpu,

@@ -3,4 +3,4 @@ from eagle3build.job import setup
 from eagle3build.materialize_target import materialize
 
 setup(snakemake)
-materialize(snakemake.wildcards.name, snakemake.output[0])
+materialize(snakemake.wildcards.name, snakemake.params.out_dir)

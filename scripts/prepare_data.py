@@ -7,7 +7,7 @@ p = snakemake.params
 out = snakemake.output
 prepare(
     sources=p.sources,
-    target_dir=snakemake.input.target,
+    target_dir=p.target_dir,
     out_train=out.train,
     out_eval=out.eval,
     out_prompts=out.prompts,

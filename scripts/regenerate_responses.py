@@ -6,7 +6,7 @@ setup(snakemake)
 p = snakemake.params
 regenerate(
     sources=p.sources,
-    target_dir=snakemake.input.target,
+    target_dir=p.target_dir,
     out_jsonl=snakemake.output.jsonl,
     out_report=snakemake.output.report,
     max_seq_len=p.max_seq_len,

@@ -7,13 +7,13 @@ setup(snakemake)
 i = snakemake.input
 gpus = snakemake.resources.gpu
 kwargs = dict(
-    target_dir=i.target,
+    target_dir=snakemake.params.target_dir,
     train_shards=list(i.train),
     eval_shards=list(i.eval),
     d2t_path=i.d2t,
     t2d_path=i.t2d,
     vocab_json=i.vocab,
-    compat_json=i.compat,
+    compat_json=i.decisions,  # the decisions: target fingerprint, aux ids, head variant
     out_dir=snakemake.params.out_dir,
     device="cuda" if gpus > 0 else "cpu",
     trust_remote_code=snakemake.params.trust_remote_code,

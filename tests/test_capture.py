@@ -149,6 +149,62 @@ def test_unfinished_shard_is_never_accepted(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_nonfinite_states_are_refused_naming_samples(tmp_path, dtype):
+    """A NaN in one sample's aux states and an inf in another's last state: the shard is refused,
+    the message names both sample ids and which state, and nothing is left on disk."""
+    from eagle3build.shards import NonFiniteStates
+
+    meta = ShardMeta("fp", [1, 2], dtype, 8, ["ok-0", "nan-1", "inf-2", "ok-3"], "train")
+    hs = [torch.randn(3, 16) for _ in range(4)]
+    last = [torch.randn(3, 8) for _ in range(4)]
+    hs[1][2, 5] = float("nan")
+    last[2][0, 0] = float("inf")
+    args = ([torch.arange(3)] * 4, [torch.ones(3)] * 4)
+    with pytest.raises(NonFiniteStates) as e:
+        write_shard(tmp_path / "s.safetensors", meta, hs, last, *args)
+    msg = str(e.value)
+    assert "2 sample(s)" in msg and "nan-1 (hidden_states" in msg and "inf-2 (" in msg and "verifier_last" in msg
+    assert "ok-0" not in msg and "ok-3" not in msg
+    assert list(tmp_path.iterdir()) == []
+    hs[1][2, 5], last[2][0, 0] = 0.0, 0.0  # finite again: written
+    write_shard(tmp_path / "s.safetensors", meta, hs, last, *args)
+    assert len(ShardReader(tmp_path / "s.safetensors")) == 4
+
+
+def test_shard_is_fsynced_before_rename_by_default(tmp_path, monkeypatch):
+    """The file's bytes are fsynced before the rename onto the real name, and the directory after it."""
+    import os as os_
+
+    events = []
+    real_fsync, real_replace = os_.fsync, os_.replace
+    monkeypatch.setattr(os_, "fsync", lambda fd: (events.append(("fsync", os_.readlink(f"/proc/self/fd/{fd}"))),
+                                                  real_fsync(fd))[1])
+    monkeypatch.setattr(os_, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
+    meta = ShardMeta("fp", [0], "bfloat16", 4, ["x"], "train")
+    out = tmp_path / "s.safetensors"
+    write_shard(out, meta, [torch.zeros(2, 4)], [torch.zeros(2, 4)], [torch.zeros(2, dtype=torch.long)], [torch.ones(2)])
+    assert [e[0] for e in events] == ["fsync", "replace", "fsync"]
+    assert ".s.safetensors.tmp-" in events[0][1] and events[1][1] == str(out) and events[2][1] == str(tmp_path)
+    events.clear()
+    write_shard(out, meta, [torch.zeros(2, 4)], [torch.zeros(2, 4)], [torch.zeros(2, dtype=torch.long)], [torch.ones(2)],
+                fsync=False)
+    assert events == [("replace", str(out))]
+
+
+def test_atomic_json_is_fsynced_before_rename(tmp_path, monkeypatch):
+    import os as os_
+
+    from eagle3build.atomic import write_json
+
+    events = []
+    real_fsync, real_replace = os_.fsync, os_.replace
+    monkeypatch.setattr(os_, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os_, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    write_json(tmp_path / "a.json", {"x": 1})
+    assert events == ["fsync", "replace", "fsync"] and (tmp_path / "a.json").read_text() == '{\n  "x": 1\n}\n'
+
+
 @pytest.mark.parametrize("family", ["deepseek_v3_moe", "llava_wrapper"])
 def test_capture_moe_and_multimodal_targets(tmp_path, family):
     """Tiny random MoE and multimodal-wrapper targets: hooks equal the text model's own hidden states."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -157,3 +158,44 @@ def test_prefix_tokenization_equals_full_tokenization(smol_target, sharegpt_samp
         assert truncated == (len(enc["input_ids"]) > 64)
         n_truncated += truncated
     assert n_truncated > len(convs) // 2
+
+
+def test_template_that_raises_is_a_counted_skip(tmp_path, smol_target, sharegpt_sample):
+    """A chat template that raises on a system turn (as many do) skips that record, counted with the
+    template's message in the data report; the other records of the batch are kept."""
+    from transformers import AutoTokenizer
+
+    target = tmp_path / "target"
+    target.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (smol_target / f).exists():
+            shutil.copy(smol_target / f, target / f)
+    tok = AutoTokenizer.from_pretrained(smol_target)
+    refuse = ("{%- for m in messages %}{%- if m['role'] == 'system' %}"
+              "{{ raise_exception('System role not supported') }}{%- endif %}{%- endfor %}")
+    tok.chat_template = refuse + tok.chat_template
+    tok.save_pretrained(target)
+    recs = json.loads(sharegpt_sample.read_text())[:12]
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(recs))
+    out = {k: tmp_path / f for k, f in dict(train="train.safetensors", eval="eval.safetensors",
+                                            prompts="prompts.jsonl", report="report.json").items()}
+
+    def run(path, tgt):
+        rep = pd.prepare([{"path": str(path), "max_samples": None}], tgt, out["train"], out["eval"], out["prompts"],
+                         out["report"], max_seq_len=128, min_supervised_tokens=1, eval_fraction=0.25, seed=0)
+        return rep, set(pd.read_tokens(out["train"]).sample_ids) | set(pd.read_tokens(out["eval"]).sample_ids)
+
+    base, base_ids = run(plain, smol_target)
+    with_system = [i for i, r in enumerate(recs) if str(r.get("id")) in base_ids][1:3]  # two records kept normally
+    for i in with_system:
+        recs[i]["conversations"] = [{"from": "system", "value": "Be brief."}] + recs[i]["conversations"]
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(recs))
+    rep, ids = run(data, target)
+    assert rep["skipped"].get("template_error") == 2
+    assert ids == base_ids - {str(recs[i]["id"]) for i in with_system}
+    written = json.loads(out["report"].read_text())
+    ex = written["skip_examples"]["template_error"]
+    assert sorted(e["index"] for e in ex) == sorted(with_system)
+    assert all("System role not supported" in e["detail"] for e in ex)

@@ -21,8 +21,9 @@ PARTITION = "e3test"
 RUN = "results/reduced"
 # What a job's files need before it can be submitted on its own (empty stand-ins, oldest first).
 UPSTREAM = [
-    "resources/targets/smollm2-135m-instruct/config.json",
-    f"{RUN}/compat.json", f"{RUN}/compat.md",
+    *(f"resources/targets/smollm2-135m-instruct/{f}" for f in ("chat_template.jinja", "config.json",
+      "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")),
+    f"{RUN}/decisions.json", f"{RUN}/compat.json", f"{RUN}/compat.md",
     f"{RUN}/data/train.safetensors", f"{RUN}/data/eval.safetensors", f"{RUN}/data/prompts.jsonl",
     f"{RUN}/data/data_report.json",
     f"{RUN}/hidden_states/train/shard-00000.safetensors", f"{RUN}/hidden_states/train/shard-00001.safetensors",

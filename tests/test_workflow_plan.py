@@ -11,6 +11,7 @@ from smk import REPO, planned_jobs, run, write_config
 FULL_PLAN = {
     "materialize_target": 1,
     "compat_report": 1,
+    "compat_markdown": 1,
     "prepare_data": 1,
     "capture_hidden_states": 3,  # 128 train samples / 64 per shard = 2, plus 1 eval shard
     "build_vocab_map": 1,

