@@ -80,11 +80,12 @@ def collect(sources: list[dict]) -> tuple[list[Conversation], Counters, list[Sou
     return convs, counters, stats_all
 
 
-def choose_backend(requested: str) -> dict:
+def choose_backend(requested: str, needed_by: str = "regenerate_responses") -> dict:
     """``{"used", "requested", "reason"}``: the backend this job runs.
 
     ``auto``: ``vllm`` where vLLM imports here (``vllm_engine.require_vllm``), else ``transformers``
-    with the import error as the reason. ``vllm`` forced where it does not import fails at once.
+    with the import error as the reason. ``vllm`` forced where it does not import fails at once,
+    naming ``needed_by`` (the regenerated file).
 
     Raises:
         ValueError: an unknown backend name.
@@ -95,7 +96,7 @@ def choose_backend(requested: str) -> dict:
     if requested == "transformers":
         return {"used": "transformers", "requested": requested, "reason": "data.regenerate.backend: transformers"}
     try:
-        version = vllm_engine.require_vllm(needed_by="regenerate_responses (data.regenerate.backend: vllm)")
+        version = vllm_engine.require_vllm(needed_by=f"{needed_by} (data.regenerate.backend: vllm)")
     except vllm_engine.VLLMUnavailable as e:
         if requested == "vllm":
             raise
@@ -138,7 +139,7 @@ def regenerate(
         DataError: no conversation in the sources.
         RuntimeError: the vLLM child failed.
     """
-    choice = choose_backend(backend)
+    choice = choose_backend(backend, needed_by=os.fspath(out_jsonl))
     log.info("regeneration backend: %s (%s)", choice["used"], choice["reason"])
     t0 = time.perf_counter()
     convs, counters, stats = collect(sources)

@@ -100,9 +100,13 @@ def test_serving_stages_fail_at_once_naming_vllm_and_the_target(no_vllm, tmp_pat
         benchmark.benchmark(str(tmp_path), str(tmp_path / "nohead"), str(tmp_path / "missing.jsonl"), str(out), [3], 8,
                             16, "auto", "org/m")
     regen = tmp_path / "results/r/data/regenerated.jsonl"
-    with pytest.raises(vllm_engine.VLLMUnavailable, match=rf"{regen} needs the Python package 'vllm'"):
+    with pytest.raises(vllm_engine.VLLMUnavailable,
+                       match=rf"{regen} \(data.regenerate.backend: vllm\) needs the Python package 'vllm'"):
         regenerate_responses.regenerate([{"path": str(tmp_path / "missing.json"), "max_samples": None}], str(tmp_path),
-                                        regen, tmp_path / "report.json", 128, 16, "org/m")
+                                        regen, tmp_path / "report.json", 128, 16, "org/m", backend="vllm")
+    # auto: regeneration has a transformers backend for nodes without vLLM (issue 15), and says why
+    choice = regenerate_responses.choose_backend("auto", needed_by=str(regen))
+    assert choice["used"] == "transformers" and "import of vllm halted" in choice["reason"]
     with pytest.raises(vllm_engine.VLLMUnavailable, match=r"head \(export.vllm_load_check: always\) needs.*'vllm'"):
         ex.export(tmp_path / "nock", "d2t", "t2d", "vocab", tmp_path / "head", "org/m", str(tmp_path),
                   vllm_load_check="always")
