@@ -180,21 +180,34 @@ def test_more_samples_add_only_new_shards(built, tmp_path):
 
 
 DOWNSTREAM_OF_TRAIN = {"train_draft": 1, "export_head": 1, "benchmark": 1, "plot_benchmark": 1, "all": 1}
-FROM_SHARDS_ON = {"capture_hidden_states": 3, "build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN}
+CAPTURE_ON = {"capture_hidden_states": 3, **DOWNSTREAM_OF_TRAIN}
+FROM_SHARDS_ON = {"build_vocab_map": 1, **CAPTURE_ON}
+# Every job that reads the target's files, and what follows them.
+COMPAT = {"compat_report": 1, "compat_markdown": 1}  # compat.md is rendered from a new compat.json
+FROM_TARGET_ON = {**COMPAT, "prepare_data": 1, **FROM_SHARDS_ON}
+BUNDLED_DIR = "resources/targets/smollm2-135m-instruct"
 
 # (what changes, {section: {key: value}} over tests/reduced.yaml, the jobs a dry-run must plan)
 RERUN_MATRIX = [
     ("training hyperparameter", {"train": {"lr": 0.001}}, DOWNSTREAM_OF_TRAIN),
     ("draft vocab size", {"vocab": {"draft_vocab_size": 1024}}, {"build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN}),
-    ("aux layer ids", {"capture": {"aux_layer_ids": [3, 15, 27]}}, {"compat_report": 1, **FROM_SHARDS_ON}),
+    ("aux layer ids", {"capture": {"aux_layer_ids": [3, 15, 27]}}, {**COMPAT, **FROM_SHARDS_ON}),
     ("max_seq_len", {"data": {"max_seq_len": 96}}, {"prepare_data": 1, **FROM_SHARDS_ON}),
-    ("the target", {"target": {"path": "OTHER_TARGET"}}, {"compat_report": 1, "prepare_data": 1, **FROM_SHARDS_ON}),
+    ("the target", {"target": {"path": "OTHER_TARGET"}}, FROM_TARGET_ON),
     ("benchmark settings", {"benchmark": {"max_tokens": 16}}, {"benchmark": 1, "plot_benchmark": 1, "all": 1}),
     ("more samples", {"capture": {"num_train_samples": 24}},
      {"capture_hidden_states": 1, "build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN}),
     ("response regeneration", {"data": {"regenerate": {"enabled": True, "max_tokens": 32, "backend": "auto", "batch_size": 8}}},
      {"regenerate_responses": 1, "prepare_data": 1, **FROM_SHARDS_ON}),
     ("resources only", {"resources": {"train": {"gpu": 0, "threads": 1, "mem_mb": 4000, "runtime": 30}}}, {}),
+    # No-op changes: writing down what `auto` chose (compat.json: [2, 15, 27], hooks) plans nothing.
+    ("pinned auto aux ids", {"capture": {"aux_layer_ids": [2, 15, 27]}}, {}),
+    ("pinned auto backend", {"capture": {"backend": "hooks"}}, {}),
+    ("pinned auto aux ids and backend", {"capture": {"aux_layer_ids": [2, 15, 27], "backend": "hooks"}}, {}),
+    # The bundled folder named as a user's target directory: the same files, so the same inputs.
+    ("bundled target named as a path", {"target": {"path": BUNDLED_DIR}}, {}),
+    ("ignore package versions", {"staleness": {"track_package_versions": False}},
+     {"prepare_data": 1, **FROM_SHARDS_ON}),
 ]
 
 
@@ -202,29 +215,143 @@ RERUN_MATRIX = [
 def test_rerun_matrix(built, tmp_path, what, change, expected):
     """A changed knob plans exactly its downstream jobs: no more (days of GPU time), no less (a stale head)."""
     wd, res = built
+    assert planned_jobs(["--configfile", str(_changed_config(wd, tmp_path, change))], wd) == expected
+
+
+def _changed_config(wd, tmp_path, change):
     cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
     for section, values in change.items():
         cfg[section] = {**cfg.get(section, {}), **values}
     if cfg.get("target", {}).get("path") == "OTHER_TARGET":  # the same weights under another path: another target
-        (tmp_path / "other").symlink_to(wd / "resources/targets/smollm2-135m-instruct", target_is_directory=True)
+        (tmp_path / "other").symlink_to(wd / BUNDLED_DIR, target_is_directory=True)
         cfg["target"]["path"] = str(tmp_path / "other")
     (tmp_path / "changed.yaml").write_text(yaml.safe_dump(cfg))
-    assert planned_jobs(["--configfile", str(tmp_path / "changed.yaml")], wd) == expected
+    return tmp_path / "changed.yaml"
 
 
-def test_edited_script_reruns_its_stage_and_downstream(built, tmp_path):
-    """Editing one stage's script (its mtime) reruns that stage and what follows; a copy of the
-    workflow with preserved mtimes stands in for the checkout."""
+def test_unrelated_file_in_target_dir_plans_nothing(built, tmp_path):
+    """The target is its files, not its folder: a NOTES.md (or a new folder) in it plans nothing."""
     wd, _ = built
+    cfg = _changed_config(wd, tmp_path, {"target": {"path": BUNDLED_DIR}})
+    notes, sub = wd / BUNDLED_DIR / "NOTES.md", wd / BUNDLED_DIR / "eval-logs"
+    try:
+        notes.write_text("my notes\n")
+        sub.mkdir()
+        (sub / "x.txt").write_text("x")
+        assert planned_jobs(["--configfile", str(cfg)], wd) == {}
+    finally:
+        notes.unlink(missing_ok=True)
+        shutil.rmtree(sub, ignore_errors=True)
+
+
+def test_rewritten_weights_change_fingerprint_and_replan(built, tmp_path):
+    """Weights rewritten in place with other values of the same shapes (header and size unchanged):
+    the fingerprint changes and the compat report and every job reading the target are planned.
+    Put back (bytes and times), nothing is."""
+    from eagle3build.target import FINGERPRINT_BLOCK_BYTES, fingerprint
+
+    wd, _ = built
+    weights = wd / BUNDLED_DIR / "model.safetensors"
+    st = weights.stat()
+    before = fingerprint(wd / BUNDLED_DIR)
+    with open(weights, "r+b") as f:  # the last sampled block: the file's last bytes
+        f.seek(st.st_size - FINGERPRINT_BLOCK_BYTES)
+        original = f.read(FINGERPRINT_BLOCK_BYTES)
+        f.seek(st.st_size - FINGERPRINT_BLOCK_BYTES)
+        f.write(bytes(b ^ 0x01 for b in original))  # bf16 low mantissa bits: other values, same shapes
+    try:
+        assert weights.stat().st_size == st.st_size
+        assert fingerprint(wd / BUNDLED_DIR) != before
+        assert planned_jobs(["--configfile", str(REPO / "tests/reduced.yaml")], wd) == FROM_TARGET_ON
+    finally:
+        with open(weights, "r+b") as f:
+            f.seek(st.st_size - FINGERPRINT_BLOCK_BYTES)
+            f.write(original)
+        os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert fingerprint(wd / BUNDLED_DIR) == before
+    assert planned_jobs(["--configfile", str(REPO / "tests/reduced.yaml")], wd) == {}
+
+
+def test_compat_report_rebuilt_with_same_decisions_replans_nothing(built):
+    """A missing compat.md is brought back alone. The compat report rebuilt on its own writes new
+    diagnostics (probe seconds, free disk) and a byte-identical decisions.json, and plans nothing
+    below it but compat.md."""
+    wd, res = built
+    args = ["--configfile", str(REPO / "tests/reduced.yaml")]
+    md_only = {"compat_markdown": 1, "all": 1}
+    (res / "compat.md").unlink()
+    assert planned_jobs(args, wd) == md_only
+    p = run(args, wd, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert set(re.findall(r"^(?:local)?rule (\w+):", p.stdout + p.stderr, re.M)) == {"compat_markdown", "all"}
+    assert "backend: **hooks**" in (res / "compat.md").read_text()
+    assert planned_jobs(args, wd) == {}
+
+    decisions = (res / "decisions.json").read_bytes()
+    diagnostics = json.loads((res / "compat.json").read_text())
+    p = run([*args, "--forcerun", "compat_report", "--until", "compat_report"], wd, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert set(re.findall(r"^(?:local)?rule (\w+):", p.stdout + p.stderr, re.M)) == {"compat_report"}
+    rebuilt = json.loads((res / "compat.json").read_text())
+    assert [rebuilt["probes"][k]["seconds"] for k in sorted(rebuilt["probes"])] != \
+        [diagnostics["probes"][k]["seconds"] for k in sorted(diagnostics["probes"])]  # a new report
+    assert (res / "decisions.json").read_bytes() == decisions  # the same decisions, byte for byte
+    assert planned_jobs(args, wd) == md_only  # no shard, no vocab, no training
+    assert run(args, wd, timeout=600).returncode == 0  # compat.md from the new report: all up to date again
+    assert planned_jobs(args, wd) == {}
+
+
+def _workflow_copy(tmp_path):
+    """A copy of the workflow (Snakefile, rules, adapters, the eagle3build package) with preserved
+    mtimes, standing in for a checkout."""
     wf = tmp_path / "wf"
     wf.mkdir()
-    for part in ("Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "profiles"):
+    for part in ("Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "profiles", "eagle3build"):
         src = REPO / part
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, wf / part)
+    return wf
+
+
+def test_edited_adapter_rebuilds_nothing(built, tmp_path):
+    """Touching or editing an adapter under scripts/ (a comment, a fresh checkout's mtimes) plans
+    nothing: what a stage computes is versioned by its module's OUTPUT_VERSION, not by file times."""
+    wd, _ = built
+    wf = _workflow_copy(tmp_path)
     args = ["-s", str(wf / "Snakefile"), "--configfile", str(REPO / "tests/reduced.yaml")]
     assert planned_jobs(args, wd) == {}
-    (wf / "scripts/train_draft.py").touch()
-    assert planned_jobs(args, wd) == DOWNSTREAM_OF_TRAIN
+    for script in (wf / "scripts").glob("*.py"):
+        script.write_text(script.read_text() + "# a comment\n")
+    (wf / "eagle3build/train_draft.py").touch()
+    assert planned_jobs(args, wd) == {}
+
+
+def test_output_version_bump_rebuilds_its_stage_and_downstream(built, tmp_path):
+    """A stage whose output bytes change bumps OUTPUT_VERSION: that plans exactly it and what follows."""
+    wd, _ = built
+    wf = _workflow_copy(tmp_path)
+    args = ["-s", str(wf / "Snakefile"), "--configfile", str(REPO / "tests/reduced.yaml")]
+    for stage, expected in (("train_draft", DOWNSTREAM_OF_TRAIN), ("capture_hidden_states", CAPTURE_ON),
+                            ("build_vocab_map", {"build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN})):
+        mod = wf / f"eagle3build/{stage}.py"
+        text = mod.read_text()
+        mod.write_text(text.replace("\nOUTPUT_VERSION = 1\n", "\nOUTPUT_VERSION = 2\n"))
+        assert planned_jobs(args, wd) == expected, stage
+        mod.write_text(text)
+
+
+def test_library_upgrade_rebuilds_the_stages_it_shapes(built, tmp_path, monkeypatch):
+    """A torch upgrade (a torch-99.0 distribution first on the path) plans capture, training and
+    what follows; with staleness.track_package_versions false the upgrade is not a change."""
+    wd, _ = built
+    fake = tmp_path / "site"
+    (fake / "torch-99.0.dist-info").mkdir(parents=True)
+    (fake / "torch-99.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 99.0\n")
+    args = ["--configfile", str(REPO / "tests/reduced.yaml")]
+    off = _changed_config(wd, tmp_path, {"staleness": {"track_package_versions": False}})
+    plan_off = planned_jobs(["--configfile", str(off)], wd)
+    monkeypatch.setenv("PYTHONPATH", f"{fake}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    assert planned_jobs(args, wd) == CAPTURE_ON
+    assert planned_jobs(["--configfile", str(off)], wd) == plan_off  # the fake torch does not count
 
 
 def test_regenerated_responses(built, tmp_path):
@@ -258,11 +385,9 @@ def test_regenerated_responses(built, tmp_path):
 
 
 def _digests(res) -> dict[str, str]:
-    import hashlib
-
-    files = sorted(res.glob("hidden_states/*/*.safetensors")) + [
-        res / "vocab/d2t.npy", res / "vocab/t2d.npy", res / "checkpoint/model.safetensors", res / "head/model.safetensors"]
-    return {str(f.relative_to(res)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    """Digests of every artifact the digest test records (those under results/)."""
+    files = [res.parents[1] / f for files, _ in DIGESTED.values() for f in files if f.startswith("results/")]
+    return {str(f.relative_to(res)): _file_digest(f) for f in files}
 
 
 def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
@@ -300,6 +425,72 @@ def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert not list(res.glob("hidden_states/*/.shard-*.tmp-*"))  # the killed job's temporary is gone too
     assert _digests(res) == before
+
+
+# The digest test: every artifact of the reduced build, by the stage that writes it, with the
+# stages it reads from. See README "Staleness" (for contributors) for when and how to refresh.
+DIGESTS_FILE = REPO / "tests/artifact_digests.json"
+DIGESTED = {
+    "materialize_target": ([f"{BUNDLED_DIR}/model.safetensors", f"{BUNDLED_DIR}/config.json"], []),
+    "compat_report": (["results/reduced/decisions.json"], ["materialize_target"]),
+    "prepare_data": (["results/reduced/data/train.safetensors", "results/reduced/data/eval.safetensors"],
+                     ["materialize_target"]),
+    "capture_hidden_states": ([f"results/reduced/hidden_states/{s}/shard-{i:05d}.safetensors"
+                               for s, i in (("train", 0), ("train", 1), ("eval", 0))],
+                              ["materialize_target", "compat_report", "prepare_data"]),
+    "build_vocab_map": (["results/reduced/vocab/d2t.npy", "results/reduced/vocab/t2d.npy", "results/reduced/vocab/vocab.json"],
+                        ["materialize_target", "prepare_data"]),
+    "train_draft": (["results/reduced/checkpoint/model.safetensors", "results/reduced/checkpoint/config.json"],
+                    ["materialize_target", "compat_report", "prepare_data", "capture_hidden_states", "build_vocab_map"]),
+    "export_head": (["results/reduced/head/model.safetensors", "results/reduced/head/config.json"],
+                    ["materialize_target", "compat_report", "prepare_data", "capture_hidden_states", "build_vocab_map",
+                     "train_draft"]),
+}
+
+
+def _file_digest(path) -> str:
+    """sha256 of a file; of a safetensors file with its JSON header key-sorted, since safetensors'
+    own writer (prepare_data's token files) orders the ``__metadata__`` keys differently from run
+    to run (a Rust HashMap): the same tensors and metadata, other bytes."""
+    import hashlib
+    import struct
+
+    raw = path.read_bytes()
+    if path.suffix == ".safetensors":
+        (n,) = struct.unpack("<Q", raw[:8])
+        raw = json.dumps(json.loads(raw[8:8 + n]), sort_keys=True).encode() + raw[8 + n:]
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _artifact_digests(wd) -> dict:
+    from eagle3build.staleness import stage_version
+
+    return {stage: {"version": stage_version(stage), "files": {f: _file_digest(wd / f) for f in files}}
+            for stage, (files, _) in DIGESTED.items()}
+
+
+def test_artifact_digests_change_only_with_a_version(built):
+    """The reduced build's artifacts (fixed seeds, CPU) have the digests recorded in
+    tests/artifact_digests.json unless their stage's version (OUTPUT_VERSION, library versions)
+    or an upstream stage's changed: a change that alters output bytes cannot land without the
+    bump that rebuilds it. EAGLE3BUILD_UPDATE_DIGESTS=1 rewrites the file from this build."""
+    wd, _ = built
+    current = _artifact_digests(wd)
+    if os.environ.get("EAGLE3BUILD_UPDATE_DIGESTS") == "1":
+        DIGESTS_FILE.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+    recorded = json.loads(DIGESTS_FILE.read_text())
+    assert sorted(recorded) == sorted(current)
+    changed_bytes, changed_versions = [], []
+    for stage, (_, upstream) in DIGESTED.items():
+        moved = [s for s in (stage, *upstream) if recorded[s]["version"] != current[s]["version"]]
+        if moved:
+            changed_versions.append(f"{stage} (version of {', '.join(moved)})")
+            continue
+        changed_bytes += [f"{stage}: {f}" for f, d in current[stage]["files"].items() if recorded[stage]["files"].get(f) != d]
+    assert not changed_bytes, ("output bytes changed while the stage's version did not: bump OUTPUT_VERSION in "
+                               f"eagle3build/<stage>.py (README, Staleness): {changed_bytes}")
+    assert not changed_versions, ("stage versions changed: refresh tests/artifact_digests.json with "
+                                  f"EAGLE3BUILD_UPDATE_DIGESTS=1 (README, Staleness): {changed_versions}")
 
 
 def test_gpu_build_script_smoke(built, tmp_path):
