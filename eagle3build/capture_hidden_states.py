@@ -179,8 +179,8 @@ def _to_pinned(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str, num_aux: int, storage_dtype: str, tokens: int,
-                         trust_remote_code: bool = False) -> dict:
+def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, num_aux: int, storage_dtype: str, tokens: int,
+                         trust_remote_code: bool = False, hidden_size: int | None = None) -> dict:
     """Fail before the target is loaded if this shard cannot fit on the disk under ``out_path``.
 
     Bytes: ``tokens x (num_aux + 1) x hidden x element size`` (+ ids, mask and fp8 scales),
@@ -194,7 +194,8 @@ def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str, num_aux: 
     from .shards import bytes_per_token
     from .target import load_config
 
-    hidden = text_config(load_config(target_dir, trust_remote_code)).hidden_size
+    # ``hidden_size`` where the caller already holds the model (no target directory needed)
+    hidden = hidden_size or text_config(load_config(target_dir, trust_remote_code)).hidden_size
     meta = ShardMeta("", list(range(num_aux)), storage_dtype, hidden, [], "")
     d = Path(out_path).resolve().parent
     while not d.exists():
@@ -251,7 +252,7 @@ def capture_shard(
     if len(idx) < count:
         log.warning("%s holds %d samples; shard %s gets %d instead of %d", tokens_path, len(toks), out_path, len(idx), count)
     check_disk_for_shard(out_path, target_dir, len(aux_layer_ids), storage_dtype, sum(len(toks.sample(i)[0]) for i in idx),
-                         trust_remote_code)
+                         trust_remote_code, hidden_size=None if model is None else text_config(model.config).hidden_size)
     if backend == "vllm":
         return _capture_vllm(target_dir, tokens_path, out_path, idx, toks, aux_layer_ids, target_fingerprint, split,
                              device, compute_dtype, storage_dtype, tokens_per_batch, trust_remote_code, writer_threads,
