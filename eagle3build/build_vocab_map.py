@@ -3,11 +3,11 @@
 The mapping itself is speculators' ``build_vocab_mappings_from_distribution``: the
 ``draft_vocab_size`` most frequent target tokens (ties by id), sorted;
 ``d2t[i] = target_id - i`` (int64, [draft]) and ``t2d`` a bool mask over the target
-vocabulary ([target]) — the tensors vLLM reads from the head (REFERENCE.md).
+vocabulary ([target]) — the tensors vLLM reads from the head (vllm/model_executor/models/llama_eagle3.py).
 
 The fingerprint (sha256 of the sorted counts and the draft size, 16 hex chars) travels
 with the checkpoint and the exported head, so a head can never be exported with a map it
-was not trained with (REFERENCE.md failure kind 5).
+was not trained with (a misaligned draft ``lm_head`` that training accuracy does not show).
 """
 
 from __future__ import annotations

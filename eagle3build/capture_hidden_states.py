@@ -4,7 +4,8 @@ Backend "hooks": forward pre-hooks on the aux decoder layers record the residual
 stream *entering* each (vLLM's and speculators' convention for aux layer id ``k``), and a
 forward hook on the last decoder layer records its output *before* the final norm —
 the state speculators' ``Eagle3DraftModel`` feeds through its own ``verifier_norm`` and
-``verifier_lm_head`` to rebuild the target's logits (REFERENCE.md "Layer ids").
+``verifier_lm_head`` to rebuild the target's logits (speculators/models/eagle3.py; vLLM's
+``eagle_aux_hidden_state_layer_ids`` count the same way).
 Only the text model that owns the layers is run, so the target's ``lm_head`` costs nothing.
 
 The GPU never waits for the disk: each batch's valid rows are packed and cast (or

@@ -109,7 +109,8 @@ HEAD_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"
 def probe_vllm_head_flags():
     """Which EAGLE-3 head flags the installed vLLM reads, both where it parses a speculators
     config and in its draft model (some versions silently ignore e.g. ``norm_before_fc``,
-    REFERENCE.md): a head trained with a flag vLLM ignores loads fine and accepts little."""
+    as read in vllm/model_executor/models/llama_eagle3.py): a head trained with a flag vLLM ignores
+    loads fine and accepts little."""
     import inspect
 
     model_src = inspect.getsource(importlib.import_module("vllm.model_executor.models.llama_eagle3"))

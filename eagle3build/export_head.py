@@ -1,6 +1,7 @@
 """Stage ``export_head``: the trained checkpoint -> a head directory vLLM loads as ``speculative_config.model``.
 
-Format (speculators' EAGLE-3 format; REFERENCE.md "Files vLLM loads"): ``config.json``
+Format (speculators' EAGLE-3 format: speculators/models/eagle3.py, read by vLLM's
+vllm/transformers_utils/configs/speculators/): ``config.json``
 (``speculators_model_type: eagle3``, ``transformer_layer_config``, ``draft_vocab_size``,
 ``eagle_aux_hidden_state_layer_ids``, head flags, ``speculators_config`` with the
 verifier) and ``model.safetensors`` (``fc.weight``, ``layers.0.*``, ``norm.weight``,

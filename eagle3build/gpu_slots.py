@@ -1,7 +1,7 @@
 """Disjoint GPUs for concurrent jobs on one machine.
 
 Snakemake's ``gpu`` resource only counts: with ``--resources gpu=8`` two 4-GPU jobs may
-run at once, but both see all eight cards (REFERENCE.md, Snakemake facts). Each job
+run at once, but both see all eight cards (Snakemake docs, "Resources": resources are counters). Each job
 therefore takes its own GPUs here, before CUDA is initialised: one lock file per GPU,
 held with ``flock`` for the life of the process. The kernel drops the locks when the
 process ends, however it ends, so a crashed job never leaks its GPUs.

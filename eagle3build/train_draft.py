@@ -1,7 +1,7 @@
 """Stage ``train_draft``: speculators' EAGLE-3 draft model and loss under the project's own loop.
 
 speculators' ``Trainer`` moves the model to an accelerator and fails on CPU
-(REFERENCE.md), so the loop is ours; everything else is speculators': the model
+(speculators/train/trainer.py), so the loop is ours; everything else is speculators': the model
 (``Eagle3DraftModel.from_training_args``), the draft-layer config
 (``create_transformer_layer_config``), the loss (``resolve_loss_config``), sample
 packing (``MultipackDistributedBatchSamplerV2``), collation (``CollateFn``) and the
