@@ -2,7 +2,7 @@
 
 Goal (issue 4): under 30 s on 2 CPU cores, imports and every probe included.
 
-    .venv/bin/python benchmarks/compat_report_kimi.py
+    .venv/bin/python benchmarks/compat_report_kimi.py [--target DIR] [--backend auto|hooks|vllm]
 
 Prints the wall time of the whole process so far (Python start to report written),
 each probe's seconds, and the compat.md.
@@ -23,11 +23,17 @@ KIMI = Path(__file__).resolve().parents[1] / "examples/targets/kimi-k2.5-shape"
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default=str(KIMI), help="another target directory (tests: a tiny one)")
+    ap.add_argument("--backend", default="auto", help="capture.backend: auto runs the vLLM probe for an MoE target")
+    args = ap.parse_args()
     t_import = time.perf_counter() - T0
     with tempfile.TemporaryDirectory() as tmp:
         t1 = time.perf_counter()
-        r = cr.build_report(str(KIMI), tmp, planned_tokens=100_000, gpu_memory_gb=96, gpus_per_node=8,
-                            job_gpus={"capture": 8, "serve": 8})
+        r = cr.build_report(args.target, tmp, backend=args.backend, planned_tokens=100_000, gpu_memory_gb=96,
+                            gpus_per_node=8, job_gpus={"capture": 8, "serve": 8})
         cr.write(r, f"{tmp}/compat.json", f"{tmp}/compat.md")
         t_report = time.perf_counter() - t1
         md = Path(f"{tmp}/compat.md").read_text()

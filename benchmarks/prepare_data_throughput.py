@@ -2,7 +2,7 @@
 
 Goal (issue 3): all 17,671 conversations in under 2 minutes on 2 cores.
 
-    .venv/bin/python benchmarks/prepare_data_throughput.py [TARGET_DIR] [--max-seq-len 2048]
+    .venv/bin/python benchmarks/prepare_data_throughput.py [TARGET_DIR] [--max-seq-len 2048] [--max-samples N]
 
 TARGET_DIR defaults to the materialised bundled target (resources/targets/smollm2-135m-instruct;
 built into a temporary directory if absent). Prints the data report's figures and the rate.
@@ -25,6 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("target", nargs="?", default="resources/targets/smollm2-135m-instruct")
     ap.add_argument("--max-seq-len", type=int, default=2048)
+    ap.add_argument("--max-samples", type=int, default=None, help="conversations kept (tests: a few; default all)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         target = Path(args.target)
@@ -34,7 +35,7 @@ def main() -> None:
             target = materialize("smollm2-135m-instruct", Path(tmp) / "target")
         out = [Path(tmp) / n for n in ("train.safetensors", "eval.safetensors", "prompts.jsonl", "report.json")]
         t0 = time.perf_counter()
-        rep = prepare([{"path": "bundled:sharegpt", "max_samples": None}], target, *out, max_seq_len=args.max_seq_len,
+        rep = prepare([{"path": "bundled:sharegpt", "max_samples": args.max_samples}], target, *out, max_seq_len=args.max_seq_len,
                       min_supervised_tokens=16, eval_fraction=0.1, seed=0)
         dt = time.perf_counter() - t0
     print(json.dumps({k: rep[k] for k in ("records_read", "kept", "train_samples", "eval_samples", "skipped",

@@ -4,6 +4,7 @@ test_vllm_capture.py.)"""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -35,3 +36,22 @@ def test_train_throughput_tiny(tmp_path):
     r = json.loads((tmp_path / "t.json").read_text())
     assert r["flops_per_token"] > 0 and r["ours"]["tokens_per_s"] > 0
     assert 1.0 <= r["ours"]["simulated_acceptance_length"] <= 4.0
+
+
+def test_compat_report_kimi_small(smol_target):
+    """The compat-report benchmark on the bundled 135M target (the Kimi shape starts vLLM's capture probe: minutes)."""
+    p = _run("compat_report_kimi.py", "--target", str(smol_target), "--backend", "hooks")
+    assert "backend: **hooks**" in p.stdout and "num_layers: 30" in p.stdout
+    assert re.search(r"report: \d+\.\d s; total: \d+\.\d s", p.stdout)
+
+
+def test_plan_10k_tiny(tmp_path):
+    """Planning benchmark with 8 shard jobs: both plans hold exactly that many shard jobs (asserted inside)."""
+    _run("plan_10k.py", "--shards", "8", "--out", str(tmp_path / "plan.txt"))
+    text = (tmp_path / "plan.txt").read_text()
+    assert "8 shard jobs + aggregate" in text and re.search(r"ratio: \d+\.\d\dx wall, \d+\.\d\dx CPU", text)
+
+
+def test_prepare_data_throughput_tiny(smol_target):
+    p = _run("prepare_data_throughput.py", str(smol_target), "--max-seq-len", "256", "--max-samples", "12")
+    assert '"kept": 12' in p.stdout and re.search(r"conversations/s \(records read\): \d+\.\d", p.stdout)
