@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import platform
-import time
 from pathlib import Path
 
 from . import prompt_sets, vllm_engine

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from eagle3build import prompt_sets
-from smk import REPO, planned_jobs
+from smk import REPO
 
 
 def test_humaneval_from_the_installed_package():
