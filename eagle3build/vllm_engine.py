@@ -31,9 +31,10 @@ import sys
 import time
 from pathlib import Path
 
+from .job import OFFLINE_VARS
+
 BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 class VLLMUnavailable(RuntimeError):
