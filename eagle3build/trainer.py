@@ -125,6 +125,7 @@ class Trainer:
 
     @property
     def cuda(self) -> bool:
+        """Whether the run computes on a GPU (bf16 autocast, pinned batches)."""
         return self.device.startswith("cuda")
 
 
@@ -136,6 +137,7 @@ class Throughput:
     t0: float = field(default_factory=time.perf_counter)
 
     def seconds(self) -> float:
+        """Wall-clock seconds since ``t0``."""
         return time.perf_counter() - self.t0
 
 
