@@ -1,0 +1,155 @@
+"""Training data for the draft head: speculators' dataset, packing and collation over our shards.
+
+A shared module (it imports no stage module). speculators supplies the pieces
+(speculators/train/data.py: ``BaseDataset``, ``CollateFn``;
+speculators/train/distributed_batch_sampler.py: ``MultipackDistributedBatchSamplerV2``;
+speculators/models/eagle3/data.py: ``shift_batch``, the EAGLE-3 input/target shift,
+arXiv:2503.01840 §3); this module reads our shards into them and loads batches ahead of
+the accelerator on a background thread.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .shards import ShardReader
+
+
+def shard_dataset_class():
+    """speculators' ``BaseDataset`` subclass over our shards (built on first call: speculators is
+    imported lazily). Construct it as ``cls(paths, max_len, hidden_states_dtype, noise_std=0.0, seed=0)``.
+
+    A sample (``BaseDataset.__getitem__``) holds ``hidden_states`` ``[seq, num_aux * hidden]``
+    and ``verifier_last_hidden_states`` ``[seq, hidden]`` in ``hidden_states_dtype``,
+    ``input_ids`` ``[seq]`` int64 and ``loss_mask`` ``[seq]``, truncated to ``max_len``.
+    """
+    from speculators.train.data import BaseDataset
+
+    class ShardDataset(BaseDataset):
+        """speculators ``BaseDataset`` over our shards.
+
+        ``noise_std`` adds N(0, σ²) to the aux states, drawn from a generator seeded by
+        (seed, epoch, sample): the same noise whatever the order of reads, so a resumed run
+        sees exactly the noise an uninterrupted one would.
+        """
+
+        def __init__(self, paths: list[str], max_len: int, hidden_states_dtype: torch.dtype, noise_std: float = 0.0, seed: int = 0):
+            self.readers = [ShardReader(p) for p in paths]
+            self.index = [(r, i) for r in self.readers for i in range(len(r))]
+            self.noise_std = noise_std
+            self.seed = seed
+            self.epoch = 0
+            super().__init__(max_len=max_len, hidden_states_dtype=hidden_states_dtype)
+
+        def __len__(self) -> int:
+            return len(self.index)
+
+        def _compute_approx_lengths(self) -> list[int]:
+            return [r.length(i) for r, i in self.index]
+
+        def _get_raw_data(self, index: int):
+            r, i = self.index[index]
+            d = r[i]
+            d["hidden_states"] = d["hidden_states"].to(self.hidden_states_dtype)
+            d["verifier_last_hidden_states"] = d["verifier_last_hidden_states"].to(self.hidden_states_dtype)
+            if self.noise_std > 0:
+                g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_003 + index)
+                noise = torch.randn(d["hidden_states"].shape, generator=g, dtype=torch.float32)
+                d["hidden_states"] = d["hidden_states"] + (self.noise_std * noise).to(d["hidden_states"].dtype)
+            return d
+
+    return ShardDataset
+
+
+class Batches:
+    """Packed batches over shards for the ranks this process computes.
+
+    One global step consists of one packed ``[1, total_seq_len]`` row per rank (speculators'
+    ``MultipackDistributedBatchSamplerV2`` over ``world_size`` replicas). Under DDP a
+    process computes its own rank's row; a single process may compute every rank's row
+    itself (``ranks = range(world_size)``) and so reproduce a multi-GPU run's global batch.
+
+    A collated row (``CollateFn``, shifted by ``shift_batch``) holds ``hidden_states``
+    ``[1, total_seq_len, num_aux * hidden_size]`` and ``verifier_last_hidden_states``
+    ``[1, total_seq_len, hidden_size]`` in ``dtype``; ``input_ids``, ``position_ids`` and
+    ``document_ids`` (-1 on padding) ``[1, total_seq_len]`` int64; ``loss_mask``
+    ``[1, total_seq_len]``. Sampling is seeded by ``seed`` and the epoch; the aux-state noise
+    (``noise_std``, in the states' own units) by ``seed``, the epoch and the sample.
+    """
+
+    def __init__(self, paths: list[str], total_seq_len: int, hidden_size: int, num_aux: int, dtype: torch.dtype,
+                 seed: int, noise_std: float = 0.0, world_size: int = 1, ranks: list[int] | None = None):
+        from speculators.models.eagle3.data import shift_batch
+        from speculators.train.data import CollateFn
+        from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+        self.dataset = shard_dataset_class()(paths, total_seq_len, dtype, noise_std=noise_std, seed=seed)
+        self.ranks = list(ranks if ranks is not None else range(world_size))
+        self.samplers = [
+            MultipackDistributedBatchSamplerV2(batch_max_length=total_seq_len, lengths=self.dataset.approx_lengths,
+                                               num_replicas=world_size, rank=r, seed=seed)
+            for r in self.ranks
+        ]
+        self.collate = CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux, dtype=dtype, preprocess=shift_batch)
+
+    def steps_per_epoch(self) -> int:
+        """Global steps in one epoch (packed rows per rank; the same for every rank)."""
+        return len(self.samplers[0])
+
+    def epoch(self, epoch: int) -> list[list]:
+        """``[step][rank-slot]`` -> sample indices, for ``epoch`` (deterministic in seed and epoch)."""
+        for s in self.samplers:
+            s.set_epoch(epoch)
+        self.dataset.epoch = epoch
+        per_rank = [list(s) for s in self.samplers]
+        return [list(step) for step in zip(*per_rank, strict=True)]
+
+    def load(self, indices) -> dict:
+        """One collated row (see the class docstring) from the dataset samples ``indices``."""
+        return self.collate([self.dataset[int(i)] for i in indices])
+
+    def prefetch(self, steps: list[list], pin: bool = False, depth: int = 2):
+        """Yield each step's collated rows, loaded by a background thread ``depth`` steps ahead
+        (shard reads and collation overlap the accelerator's work)."""
+        import queue
+        import threading
+
+        q: queue.Queue = queue.Queue(maxsize=depth)
+        stop = threading.Event()
+
+        def work():
+            try:
+                for step in steps:
+                    rows = [self.load(ix) for ix in step]
+                    if pin:
+                        rows = [{k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in r.items()} for r in rows]
+                    while not stop.is_set():
+                        try:
+                            q.put(rows, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                q.put(e)
+            q.put(None)
+
+        t = threading.Thread(target=work, daemon=True, name="batch-prefetch")
+        t.start()
+        try:
+            while (item := q.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+
+
+MODEL_KEYS = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids", "verifier_last_hidden_states")
+
+
+def to_device(row: dict, device: str) -> dict[str, torch.Tensor]:
+    """The tensors of a collated row that speculators' ``Eagle3DraftModel.forward`` takes
+    (``MODEL_KEYS``), on ``device`` (non-blocking: the row is pinned on CUDA)."""
+    return {k: row[k].to(device, non_blocking=True) for k in MODEL_KEYS}

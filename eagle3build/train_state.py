@@ -1,0 +1,103 @@
+"""The resumable state of a training run, saved and restored in one place.
+
+A shared module (it imports no stage module). The counterpart of speculators'
+``train/checkpointer.py``, which saves model, optimizer and scheduler per epoch for its
+``Trainer``; ours also keeps the data position within the epoch, the RNG states and the
+metrics so far, so that a resumed run ends bit-identical (on CPU) to an uninterrupted one.
+
+On disk: ``<state_dir>/state.pt``, one ``torch.save`` dict (read back with
+``torch.load(weights_only=True)``: tensors, numbers, strings, lists and dicts only) of
+
+====================  ============================================================
+``key``               str, the run's settings hash (:func:`state_key`)
+``step``              int, optimizer steps done
+``epoch``, ``pos``    int, the next batch to run: its epoch and index in that epoch
+``model``             the model's ``state_dict`` (fp32 master weights)
+``optimizer``         the optimizer's ``state_dict``
+``scheduler``         the LR scheduler's ``state_dict``
+``torch_rng``         ``torch.get_rng_state()`` (uint8 tensor)
+``cuda_rng``          ``torch.cuda.get_rng_state_all()``, ``[]`` without CUDA
+``history``           str, JSON of the per-step train records so far
+``epochs``            str, JSON of the per-epoch records so far
+====================  ============================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .atomic import atomic_path
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.pt"
+
+
+def state_key(settings: dict) -> str:
+    """16 hex digits of the sha256 of ``settings`` as key-sorted JSON (non-JSON values via ``str``):
+    a state is resumed only by a run whose key is the same."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class TrainState:
+    """What a resumed run needs, around the live model, optimizer and scheduler.
+
+    ``step`` counts optimizer steps; ``epoch`` and ``pos`` name the next batch to run;
+    ``history`` and ``epochs`` are the ``train_history`` and ``epochs`` records of
+    ``metrics.json`` so far; ``resumed_from`` is the step :meth:`load` resumed at (None when
+    the run started afresh).
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    step: int = 0
+    epoch: int = 0
+    pos: int = 0
+    history: list[dict] = field(default_factory=list)
+    epochs: list[dict] = field(default_factory=list)
+    resumed_from: int | None = None
+
+    def save(self, state_dir: Path, key: str) -> None:
+        """Write ``state_dir/state.pt`` atomically (the module docstring lists its fields)."""
+        state = {
+            "key": key, "step": self.step, "epoch": self.epoch, "pos": self.pos,
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "history": json.dumps(self.history), "epochs": json.dumps(self.epochs),
+        }
+        state_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_path(state_dir / STATE_FILE) as tmp:
+            torch.save(state, tmp)
+
+    def load(self, state_dir: Path, key: str) -> bool:
+        """Restore everything from ``state_dir/state.pt`` (tensors onto the model's and optimizer's
+        devices, RNG states included) if it was saved under ``key``; False, changing nothing,
+        when there is no such file or it belongs to a run with other settings or inputs."""
+        f = state_dir / STATE_FILE
+        if not f.exists():
+            return False
+        state = torch.load(f, map_location="cpu", weights_only=True)
+        if state.get("key") != key:
+            log.warning("ignoring %s: saved by a run with other settings or inputs", f)
+            return False
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"]:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.step, self.epoch, self.pos = state["step"], state["epoch"], state["pos"]
+        self.history, self.epochs = json.loads(state["history"]), json.loads(state["epochs"])
+        self.resumed_from = self.step
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", state_dir, self.step, self.epoch, self.pos)
+        return True

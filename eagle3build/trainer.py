@@ -1,0 +1,235 @@
+"""The draft-head training loop: config, one step, one epoch, evaluation, the run's metrics.
+
+A shared module (it imports no stage module); ``train_draft`` sets a run up
+(``setup``: model, batches, optimizer) and loops over :func:`train_epoch` and
+:func:`evaluate`, as speculators' ``train/trainer.py`` does for its ``Trainer`` (which needs
+an accelerator, hence this loop). The model is speculators' ``Eagle3DraftModel``: its
+``forward(**row, ttt_steps=..., ttt_step_loss_decay=..., loss_config=...)`` returns
+``(logits, loss, metrics)`` and trains ``ttt_steps`` draft tokens per position (EAGLE-3's
+training-time test, arXiv:2503.01840 §3.3).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .train_data import Batches, to_device
+from .train_metrics import accumulate, draft_flops_per_token, history_entry, summarise, to_floats
+from .train_state import TrainState
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The config's ``train:`` section (schemas/config.schema.yaml), as ``train()`` receives it.
+
+    ``head_variant``: ``eagle3``, ``eagle3.1`` (``train_draft.HEAD_VARIANTS``) or ``auto`` (the compat
+    report's choice: what the installed vLLM reads correctly). ``lr``: peak AdamW learning
+    rate, reached after ``warmup_ratio`` x the run's steps, then ``cosine`` decay to 0 or
+    ``constant``. ``ttt_steps``: draft tokens trained per position (EAGLE-3's training-time
+    test, arXiv:2503.01840 §3.3), their losses weighted by ``ttt_step_loss_decay`` ** k.
+    ``total_seq_len``: tokens per packed row (one row per rank per step). ``grad_clip``:
+    max global L2 norm of the gradients. ``noise_std``: std of the N(0, σ²) noise on the
+    aux hidden states (their units). ``max_steps``: stop after that many optimizer steps
+    (None: all epochs). ``checkpoint_every`` > 0: save the resumable state every that many
+    steps and at each epoch's end (it is not part of the settings a state must match).
+    ``loss_implementation``: speculators' ``eager`` KL (any device) or its Triton ``fused``
+    kernel (CUDA only; fails under torch.compile with torch 2.11, seen on an H200).
+
+    Raises:
+        ValueError: ``schedule`` or ``loss_implementation`` is not one of its choices (the
+            stage checks ``head_variant``, whose choices it defines).
+    """
+
+    epochs: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.05
+    schedule: str = "cosine"
+    ttt_steps: int = 3
+    ttt_step_loss_decay: float = 1.0
+    total_seq_len: int = 2048
+    grad_clip: float = 1.0
+    noise_std: float = 0.0
+    seed: int = 0
+    head_variant: str = "auto"
+    max_steps: int | None = None
+    checkpoint_every: int = 0
+    loss_implementation: str = "eager"
+
+    def __post_init__(self) -> None:
+        for name, choices in (("schedule", ("cosine", "constant")), ("loss_implementation", ("eager", "fused"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"train.{name} {getattr(self, name)!r} is not one of {list(choices)}")
+
+    def settings(self) -> dict:
+        """The fields a saved state must match to be resumed (all but ``checkpoint_every``)."""
+        return {k: v for k, v in asdict(self).items() if k != "checkpoint_every"}
+
+
+@dataclass(frozen=True)
+class TrainInputs:
+    """What a run reads and where it writes: the target's HF directory, the train and eval
+    shards (capture_hidden_states), the vocab map (build_vocab_map: ``d2t.npy``, ``t2d.npy``,
+    ``vocab.json``), the compat report's decisions (target fingerprint, aux layer ids, head
+    variant) and ``out_dir``, the checkpoint directory to write."""
+
+    target_dir: str
+    train_shards: list[str]
+    eval_shards: list[str]
+    d2t_path: str
+    t2d_path: str
+    vocab_json: str
+    compat_json: str
+    out_dir: str
+
+    @property
+    def state_dir(self) -> Path:
+        """``<out_dir>.state/``: the resumable state while the run is under way."""
+        return Path(f"{os.path.normpath(self.out_dir)}.state")
+
+
+@dataclass
+class Trainer:
+    """One run, set up (``train_draft.setup``): the resolved config, the devices and ranks, the model
+    (``net`` is it under DDP), optimizer, scheduler, batches and what the outputs record.
+
+    ``ranks``: the rank rows this process computes each step (its own under torchrun, all
+    ``world`` of them in one process otherwise). ``key``: the settings hash a saved state
+    must match (``train_state.state_key``). ``meta``: ``train_meta.json``.
+    """
+
+    cfg: TrainConfig
+    inputs: TrainInputs
+    device: str
+    distributed: bool
+    rank: int
+    ranks: list[int]
+    world: int
+    model: torch.nn.Module
+    net: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    call_kwargs: dict
+    train_b: Batches
+    eval_b: Batches | None
+    total_steps: int
+    key: str
+    meta: dict
+
+    @property
+    def cuda(self) -> bool:
+        """Whether the run computes on a GPU (bf16 autocast, pinned batches)."""
+        return self.device.startswith("cuda")
+
+
+@dataclass
+class Throughput:
+    """Training tokens (non-padding positions) this process computed since ``t0`` (``time.perf_counter`` seconds)."""
+
+    tokens: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+
+    def seconds(self) -> float:
+        """Wall-clock seconds since ``t0``."""
+        return time.perf_counter() - self.t0
+
+
+def train_step(t: Trainer, rows: list[dict], speed: Throughput) -> tuple[dict, torch.Tensor]:
+    """One optimizer step over the collated ``rows`` this process computes (``train_data.Batches``;
+    each loss divided by their number, so the gradient is their mean): gradients clipped to
+    ``grad_clip``, AdamW and scheduler stepped.
+
+    Returns the summed speculators metrics (device tensors, ``train_metrics.accumulate``) and
+    the pre-clip global gradient norm (0-d fp32 tensor).
+    """
+    t.opt.zero_grad(set_to_none=True)
+    acc: dict = {}
+    for row in rows:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.cuda):
+            _, loss, metrics = t.net(**to_device(row, t.device), **t.call_kwargs)
+        (loss / len(t.ranks)).backward()
+        accumulate(acc, metrics)
+        speed.tokens += int((row["document_ids"] != -1).sum())
+    gnorm = torch.nn.utils.clip_grad_norm_(t.params, t.cfg.grad_clip)
+    t.opt.step()
+    t.sched.step()
+    return acc, gnorm
+
+
+def _flush(t: Trainer, pending: list[tuple], history: list[dict]) -> None:
+    """Append the pending steps' records to ``history`` (the host waits for the device here)."""
+    history.extend(history_entry(st, acc, lr, gn, t.cfg.ttt_steps, len(t.ranks)) for st, acc, lr, gn in pending)
+    pending.clear()
+
+
+def train_epoch(t: Trainer, state: TrainState, epoch: int, speed: Throughput) -> None:
+    """Run epoch ``epoch`` from batch ``state.pos`` until its end or ``t.total_steps``.
+
+    Steps, history and (rank 0, every ``checkpoint_every`` steps) the saved state go into
+    ``state``. Metrics stay on the device until flushed (every 20 steps and before a save):
+    the host never waits for the GPU mid-epoch, so it queues the next step while this one runs.
+    """
+    from tqdm import tqdm
+
+    plan = t.train_b.epoch(epoch)
+    first = state.pos
+    n_run = max(0, min(len(plan) - first, t.total_steps - state.step))
+    bar = tqdm(total=n_run, desc=f"epoch {epoch}", file=sys.stderr, mininterval=5, disable=t.rank != 0)
+    pending: list[tuple] = []
+    loaded = t.train_b.prefetch(plan[first:first + n_run], pin=t.cuda)
+    for pos, rows in zip(range(first, first + n_run), loaded):
+        acc, gnorm = train_step(t, rows, speed)
+        state.step += 1
+        pending.append((state.step, acc, t.sched.get_last_lr()[0], gnorm.detach()))
+        bar.update(1)
+        every = t.cfg.checkpoint_every
+        saving = every > 0 and state.step % every == 0 and t.rank == 0
+        if saving or len(pending) >= 20:
+            _flush(t, pending, state.history)
+            bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}", tok_s=f"{speed.tokens / speed.seconds():.0f}")
+        if saving:
+            state.epoch, state.pos = epoch, pos + 1
+            state.save(t.inputs.state_dir, t.key)
+    _flush(t, pending, state.history)
+    bar.close()
+
+
+@torch.no_grad()
+def evaluate(model, batches: Batches, device: str, call_kwargs: dict, ttt_steps: int) -> dict:
+    """Loss, accuracy per TTT step and simulated τ over the eval shards (every batch of
+    ``batches``' epoch 0, this one process; ``train_metrics.summarise`` gives the fields).
+    ``model`` is speculators' ``Eagle3DraftModel`` (not its DDP wrapper); it is left in train mode."""
+    model.eval()
+    acc: dict[str, float] = {}
+    for rows in batches.prefetch(batches.epoch(0), pin=device.startswith("cuda")):
+        for batch in rows:
+            b = to_device(batch, device)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
+                _, _, metrics = model(**b, **call_kwargs)
+            accumulate(acc, metrics)
+    model.train()
+    return summarise(to_floats(acc), ttt_steps)
+
+
+def run_metrics(t: Trainer, state: TrainState, speed: Throughput) -> dict:
+    """``metrics.json``: steps, per-epoch and per-step records, tokens/s over every rank, FLOPs per token."""
+    seconds = speed.seconds()
+    return {
+        "steps": state.step,
+        "epochs": state.epochs,
+        "final_eval": state.epochs[-1]["eval"] if state.epochs else {},
+        "train_history": state.history,
+        "train_tokens_this_process": speed.tokens,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(speed.tokens * (t.world if t.distributed else 1) / max(seconds, 1e-9), 1),
+        "device": t.device,
+        "resumed_from_step": state.resumed_from,
+        "flops_per_token": draft_flops_per_token(t.model, t.cfg.ttt_steps),
+    }
