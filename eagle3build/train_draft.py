@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from .artifacts import Decisions
 from .atomic import atomic_path
 from .shards import ShardReader, check_meta
 
@@ -320,7 +321,7 @@ def train(
     d2t_path: str,
     t2d_path: str,
     vocab_json: str,
-    compat_json: str,
+    decisions_json: str,
     out_dir: str,
     epochs: int = 1,
     lr: float = 1e-4,
@@ -349,6 +350,8 @@ def train(
     loss, per-epoch eval loss / accuracy per TTT step / simulated τ, tokens/s) and
     ``curves.png``.
 
+    ``decisions_json``: the compat report's ``decisions.json`` (``artifacts.Decisions``): target
+    fingerprint and aux layer ids the shards must carry, recommended head variant.
     ``head_variant``: ``eagle3``, ``eagle3.1`` or ``auto`` (the compat report's choice:
     what the installed vLLM reads correctly). ``checkpoint_every`` > 0 saves the full
     training state every that many steps to ``<out_dir>.state/``; a run started again
@@ -360,6 +363,7 @@ def train(
     (CUDA only; fails under torch.compile with torch 2.11, seen on an H200).
 
     Raises:
+        artifacts.ArtifactError: ``decisions_json`` is missing or does not match its schema.
         ShardMismatch: a shard's target fingerprint or aux ids differ from the compat report.
         ValueError: the vocab map files are inconsistent, or there is nothing to train on.
     """
@@ -372,11 +376,10 @@ def train(
     world = dist_world if distributed else (world_size or 1)
     my_ranks = [rank] if distributed else list(range(world))
     torch.manual_seed(seed)
-    compat = json.loads(Path(compat_json).read_text())
-    fp = compat["target"]["fingerprint"]
-    aux = compat["capture"]["aux_layer_ids"]
+    decisions = Decisions.load(decisions_json)
+    fp, aux = decisions.target_fingerprint, decisions.aux_layer_ids
     if head_variant == "auto":
-        head_variant = compat.get("head", {}).get("recommended_variant", "eagle3.1")
+        head_variant = decisions.head_variant
     for p in list(train_shards) + list(eval_shards):
         check_meta(p, ShardReader(p).meta, fp, aux)
     d2t, t2d, vocab_info = build_vocab_map.load(d2t_path, t2d_path, vocab_json)
@@ -557,6 +560,21 @@ def launch(kwargs: dict, nproc: int) -> None:
         os.unlink(f.name)
     if rc != 0:
         raise RuntimeError(f"distributed training failed (exit {rc}); see the ranks' output above")
+
+
+def run_job(gpus: int, **kwargs) -> None:
+    """Rule ``train_draft``'s entry: ``train(**kwargs)`` on the CPU (``gpus`` 0), on one GPU, or with
+    ``launch`` on ``gpus`` > 1 GPUs (one DDP process per GPU of the job's slots). ``kwargs``: ``train``'s
+    arguments without ``device``.
+
+    Raises:
+        RuntimeError: a rank of a distributed run failed.
+    """
+    kwargs["device"] = "cuda" if gpus > 0 else "cpu"
+    if gpus > 1:
+        launch(kwargs, nproc=gpus)
+    else:
+        train(**kwargs)
 
 
 def _main_distributed(kwargs_path: str) -> None:
