@@ -1,5 +1,6 @@
 # `make run`: install (exact pins into .venv) and build the default run.
-# `make test`: install and run the test suite (unit, plan, end-to-end).
+# `make test`: install and run the test suite (unit, plan, end-to-end, lint: tests/test_lint.py).
+# `make lint`: snakemake --lint, ruff check, snakefmt --check (pyproject.toml has their settings).
 # `make install-gpu`: the CUDA route (vLLM 0.33.0, torch 2.14.0+cu130) into .venv-gpu; README "On GPUs".
 CORES ?= 2
 
@@ -18,3 +19,5 @@ test: install
 
 lint: install
 	.venv/bin/snakemake --lint
+	.venv/bin/ruff check .
+	.venv/bin/snakefmt --check Snakefile rules

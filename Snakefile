@@ -27,6 +27,16 @@ include: "rules/plot_benchmark.smk"
 report: "report/workflow.rst"
 
 
+# Cheap steps run by Snakemake itself, not submitted (under SLURM or Kubernetes a job each
+# would wait in the queue for a second of work): the target rule, rendering compat.md from
+# compat.json, and the benchmark's figure. materialize_target (dequantises a GGUF with torch)
+# and build_vocab_map (reads every training token) stay cluster jobs.
+localrules:
+    all,
+    compat_markdown,
+    plot_benchmark,
+
+
 rule all:
     default_target: True
     input:

@@ -95,7 +95,7 @@ def scaling_run(res: Path, cfg: dict, target_dir: str, nproc: int, steps: int, o
               train_shards=[str(f) for f in sorted((res / "hidden_states/train").glob("*.safetensors"))],
               eval_shards=[str(f) for f in sorted((res / "hidden_states/eval").glob("*.safetensors"))][:1],
               d2t_path=str(res / "vocab/d2t.npy"), t2d_path=str(res / "vocab/t2d.npy"),
-              vocab_json=str(res / "vocab/vocab.json"), compat_json=str(res / "compat.json"), out_dir=str(out_dir),
+              vocab_json=str(res / "vocab/vocab.json"), decisions_json=str(res / "decisions.json"), out_dir=str(out_dir),
               device="cuda", trust_remote_code=cfg["target"]["trust_remote_code"],
               **{**cfg["train"], "max_steps": steps, "checkpoint_every": 0})
     env_before = os.environ.get("CUDA_VISIBLE_DEVICES")

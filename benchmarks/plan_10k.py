@@ -53,7 +53,8 @@ def dry_run(snakefile: Path, workdir: Path, *args: str) -> tuple[float, float, s
 
 
 def jobs_of(out: str, rule: str) -> int:
-    return int(next(l.split()[1] for l in out.split("Job stats:", 1)[1].splitlines() if l.startswith(rule + " ")))
+    return int(next(line.split()[1] for line in out.split("Job stats:", 1)[1].splitlines()
+                    if line.startswith(rule + " ")))
 
 
 def main() -> None:

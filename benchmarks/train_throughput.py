@@ -35,7 +35,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from eagle3build import build_vocab_map, train_draft as td  # noqa: E402
+from eagle3build import build_vocab_map  # noqa: E402
+from eagle3build import train_draft as td  # noqa: E402
+from eagle3build.artifacts import minimal_decisions  # noqa: E402
 from eagle3build.prepare_data import write_tokens  # noqa: E402
 from eagle3build.shards import ShardMeta, write_shard  # noqa: E402
 
@@ -95,8 +97,7 @@ def synthetic_shards(d: Path, n_train: int, n_eval: int, seq: int, hidden: int, 
         write_tokens(d / f"{split}-tokens.safetensors", [(f"{split}{i}", ids[i].numpy().astype(np.int32),
                                                           masks[i].numpy()) for i in range(n)])
         out[split] = str(d / f"{split}.safetensors")
-    (d / "compat.json").write_text(json.dumps({"target": {"fingerprint": "bench"}, "capture": {"aux_layer_ids": [2, 16, 29]},
-                                               "head": {"recommended_variant": "eagle3.1"}}))
+    (d / "decisions.json").write_text(json.dumps(minimal_decisions("bench", [2, 16, 29], vocab)))
     return out
 
 
@@ -225,11 +226,11 @@ def main() -> None:
         torch._dynamo.config.accumulated_cache_size_limit = 512
         # Warm-up (untimed): compile before either timed run, so neither pays for it.
         td.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"), str(d / "t2d.npy"),
-                 str(d / "vocab.json"), str(d / "compat.json"), str(d / "warmup"), epochs=1, max_steps=4,
+                 str(d / "vocab.json"), str(d / "decisions.json"), str(d / "warmup"), epochs=1, max_steps=4,
                  total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps, head_variant="eagle3.1",
                  loss_implementation=args.loss, device=args.device)
     m = td.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"), str(d / "t2d.npy"),
-                 str(d / "vocab.json"), str(d / "compat.json"), str(d / "ours"), epochs=args.epochs, lr=args.lr,
+                 str(d / "vocab.json"), str(d / "decisions.json"), str(d / "ours"), epochs=args.epochs, lr=args.lr,
                  total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps, seed=args.seed, head_variant="eagle3.1",
                  loss_implementation=args.loss, device=args.device)
     fpt = m["flops_per_token"]

@@ -25,7 +25,6 @@ overall figures sum the sets (tokens/s = all output tokens / summed wall time of
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -43,18 +42,18 @@ OUTPUT_VERSION = 1
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 
 
-SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "benchmark.schema.json"
+SCHEMA = Path(__file__).resolve().parent / "schemas" / "benchmark.schema.json"  # artifacts.schema_path("benchmark")
 
 
 def validate(result: dict) -> None:
-    """Check a benchmark result against ``schemas/benchmark.schema.json``.
+    """Check a benchmark result against ``eagle3build/schemas/benchmark.schema.json``.
 
     Raises:
-        jsonschema.ValidationError: a field is missing or out of range (the message names it).
+        artifacts.ArtifactError: a field is missing or out of range (the message names it).
     """
-    import jsonschema
+    from .artifacts import validate as validate_artifact
 
-    jsonschema.validate(result, json.loads(SCHEMA.read_text()))
+    validate_artifact(result, "benchmark", "benchmark result")
 
 
 def versions() -> dict:
@@ -97,7 +96,8 @@ def benchmark(
     sets: list[str] | None = None,
     custom_prompts_path: str | None = None,
 ) -> dict:
-    """Baseline run plus one EAGLE-3 run per k over every prompt set; write ``out_json`` (schemas/benchmark.schema.json).
+    """Baseline run plus one EAGLE-3 run per k over every prompt set; write ``out_json``
+    (eagle3build/schemas/benchmark.schema.json).
 
     ``sets``: names of ``prompt_sets`` (``chat`` = ``prompts_path``, prepare_data's held-out
     eval prompts; ``humaneval``; ``custom`` = ``custom_prompts_path``); default ``["chat"]``.

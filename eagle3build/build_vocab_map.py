@@ -45,6 +45,28 @@ def vocab_fingerprint(freq: dict[int, int], draft_vocab_size: int) -> str:
     return h.hexdigest()[:16]
 
 
+def build_for_decisions(
+    tokens_path: str | os.PathLike,
+    decisions_path: str | os.PathLike,
+    draft_vocab_size: int,
+    out_d2t: str | os.PathLike,
+    out_t2d: str | os.PathLike,
+    out_json: str | os.PathLike,
+    num_samples: int | None = None,
+) -> dict:
+    """Rule ``build_vocab_map``'s entry: ``build`` with the target vocabulary size (tokens) read from
+    the compat report's ``decisions.json`` (``artifacts.Decisions``).
+
+    Raises:
+        artifacts.ArtifactError: ``decisions_path`` is missing or does not match its schema.
+        ValueError: ``draft_vocab_size`` exceeds the target vocabulary.
+    """
+    from .artifacts import Decisions
+
+    target_vocab_size = Decisions.load(decisions_path).target_vocab_size
+    return build(tokens_path, target_vocab_size, draft_vocab_size, out_d2t, out_t2d, out_json, num_samples)
+
+
 def build(
     tokens_path: str | os.PathLike,
     target_vocab_size: int,

@@ -207,6 +207,34 @@ def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, nu
     return plan
 
 
+def capture_for_decisions(
+    decisions_path: str | os.PathLike,
+    target_dir: str | os.PathLike,
+    tokens_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    start: int,
+    count: int,
+    split: str,
+    gpus: int = 0,
+    **kwargs,
+) -> dict:
+    """Rule ``capture_hidden_states``' entry: ``capture_shard`` with the aux layer ids, target
+    fingerprint and backend of the compat report's ``decisions.json`` (``artifacts.Decisions``), on
+    ``cuda`` when the job has ``gpus`` > 0 GPUs, else on the CPU. ``kwargs``: the rest of
+    ``capture_shard``'s arguments. Returns its summary.
+
+    Raises:
+        artifacts.ArtifactError: ``decisions_path`` is missing or does not match its schema.
+        and whatever ``capture_shard`` raises.
+    """
+    from .artifacts import Decisions
+
+    d = Decisions.load(decisions_path)
+    return capture_shard(target_dir, tokens_path, out_path, start, count, aux_layer_ids=d.aux_layer_ids,
+                         target_fingerprint=d.target_fingerprint, split=split, backend=d.backend,
+                         device="cuda" if gpus > 0 else "cpu", gpus=gpus, **kwargs)
+
+
 def capture_shard(
     target_dir: str | os.PathLike,
     tokens_path: str | os.PathLike,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import logging
+import math
 import os
 import platform
 import shutil
@@ -558,7 +558,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
     ``planned_tokens``: an upper bound of the tokens to capture (samples x max_seq_len).
     ``gpu_memory_gb``: memory per GPU for the plan; None takes it from the first visible
     GPU. ``job_gpus``: GPUs per job from the config, e.g. ``{"capture": 8, "serve": 8}``.
-    Returns the report dict (schema: schemas/compat.schema.json).
+    Returns the report dict (schema: eagle3build/schemas/compat.schema.json).
     """
     probes: dict[str, Probe] = {}
     for name, fn, required in (
@@ -775,3 +775,36 @@ def write(report: dict, out_json: str, out_md: str | None = None) -> None:
 def write_markdown(compat_json: str, out_md: str) -> None:
     """Render compat.md from a written compat.json (rule ``compat_markdown``)."""
     write_text(out_md, render_markdown(json.loads(Path(compat_json).read_text())))
+
+
+def run_for_config(config: dict, target_dir: str, results_dir: str, storage_dtype: str, trust_remote_code: bool,
+                   out_json: str, out_decisions: str) -> dict:
+    """Rule ``compat_report``'s entry: ``build_report`` with the capture, data and resources settings of
+    the workflow's ``config`` (the dict Snakemake loaded from config.yaml), then ``write`` compat.json
+    and ``write_decisions`` decisions.json. Returns the report.
+
+    The disk and GPU plans read ``config`` itself, not rule params: growing the sample count or
+    changing resources must not re-run this report and, behind it, every shard (each capture job
+    re-checks the disk for its own shard). Backend and aux ids are the config's own values (the
+    rule's params carry them canonicalised: rules/common.smk, REQUESTED). The planned tokens are an
+    upper bound: (train + eval samples) x ``data.max_seq_len``.
+
+    Raises:
+        CompatError: a hard failure (the one-screen summary); nothing is written then.
+    """
+    cap, res = config["capture"], config["resources"]
+    report = build_report(
+        target_dir=target_dir,
+        results_dir=results_dir,
+        backend=cap["backend"],
+        aux_layer_ids=cap["aux_layer_ids"],
+        storage_dtype=storage_dtype,
+        trust_remote_code=trust_remote_code,
+        planned_tokens=(cap["num_train_samples"] + cap["num_eval_samples"]) * config["data"]["max_seq_len"],
+        gpu_memory_gb=res["gpu_memory_gb"],
+        gpus_per_node=res["gpus_per_node"],
+        job_gpus={"capture": res["capture"]["gpu"], "serve": res["serve"]["gpu"]},
+    )
+    write(report, out_json)
+    write_decisions(report, out_decisions)
+    return report

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from . import vllm_engine
+from .artifacts import TrainMeta
 from .atomic import atomic_path, write_json
 from .build_vocab_map import check_consistent
 
@@ -107,6 +108,7 @@ def export(
     ``head_meta.json`` (``vllm_load_check.skipped``); ``always`` then fails before any work.
 
     Raises:
+        artifacts.ArtifactError: the checkpoint's ``train_meta.json`` is missing or does not match its schema.
         vllm_engine.VLLMUnavailable: ``vllm_load_check="always"`` and vLLM cannot be imported.
         ExportError: vocab-map fingerprint differs from the one trained with (both named);
             a required tensor is missing or has the wrong shape/dtype; d2t/t2d disagree
@@ -128,7 +130,7 @@ def export(
             skipped = str(e)
     ck = Path(checkpoint_dir)
     cfg = json.loads((ck / "config.json").read_text())
-    meta = json.loads((ck / "train_meta.json").read_text())
+    meta = TrainMeta.load(ck).data  # checked against eagle3build/schemas/train_meta.schema.json
     d2t, t2d, vinfo = build_vocab_map.load(d2t_path, t2d_path, vocab_json)
     if vinfo["fingerprint"] != meta["vocab_fingerprint"]:
         raise ExportError(

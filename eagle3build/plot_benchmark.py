@@ -3,12 +3,13 @@
 Left: vLLM's acceptance rate at each draft position, one line per k (num_speculative_tokens)
 and prompt set, with τ in the legend. Right: output tokens/s of each EAGLE-3 run relative to
 the baseline per prompt set and over all sets (speed-up bars; the line at 1 is the baseline). Values are read from ``benchmark.json``
-(schemas/benchmark.schema.json), nothing is recomputed.
+(eagle3build/schemas/benchmark.schema.json), nothing is recomputed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from .atomic import atomic_path
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
 OUTPUT_VERSION = 1
+
+log = logging.getLogger(__name__)
 
 
 def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
@@ -73,4 +76,5 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, dpi=80, format="png")
     plt.close(fig)
+    log.info("plotted %s", out)
     return out

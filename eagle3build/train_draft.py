@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from . import ddp
+from .artifacts import Decisions
 from .atomic import atomic_path
 from .shards import ShardReader, check_meta
 from .train_data import MODEL_KEYS, Batches, shard_dataset_class
@@ -140,10 +141,10 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     distributed, rank, dist_world = ddp.dist_info()
     world = dist_world if distributed else (world_size or 1)
     torch.manual_seed(cfg.seed)
-    compat = json.loads(Path(inputs.compat_json).read_text())
-    fp, aux = compat["target"]["fingerprint"], compat["capture"]["aux_layer_ids"]
+    decisions = Decisions.load(inputs.decisions_json)
+    fp, aux = decisions.target_fingerprint, decisions.aux_layer_ids
     if cfg.head_variant == "auto":
-        cfg = replace(cfg, head_variant=compat.get("head", {}).get("recommended_variant", "eagle3.1"))
+        cfg = replace(cfg, head_variant=decisions.head_variant)
     if cfg.head_variant not in HEAD_VARIANTS:
         raise ValueError(f"train.head_variant {cfg.head_variant!r} is not one of {['auto', *HEAD_VARIANTS]}")
     for p in list(inputs.train_shards) + list(inputs.eval_shards):
@@ -240,7 +241,7 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
 
 
 def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_path: str, t2d_path: str,
-          vocab_json: str, compat_json: str, out_dir: str, *, world_size: int | None = None, device: str = "auto",
+          vocab_json: str, decisions_json: str, out_dir: str, *, world_size: int | None = None, device: str = "auto",
           trust_remote_code: bool = False, **settings) -> dict:
     """Train a draft head on the shards and write ``out_dir`` (atomically, as one directory).
 
@@ -259,11 +260,12 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
 
     Raises:
         TypeError: a key of ``settings`` is not a ``TrainConfig`` field.
+        artifacts.ArtifactError: ``decisions_json`` is missing or does not match its schema.
         ShardMismatch: a shard's target fingerprint or aux ids differ from the compat report.
         ValueError: the vocab map files are inconsistent, there is nothing to train on, or a
             setting is not one of its choices.
     """
-    inputs = TrainInputs(target_dir, train_shards, eval_shards, d2t_path, t2d_path, vocab_json, compat_json, out_dir)
+    inputs = TrainInputs(target_dir, train_shards, eval_shards, d2t_path, t2d_path, vocab_json, decisions_json, out_dir)
     return fit(TrainConfig(**settings), inputs, device, world_size, trust_remote_code)
 
 
@@ -274,6 +276,21 @@ def launch(kwargs: dict, nproc: int) -> None:
         RuntimeError: a rank failed (its traceback is in the log above).
     """
     ddp.launch("eagle3build.train_draft", kwargs, nproc)
+
+
+def run_job(gpus: int, **kwargs) -> None:
+    """Rule ``train_draft``'s entry: ``train(**kwargs)`` on the CPU (``gpus`` 0), on one GPU, or with
+    ``launch`` on ``gpus`` > 1 GPUs (one DDP process per GPU of the job's slots). ``kwargs``: ``train``'s
+    arguments without ``device``.
+
+    Raises:
+        RuntimeError: a rank of a distributed run failed.
+    """
+    kwargs["device"] = "cuda" if gpus > 0 else "cpu"
+    if gpus > 1:
+        launch(kwargs, nproc=gpus)
+    else:
+        train(**kwargs)
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ class TrainInputs:
     d2t_path: str
     t2d_path: str
     vocab_json: str
-    compat_json: str
+    decisions_json: str
     out_dir: str
 
     @property

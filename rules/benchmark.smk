@@ -7,6 +7,16 @@ rule benchmark:
         target=TARGET_FILES,
     output:
         report(f"{RES}/benchmark.json", category="4. Benchmark"),
+    log:
+        f"{LOGS}/benchmark.log",
+    retries: VLLM_RETRIES
+    conda:
+        "../envs/eagle3build.yaml"
+    threads: config["resources"]["serve"]["threads"]
+    resources:
+        gpu=res("serve", "gpu"),
+        mem_mb=attempt_mem_mb(res("serve", "mem_mb")),
+        runtime=res("serve", "runtime"),
     params:
         target_dir=target_dir,
         version=stage_version("benchmark"),
@@ -14,14 +24,5 @@ rule benchmark:
         settings=canonical(config["benchmark"]),
         served_name=config["target"]["served_name"],
         pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
-    log:
-        f"{LOGS}/benchmark.log",
-    threads: config["resources"]["serve"]["threads"]
-    resources:
-        gpu=res("serve", "gpu"),
-        mem_mb=res("serve", "mem_mb"),
-        runtime=res("serve", "runtime"),
-    conda:
-        "../envs/eagle3build.yaml"
     script:
         "../scripts/benchmark.py"

@@ -5,9 +5,23 @@ rule capture_hidden_states:
         target=TARGET_FILES,
     output:
         f"{RES}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
+    log:
+        f"{LOGS}/capture_hidden_states/{{split}}-{{shard}}.log",
+    benchmark:
+        f"{BENCH}/capture_hidden_states/{{split}}-{{shard}}.tsv"
+    retries: VLLM_RETRIES if capture_may_use_vllm() else 0
+    conda:
+        "../envs/eagle3build.yaml"
+    threads: config["resources"]["capture"]["threads"]
+    resources:
+        gpu=res("capture", "gpu"),
+        mem_mb=attempt_mem_mb(res("capture", "mem_mb")),
+        runtime=res("capture", "runtime"),
     params:
         start=shard_start,
         num_samples=shard_count,
+        # rerun triggers only (the job reads them from decisions.json): a changed request replans
+        # the shards even before the report has rerun; removing them would rerun every shard once
         aux_layer_ids=REQUESTED["aux_layer_ids"],
         backend=REQUESTED["backend"],
         target_dir=target_dir,
@@ -16,16 +30,5 @@ rule capture_hidden_states:
         tokens_per_batch=config["capture"]["tokens_per_batch"],
         compute_dtype=config["target"]["dtype"],
         trust_remote_code=config["target"]["trust_remote_code"],
-    log:
-        f"{LOGS}/capture_hidden_states/{{split}}-{{shard}}.log",
-    benchmark:
-        f"{BENCH}/capture_hidden_states/{{split}}-{{shard}}.tsv"
-    threads: config["resources"]["capture"]["threads"]
-    resources:
-        gpu=res("capture", "gpu"),
-        mem_mb=res("capture", "mem_mb"),
-        runtime=res("capture", "runtime"),
-    conda:
-        "../envs/eagle3build.yaml"
     script:
         "../scripts/capture_hidden_states.py"

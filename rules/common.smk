@@ -19,9 +19,7 @@ TARGET = config["target"]["path"] or f"resources/targets/{config['target']['bund
 # file in the folder changes nothing; weights rewritten in place are newer than every output.
 # A bundled target's files are the outputs of materialize_target.
 TARGET_FILES = (
-    content_files(TARGET)
-    if config["target"]["path"]
-    else [f"{TARGET}/{f}" for f in staleness.MATERIALIZED_FILES]
+    content_files(TARGET) if config["target"]["path"] else [f"{TARGET}/{f}" for f in staleness.MATERIALIZED_FILES]
 )
 
 
@@ -53,6 +51,7 @@ def stage_version(stage):
     staleness.track_package_versions is false)."""
     return staleness.stage_version(stage, config["staleness"]["track_package_versions"])
 
+
 # One file target per shard: shard i of a split holds samples [i*S, min((i+1)*S, N)).
 # A shard's params depend only on its own range, so raising N adds shards and
 # leaves the full ones up to date.
@@ -73,10 +72,7 @@ def num_shards(split):
 
 
 def shard_files(split):
-    return [
-        f"{RES}/hidden_states/{split}/shard-{i:05d}.safetensors"
-        for i in range(num_shards(split))
-    ]
+    return [f"{RES}/hidden_states/{split}/shard-{i:05d}.safetensors" for i in range(num_shards(split))]
 
 
 def shard_start(wildcards):
@@ -129,6 +125,26 @@ def regenerated_input(wildcards):
 def res(job, key):
     """A resource of config section resources.<job>, 0 for gpu when absent."""
     return config["resources"][job].get(key, 0)
+
+
+# Jobs that start a vLLM engine (benchmark, regenerate_responses, export_head's load check, capture
+# with the vllm backend) get one more attempt, with more memory: an engine that ran out of host
+# memory (CPU KV cache, weights staged in RAM) often fits at 1.5x. A profile's set-resources
+# mem_mb (profiles/slurm, profiles/kubernetes) replaces the callable, and with it the scaling.
+VLLM_RETRIES = 1
+
+
+def attempt_mem_mb(base_mb):
+    """mem_mb for attempt n (1, 2, ...): ``base_mb`` (MB) x (1 + (n - 1) / 2)."""
+    return lambda wildcards, attempt: int(base_mb * (1 + (attempt - 1) / 2))
+
+
+def capture_may_use_vllm():
+    """Whether capture may start vLLM: backend vllm, or auto until the report has chosen hooks."""
+    backend = config["capture"]["backend"]
+    if backend == "auto" and _RECORDED_DECISIONS:
+        backend = _RECORDED_DECISIONS.get("capture", {}).get("backend", "auto")
+    return backend != "hooks"
 
 
 def export_res(key):

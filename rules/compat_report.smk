@@ -4,20 +4,20 @@ rule compat_report:
     output:
         decisions=DECISIONS,
         json=f"{RES}/compat.json",
+    log:
+        f"{LOGS}/compat_report.log",
+    conda:
+        "../envs/eagle3build.yaml"
     params:
         target_dir=target_dir,
         results_dir=lambda w, output: os.path.dirname(output.json),
-        # as requested, with a pinned value equal to what `auto` chose reading `auto`
-        # (the adapter passes the config's own value)
+        # rerun triggers only: as requested, with a pinned value equal to what `auto` chose
+        # reading `auto` (compat_report.run_for_config reads the config's own values)
         backend=REQUESTED["backend"],
         aux_layer_ids=REQUESTED["aux_layer_ids"],
         version=stage_version("compat_report"),
         storage_dtype=config["capture"]["storage_dtype"],
         trust_remote_code=config["target"]["trust_remote_code"],
-    log:
-        f"{LOGS}/compat_report.log",
-    conda:
-        "../envs/eagle3build.yaml"
     script:
         "../scripts/compat_report.py"
 
@@ -29,11 +29,11 @@ rule compat_markdown:
         json=f"{RES}/compat.json",
     output:
         md=report(f"{RES}/compat.md", category="1. Compatibility"),
-    params:
-        version=stage_version("compat_report"),
     log:
         f"{LOGS}/compat_markdown.log",
     conda:
         "../envs/eagle3build.yaml"
+    params:
+        version=stage_version("compat_report"),
     script:
         "../scripts/compat_markdown.py"

@@ -9,6 +9,17 @@ rule export_head:
         config=f"{RES}/head/config.json",
         weights=f"{RES}/head/model.safetensors",
         meta=f"{RES}/head/head_meta.json",
+    log:
+        f"{LOGS}/export_head.log",
+    retries: VLLM_RETRIES if config["export"]["vllm_load_check"] != "never" else 0
+    conda:
+        "../envs/eagle3build.yaml"
+    # The vLLM load check serves the target like the benchmark does; without it, a CPU job.
+    threads: export_res("threads")
+    resources:
+        gpu=export_res("gpu"),
+        mem_mb=attempt_mem_mb(export_res("mem_mb")),
+        runtime=export_res("runtime"),
     params:
         checkpoint_dir=lambda w, input: os.path.dirname(input.checkpoint),
         out_dir=lambda w, output: os.path.dirname(output.config),
@@ -18,15 +29,5 @@ rule export_head:
         version=stage_version("export_head"),
         vllm_load_check=config["export"]["vllm_load_check"],
         pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
-    log:
-        f"{LOGS}/export_head.log",
-    # The vLLM load check serves the target like the benchmark does; without it, a CPU job.
-    threads: export_res("threads")
-    resources:
-        gpu=export_res("gpu"),
-        mem_mb=export_res("mem_mb"),
-        runtime=export_res("runtime"),
-    conda:
-        "../envs/eagle3build.yaml"
     script:
         "../scripts/export_head.py"

@@ -7,11 +7,11 @@ rule plot_benchmark:
             category="4. Benchmark",
             caption="../report/benchmark.rst",
         ),
-    params:
-        version=stage_version("plot_benchmark"),
     log:
         f"{LOGS}/plot_benchmark.log",
     conda:
         "../envs/eagle3build.yaml"
+    params:
+        version=stage_version("plot_benchmark"),
     script:
         "../scripts/plot_benchmark.py"

@@ -7,6 +7,12 @@ rule prepare_data:
         eval=f"{RES}/data/eval.safetensors",
         prompts=f"{RES}/data/prompts.jsonl",
         report=report(f"{RES}/data/data_report.json", category="2. Data", caption="../report/data.rst"),
+    log:
+        f"{LOGS}/prepare_data.log",
+    benchmark:
+        f"{BENCH}/prepare_data.tsv"
+    conda:
+        "../envs/eagle3build.yaml"
     params:
         target_dir=target_dir,
         version=stage_version("prepare_data"),
@@ -15,17 +21,7 @@ rule prepare_data:
         min_supervised_tokens=config["data"]["min_supervised_tokens"],
         eval_fraction=config["data"]["eval_fraction"],
         seed=config["data"]["seed"],
-        num_aux_layers=(
-            3
-            if config["capture"]["aux_layer_ids"] == "auto"
-            else len(config["capture"]["aux_layer_ids"])
-        ),
+        num_aux_layers=(3 if config["capture"]["aux_layer_ids"] == "auto" else len(config["capture"]["aux_layer_ids"])),
         trust_remote_code=config["target"]["trust_remote_code"],
-    log:
-        f"{LOGS}/prepare_data.log",
-    benchmark:
-        f"{BENCH}/prepare_data.tsv"
-    conda:
-        "../envs/eagle3build.yaml"
     script:
         "../scripts/prepare_data.py"

@@ -4,6 +4,18 @@ rule regenerate_responses:
     output:
         jsonl=REGENERATED,
         report=report(f"{RES}/data/regenerate_report.json", category="2. Data"),
+    log:
+        f"{LOGS}/regenerate_responses.log",
+    benchmark:
+        f"{BENCH}/regenerate_responses.tsv"
+    retries: VLLM_RETRIES if config["data"]["regenerate"]["backend"] != "transformers" else 0
+    conda:
+        "../envs/eagle3build.yaml"
+    threads: config["resources"]["serve"]["threads"]
+    resources:
+        gpu=res("serve", "gpu"),
+        mem_mb=attempt_mem_mb(res("serve", "mem_mb")),
+        runtime=res("serve", "runtime"),
     params:
         target_dir=target_dir,
         version=stage_version("regenerate_responses"),
@@ -17,16 +29,5 @@ rule regenerate_responses:
         backend=config["data"]["regenerate"]["backend"],
         batch_size=config["data"]["regenerate"]["batch_size"],
         trust_remote_code=config["target"]["trust_remote_code"],
-    log:
-        f"{LOGS}/regenerate_responses.log",
-    benchmark:
-        f"{BENCH}/regenerate_responses.tsv"
-    threads: config["resources"]["serve"]["threads"]
-    resources:
-        gpu=res("serve", "gpu"),
-        mem_mb=res("serve", "mem_mb"),
-        runtime=res("serve", "runtime"),
-    conda:
-        "../envs/eagle3build.yaml"
     script:
         "../scripts/regenerate_responses.py"

@@ -13,23 +13,23 @@ rule train_draft:
         meta=f"{RES}/checkpoint/train_meta.json",
         metrics=f"{RES}/checkpoint/metrics.json",
         curves=report(f"{RES}/checkpoint/curves.png", category="3. Training"),
-    params:
-        out_dir=lambda w, output: os.path.dirname(output.config),
-        train=canonical(config["train"]),
-        aux_layer_ids=REQUESTED["aux_layer_ids"],
-        target_dir=target_dir,
-        version=stage_version("train_draft"),
-        trust_remote_code=config["target"]["trust_remote_code"],
     log:
         f"{LOGS}/train_draft.log",
     benchmark:
         f"{BENCH}/train_draft.tsv"
+    conda:
+        "../envs/eagle3build.yaml"
     threads: config["resources"]["train"]["threads"]
     resources:
         gpu=res("train", "gpu"),
         mem_mb=res("train", "mem_mb"),
         runtime=res("train", "runtime"),
-    conda:
-        "../envs/eagle3build.yaml"
+    params:
+        out_dir=lambda w, output: os.path.dirname(output.config),
+        train=canonical(config["train"]),
+        aux_layer_ids=REQUESTED["aux_layer_ids"],  # rerun trigger only (the job reads decisions.json)
+        target_dir=target_dir,
+        version=stage_version("train_draft"),
+        trust_remote_code=config["target"]["trust_remote_code"],
     script:
         "../scripts/train_draft.py"

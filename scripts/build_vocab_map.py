@@ -1,14 +1,12 @@
 """Snakemake adapter for eagle3build.build_vocab_map."""
-import json
 
-from eagle3build.build_vocab_map import build
+from eagle3build.build_vocab_map import build_for_decisions
 from eagle3build.job import setup
 
 setup(snakemake)
-decisions = json.load(open(snakemake.input.decisions))
-build(
+build_for_decisions(
     tokens_path=snakemake.input.tokens,
-    target_vocab_size=decisions["target"]["vocab_size"],
+    decisions_path=snakemake.input.decisions,
     draft_vocab_size=snakemake.params.draft_vocab_size,
     out_d2t=snakemake.output.d2t,
     out_t2d=snakemake.output.t2d,

@@ -1,25 +1,20 @@
 """Snakemake adapter for eagle3build.train_draft."""
 
 from eagle3build.job import setup
-from eagle3build.train_draft import launch, train
+from eagle3build.train_draft import run_job
 
 setup(snakemake)
 i = snakemake.input
-gpus = snakemake.resources.gpu
-kwargs = dict(
+run_job(
+    gpus=snakemake.resources.gpu,  # > 1: torchrun, one DDP process per GPU of this job's slots
     target_dir=snakemake.params.target_dir,
     train_shards=list(i.train),
     eval_shards=list(i.eval),
     d2t_path=i.d2t,
     t2d_path=i.t2d,
     vocab_json=i.vocab,
-    compat_json=i.decisions,  # the decisions: target fingerprint, aux ids, head variant
+    decisions_json=i.decisions,  # target fingerprint, aux ids, head variant
     out_dir=snakemake.params.out_dir,
-    device="cuda" if gpus > 0 else "cpu",
     trust_remote_code=snakemake.params.trust_remote_code,
     **snakemake.params.train,
 )
-if gpus > 1:
-    launch(kwargs, nproc=gpus)  # torchrun: one DDP process per GPU of this job's slots
-else:
-    train(**kwargs)

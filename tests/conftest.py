@@ -67,7 +67,7 @@ TINY_AUX = [1, 3, 4]
 @pytest.fixture(scope="session")
 def tiny_shards(tmp_path_factory, tiny_target):
     """Tokens skewed toward a few ids (like real text), one train and one eval shard captured from the
-    tiny target, a vocab map (draft 256) and a compat stub: ``(dir, samples, vocab_info)``."""
+    tiny target, a vocab map (draft 256) and a decisions.json stub: ``(dir, samples, vocab_info)``."""
     import json
 
     import numpy as np
@@ -75,6 +75,7 @@ def tiny_shards(tmp_path_factory, tiny_target):
     from eagle3build import build_vocab_map as bv
     from eagle3build import capture_hidden_states as cap
     from eagle3build import prepare_data as pd
+    from eagle3build.artifacts import minimal_decisions
 
     d = tmp_path_factory.mktemp("pipeline")
     rng = np.random.default_rng(0)
@@ -91,8 +92,6 @@ def tiny_shards(tmp_path_factory, tiny_target):
     for split, n in (("train", 8), ("eval", 2)):
         cap.capture_shard(tiny_target, d / f"{split}.safetensors", d / f"{split}-shard.safetensors", 0, n, TINY_AUX,
                           "fp-tiny", split)
-    (d / "compat.json").write_text(json.dumps({"target": {"fingerprint": "fp-tiny"},
-                                               "capture": {"aux_layer_ids": TINY_AUX},
-                                               "head": {"recommended_variant": "eagle3.1"}}))
+    (d / "decisions.json").write_text(json.dumps(minimal_decisions("fp-tiny", TINY_AUX, 49152)))
     info = bv.build(d / "train.safetensors", 49152, 256, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     return d, samples, info

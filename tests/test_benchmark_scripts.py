@@ -55,3 +55,12 @@ def test_plan_10k_tiny(tmp_path):
 def test_prepare_data_throughput_tiny(smol_target):
     p = _run("prepare_data_throughput.py", str(smol_target), "--max-seq-len", "256", "--max-samples", "12")
     assert '"kept": 12' in p.stdout and re.search(r"conversations/s \(records read\): \d+\.\d", p.stdout)
+
+
+def test_every_benchmark_script_is_smoke_run():
+    """Each benchmarks/*.py is run by a test: this file, or the two named in the module docstring."""
+    tests = "".join((REPO / "tests" / f).read_text()
+                    for f in ("test_benchmark_scripts.py", "test_e2e.py", "test_vllm_capture.py"))
+    missing = [p.name for p in sorted((REPO / "benchmarks").glob("*.py"))
+               if f'"{p.name}"' not in tests and f"benchmarks/{p.name}" not in tests and f"import {p.stem}\n" not in tests]
+    assert not missing, f"benchmark scripts without a smoke test: {missing}"

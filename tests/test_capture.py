@@ -208,8 +208,14 @@ def test_atomic_json_is_fsynced_before_rename(tmp_path, monkeypatch):
 @pytest.mark.parametrize("family", ["deepseek_v3_moe", "llava_wrapper"])
 def test_capture_moe_and_multimodal_targets(tmp_path, family):
     """Tiny random MoE and multimodal-wrapper targets: hooks equal the text model's own hidden states."""
-    from transformers import (CLIPVisionConfig, DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig,
-                              LlavaConfig, LlavaForConditionalGeneration)
+    from transformers import (
+        CLIPVisionConfig,
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
 
     torch.manual_seed(0)
     small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, vocab_size=500,

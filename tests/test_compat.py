@@ -59,8 +59,10 @@ def test_backend_decision_on_cpu():
     for target, backend in ((MOE, "vllm"), (DENSE_200B, "vllm"), (SMOL, "hooks")):
         d = cr.decide_backend("auto", {"vllm_capture_smoke": passed}, target)
         assert d["backend"] == d["auto_choice"] == backend, (target, d)
-    assert "MoE target (128 routed experts), 60.0 GB" in cr.decide_backend("auto", {"vllm_capture_smoke": passed}, MOE)["reasons"][0]
-    assert "large target: 400.0 GB of weights (200.00B parameters) > 80 GB" in cr.decide_backend("auto", {"vllm_capture_smoke": passed}, DENSE_200B)["reasons"][0]
+    smoke = {"vllm_capture_smoke": passed}
+    assert "MoE target (128 routed experts), 60.0 GB" in cr.decide_backend("auto", smoke, MOE)["reasons"][0]
+    assert ("large target: 400.0 GB of weights (200.00B parameters) > 80 GB"
+            in cr.decide_backend("auto", smoke, DENSE_200B)["reasons"][0])
     # Probe failed: hooks, the evidence in the reasons; forcing vllm then is a hard error.
     d = cr.decide_backend("auto", {"vllm_capture_smoke": failed}, MOE)
     assert d["backend"] == "hooks" and any("probe failed: RuntimeError: ... LayoutError" in r for r in d["reasons"])
@@ -82,7 +84,8 @@ def test_smol_report_does_not_start_an_engine(tmp_path, smol_target, monkeypatch
     c = r["capture"]
     assert c["backend"] == "hooks" and "vllm_capture_smoke" not in r["probes"]
     assert c["vllm_capture_probe"]["run"] is False
-    assert c["vllm_capture_probe"]["why"].startswith("backend auto; dense target of 0.3 GB of weights (0.13B parameters) <= 80 GB")
+    assert c["vllm_capture_probe"]["why"].startswith(
+        "backend auto; dense target of 0.3 GB of weights (0.13B parameters) <= 80 GB")
     assert "vLLM capture probe not run" in cr.render_markdown(r)
 
 

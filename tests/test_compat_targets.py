@@ -74,7 +74,7 @@ def test_kimi_k25_shape(tmp_path):
 def test_kimi_full_report_matches_schema(tmp_path):
     r = cr.build_report(str(KIMI), str(tmp_path / "results"), planned_tokens=1000, gpu_memory_gb=96, gpus_per_node=8,
                         job_gpus={"capture": 8, "serve": 8})
-    jsonschema.validate(r, json.loads((REPO / "schemas/compat.schema.json").read_text()))
+    jsonschema.validate(r, json.loads((REPO / "eagle3build/schemas/compat.schema.json").read_text()))
     assert r["capture"]["aux_layer_ids"] == [2, 30, 58] and r["capture"]["bytes_per_token"] == 57_344
     assert r["plans"]["disk"]["needed_bytes"] == 57_344 * 1000
     assert r["plans"]["gpus"]["gpus_needed_per_job"] == 8 and r["hard_failures"] == []

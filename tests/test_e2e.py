@@ -11,7 +11,6 @@ import pytest
 import torch
 import yaml
 from safetensors import safe_open
-
 from smk import REPO, SNAKEMAKE, planned_jobs, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -82,7 +81,7 @@ def test_benchmark(built):
     b = json.loads((res / "benchmark.json").read_text())
     import jsonschema
 
-    jsonschema.validate(b, json.loads((REPO / "schemas/benchmark.schema.json").read_text()))
+    jsonschema.validate(b, json.loads((REPO / "eagle3build/schemas/benchmark.schema.json").read_text()))
     sets = b["settings"]["sets"]
     assert list(sets) == ["chat", "humaneval"] and b["settings"]["num_prompts"] == 2
     assert sets["humaneval"]["prompt_ids"] == ["HumanEval/0", "HumanEval/1"]
@@ -109,7 +108,8 @@ def test_benchmark(built):
     for key in ("drafts", "accepted_tokens", "output_tokens"):
         assert r[key] == sum(r["sets"][n][key] for n in sets), key
     for n in sets:
-        assert r["sets"][n]["speedup"] == pytest.approx(r["sets"][n]["output_tokens_per_s"] / base["sets"][n]["output_tokens_per_s"])
+        tps = r["sets"][n]["output_tokens_per_s"] / base["sets"][n]["output_tokens_per_s"]
+        assert r["sets"][n]["speedup"] == pytest.approx(tps)
     assert "Using auxiliary layers" in (wd / "logs/reduced/benchmark.log").read_text()
     assert b["settings"]["concurrency"] == 1
 
@@ -176,7 +176,8 @@ def test_more_samples_add_only_new_shards(built, tmp_path):
     cfg["capture"]["num_train_samples"] = 24
     (tmp_path / "more.yaml").write_text(yaml.safe_dump(cfg))
     p = run(["-n", "--configfile", str(tmp_path / "more.yaml")], wd)
-    assert re.findall(r"output: (\S*hidden_states\S*)", p.stdout) == ["results/reduced/hidden_states/train/shard-00002.safetensors"]
+    assert re.findall(r"output: (\S*hidden_states\S*)", p.stdout) == [
+        "results/reduced/hidden_states/train/shard-00002.safetensors"]
 
 
 DOWNSTREAM_OF_TRAIN = {"train_draft": 1, "export_head": 1, "benchmark": 1, "plot_benchmark": 1, "all": 1}

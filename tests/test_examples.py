@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from smk import REPO, planned_jobs, planned_resources
 
 GPU_RULES = ("capture_hidden_states", "train_draft", "benchmark", "export_head")  # export: its vLLM load check

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 import yaml
+from smk import REPO
 
 from eagle3build import lockcheck
-from smk import REPO
 
 LOCK = REPO / "constraints-gpu.txt"
 REQS = REPO / "requirements-gpu.txt"

@@ -7,7 +7,8 @@ import pytest
 
 from eagle3build import prepare_data as pd
 
-GOOD = {"id": "good", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "Hello! How can I help you today?"}]}
+GOOD = {"id": "good", "conversations": [{"from": "human", "value": "hi"},
+                                        {"from": "gpt", "value": "Hello! How can I help you today?"}]}
 
 
 def sg(*turns, **extra):
@@ -36,7 +37,8 @@ CASES = [
     ("non-UTF-8 bytes", b'[{"conversations": [{"from": "human", "value": "\xff\xfe"}]}]', ("error", "not UTF-8")),
     ("record is a list", as_array([1, 2, 3]), ("skip", "not_an_object")),
     ("no turn list", as_array({"id": "x", "text": "hello"}), ("skip", "missing_key")),
-    ("turn without value", as_array({"conversations": [{"from": "human"}, {"from": "gpt", "value": "b"}]}), ("skip", "missing_key")),
+    ("turn without value", as_array({"conversations": [{"from": "human"}, {"from": "gpt", "value": "b"}]}),
+     ("skip", "missing_key")),
     ("unknown role", as_array(sg(("narrator", "once"), ("gpt", "upon"))), ("skip", "unknown_role")),
     ("non-string text", as_array({"messages": [{"role": "user", "content": ["part"]}, {"role": "assistant", "content": "b"}]}),
      ("skip", "non_string_text")),

@@ -5,7 +5,6 @@ import importlib.util
 
 import pytest
 import yaml
-
 from smk import REPO, planned_resources
 
 PROFILES = ["default", "blackwell-8x", "slurm", "kubernetes"]

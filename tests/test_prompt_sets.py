@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from smk import REPO
 
 from eagle3build import prompt_sets
-from smk import REPO
 
 
 def test_humaneval_from_the_installed_package():
@@ -49,7 +49,6 @@ def test_custom_set_and_prompts_file_go_together(tmp_path):
     """`custom` in benchmark.sets without data.prompts_file (or the file without the set) stops the plan;
     with both, the file is an input of the benchmark only."""
     import yaml
-
     from smk import run
 
     cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from smk import REPO, SNAKEMAKE
 
 pytestmark = pytest.mark.slurm
-pytest.importorskip("snakemake_executor_plugin_slurm", reason="the SLURM executor plugin is not installed (requirements-executors.txt)")
+pytest.importorskip("snakemake_executor_plugin_slurm",
+                    reason="the SLURM executor plugin is not installed (requirements-executors.txt)")
 
 PARTITION = "e3test"
 RUN = "results/reduced"
@@ -72,7 +72,11 @@ def test_sbatch_call_of_the_profile(tmp_path, target, expect):
     p = smk([target, "--force", "--rerun-triggers", "mtime", "--slurm-status-command", "squeue", "--slurm-no-account",
              "--slurm-init-seconds-before-status-checks", "1"], wd, env={"PATH": f"{bin_}:{os.environ['PATH']}"}, timeout=300)
     calls = [c for c in log.read_text().splitlines() if c.startswith("sbatch ")] if log.exists() else []
-    assert len(calls) == 1, p.stdout + p.stderr
+    # the jobs that may start vLLM (capture with backend auto, benchmark) are submitted once more
+    # after the stub's refusal: `retries: VLLM_RETRIES` (rules/common.smk), attempt 2
+    retried = "hidden_states" in target or "benchmark" in target
+    assert len(calls) == (2 if retried else 1), p.stdout + p.stderr
+    assert " --attempt 1 " in calls[0] and (not retried or " --attempt 2 " in calls[1]), calls
     for flag in expect:
         assert f" {flag} " in calls[0] + " ", (flag, calls[0])
     if "--gpus" not in " ".join(expect):
@@ -118,18 +122,20 @@ def test_reduced_run_through_slurm(built):
 
 def test_every_job_went_through_sbatch(built):
     """One kept SLURM log per job (the plugin writes .snakemake/slurm_logs/rule_<rule>/.../<jobid>.log),
-    and SLURM's job-completion log lists those job ids as COMPLETED in this workdir."""
+    and SLURM's job-completion log lists those job ids as COMPLETED in this workdir. The Snakefile's
+    localrules (all, compat_markdown, plot_benchmark) run in Snakemake's own process: no sbatch."""
     wd, p = built
     logs = sorted((wd / ".snakemake/slurm_logs").rglob("*.log"))
     by_rule = {}
     for f in logs:
         rule = next(part for part in f.relative_to(wd / ".snakemake/slurm_logs").parts if part.startswith("rule_"))
         by_rule[rule[5:]] = by_rule.get(rule[5:], 0) + 1
-    assert by_rule == {"materialize_target": 1, "compat_report": 1, "compat_markdown": 1, "prepare_data": 1,
+    assert by_rule == {"materialize_target": 1, "compat_report": 1, "prepare_data": 1,
                        "capture_hidden_states": 3, "build_vocab_map": 1, "train_draft": 1, "export_head": 1,
-                       "benchmark": 1, "plot_benchmark": 1}
+                       "benchmark": 1}
     ids = {f.stem for f in logs}
     comp = Path("/var/log/slurm/jobcomp.log").read_text()
     done = {m.group(1) for m in re.finditer(r"JobId=(\d+) .*?JobState=COMPLETED .*?WorkDir=(\S+)", comp)
             if Path(m.group(2)).resolve() == wd.resolve()}
-    assert ids <= done and len(ids) == 12, (ids, done)
+    assert ids <= done and len(ids) == 10, (ids, done)
+    assert (wd / "results/reduced/compat.md").exists() and (wd / "results/reduced/report/benchmark.png").exists()

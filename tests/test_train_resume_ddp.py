@@ -18,7 +18,7 @@ from eagle3build import train_draft as td
 def kwargs(d, target, out, **over):
     kw = dict(target_dir=str(target), train_shards=[str(d / "train-shard.safetensors")],
               eval_shards=[str(d / "eval-shard.safetensors")], d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
-              vocab_json=str(d / "vocab.json"), compat_json=str(d / "compat.json"), out_dir=str(out), epochs=4, lr=3e-3,
+              vocab_json=str(d / "vocab.json"), decisions_json=str(d / "decisions.json"), out_dir=str(out), epochs=4, lr=3e-3,
               total_seq_len=160, ttt_steps=3, seed=0, noise_std=0.05, device="cpu", checkpoint_every=1)
     kw.update(over)
     return kw

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-
 from pathlib import Path
 
 import jsonschema
@@ -21,6 +20,7 @@ from eagle3build import capture_hidden_states as cap
 from eagle3build import compat_report as cr
 from eagle3build import prepare_data as pd
 from eagle3build import vllm_capture as vc
+from eagle3build.artifacts import minimal_decisions
 from eagle3build.shards import ShardMeta, ShardReader
 from eagle3build.vllm_engine import run_child
 
@@ -107,14 +107,13 @@ def test_vllm_shard_trains_and_exports_like_a_hooks_shard(smol_vllm, smol_target
     v, h = ShardReader(d / "vllm-bfloat16.safetensors"), ShardReader(d / "hooks-bfloat16.safetensors")
     for i in range(len(samples)):
         torch.testing.assert_close(v[i]["hidden_states"].float(), h[i]["hidden_states"].float(), rtol=2**-7, atol=2e-2)
-    (d / "compat.json").write_text(json.dumps({"target": {"fingerprint": "fp-smol"}, "capture": {"aux_layer_ids": SMOL_AUX},
-                                               "head": {"recommended_variant": "eagle3.1"}}))
+    (d / "decisions.json").write_text(json.dumps(minimal_decisions("fp-smol", SMOL_AUX, 49152)))
     bv.build(d / "train.safetensors", 49152, 512, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     metrics, files = {}, {}
     for name in ("vllm", "hooks"):
         ck = d / f"ck-{name}"
         m = td.train(str(smol_target), [str(d / f"{name}-bfloat16.safetensors")], [], str(d / "d2t.npy"), str(d / "t2d.npy"),
-                     str(d / "vocab.json"), str(d / "compat.json"), str(ck), epochs=1, max_steps=2, lr=1e-3,
+                     str(d / "vocab.json"), str(d / "decisions.json"), str(ck), epochs=1, max_steps=2, lr=1e-3,
                      total_seq_len=256, seed=0, device="cpu")
         metrics[name] = [s["loss"] for s in m["train_history"]]
         ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), d / f"head-{name}",
@@ -163,7 +162,7 @@ def _tiny_paligemma(path):
 @pytest.mark.parametrize("kind", ["qwen3-moe", "paligemma-wrapper"])
 def test_moe_and_multimodal_wrapper_equal_transformers(tmp_path, kind, request):
     """Through the stage function (engine in a child process): vLLM capture == transformers' hidden states."""
-    from eagle3build.target import find_decoder_layers, final_norm, load_model
+    from eagle3build.target import final_norm, find_decoder_layers, load_model
 
     target = request.getfixturevalue("moe_target") if kind == "qwen3-moe" else _tiny_paligemma(tmp_path / "target")
     rng = np.random.default_rng(1)
@@ -206,7 +205,7 @@ def test_compat_picks_vllm_for_moe_target_where_the_probe_passes(moe_target, tmp
     assert c["backend"] == "vllm" and c["vllm_capture_probe"]["run"] is True
     assert any(x.startswith("MoE target (8 routed experts)") for x in c["reasons"])
     assert any(x.startswith("vLLM capture probe passed (hooks on LlamaDecoderLayer") for x in c["reasons"])
-    jsonschema.validate(r, json.loads((REPO / "schemas/compat.schema.json").read_text()))
+    jsonschema.validate(r, json.loads((REPO / "eagle3build/schemas/compat.schema.json").read_text()))
 
 
 def test_compat_falls_back_to_hooks_when_vllm_layers_do_not_match(moe_target, tmp_path, monkeypatch):

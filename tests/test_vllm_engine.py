@@ -7,10 +7,10 @@ import sys
 
 import pytest
 import yaml
+from smk import REPO, planned_resources
 
 from eagle3build import benchmark, compat_report, regenerate_responses, vllm_engine
 from eagle3build import export_head as ex
-from smk import REPO, planned_resources
 
 
 def _example_workdir(tmp_path):
@@ -87,7 +87,7 @@ def test_compat_report_without_vllm_warns_and_the_head_still_builds(no_vllm, tin
     import jsonschema
 
     jsonschema.validate(json.loads(json.dumps(r, default=str)),
-                        json.loads((REPO / "schemas/compat.schema.json").read_text()))
+                        json.loads((REPO / "eagle3build/schemas/compat.schema.json").read_text()))
     compat_report.write(r, tmp_path / "compat.json", tmp_path / "compat.md")
     md = (tmp_path / "compat.md").read_text()
     assert "usable here: **no**" in md and "WARNING: vLLM is not usable here" in md
@@ -119,7 +119,7 @@ def test_export_without_vllm_skips_the_load_check_and_records_why(no_vllm, tiny_
     d, _, _ = tiny_shards
     ck = tmp_path / "checkpoint"
     td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [], str(d / "d2t.npy"), str(d / "t2d.npy"),
-             str(d / "vocab.json"), str(d / "compat.json"), str(ck), epochs=1, total_seq_len=256, device="cpu")
+             str(d / "vocab.json"), str(d / "decisions.json"), str(ck), epochs=1, total_seq_len=256, device="cpu")
     meta = ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/tiny",
                      str(tiny_target), vllm_load_check="auto")
     assert "needs the Python package 'vllm'" in meta["vllm_load_check"]["skipped"]

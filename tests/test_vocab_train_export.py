@@ -11,6 +11,7 @@ from safetensors import safe_open
 from eagle3build import build_vocab_map as bv
 from eagle3build import export_head as ex
 from eagle3build import train_draft as td
+from eagle3build.artifacts import minimal_decisions
 
 AUX = [1, 3, 4]
 
@@ -46,7 +47,7 @@ def test_train_loss_falls_and_checkpoint_is_written(workdir, tiny_target):
     d, _, info = workdir
     out = d / "checkpoint"
     m = td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
-                 str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "compat.json"), str(out),
+                 str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(out),
                  epochs=12, lr=3e-3, total_seq_len=256, ttt_steps=3, seed=0, device="cpu")
     losses = [h["loss"] for h in m["train_history"]]
     assert m["steps"] == len(losses) >= 12
@@ -64,10 +65,10 @@ def test_train_loss_falls_and_checkpoint_is_written(workdir, tiny_target):
 
 def test_trainer_refuses_foreign_shards(workdir, tiny_target, tmp_path):
     d, _, _ = workdir
-    (tmp_path / "compat.json").write_text(json.dumps({"target": {"fingerprint": "other"}, "capture": {"aux_layer_ids": AUX}}))
+    (tmp_path / "decisions.json").write_text(json.dumps(minimal_decisions("other", AUX, 49152)))
     with pytest.raises(Exception, match="fingerprint fp-tiny but this run's target is other"):
         td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [], str(d / "d2t.npy"), str(d / "t2d.npy"),
-                 str(d / "vocab.json"), str(tmp_path / "compat.json"), str(tmp_path / "ck"), device="cpu")
+                 str(d / "vocab.json"), str(tmp_path / "decisions.json"), str(tmp_path / "ck"), device="cpu")
 
 
 def test_export_head(workdir, tiny_target):

@@ -5,7 +5,6 @@ import copy
 
 import pytest
 import yaml
-
 from smk import REPO, planned_jobs, run, write_config
 
 FULL_PLAN = {
@@ -73,4 +72,19 @@ def test_rules_declare_resources_and_logs():
     p = run(["--lint"])
     assert "Lints for" not in p.stdout + p.stderr, p.stdout + p.stderr
     text = "".join((REPO / "rules" / f"{r}.smk").read_text() for r in ("capture_hidden_states", "train_draft", "benchmark"))
-    assert text.count("gpu=res(") == 3 and text.count("mem_mb=res(") == 3 and text.count("runtime=res(") == 3
+    assert text.count("gpu=res(") == 3 and text.count("runtime=res(") == 3
+    # memory: plain for training; growing with the attempt where a vLLM engine may run (rules/common.smk)
+    assert text.count("mem_mb=res(") == 1 and text.count("mem_mb=attempt_mem_mb(res(") == 2
+    vllm_rules = ("capture_hidden_states", "benchmark", "regenerate_responses", "export_head")
+    for r in vllm_rules:
+        assert "retries: VLLM_RETRIES" in (REPO / "rules" / f"{r}.smk").read_text(), r
+
+
+def test_vllm_jobs_get_more_memory_on_a_retry():
+    """attempt_mem_mb (rules/common.smk): the base at attempt 1, 1.5x at attempt 2, 2x at attempt 3."""
+    ns = {}
+    src = (REPO / "rules/common.smk").read_text()
+    start = src.index("def attempt_mem_mb")
+    exec(src[start:src.index("\n\n\n", start)], ns)
+    f = ns["attempt_mem_mb"](12000)
+    assert [f(None, a) for a in (1, 2, 3)] == [12000, 18000, 24000]
