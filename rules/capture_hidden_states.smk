@@ -2,15 +2,13 @@ rule capture_hidden_states:
     input:
         decisions=DECISIONS,
         tokens=f"{RES}/data/{{split}}.safetensors",
-        target=TARGET_FILES,
     output:
         f"{RES}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
     params:
-        start=shard_start,
-        num_samples=shard_count,
+        shard=shard_range,
         aux_layer_ids=REQUESTED["aux_layer_ids"],
         backend=REQUESTED["backend"],
-        target_dir=target_dir,
+        target_dir=TARGET,
         version=stage_version("capture_hidden_states"),
         storage_dtype=config["capture"]["storage_dtype"],
         tokens_per_batch=config["capture"]["tokens_per_batch"],
