@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 
 from .atomic import write_json, write_text
+from .serving import check_servable
+from .serving import probe_vllm as probe_serving_vllm
 from .target import check_aux_layer_ids, default_aux_layer_ids, find_decoder_layers, fingerprint, load_config, text_config
 
 log = logging.getLogger(__name__)
@@ -599,6 +601,14 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         )
         probes["aux_layer_ids"] = aux_probe
         capture["aux_layer_ids"] = aux_probe.value
+        if aux_probe.status != "fail":
+            # Before any capture: can the vLLM that will serve the head load these aux ids?
+            # Asked of the installed vLLM's own code, else answered by the lock (eagle3build.serving).
+            ids = list(aux_probe.value)
+            vllm_ok = probes["vllm"].status != "fail"
+            probes["vllm_serving"] = run_probe(
+                "vllm_serving", lambda: check_servable(ids, probe_serving_vllm(ids) if vllm_ok else None), required=True)
+            capture["serving"] = probes["vllm_serving"].value
         from .shards import ShardMeta, bytes_per_token
 
         meta = ShardMeta("", list(aux_probe.value or []), storage_dtype, target["hidden_size"], [], "")

@@ -26,13 +26,14 @@ import torch
 from . import vllm_engine
 from .artifacts import TrainMeta
 from .atomic import atomic_path, write_json
+from .serving import head_config_fields
 from .build_vocab_map import check_consistent
 
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 1
+OUTPUT_VERSION = 2  # 2: transformer_layer_config.num_aux_hidden_states (eagle3build.serving)
 
 
 # One engine run: start, decode greedily, read vLLM's spec-decode counters.
@@ -158,6 +159,8 @@ def export(
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
     out_state = {k: (v.to(tdt) if v.is_floating_point() else v).contiguous() for k, v in state.items() if k in shapes}
     cfg["speculators_config"]["verifier"]["name_or_path"] = served_name
+    # vLLM sizes the draft's fc from this key (else assumes 3 aux states): eagle3build.serving.
+    cfg["transformer_layer_config"].update(head_config_fields(cfg["eagle_aux_hidden_state_layer_ids"]))
     cfg.pop("auto_map", None)  # points at a config.py we do not ship; vLLM and speculators do not need it
     cfg["dtype"] = dtype
     bad = _absolute_paths(cfg)

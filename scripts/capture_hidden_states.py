@@ -10,8 +10,8 @@ capture_for_decisions(
     target_dir=p.target_dir,
     tokens_path=snakemake.input.tokens,
     out_path=snakemake.output[0],
-    start=p.start,
-    count=p.num_samples,
+    start=p.shard["start"],
+    count=p.shard["num_samples"],
     split=snakemake.wildcards.split,
     # backend vllm: tensor parallel over the job's cards (CUDA_VISIBLE_DEVICES from setup)
     gpus=snakemake.resources.gpu,
