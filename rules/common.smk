@@ -18,7 +18,9 @@ TARGET = config["target"]["path"] or f"resources/targets/{config['target']['bund
 # file in the folder changes nothing; weights rewritten in place are newer than every output.
 # A bundled target's files are the outputs of materialize_target.
 TARGET_FILES = (
-    staleness.content_files(TARGET) if config["target"]["path"] else [f"{TARGET}/{f}" for f in staleness.MATERIALIZED_FILES]
+    staleness.content_files(TARGET)
+    if config["target"]["path"]
+    else [f"{TARGET}/{f}" for f in staleness.MATERIALIZED_FILES]
 )
 
 
