@@ -25,7 +25,8 @@ import torch
 
 from . import vllm_engine
 from .atomic import atomic_path, write_json
-from .build_vocab_map import check_consistent
+from .head_format import expected_shapes
+from .vocab_map import check_consistent
 
 log = logging.getLogger(__name__)
 
@@ -40,40 +41,6 @@ RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 
 class ExportError(ValueError):
     """The checkpoint cannot become a valid head; the message says which tensor/field and why."""
-
-
-def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape that a head with speculators config ``cfg`` must hold."""
-    tl = cfg["transformer_layer_config"]
-    H = tl["hidden_size"]
-    V = tl["vocab_size"]
-    D = cfg["draft_vocab_size"]
-    A = len(cfg["eagle_aux_hidden_state_layer_ids"])
-    heads, kv = tl["num_attention_heads"], tl["num_key_value_heads"]
-    hd = tl.get("head_dim") or H // heads
-    inter = tl["intermediate_size"]
-    shapes = {
-        "fc.weight": (H, A * H),
-        "norm.weight": (H,),
-        "lm_head.weight": (D, H),
-        "d2t": (D,),
-        "t2d": (V,),
-        "embed_tokens.weight": (V, H),
-        # the first draft layer attends over [embed, hidden] (2H wide)
-        "layers.0.self_attn.q_proj.weight": (heads * hd, 2 * H),
-        "layers.0.self_attn.k_proj.weight": (kv * hd, 2 * H),
-        "layers.0.self_attn.v_proj.weight": (kv * hd, 2 * H),
-        "layers.0.self_attn.o_proj.weight": (H, heads * hd),
-        "layers.0.mlp.gate_proj.weight": (inter, H),
-        "layers.0.mlp.up_proj.weight": (inter, H),
-        "layers.0.mlp.down_proj.weight": (H, inter),
-        "layers.0.input_layernorm.weight": (H,),
-        "layers.0.hidden_norm.weight": (H,),
-        "layers.0.post_attention_layernorm.weight": (H,),
-    }
-    if cfg.get("norm_before_fc"):
-        shapes["input_norm.weight"] = (A * H,)
-    return shapes
 
 
 def _absolute_paths(obj, where: str = "") -> list[str]:
@@ -114,7 +81,7 @@ def export(
     """
     from safetensors.torch import load_file, save_file
 
-    from . import build_vocab_map
+    from . import vocab_map
 
     vllm_check = vllm_load_check == "always"
     if vllm_load_check == "always":
@@ -129,7 +96,7 @@ def export(
     ck = Path(checkpoint_dir)
     cfg = json.loads((ck / "config.json").read_text())
     meta = json.loads((ck / "train_meta.json").read_text())
-    d2t, t2d, vinfo = build_vocab_map.load(d2t_path, t2d_path, vocab_json)
+    d2t, t2d, vinfo = vocab_map.load(d2t_path, t2d_path, vocab_json)
     if vinfo["fingerprint"] != meta["vocab_fingerprint"]:
         raise ExportError(
             f"vocab map {vocab_json} has fingerprint {vinfo['fingerprint']}, but the checkpoint "

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from .atomic import atomic_path
+from .head_format import HEAD_VARIANTS
 from .shards import ShardReader, check_meta
 
 log = logging.getLogger(__name__)
@@ -39,15 +40,6 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 1
-
-# Head flags of the two EAGLE-3 variants (speculators' Eagle3SpeculatorConfig fields).
-HEAD_VARIANTS = {
-    # Li et al. 2025: fc over the raw concatenated aux states, residual after the hidden norm.
-    "eagle3": {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False, "fc_norm": False},
-    # speculators' default since 0.4 ("Eagle 3.1"): norm before fc, post-norm states fed back.
-    "eagle3.1": {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "fc_norm": False},
-}
-
 
 def _shard_dataset_class():
     from speculators.train.data import BaseDataset
@@ -366,7 +358,7 @@ def train(
     from speculators.losses import resolve_loss_config
     from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
-    from . import build_vocab_map
+    from . import vocab_map
 
     distributed, rank, dist_world = _dist_info()
     world = dist_world if distributed else (world_size or 1)
@@ -379,7 +371,7 @@ def train(
         head_variant = compat.get("head", {}).get("recommended_variant", "eagle3.1")
     for p in list(train_shards) + list(eval_shards):
         check_meta(p, ShardReader(p).meta, fp, aux)
-    d2t, t2d, vocab_info = build_vocab_map.load(d2t_path, t2d_path, vocab_json)
+    d2t, t2d, vocab_info = vocab_map.load(d2t_path, t2d_path, vocab_json)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and distributed:
