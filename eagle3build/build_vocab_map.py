@@ -8,6 +8,8 @@ vocabulary ([target]) — the tensors vLLM reads from the head (vllm/model_execu
 The fingerprint (sha256 of the sorted counts and the draft size, 16 hex chars) travels
 with the checkpoint and the exported head, so a head can never be exported with a map it
 was not trained with (a misaligned draft ``lm_head`` that training accuracy does not show).
+
+The files' format, reading and consistency check are the shared ``vocab_map.py``.
 """
 
 from __future__ import annotations

@@ -23,10 +23,9 @@ from pathlib import Path
 
 import torch
 
-from . import vllm_engine
+from . import vllm_engine, vocab_map
 from .atomic import atomic_path, write_json
 from .head_format import expected_shapes
-from .vocab_map import check_consistent
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +80,6 @@ def export(
     """
     from safetensors.torch import load_file, save_file
 
-    from . import vocab_map
-
     vllm_check = vllm_load_check == "always"
     if vllm_load_check == "always":
         vllm_engine.require_vllm(needed_by=f"{os.fspath(out_dir)} (export.vllm_load_check: always)")
@@ -111,7 +108,7 @@ def export(
             raise ExportError(f"{ck}/model.safetensors: {name} has shape {tuple(state[name].shape)}, expected {shape}")
     if state["d2t"].dtype != torch.int64 or state["t2d"].dtype != torch.bool:
         raise ExportError(f"{ck}: d2t must be int64 and t2d bool, got {state['d2t'].dtype} / {state['t2d'].dtype}")
-    check_consistent(state["d2t"], state["t2d"])
+    vocab_map.check_consistent(state["d2t"], state["t2d"])
     if not torch.equal(state["d2t"], d2t) or not torch.equal(state["t2d"], t2d):
         raise ExportError(f"{ck}: d2t/t2d inside the checkpoint differ from {d2t_path}/{t2d_path}")
     flags = {k: cfg.get(k) for k in meta["head_flags"]}
