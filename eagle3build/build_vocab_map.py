@@ -8,6 +8,8 @@ vocabulary ([target]) — the tensors vLLM reads from the head (vllm/model_execu
 The fingerprint (sha256 of the sorted counts and the draft size, 16 hex chars) travels
 with the checkpoint and the exported head, so a head can never be exported with a map it
 was not trained with (a misaligned draft ``lm_head`` that training accuracy does not show).
+
+The files' format, reading and consistency check are the shared ``vocab_map.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import os
 
 import numpy as np
 
-from .atomic import atomic_path, write_json
-from .prepare_data import read_tokens
+from .tokens import read_tokens
+from .vocab_map import write_map
 
 log = logging.getLogger(__name__)
 
@@ -101,46 +103,6 @@ def build(
         "coverage": covered / total if total else 0.0,
         "num_samples": num_samples,
     }
-    for path, arr in ((out_d2t, d2t.numpy().astype(np.int64)), (out_t2d, t2d.numpy().astype(bool))):
-        with atomic_path(path) as tmp:
-            with open(tmp, "wb") as f:
-                np.save(f, arr)
-    write_json(out_json, info)
+    write_map(d2t, t2d, info, out_d2t, out_t2d, out_json)
     log.info("vocab map: %s", info)
     return info
-
-
-def load(d2t_path: str | os.PathLike, t2d_path: str | os.PathLike, json_path: str | os.PathLike):
-    """Read a map written by ``build``: ``(d2t int64 [draft], t2d bool [target], info dict)`` as torch tensors.
-
-    Raises:
-        ValueError: d2t and t2d disagree (``t2d`` must be True exactly at ``arange + d2t``).
-    """
-    import torch
-
-    d2t = torch.from_numpy(np.load(d2t_path))
-    t2d = torch.from_numpy(np.load(t2d_path))
-    info = json.loads(open(json_path).read())
-    check_consistent(d2t, t2d)
-    return d2t, t2d, info
-
-
-def check_consistent(d2t, t2d) -> None:
-    """``t2d`` must be True exactly at the target ids ``arange(draft) + d2t``, which must be increasing.
-
-    Raises:
-        ValueError: naming how many ids disagree.
-    """
-    import torch
-
-    targets = torch.arange(d2t.shape[0]) + d2t.to(torch.int64)
-    if targets.min() < 0 or targets.max() >= t2d.shape[0]:
-        raise ValueError(f"d2t maps outside the target vocabulary [0, {t2d.shape[0]})")
-    if not bool((targets[1:] > targets[:-1]).all()):
-        raise ValueError("d2t target ids are not strictly increasing")
-    expect = torch.zeros(t2d.shape[0], dtype=torch.bool)
-    expect[targets] = True
-    bad = int((expect != t2d.to(torch.bool)).sum())
-    if bad:
-        raise ValueError(f"d2t and t2d disagree on {bad} target ids")
-

@@ -12,74 +12,33 @@ The GPU never waits for the disk: each batch's valid rows are packed and cast (o
 fp8-quantised) on the GPU, copied to pinned host memory on a side stream, and a writer
 thread puts them straight into the shard file (``ShardFileWriter``) while the next
 batch computes.
+
+The hooks are ``hooks.HookCapture``, the copy/write overlap ``shard_pipeline.WriterPipeline``
+and the engine backend ``vllm_capture`` (all shared with the compat report's probes).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
 import torch
 
-from .prepare_data import read_tokens
+from .hooks import HookCapture
+from .shard_pipeline import WriterPipeline
 from .shards import ShardFileWriter, ShardMeta, encode_states
-from .target import DecoderStack, find_decoder_layers, load_model, resolve_dtype, text_config
+from .target import load_model, resolve_dtype, text_config
+from .tokens import read_tokens
 
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 1
-
-
-class HookCapture:
-    """Capture aux-layer inputs and the last layer's output of a transformers model.
-
-    ``capture(input_ids [B, T] int64, attention_mask [B, T] or None)`` returns
-    ``(aux [B, T, A*H], last [B, T, H])`` in the model's compute dtype on the device of
-    the first layer, aux states concatenated in ``aux_layer_ids`` order.
-    """
-
-    def __init__(self, model: torch.nn.Module, aux_layer_ids: list[int], stack: DecoderStack | None = None):
-        self.stack = stack or find_decoder_layers(model, text_config(model.config).num_hidden_layers)
-        n = len(self.stack.layers)
-        for i in aux_layer_ids:
-            if not 0 <= i < n:
-                raise ValueError(f"aux layer id {i} out of range for {n} decoder layers")
-        self.aux_layer_ids = list(aux_layer_ids)
-        self._buf: dict[object, torch.Tensor] = {}
-        self._handles = [
-            self.stack.layers[i].register_forward_pre_hook(self._pre_hook(i), with_kwargs=True) for i in self.aux_layer_ids
-        ]
-        self._handles.append(self.stack.layers[n - 1].register_forward_hook(self._last_hook))
-
-    def _pre_hook(self, i: int):
-        def hook(module, args, kwargs):
-            self._buf[i] = args[0] if args else kwargs["hidden_states"]
-
-        return hook
-
-    def _last_hook(self, module, args, output):
-        self._buf["last"] = output[0] if isinstance(output, tuple) else output
-
-    @torch.inference_mode()
-    def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._buf.clear()
-        self.stack.owner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        dev = input_ids.device
-        # With the layers spread over several GPUs the states live on different devices.
-        aux = torch.cat([self._buf[i].to(dev) for i in self.aux_layer_ids], dim=-1)
-        return aux, self._buf["last"].to(dev)
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
 
 
 def plan_batches(lengths: list[int], tokens_per_batch: int) -> list[list[int]]:
@@ -101,85 +60,6 @@ def plan_batches(lengths: list[int], tokens_per_batch: int) -> list[list[int]]:
     return batches
 
 
-class WriterPipeline:
-    """Overlap device->host copies and shard writes with the next batch's compute.
-
-    ``submit(samples, packed)`` takes the per-sample row counts of a batch and its packed
-    states ``(hidden [N, A*H], last [N, H], hidden_scale, last_scale)`` on the compute
-    device (N = sum of the samples' tokens). On CUDA the copy runs on a side stream into
-    pinned memory; a thread waits for it and writes each sample's rows. ``depth`` batches
-    may be in flight, which bounds host memory.
-    """
-
-    def __init__(self, writer: ShardFileWriter, tokens: list[tuple], device: str, depth: int = 3, threads: int = 4):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shard-pwrite")  # pwrite drops the GIL
-        self.writer = writer
-        self.tokens = tokens  # per sample: (input_ids np.int32, loss_mask np.uint8)
-        self.cuda = device.startswith("cuda")
-        self.stream = torch.cuda.Stream() if self.cuda else None
-        self.q: queue.Queue = queue.Queue(maxsize=depth)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="shard-writer", daemon=True)
-        self.thread.start()
-
-    def submit(self, samples: list[int], packed: tuple) -> None:
-        if self.error:
-            raise self.error
-        event = None
-        if self.cuda:
-            self.stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self.stream):
-                host = tuple(None if t is None else _to_pinned(t) for t in packed)
-                event = torch.cuda.Event()
-                event.record(self.stream)
-            for t in packed:  # keep the device tensors alive until the side stream is done
-                if t is not None:
-                    t.record_stream(self.stream)
-        else:
-            host = packed
-        self.q.put((samples, host, event))
-
-    def _run(self) -> None:
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            if self.error:
-                continue
-            samples, (hidden, last, hs, ls), event = item
-            try:
-                if event is not None:
-                    event.synchronize()
-                row, jobs = 0, []
-                for j in samples:
-                    ids, mask = self.tokens[j]
-                    sl = slice(row, row + len(ids))
-                    jobs.append(self.pool.submit(
-                        self.writer.write_sample, j, hidden[sl], last[sl], torch.from_numpy(ids), torch.from_numpy(mask),
-                        None if hs is None else hs[sl], None if ls is None else ls[sl]))
-                    row += len(ids)
-                for f in jobs:
-                    f.result()
-            except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
-                self.error = e
-
-    def finish(self) -> None:
-        """Wait for every write; re-raise a writer error."""
-        self.q.put(None)
-        self.thread.join()
-        self.pool.shutdown()
-        if self.error:
-            raise self.error
-
-
-def _to_pinned(t: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    out.copy_(t, non_blocking=True)
-    return out
-
-
 def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, num_aux: int, storage_dtype: str, tokens: int,
                          trust_remote_code: bool = False, hidden_size: int | None = None) -> dict:
     """Fail before the target is loaded if this shard cannot fit on the disk under ``out_path``.
@@ -191,17 +71,16 @@ def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, nu
     Raises:
         OSError: the shard needs more bytes than are free (both numbers in the message).
     """
-    from .compat_report import plan_disk
-    from .shards import bytes_per_token
+    from .plans import hidden_state_bytes_per_token, plan_disk
     from .target import load_config
 
     # ``hidden_size`` where the caller already holds the model (no target directory needed)
     hidden = hidden_size or text_config(load_config(target_dir, trust_remote_code)).hidden_size
-    meta = ShardMeta("", list(range(num_aux)), storage_dtype, hidden, [], "")
     d = Path(out_path).resolve().parent
     while not d.exists():
         d = d.parent
-    plan = plan_disk(bytes_per_token(meta, with_tokens=True), tokens, shutil.disk_usage(d).free)
+    plan = plan_disk(hidden_state_bytes_per_token(num_aux, hidden, storage_dtype, with_tokens=True), tokens,
+                     shutil.disk_usage(d).free)
     if plan["status"] == "fail":
         raise OSError(f"{out_path}: not enough disk for this shard: {plan['message']}")
     return plan

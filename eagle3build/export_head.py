@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from . import vllm_engine
+from . import vllm_engine, vocab_map
 from .artifacts import TrainMeta
 from .atomic import atomic_path, write_json
+from .head_format import expected_shapes
 from .serving import head_config_fields
-from .build_vocab_map import check_consistent
 
 log = logging.getLogger(__name__)
 
@@ -42,40 +42,6 @@ RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 
 class ExportError(ValueError):
     """The checkpoint cannot become a valid head; the message says which tensor/field and why."""
-
-
-def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape that a head with speculators config ``cfg`` must hold."""
-    tl = cfg["transformer_layer_config"]
-    H = tl["hidden_size"]
-    V = tl["vocab_size"]
-    D = cfg["draft_vocab_size"]
-    A = len(cfg["eagle_aux_hidden_state_layer_ids"])
-    heads, kv = tl["num_attention_heads"], tl["num_key_value_heads"]
-    hd = tl.get("head_dim") or H // heads
-    inter = tl["intermediate_size"]
-    shapes = {
-        "fc.weight": (H, A * H),
-        "norm.weight": (H,),
-        "lm_head.weight": (D, H),
-        "d2t": (D,),
-        "t2d": (V,),
-        "embed_tokens.weight": (V, H),
-        # the first draft layer attends over [embed, hidden] (2H wide)
-        "layers.0.self_attn.q_proj.weight": (heads * hd, 2 * H),
-        "layers.0.self_attn.k_proj.weight": (kv * hd, 2 * H),
-        "layers.0.self_attn.v_proj.weight": (kv * hd, 2 * H),
-        "layers.0.self_attn.o_proj.weight": (H, heads * hd),
-        "layers.0.mlp.gate_proj.weight": (inter, H),
-        "layers.0.mlp.up_proj.weight": (inter, H),
-        "layers.0.mlp.down_proj.weight": (H, inter),
-        "layers.0.input_layernorm.weight": (H,),
-        "layers.0.hidden_norm.weight": (H,),
-        "layers.0.post_attention_layernorm.weight": (H,),
-    }
-    if cfg.get("norm_before_fc"):
-        shapes["input_norm.weight"] = (A * H,)
-    return shapes
 
 
 def _absolute_paths(obj, where: str = "") -> list[str]:
@@ -117,8 +83,6 @@ def export(
     """
     from safetensors.torch import load_file, save_file
 
-    from . import build_vocab_map
-
     vllm_check = vllm_load_check == "always"
     if vllm_load_check == "always":
         vllm_engine.require_vllm(needed_by=f"{os.fspath(out_dir)} (export.vllm_load_check: always)")
@@ -132,7 +96,7 @@ def export(
     ck = Path(checkpoint_dir)
     cfg = json.loads((ck / "config.json").read_text())
     meta = TrainMeta.load(ck).data  # checked against eagle3build/schemas/train_meta.schema.json
-    d2t, t2d, vinfo = build_vocab_map.load(d2t_path, t2d_path, vocab_json)
+    d2t, t2d, vinfo = vocab_map.load(d2t_path, t2d_path, vocab_json)
     if vinfo["fingerprint"] != meta["vocab_fingerprint"]:
         raise ExportError(
             f"vocab map {vocab_json} has fingerprint {vinfo['fingerprint']}, but the checkpoint "
@@ -147,7 +111,7 @@ def export(
             raise ExportError(f"{ck}/model.safetensors: {name} has shape {tuple(state[name].shape)}, expected {shape}")
     if state["d2t"].dtype != torch.int64 or state["t2d"].dtype != torch.bool:
         raise ExportError(f"{ck}: d2t must be int64 and t2d bool, got {state['d2t'].dtype} / {state['t2d'].dtype}")
-    check_consistent(state["d2t"], state["t2d"])
+    vocab_map.check_consistent(state["d2t"], state["t2d"])
     if not torch.equal(state["d2t"], d2t) or not torch.equal(state["t2d"], t2d):
         raise ExportError(f"{ck}: d2t/t2d inside the checkpoint differ from {d2t_path}/{t2d_path}")
     flags = {k: cfg.get(k) for k in meta["head_flags"]}

@@ -3,8 +3,8 @@
 A draft head is served against the target's own greedy outputs, so it learns best from
 them (EAGLE-3 paper §4 and speculators' response-regeneration scripts do the same).
 Between ingest and tokenization: the conversations of ``data.sources`` are normalised by
-``prepare_data``'s rules (same skip counts), then turn by turn every assistant turn is
-replaced by the target's greedy answer to the conversation so far (earlier turns already
+``prepare_data``'s rules (``conversations.normalise``: same skip counts), then turn by turn
+every assistant turn is replaced by the target's greedy answer to the conversation so far (earlier turns already
 regenerated), in batches — one round per turn position over all conversations
 (``regenerate_turns``). A conversation stops at the first turn whose prompt reaches
 ``max_seq_len`` tokens: what follows would be truncated away by tokenization anyway. The
@@ -14,7 +14,7 @@ benchmark prompts stay the same.
 An answer cut at ``max_tokens`` (no end-of-turn token generated) ends its conversation: it
 is kept as the last turn and the record gets ``"last_turn_unfinished": true``, so that
 ``prepare_data`` trains its text but not the end-of-turn token the chat template appends
-(``prepare_data.open_last_turn``); the turns after it are dropped (the rest of the original
+(``chat_masking.open_last_turn``); the turns after it are dropped (the rest of the original
 conversation answers a reply the target never finished). The report counts these answers.
 
 Two backends, the same rounds, output format and ids (``data.regenerate.backend``):
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 
 from . import vllm_engine
 from .atomic import write_json, write_text
-from .prepare_data import (UNFINISHED_KEY, Conversation, Counters, DataError, SourceStats, normalise, read_records,
-                           resolve_source_path)
+from .conversations import (UNFINISHED_KEY, Conversation, Counters, DataError, SourceStats, normalise, read_records,
+                            resolve_source_path)
 
 log = logging.getLogger(__name__)
 

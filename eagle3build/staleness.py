@@ -5,7 +5,7 @@ Snakemake compares with what it recorded when the outputs were made (a changed p
 plans the job again, and everything below it through the changed output).
 
 - ``output_version(stage)``: the ``OUTPUT_VERSION`` integer of ``eagle3build/<stage>.py``.
-  A change to a stage that alters its output bytes bumps it; a refactor that changes no
+  A change to a stage, or to a shared module it uses, that alters its output bytes bumps it; a refactor that changes no
   bytes does not, and rebuilds nothing (tests/test_e2e.py's digest test holds this).
   The constant is read from the module's source text, not by importing it: planning
   must not import torch (seconds, and once per Snakemake process).
@@ -30,6 +30,11 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 _VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
 
 # The libraries whose versions shape each stage's output bytes (rules' `version` param).
+# A stage's OUTPUT_VERSION covers the shared modules it uses too (tokens.py, conversations.py,
+# chat_masking.py, shards.py, head_format.py, vocab_map.py, ...: tests/test_layers.py keeps
+# stages from importing each other): a change to a shared module that alters a stage's output
+# bytes bumps that stage's OUTPUT_VERSION (and that of every other stage whose bytes it alters);
+# tests/test_e2e.py's digest test catches a forgotten bump.
 STAGE_PACKAGES: dict[str, tuple[str, ...]] = {
     "materialize_target": (),
     "compat_report": (),

@@ -38,6 +38,7 @@ import torch
 from . import ddp
 from .artifacts import Decisions
 from .atomic import atomic_path
+from .head_format import HEAD_VARIANTS
 from .shards import ShardReader, check_meta
 from .train_data import MODEL_KEYS, Batches, shard_dataset_class
 from .train_metrics import draft_flops_per_token, plot_curves, summarise
@@ -49,14 +50,6 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 1
-
-# Head flags of the two EAGLE-3 variants (speculators' Eagle3SpeculatorConfig fields).
-HEAD_VARIANTS = {
-    # Li et al. 2025: fc over the raw concatenated aux states, residual after the hidden norm.
-    "eagle3": {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False, "fc_norm": False},
-    # speculators' default since 0.4 ("Eagle 3.1"): norm before fc, post-norm states fed back.
-    "eagle3.1": {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "fc_norm": False},
-}
 
 # Names that moved to the shared modules, kept importable from here (benchmarks/, tests/).
 _shard_dataset_class = shard_dataset_class
@@ -136,7 +129,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     """
     from speculators.losses import resolve_loss_config
 
-    from . import build_vocab_map
+    from . import vocab_map
 
     distributed, rank, dist_world = ddp.dist_info()
     world = dist_world if distributed else (world_size or 1)
@@ -149,7 +142,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
         raise ValueError(f"train.head_variant {cfg.head_variant!r} is not one of {['auto', *HEAD_VARIANTS]}")
     for p in list(inputs.train_shards) + list(inputs.eval_shards):
         check_meta(p, ShardReader(p).meta, fp, aux)
-    d2t, t2d, vocab_info = build_vocab_map.load(inputs.d2t_path, inputs.t2d_path, inputs.vocab_json)
+    d2t, t2d, vocab_info = vocab_map.load(inputs.d2t_path, inputs.t2d_path, inputs.vocab_json)
     device = ddp.resolve_device(device, distributed)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device, trust_remote_code)

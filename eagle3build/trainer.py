@@ -28,7 +28,7 @@ from .train_state import TrainState
 class TrainConfig:
     """The config's ``train:`` section (schemas/config.schema.yaml), as ``train()`` receives it.
 
-    ``head_variant``: ``eagle3``, ``eagle3.1`` (``train_draft.HEAD_VARIANTS``) or ``auto`` (the compat
+    ``head_variant``: ``eagle3``, ``eagle3.1`` (``head_format.HEAD_VARIANTS``) or ``auto`` (the compat
     report's choice: what the installed vLLM reads correctly). ``lr``: peak AdamW learning
     rate, reached after ``warmup_ratio`` x the run's steps, then ``cosine`` decay to 0 or
     ``constant``. ``ttt_steps``: draft tokens trained per position (EAGLE-3's training-time

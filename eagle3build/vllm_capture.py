@@ -36,6 +36,11 @@ serves other requests) are refused with ``ParallelismError``.
 
 The engine runs in eager mode: CUDA graphs replay kernels without calling Python hooks,
 and torch.compile would trace them.
+
+Why one module over 400 lines: it is one mechanism, the worker extension (loaded inside
+vLLM's workers by its name, ``EXTENSION``), its per-shard state, and the engine-side driver
+that calls it through ``LLM.collective_rpc``; splitting it would put the two ends of one RPC
+protocol in separate files.
 """
 
 from __future__ import annotations
@@ -122,7 +127,7 @@ class _ShardCapture:
 
     def __init__(self, runner, aux_layer_ids: list[int], hidden: int, out_path: str, meta: dict, ids: list[list[int]],
                  masks: list[list[int]], writer_threads: int, fsync: bool, device: torch.device):
-        from .capture_hidden_states import WriterPipeline
+        from .shard_pipeline import WriterPipeline
 
         self.runner = runner
         self.meta = ShardMeta.from_strings(out_path, meta)
@@ -384,7 +389,7 @@ def run_capture(spec: dict) -> dict:
     "tokens_path", "indices"}]``. Returns the install evidence, the engine start seconds and
     each shard's statistics.
     """
-    from .prepare_data import read_tokens
+    from .tokens import read_tokens
 
     # The hooks read the step's request boundaries from vLLM's V1 model runner (``input_batch``,
     # ``query_start_loc``); on CUDA with Triton vLLM 0.32 defaults to its V2 runner, which keeps them elsewhere.

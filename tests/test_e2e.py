@@ -87,7 +87,7 @@ def test_benchmark(built):
     assert sets["humaneval"]["prompt_ids"] == ["HumanEval/0", "HumanEval/1"]
     chat_ids = [json.loads(x)["id"] for x in (res / "data/prompts.jsonl").read_text().splitlines()][:2]
     assert sets["chat"]["prompt_ids"] == chat_ids and len(chat_ids) == 2
-    from eagle3build.prepare_data import read_tokens
+    from eagle3build.tokens import read_tokens
 
     # Held out: no chat prompt is a trained sample (record ids).
     assert not set(chat_ids) & set(read_tokens(res / "data/train.safetensors").sample_ids)

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from eagle3build import prepare_data as pd
+from eagle3build import tokens as tk
 
 GOOD = {"id": "good", "conversations": [{"from": "human", "value": "hi"},
                                         {"from": "gpt", "value": "Hello! How can I help you today?"}]}
@@ -87,7 +88,7 @@ def test_ten_thousand_token_turn_is_truncated_not_dropped(tmp_path, smol_target)
     rep = pd.prepare([{"path": str(f), "max_samples": None}], smol_target, *out, max_seq_len=300,
                      min_supervised_tokens=4, eval_fraction=0.01, seed=0)
     assert rep["kept"] == 1 and rep["truncated_to_max_seq_len"] == 1 and rep["tokens"]["max"] == 300
-    ids, mask = pd.read_tokens(out[0]).sample(0)
+    ids, mask = tk.read_tokens(out[0]).sample(0)
     assert len(ids) == 300 and mask[-1] == 1
 
 
@@ -99,7 +100,7 @@ def test_mixed_sources_and_caps(tmp_path, smol_target, sharegpt_sample):
     rep = pd.prepare([{"path": str(sharegpt_sample), "max_samples": 7}, {"path": str(chat), "max_samples": 3}],
                      smol_target, *out, max_seq_len=256, min_supervised_tokens=4, eval_fraction=0.2, seed=0)
     assert [s["kept"] for s in rep["sources"]] == [7, 3] and rep["kept"] == 10
-    ids = pd.read_tokens(out[0]).sample_ids + pd.read_tokens(out[1]).sample_ids
+    ids = tk.read_tokens(out[0]).sample_ids + tk.read_tokens(out[1]).sample_ids
     assert sum(i.startswith("c") for i in ids) == 3
 
 

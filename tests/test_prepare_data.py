@@ -7,7 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
+from eagle3build import chat_masking as cm
+from eagle3build import conversations as cv
 from eagle3build import prepare_data as pd
+from eagle3build import tokens as tk
 
 
 def conv(*turns, key="conversations"):
@@ -32,7 +35,7 @@ def test_truncated_array_keeps_complete_records(tmp_path):
 
 def test_bundled_sharegpt_yields_17671_conversations():
     stats = pd.SourceStats(path="bundled")
-    n = sum(1 for _ in pd.read_records(pd.bundled_sharegpt_path(), stats))
+    n = sum(1 for _ in pd.read_records(cv.bundled_sharegpt_path(), stats))
     assert n == 17671
     assert stats.truncated_at_byte is not None and stats.bytes_lost > 0
 
@@ -93,14 +96,14 @@ def test_chatml_mask_covers_assistant_text_and_end_token(smol_target):
         {"role": "user", "content": "And 3+3?"},
         {"role": "assistant", "content": "It is 6."},
     ]
-    ids, mask = pd.tokenize_with_mask(tok, msgs, max_seq_len=1000)
+    ids, mask = cm.tokenize_with_mask(tok, msgs, max_seq_len=1000)
     assert ids.dtype == np.int32 and mask.dtype == np.uint8 and len(ids) == len(mask)
     # Hand-checked: exactly the two answers, each with ChatML's end-of-turn token.
     assert tok.decode(ids[mask == 1]) == "It is 4.<|im_end|>It is 6.<|im_end|>"
     # The system prompt, user turns and "assistant\n" headers stay unsupervised.
     assert "What is 2+2?" in tok.decode(ids[mask == 0])
     # Truncation cuts ids and mask together.
-    ids2, mask2 = pd.tokenize_with_mask(tok, msgs, max_seq_len=40)
+    ids2, mask2 = cm.tokenize_with_mask(tok, msgs, max_seq_len=40)
     assert len(ids2) == 40 and np.array_equal(mask2, mask[:40])
 
 
@@ -117,7 +120,7 @@ def test_prepare_writes_splits_and_report(tmp_path, smol_target, sharegpt_sample
                                             prompts="prompts.jsonl", report="report.json").items()}
     rep = pd.prepare([{"path": str(sharegpt_sample), "max_samples": 40}], smol_target, out["train"], out["eval"],
                      out["prompts"], out["report"], max_seq_len=256, min_supervised_tokens=4, eval_fraction=0.25, seed=0)
-    tr, ev = pd.read_tokens(out["train"]), pd.read_tokens(out["eval"])
+    tr, ev = tk.read_tokens(out["train"]), tk.read_tokens(out["eval"])
     assert len(tr) + len(ev) == rep["kept"] == 40
     assert len(ev) == rep["eval_samples"] and len(ev) > 0
     assert not set(tr.sample_ids) & set(ev.sample_ids)
@@ -152,7 +155,7 @@ def test_prefix_tokenization_equals_full_tokenization(smol_target, sharegpt_samp
         assert ids.tolist() == enc["input_ids"][:64]
         starts = np.array([o[0] for o in enc["offset_mapping"][:64]])
         ref = np.zeros(len(starts), np.uint8)
-        for s, e in pd.assistant_char_spans(tok, conv.messages, full):
+        for s, e in cm.assistant_char_spans(tok, conv.messages, full):
             ref |= ((starts >= s) & (starts < e)).astype(np.uint8)
         assert mask.tolist() == ref.tolist()
         assert truncated == (len(enc["input_ids"]) > 64)
@@ -184,7 +187,7 @@ def test_template_that_raises_is_a_counted_skip(tmp_path, smol_target, sharegpt_
     def run(path, tgt):
         rep = pd.prepare([{"path": str(path), "max_samples": None}], tgt, out["train"], out["eval"], out["prompts"],
                          out["report"], max_seq_len=128, min_supervised_tokens=1, eval_fraction=0.25, seed=0)
-        return rep, set(pd.read_tokens(out["train"]).sample_ids) | set(pd.read_tokens(out["eval"]).sample_ids)
+        return rep, set(tk.read_tokens(out["train"]).sample_ids) | set(tk.read_tokens(out["eval"]).sample_ids)
 
     base, base_ids = run(plain, smol_target)
     with_system = [i for i, r in enumerate(recs) if str(r.get("id")) in base_ids][1:3]  # two records kept normally

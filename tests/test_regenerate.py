@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from eagle3build import conversations as cv
 from eagle3build import prepare_data as pd
 from eagle3build import regenerate_responses as rr
+from eagle3build import tokens as tk
 from eagle3build import vllm_engine
 
 CONVS = [
@@ -91,8 +93,8 @@ def test_regenerate_transformers_end_to_end_then_mask(tmp_path, smol_target):
     assert rep["backend"] == {"used": "transformers", "requested": "transformers",
                               "reason": "data.regenerate.backend: transformers"}
     recs = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [r["id"] for r in recs] == ["r0", "r1", "r2"] and recs[2][pd.UNFINISHED_KEY] is True
-    assert rep["conversations_out"] == 3 and rep["answers_at_max_tokens"] == sum(r[pd.UNFINISHED_KEY] for r in recs)
+    assert [r["id"] for r in recs] == ["r0", "r1", "r2"] and recs[2][cv.UNFINISHED_KEY] is True
+    assert rep["conversations_out"] == 3 and rep["answers_at_max_tokens"] == sum(r[cv.UNFINISHED_KEY] for r in recs)
     assert rep["generated_tokens"] > 0 and json.loads(rep_path.read_text()) == rep
     files = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "data.json")]
     data = pd.prepare([{"path": str(out), "max_samples": None}], smol_target, *files, max_seq_len=256,
@@ -101,12 +103,12 @@ def test_regenerate_transformers_end_to_end_then_mask(tmp_path, smol_target):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smol_target)
-    tf = pd.read_tokens(files[0])
+    tf = tk.read_tokens(files[0])
     end = tok.convert_tokens_to_ids("<|im_end|>")
     for r in recs:
         ids, mask = tf.sample(tf.sample_ids.index(r["id"]))
         last = int(np.flatnonzero(mask)[-1])
-        if r[pd.UNFINISHED_KEY]:
+        if r[cv.UNFINISHED_KEY]:
             assert ids[last] != end and ids[last + 1] == end  # text trained, the closing token not
             assert tok.decode(ids[mask == 1]).endswith(r["messages"][-1]["content"][-5:])
         else:
@@ -118,9 +120,9 @@ def test_open_last_turn_clears_only_the_trailing_special_tokens():
     mask = np.array([0, 1, 1, 0, 1, 1, 1, 0], np.uint8)
     assert pd.open_last_turn(ids, mask, {2}).tolist() == [0, 1, 1, 0, 1, 1, 0, 0]
     assert pd.open_last_turn(ids, mask, {3}).tolist() == mask.tolist()  # no special token at the end: unchanged
-    assert pd.normalise({"messages": CONVS[1], pd.UNFINISHED_KEY: True}, "s", 0, pd.Counters()).last_turn_unfinished
+    assert pd.normalise({"messages": CONVS[1], cv.UNFINISHED_KEY: True}, "s", 0, pd.Counters()).last_turn_unfinished
     # A trailing user turn is dropped by normalisation: the flag no longer names the last turn.
-    conv = pd.normalise({"messages": CONVS[1] + [{"role": "user", "content": "more"}], pd.UNFINISHED_KEY: True}, "s", 0,
+    conv = pd.normalise({"messages": CONVS[1] + [{"role": "user", "content": "more"}], cv.UNFINISHED_KEY: True}, "s", 0,
                         pd.Counters())
     assert conv.last_turn_unfinished is False
 

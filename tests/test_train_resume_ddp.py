@@ -110,10 +110,10 @@ _INIT: dict = {}
 def weights_init(tiny_shards, tiny_target, k):
     """A freshly built model's tensor ``k`` (to show training moved the weights)."""
     if not _INIT:
-        from eagle3build import build_vocab_map as bv
+        from eagle3build import vocab_map as vm
 
         d, _, _ = tiny_shards
-        d2t, t2d, _ = bv.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+        d2t, t2d, _ = vm.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
         torch.manual_seed(0)
         _INIT.update(td.build_model(str(tiny_target), [1, 3, 4], d2t, t2d, 3, "eagle3.1", "cpu").state_dict())
     return _INIT[k]

@@ -11,6 +11,7 @@ from safetensors import safe_open
 from eagle3build import build_vocab_map as bv
 from eagle3build import export_head as ex
 from eagle3build import train_draft as td
+from eagle3build import vocab_map as vm
 from eagle3build.artifacts import minimal_decisions
 
 AUX = [1, 3, 4]
@@ -23,7 +24,7 @@ def workdir(tiny_shards):
 
 def test_vocab_map_from_assistant_tokens(workdir):
     d, samples, info = workdir
-    d2t, t2d, loaded = bv.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+    d2t, t2d, loaded = vm.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     assert d2t.dtype == torch.int64 and d2t.shape == (256,) and t2d.dtype == torch.bool and t2d.shape == (49152,)
     assert int(t2d.sum()) == 256
     seen = {int(t) for _, ids, m in samples[:8] for t in ids[m == 1]}
@@ -40,7 +41,7 @@ def test_inconsistent_map_is_refused():
     t2d = torch.zeros(8, dtype=torch.bool)
     t2d[[1, 2, 4]] = True  # d2t says 1, 2, 3
     with pytest.raises(ValueError, match="disagree on 2 target ids"):
-        bv.check_consistent(d2t, t2d)
+        vm.check_consistent(d2t, t2d)
 
 
 def test_train_loss_falls_and_checkpoint_is_written(workdir, tiny_target):

