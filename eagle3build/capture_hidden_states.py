@@ -213,7 +213,8 @@ def capture_shard(
         cap.remove()
     seconds = time.perf_counter() - t0
     ntok = sum(lengths)
-    summary = {"samples": len(idx), "tokens": ntok, "seconds": round(seconds, 2), "tokens_per_s": round(ntok / max(seconds, 1e-9), 1)}
+    summary = {"samples": len(idx), "tokens": ntok, "seconds": round(seconds, 2),
+               "tokens_per_s": round(ntok / max(seconds, 1e-9), 1)}
     log.info("captured %s", summary)
     return summary
 

@@ -39,7 +39,8 @@ def open_last_turn(ids: np.ndarray, mask: np.ndarray, special_ids: set[int]) -> 
 SENTINEL = "\u2063EAGLE3BUILD-TURN\u2063"  # invisible separator: no template rewrites it
 
 
-def assistant_char_spans(tokenizer, messages: list[dict[str, str]], full: str, limit: int | None = None) -> list[tuple[int, int]] | None:
+def assistant_char_spans(tokenizer, messages: list[dict[str, str]], full: str,
+                         limit: int | None = None) -> list[tuple[int, int]] | None:
     """Character spans of ``full`` (the rendered conversation) that the loss mask covers.
 
     Template-agnostic, by rendering. For assistant turn ``i`` the span starts where the

@@ -17,7 +17,8 @@ def render_markdown(r: dict) -> str:
     lines += ["", "## Probes", "", "| probe | status | required | seconds | detail |", "|---|---|---|---|---|"]
     for name, p in r["probes"].items():
         detail = p["error"] or "; ".join(p["warnings"])[:200] or json.dumps(p["value"], default=str)[:200]
-        lines.append(f"| {name} | {p['status']} | {'yes' if p['required'] else 'no'} | {p['seconds']} | {detail.replace('|', '/')} |")
+        required = "yes" if p["required"] else "no"
+        lines.append(f"| {name} | {p['status']} | {required} | {p['seconds']} | {detail.replace('|', '/')} |")
     t = r["target"]
     if t:
         lines += ["", "## Target", ""]

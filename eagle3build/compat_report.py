@@ -26,10 +26,23 @@ from .atomic import write_json, write_text
 from .compat_render import render_markdown
 from .head_format import HEAD_FLAGS, HEAD_VARIANTS
 from .plans import hidden_state_bytes_per_token, plan_disk, plan_gpus
-from .probes import (Probe, check_known_good, inspect_target, installed_versions, probe_hook_capture,
-                     probe_speculators, probe_speculators_datagen, probe_speculators_eagle3, probe_torch, probe_vllm,
-                     probe_vllm_capture, probe_vllm_eagle3, probe_vllm_extract_hidden_states, probe_vllm_head_flags,
-                     run_probe)
+from .probes import (
+    Probe,
+    check_known_good,
+    inspect_target,
+    installed_versions,
+    probe_hook_capture,
+    probe_speculators,
+    probe_speculators_datagen,
+    probe_speculators_eagle3,
+    probe_torch,
+    probe_vllm,
+    probe_vllm_capture,
+    probe_vllm_eagle3,
+    probe_vllm_extract_hidden_states,
+    probe_vllm_head_flags,
+    run_probe,
+)
 from .provenance import COMPAT_PACKAGES, host, software_versions
 from .serving import check_servable
 from .serving import probe_vllm as probe_serving_vllm
@@ -213,7 +226,8 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         probes["vllm_capture_smoke"] = run_probe("vllm_capture_smoke", probe_vllm_capture, required=False)
         p = probes["vllm_capture_smoke"]
         log.info("probe %-28s %-4s %6.2fs %s", p.name, p.status, p.seconds, p.error or "")
-        capture["vllm_capture_probe"] = {"run": True, "why": f"backend {backend}" + (f"; {why_target}" if backend == "auto" else "")}
+        why = f"backend {backend}" + (f"; {why_target}" if backend == "auto" else "")
+        capture["vllm_capture_probe"] = {"run": True, "why": why}
     else:
         capture["vllm_capture_probe"] = {"run": False, "why": f"backend {backend}" + (
             f"; {why_target}, so auto takes hooks whatever the probe says" if backend == "auto" else "")}

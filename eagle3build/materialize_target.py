@@ -4,7 +4,8 @@ transformers reads GGUF files (``gguf_file=``, with the ``gguf`` package) and, w
 ``GgufConfig(dequantize=True)``, unpacks every weight into a plain dense model. Such a
 model still carries the quantizer's marks and ``save_pretrained`` refuses it ("quantized
 with gguf ... not serializable"); once the marks are cleared it saves as an ordinary HF
-directory (transformers' GGUF loader, transformers/modeling_gguf_pytorch_utils.py). The result is what every later stage and vLLM load.
+directory (transformers' GGUF loader, transformers/modeling_gguf_pytorch_utils.py). The result
+is what every later stage and vLLM load.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-
 DISK_WARN_FRACTION = 0.8
 # Memory a job needs per byte of weights: activations, CUDA context and (serving) KV cache
 # on top of the weights themselves.
@@ -53,11 +52,13 @@ def plan_gpus(parameters: int, bytes_per_parameter: float, gpu_memory_bytes: int
         if n == 0:
             st, msg = "ok", "CPU job"
         elif n < need:
-            st, msg = "fail", f"{job} job asks for {n} GPU(s); {weight_bytes / 1e9:.0f} GB of weights need {need} of {gpu_memory_bytes / 1e9:.0f} GB"
+            st, msg = "fail", (f"{job} job asks for {n} GPU(s); {weight_bytes / 1e9:.0f} GB of weights need {need} "
+                               f"of {gpu_memory_bytes / 1e9:.0f} GB")
         elif need > gpus_per_node > 0:
             st, msg = "fail", f"{need} GPUs needed but a node has {gpus_per_node}"
         else:
-            st, msg = "ok", f"{n} GPU(s) of {gpu_memory_bytes / 1e9:.0f} GB hold {weight_bytes / 1e9:.0f} GB of weights (need {need})"
+            st, msg = "ok", (f"{n} GPU(s) of {gpu_memory_bytes / 1e9:.0f} GB hold {weight_bytes / 1e9:.0f} GB "
+                             f"of weights (need {need})")
         out["jobs"][job] = {"configured": n, "needed": need, "status": st, "message": msg}
         if st == "fail":
             out["status"] = "fail"

@@ -2,7 +2,8 @@
 
 Left: vLLM's acceptance rate at each draft position, one line per k (num_speculative_tokens)
 and prompt set, with τ in the legend. Right: output tokens/s of each EAGLE-3 run relative to
-the baseline per prompt set and over all sets (speed-up bars; the line at 1 is the baseline). Values are read from ``benchmark.json``
+the baseline per prompt set and over all sets (speed-up bars; the line at 1 is the baseline).
+Values are read from ``benchmark.json``
 (eagle3build/schemas/benchmark.schema.json), nothing is recomputed.
 """
 

@@ -159,7 +159,8 @@ def prepare(
                     counters.skip("template_error", str(path), index, enc.message)
                     continue
                 if enc is None:
-                    counters.skip("template_mismatch", str(path), index, "an assistant turn is not found in the template's render")
+                    counters.skip("template_mismatch", str(path), index,
+                                  "an assistant turn is not found in the template's render")
                     continue
                 ids, mask, was_truncated = enc
                 if conv.last_turn_unfinished:
@@ -181,7 +182,8 @@ def prepare(
                 else:
                     train.append((sid, ids, mask))
     if not train:
-        raise DataError(f"no training sample survived preparation of {[s['path'] for s in sources]}; see the skip counts in the log")
+        paths = [s["path"] for s in sources]
+        raise DataError(f"no training sample survived preparation of {paths}; see the skip counts in the log")
 
     write_tokens(out_train, train)
     write_tokens(out_eval, evals)
@@ -221,7 +223,8 @@ def prepare(
     }
     write_json(out_report, report)
     log.info(
-        "data: read %d records, kept %d (train %d, eval %d), skipped %d %s, fixed %s; tokens mean %.0f p50 %.0f p95 %.0f max %d; supervised %.1f%%",
+        "data: read %d records, kept %d (train %d, eval %d), skipped %d %s, fixed %s; "
+        "tokens mean %.0f p50 %.0f p95 %.0f max %d; supervised %.1f%%",
         report["records_read"], report["kept"], len(train), len(evals), report["skipped_total"], dict(counters.skipped),
         dict(counters.fixed), report["tokens"]["mean"], report["tokens"]["p50"], report["tokens"]["p95"],
         report["tokens"]["max"], 100 * report["supervised_fraction"],

@@ -340,7 +340,8 @@ def inspect_target(target_dir: str, trust_remote_code: bool = False) -> dict:
         (tdir / "tokenizer_config.json").read_text() if (tdir / "tokenizer_config.json").is_file() else "{}"
     )
     moe = {
-        "routed_experts": getattr(tc, "n_routed_experts", None) or getattr(tc, "num_experts", None) or getattr(tc, "num_local_experts", None),
+        "routed_experts": (getattr(tc, "n_routed_experts", None) or getattr(tc, "num_experts", None)
+                           or getattr(tc, "num_local_experts", None)),
         "shared_experts": getattr(tc, "n_shared_experts", None),
         "active_experts": getattr(tc, "num_experts_per_tok", None),
     }

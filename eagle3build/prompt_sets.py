@@ -66,12 +66,13 @@ def read_prompts(path: str | os.PathLike) -> list[dict]:
         if isinstance(rec, dict) and isinstance(rec.get("prompt"), str) and rec["prompt"].strip():
             msgs = [{"role": "user", "content": rec["prompt"]}]
         elif (isinstance(rec, dict) and isinstance(rec.get("messages"), list) and rec["messages"]
-              and all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") in ("system", "user", "assistant")
-                      for m in rec["messages"])
+              and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                      and m.get("role") in ("system", "user", "assistant") for m in rec["messages"])
               and rec["messages"][-1]["role"] == "user"):
             msgs = rec["messages"]
         else:
-            raise PromptSetError(f"{path}: line {lineno}: expected {{\"prompt\": str}} or {{\"messages\": [...]}} ending on a user turn")
+            raise PromptSetError(f"{path}: line {lineno}: expected {{\"prompt\": str}} or "
+                                 f"{{\"messages\": [...]}} ending on a user turn")
         out.append({"id": str(rec.get("id", f"{Path(path).name}:{lineno}")), "messages": msgs})
     if not out:
         raise PromptSetError(f"{path}: no prompt")

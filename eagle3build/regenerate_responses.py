@@ -42,8 +42,16 @@ from dataclasses import dataclass
 
 from . import vllm_engine
 from .atomic import write_json, write_text
-from .conversations import (UNFINISHED_KEY, Conversation, Counters, DataError, SourceStats, normalise, read_records,
-                            resolve_source_path)
+from .conversations import (
+    UNFINISHED_KEY,
+    Conversation,
+    Counters,
+    DataError,
+    SourceStats,
+    normalise,
+    read_records,
+    resolve_source_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +108,8 @@ def choose_backend(requested: str, needed_by: str = "regenerate_responses") -> d
     except vllm_engine.VLLMUnavailable as e:
         if requested == "vllm":
             raise
-        return {"used": "transformers", "requested": requested, "reason": f"vLLM is not usable in this job ({type(e.__cause__).__name__}: {e.__cause__})"}
+        cause = f"{type(e.__cause__).__name__}: {e.__cause__}"
+        return {"used": "transformers", "requested": requested, "reason": f"vLLM is not usable in this job ({cause})"}
     why = "data.regenerate.backend: vllm" if requested == "vllm" else f"vLLM {version} imports in this job"
     return {"used": "vllm", "requested": requested, "reason": why}
 

@@ -93,9 +93,10 @@ def check_servable(aux_layer_ids: list[int], vllm_answers: dict | None) -> dict:
     ids = list(aux_layer_ids)
     where = f"vLLM {ans['version']} ({'installed' if source == 'installed' else 'not importable here; the lock'})"
     if len(ids) != 3 and not (ans["keeps_num_aux"] and ans["draft_reads_num_aux"]):
+        why = ("its parser drops num_aux_hidden_states" if not ans["keeps_num_aux"]
+               else "its draft model does not read num_aux_hidden_states")
         raise ServingError(
-            f"capture.aux_layer_ids={ids}: {where} builds the draft's fc for 3 aux hidden states "
-            f"({'its parser drops num_aux_hidden_states' if not ans['keeps_num_aux'] else 'its draft model does not read num_aux_hidden_states'}), "
+            f"capture.aux_layer_ids={ids}: {where} builds the draft's fc for 3 aux hidden states ({why}), "
             f"so a head trained on {len(ids)} would not load; use 3 ids")
     if not ans["keeps_aux_ids"]:
         raise ServingError(f"capture.aux_layer_ids={ids}: {where} does not pass eagle_aux_hidden_state_layer_ids "

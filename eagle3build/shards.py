@@ -315,8 +315,8 @@ def write_shard(
     w = ShardFileWriter(path, meta, [x.shape[0] for x in input_ids], fsync=fsync)
     try:
         for i in range(n):
-            h, l, hs, ls = encode_states(hidden_states[i], last_hidden_states[i], meta)
-            w.write_sample(i, h, l, input_ids[i], loss_mask[i], hs, ls)
+            h, last, hs, ls = encode_states(hidden_states[i], last_hidden_states[i], meta)
+            w.write_sample(i, h, last, input_ids[i], loss_mask[i], hs, ls)
     except BaseException:
         w.abort()
         raise

@@ -33,7 +33,8 @@ def shard_dataset_class():
         sees exactly the noise an uninterrupted one would.
         """
 
-        def __init__(self, paths: list[str], max_len: int, hidden_states_dtype: torch.dtype, noise_std: float = 0.0, seed: int = 0):
+        def __init__(self, paths: list[str], max_len: int, hidden_states_dtype: torch.dtype, noise_std: float = 0.0,
+                     seed: int = 0):
             self.readers = [ShardReader(p) for p in paths]
             self.index = [(r, i) for r in self.readers for i in range(len(r))]
             self.noise_std = noise_std

@@ -31,7 +31,6 @@ import math
 import os
 import shutil
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 

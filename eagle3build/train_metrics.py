@@ -70,7 +70,8 @@ def draft_flops_per_token(model, ttt_steps: int) -> float:
         return sum(p.numel() for p in mod.parameters())
 
     layers = sum(n(m) - sum(p.numel() for name, p in m.named_parameters() if "norm" in name) for m in model.layers)
-    return 6 * n(model.fc) + ttt_steps * (6 * layers + 4 * model.lm_head.weight.numel()) + 2 * model.verifier_lm_head.weight.numel()
+    per_step = 6 * layers + 4 * model.lm_head.weight.numel()
+    return 6 * n(model.fc) + ttt_steps * per_step + 2 * model.verifier_lm_head.weight.numel()
 
 
 def plot_curves(history: list[dict], epochs: list[dict], path: os.PathLike) -> None:
