@@ -20,6 +20,7 @@ and the engine backend ``vllm_capture`` (all shared with the compat report's pro
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import sys
@@ -86,6 +87,41 @@ def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, nu
     return plan
 
 
+def check_disk_for_split(out_path: str | os.PathLike, offsets, split_samples: int, samples_per_shard: int,
+                         bytes_per_token: int) -> dict:
+    """Fail before the target is loaded if the shards of this split still to capture cannot all fit.
+
+    A split's shard ``j`` (``shard-{j:05d}.safetensors`` beside ``out_path``) holds samples
+    ``[j*S, min((j+1)*S, N))``; its bytes are the tokenized data's real token counts
+    (``offsets``: int64 [n+1] of the tokens file) x ``bytes_per_token``. Shards already on disk
+    count nothing. This is the refusal the compat report cannot make: it plans before the data
+    is tokenized, on the upper bound samples x ``max_seq_len``, and only warns on it.
+    Returns ``{"shards_missing", "tokens", "needed_bytes", "free_bytes"}``.
+
+    Raises:
+        OSError: the missing shards need more bytes than are free (both numbers in the message).
+    """
+    out_path = Path(out_path)
+    n = min(split_samples, len(offsets) - 1)
+    missing, tokens = 0, 0
+    for j in range(math.ceil(n / samples_per_shard)):
+        if (out_path.parent / f"shard-{j:05d}.safetensors").exists():
+            continue
+        a, b = j * samples_per_shard, min((j + 1) * samples_per_shard, n)
+        missing += 1
+        tokens += int(offsets[b] - offsets[a])
+    d = out_path.resolve().parent
+    while not d.exists():
+        d = d.parent
+    free = shutil.disk_usage(d).free
+    need = tokens * bytes_per_token
+    if need > free:
+        raise OSError(f"{out_path.parent}: not enough disk for the {missing} shard(s) of this split still to capture: "
+                      f"{need / 1e9:.2f} GB ({tokens} tokens of the tokenized data x {bytes_per_token} B) against "
+                      f"{free / 1e9:.2f} GB free")
+    return {"shards_missing": missing, "tokens": tokens, "needed_bytes": need, "free_bytes": free}
+
+
 def capture_for_decisions(
     decisions_path: str | os.PathLike,
     target_dir: str | os.PathLike,
@@ -134,6 +170,8 @@ def capture_shard(
     fsync: bool = True,
     gpus: int | None = None,
     pipeline_parallel_size: int = 1,
+    split_samples: int | None = None,
+    samples_per_shard: int | None = None,
 ) -> dict:
     """Capture samples ``[start, start+count)`` of ``tokens_path`` into the shard ``out_path``.
 
@@ -143,11 +181,14 @@ def capture_shard(
     > 1 is refused). Both write the same shard format and metadata.
     ``model``: an already loaded target (hooks; benchmarks and tests); else it is loaded from
     ``target_dir``. ``writer_threads`` write samples' rows in parallel; ``fsync`` (default) flushes
-    the shard to disk before the rename. Returns a summary: samples, tokens, seconds, tokens/s.
+    the shard to disk before the rename. ``split_samples`` (the split's configured samples) and
+    ``samples_per_shard``: where given, the shards of the split still missing must fit on the
+    disk (``check_disk_for_split``). Returns a summary: samples, tokens, seconds, tokens/s.
 
     Raises:
         ValueError: ``backend`` is neither ``hooks`` nor ``vllm``.
         vllm_capture.ParallelismError: ``vllm`` with pipeline parallel.
+        OSError: this shard, or the split's missing shards, cannot fit on the disk.
         IndexError: the tokens file holds fewer than ``start + 1`` samples (the message
             gives both numbers; lower ``capture.num_train_samples`` or add data).
     """
@@ -159,8 +200,11 @@ def capture_shard(
     idx = list(range(start, min(start + count, len(toks))))
     if len(idx) < count:
         log.warning("%s holds %d samples; shard %s gets %d instead of %d", tokens_path, len(toks), out_path, len(idx), count)
-    check_disk_for_shard(out_path, target_dir, len(aux_layer_ids), storage_dtype, sum(len(toks.sample(i)[0]) for i in idx),
-                         trust_remote_code, hidden_size=None if model is None else text_config(model.config).hidden_size)
+    plan = check_disk_for_shard(out_path, target_dir, len(aux_layer_ids), storage_dtype,
+                                sum(len(toks.sample(i)[0]) for i in idx), trust_remote_code,
+                                hidden_size=None if model is None else text_config(model.config).hidden_size)
+    if split_samples is not None:
+        check_disk_for_split(out_path, toks.offsets, split_samples, samples_per_shard or count, plan["bytes_per_token"])
     if backend == "vllm":
         return _capture_vllm(target_dir, tokens_path, out_path, idx, toks, aux_layer_ids, target_fingerprint, split,
                              device, compute_dtype, storage_dtype, tokens_per_batch, trust_remote_code, writer_threads,

@@ -237,7 +237,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
     usage = shutil.disk_usage(results_dir)
     plans = {}
     if target and "bytes_per_token" in capture:
-        plans["disk"] = plan_disk(capture["bytes_per_token"], planned_tokens, usage.free)
+        plans["disk"] = plan_disk(capture["bytes_per_token"], planned_tokens, usage.free, upper_bound=True)
         devices = (probes["torch"].value or {}).get("devices") or []
         mem = int(gpu_memory_gb * 1e9) if gpu_memory_gb else (devices[0]["total_bytes"] if devices else None)
         plans["gpus"] = plan_gpus(target["parameters"], target["weight_bytes_per_parameter"], mem, gpus_per_node,

@@ -21,4 +21,8 @@ capture_for_decisions(
     trust_remote_code=p.trust_remote_code,
     # read from the config, not params, so that a serving setting does not re-run the shards of the hooks backend
     pipeline_parallel_size=snakemake.config["target"]["pipeline_parallel_size"],
+    # the split's size for the disk check of its missing shards: from the config, not params, so that
+    # more samples add shards without replanning the full ones
+    split_samples=snakemake.config["capture"][f"num_{snakemake.wildcards.split}_samples"],
+    samples_per_shard=snakemake.config["capture"]["samples_per_shard"],
 )

@@ -84,19 +84,39 @@ def test_kimi_full_report_matches_schema(tmp_path):
     assert json.loads((tmp_path / "compat.json").read_text())["target"]["num_layers"] == 61
 
 
-def test_disk_plan_fails_before_any_gpu_job(tmp_path):
+def test_disk_upper_bound_warns_and_the_capture_refuses_on_real_token_counts(tmp_path):
+    """The report plans before tokenization (samples x max_seq_len): above the free space it warns;
+    a capture job refuses, before loading the target, when its split's missing shards really do not fit."""
+    import numpy as np
+
+    from eagle3build.capture_hidden_states import check_disk_for_split
+
     r = cr.build_report(str(KIMI), str(tmp_path / "results"), planned_tokens=10**12, gpu_memory_gb=96, gpus_per_node=8,
                         job_gpus={"capture": 8, "serve": 8})
-    assert r["plans"]["disk"]["status"] == "fail" and "plan_disk" in r["hard_failures"]
-    with pytest.raises(cr.CompatError, match=r"plan_disk: hidden states need 57344000\.00 GB .* GB free"):
-        cr.write(r, str(tmp_path / "compat.json"), str(tmp_path / "compat.md"))
-    assert not (tmp_path / "compat.json").exists()
+    disk = r["plans"]["disk"]
+    assert disk["status"] == "warn" and disk["upper_bound"] and "plan_disk" not in r["hard_failures"]
+    assert disk["message"].startswith("hidden states need at most 57344000.00 GB") and "upper bound" in disk["message"]
+
+    out = tmp_path / "hidden_states/train/shard-00001.safetensors"
+    offsets = np.array([0, 100, 250, 300, 420, 500], dtype=np.int64)  # 5 samples: 100, 150, 50, 120, 80 tokens
+    (tmp_path / "hidden_states/train").mkdir(parents=True)
+    (tmp_path / "hidden_states/train/shard-00000.safetensors").write_bytes(b"")  # samples 0-1 already captured
+    ok = check_disk_for_split(out, offsets, split_samples=5, samples_per_shard=2, bytes_per_token=1000)
+    assert ok["shards_missing"] == 2 and ok["tokens"] == 50 + 120 + 80 and ok["needed_bytes"] == 250_000
+    free = ok["free_bytes"]
+    per_token = free // 250 + 1  # the 250 missing tokens need just over the free space
+    with pytest.raises(OSError, match=r"not enough disk for the 2 shard\(s\) of this split still to capture: .*"
+                                      r"\(250 tokens of the tokenized data x \d+ B\)"):
+        check_disk_for_split(out, offsets, 5, 2, per_token)
+    # fewer configured samples than the file holds: only those count (shard 1 = sample 2, 50 tokens)
+    assert check_disk_for_split(out, offsets, 3, 2, per_token)["tokens"] == 50
 
 
 def test_disk_plan_warns_above_80_percent():
     assert cr.plan_disk(100, 9, 1000)["status"] == "warn"
     assert cr.plan_disk(100, 7, 1000)["status"] == "ok"
     assert cr.plan_disk(100, 11, 1000)["status"] == "fail"
+    assert cr.plan_disk(100, 11, 1000, upper_bound=True)["status"] == "warn"
 
 
 def test_remote_code_wrapper_path(tmp_path):
