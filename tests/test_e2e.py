@@ -515,3 +515,30 @@ def test_gpu_build_script_smoke(built, tmp_path):
     with safe_open(str(tmp_path / "out/head/model.safetensors"), "pt") as f:
         assert "embed_tokens.weight" not in f.keys() and f.get_tensor("fc.weight").shape == (576, 1728)
     assert json.loads((tmp_path / "out/gpu_build.json").read_text())["data"]["train_samples"] > 0
+
+
+def test_recipe_sweep_script_smoke(built, tmp_path):
+    """benchmarks/recipe_sweep.py at tiny size on a copy of the reduced build: the base row plans nothing,
+    a learning-rate row reruns training and export only, and each row holds that run's own figures."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import recipe_sweep
+
+    wd, _ = built
+    copy = tmp_path / "wd"
+    shutil.copytree(wd, copy, ignore=shutil.ignore_patterns(".snakemake"))
+    shutil.copytree(wd / ".snakemake/metadata", copy / ".snakemake/metadata")
+    (tmp_path / "variants.yaml").write_text("base: {}\nlr_1e-3: {train: {lr: 0.001}}\n")
+    sweep = recipe_sweep.main(["--configfile", str(REPO / "tests/reduced.yaml"), "--variants",
+                               str(tmp_path / "variants.yaml"), "--workdir", str(copy), "--out", str(tmp_path / "out"),
+                               "--keep-heads"])
+    rows = sweep["rows"]
+    assert rows["base"]["planned_jobs"] == {} and rows["lr_1e-3"]["planned_jobs"] == {"train_draft": 1, "export_head": 1}
+    m = json.loads((copy / "results/reduced/checkpoint/metrics.json").read_text())
+    assert rows["lr_1e-3"]["simulated_tau"] == round(m["final_eval"]["simulated_acceptance_length"], 4) >= 1.0
+    assert rows["lr_1e-3"]["steps"] == m["steps"] > 0 and rows["lr_1e-3"]["overrides"] == {"train": {"lr": 0.001}}
+    assert rows["lr_1e-3"]["gpu_stage_seconds"]["train_draft"] > 0
+    with safe_open(str(tmp_path / "out/lr_1e-3/head/model.safetensors"), "pt") as f:
+        assert "embed_tokens.weight" not in f.keys() and f.get_tensor("fc.weight").shape == (576, 1728)
+    assert json.loads((tmp_path / "out/sweep.json").read_text())["rows"].keys() == {"base", "lr_1e-3"}
