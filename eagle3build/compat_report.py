@@ -96,6 +96,24 @@ def recommend_head_variant(flags_probe: Probe) -> dict:
             "reason": f"vLLM reads {sorted(reads)}; eagle3.1 needs {sorted(needed)}"}
 
 
+def check_head_variant(requested: str, head: dict) -> dict:
+    """Refuse ``train.head_variant`` ``requested`` when it sets a flag the serving vLLM does not read.
+
+    ``head``: ``recommend_head_variant``'s result (``vllm_reads_flags``). ``auto`` takes the
+    recommendation and always passes. Returns ``{"variant", "flags_set"}``.
+
+    Raises:
+        ValueError: naming ``train.head_variant``, its value and the flags vLLM ignores.
+    """
+    variant = head["recommended_variant"] if requested == "auto" else requested
+    flags_set = sorted(k for k, v in HEAD_VARIANTS[variant].items() if v)
+    ignored = sorted(set(flags_set) - set(head["vllm_reads_flags"]))
+    if ignored:
+        raise ValueError(f"train.head_variant={requested}: the serving vLLM does not read {ignored} ({head['reason']}); "
+                         "the head would load and accept few drafts: use auto or eagle3")
+    return {"variant": variant, "flags_set": flags_set}
+
+
 def engine_capture_preferred(target: dict) -> tuple[bool, str]:
     """Whether ``backend: auto`` prefers the vllm backend for this target (large or MoE), and why.
 
@@ -163,7 +181,7 @@ def decide_backend(requested: str, probes: dict[str, Probe], target: dict | None
 def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_layer_ids="auto",
                  storage_dtype: str = "bfloat16", trust_remote_code: bool = False, planned_tokens: int = 0,
                  gpu_memory_gb: float | None = None, gpus_per_node: int = 0,
-                 job_gpus: dict[str, int] | None = None) -> dict:
+                 job_gpus: dict[str, int] | None = None, head_variant: str = "auto") -> dict:
     """Run every probe, inspect the target, decide the backend and plan disk and GPUs.
 
     ``planned_tokens``: an upper bound of the tokens to capture (samples x max_seq_len).
@@ -244,6 +262,11 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
                                   job_gpus or {})
         for name, plan in plans.items():
             log.info("plan %s: %s %s", name, plan["status"], plan.get("message", ""))
+    head = recommend_head_variant(probes["vllm_head_flags"])
+    # A head variant forced in the config (train.head_variant) must set only flags the serving vLLM
+    # reads: one it ignores loads without error and accepts little.
+    probes["head_variant_served"] = run_probe("head_variant_served", lambda: check_head_variant(head_variant, head),
+                                              required=True)
     report = {
         "schema": SCHEMA,
         "versions": software_versions(COMPAT_PACKAGES),
@@ -251,7 +274,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         "probes": {k: asdict(v) for k, v in probes.items()},
         "target": target,
         "capture": capture,
-        "head": recommend_head_variant(probes["vllm_head_flags"]),
+        "head": head,
         "vllm": vllm_summary(probes),
         "plans": plans,
         "hard_failures": [k for k, v in probes.items() if v.required and v.status == "fail"]
@@ -358,6 +381,7 @@ def run_for_config(config: dict, target_dir: str, results_dir: str, storage_dtyp
         gpu_memory_gb=res["gpu_memory_gb"],
         gpus_per_node=res["gpus_per_node"],
         job_gpus={"capture": res["capture"]["gpu"], "serve": res["serve"]["gpu"]},
+        head_variant=config["train"]["head_variant"],
     )
     write(report, out_json)
     write_decisions(report, out_decisions)

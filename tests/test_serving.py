@@ -87,3 +87,17 @@ def test_head_with_four_aux_ids_loads_and_drafts_in_vllm(tmp_path, smol_target):
     assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 4
     assert meta["tensors"]["fc.weight"] == [576, 4 * 576]
     assert meta["vllm_load_check"]["drafts"] > 0
+
+
+def test_forced_head_variant_with_a_flag_vllm_ignores_is_refused():
+    reads_all = {"vllm_reads_flags": ["fc_norm", "norm_before_fc", "norm_before_residual", "norm_output"],
+                 "recommended_variant": "eagle3.1", "reason": "vLLM reads all"}
+    assert cr.check_head_variant("eagle3.1", reads_all) == {
+        "variant": "eagle3.1", "flags_set": ["norm_before_fc", "norm_before_residual", "norm_output"]}
+    ignores = {"vllm_reads_flags": ["norm_before_residual"], "recommended_variant": "eagle3",
+               "reason": "vLLM 9.9 reads ['norm_before_residual']"}
+    assert cr.check_head_variant("auto", ignores) == {"variant": "eagle3", "flags_set": []}
+    assert cr.check_head_variant("eagle3", ignores)["variant"] == "eagle3"
+    with pytest.raises(ValueError, match=r"train.head_variant=eagle3.1: the serving vLLM does not read "
+                                         r"\['norm_before_fc', 'norm_output'\] \(vLLM 9.9 reads"):
+        cr.check_head_variant("eagle3.1", ignores)
