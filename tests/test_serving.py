@@ -63,7 +63,6 @@ def test_compat_report_refuses_before_capture(tmp_path, tiny_target, monkeypatch
 def test_head_with_four_aux_ids_loads_and_drafts_in_vllm(tmp_path, smol_target):
     """The exported config's num_aux_hidden_states makes vLLM build a 4H-wide fc (it assumes 3 otherwise)."""
     from eagle3build import export_head as ex
-    from eagle3build.build_vocab_map import check_consistent  # noqa: F401 (the map below must pass it)
     from eagle3build.train_draft import HEAD_VARIANTS, build_model
 
     ids = [1, 10, 20, 28]
@@ -78,8 +77,9 @@ def test_head_with_four_aux_ids_loads_and_drafts_in_vllm(tmp_path, smol_target):
     np.save(tmp_path / "d2t.npy", d2t.numpy())
     np.save(tmp_path / "t2d.npy", t2d.numpy())
     (tmp_path / "vocab.json").write_text(json.dumps({"fingerprint": "test"}))
-    (ck / "train_meta.json").write_text(json.dumps({"vocab_fingerprint": "test", "aux_layer_ids": ids,
-                                                    "head_flags": HEAD_VARIANTS["eagle3"]}))
+    (ck / "train_meta.json").write_text(json.dumps({  # what train_draft writes (train_meta.schema.json)
+        "target_fingerprint": "test", "aux_layer_ids": ids, "vocab_fingerprint": "test", "draft_vocab_size": draft,
+        "head_variant": "eagle3", "head_flags": HEAD_VARIANTS["eagle3"], "ttt_steps": 1, "world_size": 1}))
     meta = ex.export(ck, str(tmp_path / "d2t.npy"), str(tmp_path / "t2d.npy"), str(tmp_path / "vocab.json"),
                      tmp_path / "head", "HuggingFaceTB/SmolLM2-135M-Instruct", str(smol_target),
                      dtype="float32", vllm_load_check="always")
