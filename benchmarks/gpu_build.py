@@ -115,6 +115,20 @@ def scaling_run(res: Path, cfg: dict, target_dir: str, nproc: int, steps: int, o
             "tokens_per_s_per_gpu": round(m["tokens_per_s"] / nproc, 1)}
 
 
+def keep_head(res: Path, dest: Path) -> None:
+    """Copy the head of ``res`` (results/<run>) without ``embed_tokens.weight`` (vLLM and speculators
+    take it from the target) to ``dest``, and the benchmark prompts to ``dest``'s parent."""
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    state = load_file(str(res / "head/model.safetensors"))
+    state.pop("embed_tokens.weight", None)
+    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    for f in ("config.json", "head_meta.json"):
+        shutil.copy(res / "head" / f, dest / f)
+    shutil.copy(res / "data/prompts.jsonl", dest.parent / "prompts.jsonl")
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", required=True)
@@ -186,16 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
                                  "efficiency": round(runs[1]["tokens_per_s"] / (a.gpus * runs[0]["tokens_per_s"]), 3)}
 
     if a.out:
-        from safetensors.torch import load_file, save_file
-
         out = Path(a.out)
-        (out / "head").mkdir(parents=True, exist_ok=True)
-        state = load_file(str(res / "head/model.safetensors"))
-        state.pop("embed_tokens.weight", None)
-        save_file(state, str(out / "head/model.safetensors"), metadata={"format": "pt"})
-        for f in ("config.json", "head_meta.json"):
-            shutil.copy(res / "head" / f, out / "head" / f)
-        shutil.copy(res / "data/prompts.jsonl", out / "prompts.jsonl")
+        keep_head(res, out / "head")
         (out / "gpu_build.json").write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     return record

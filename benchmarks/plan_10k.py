@@ -25,7 +25,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 N = 10_000
-BARE_SCRIPT = """N = {N}
+_DAG = """N = {N}
 
 
 rule all:
@@ -36,23 +36,15 @@ rule all:
 rule shard:
     output:
         "shards/shard-{{i}}.txt",
-    log:
+"""
+# The same DAG twice: jobs that are `script:` rules with a `log:` (as every rule here is), and
+# one-line `shell:` jobs (the cheapest rule Snakemake has).
+BARE_SCRIPT = _DAG + """    log:
         "logs/shard-{{i}}.log",
     script:
         "shard.py"
 """
-BARE = """N = {N}
-
-
-rule all:
-    input:
-        expand("shards/shard-{{i:05d}}.txt", i=range(N)),
-
-
-rule shard:
-    output:
-        "shards/shard-{{i}}.txt",
-    shell:
+BARE = _DAG + """    shell:
         "echo {{wildcards.i}} > {{output}}"
 """
 

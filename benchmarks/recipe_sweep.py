@@ -29,7 +29,6 @@ import argparse
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +37,9 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_build import keep_head  # noqa: E402  (the same head copy as the recorded GPU build)
+
 GPU_STAGES = ("regenerate_responses", "capture_hidden_states", "train_draft", "export_head")
 
 
@@ -102,19 +104,6 @@ def record_variant(res: Path) -> dict:
     if regen.is_file():
         row["regenerate_report"] = json.loads(regen.read_text())
     return row
-
-
-def keep_head(res: Path, dest: Path) -> None:
-    """Copy the exported head without ``embed_tokens.weight`` to ``dest`` (+ the benchmark prompts)."""
-    from safetensors.torch import load_file, save_file
-
-    dest.mkdir(parents=True, exist_ok=True)
-    state = load_file(str(res / "head/model.safetensors"))
-    state.pop("embed_tokens.weight", None)
-    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    for f in ("config.json", "head_meta.json"):
-        shutil.copy(res / "head" / f, dest / f)
-    shutil.copy(res / "data/prompts.jsonl", dest.parent / "prompts.jsonl")
 
 
 def main(argv: list[str] | None = None) -> dict:
