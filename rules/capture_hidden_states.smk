@@ -1,6 +1,8 @@
+# The decisions as the compat report's output (rules.compat_report): Snakemake then takes the
+# producer from the rule instead of searching every rule's outputs for each of the 10,000 jobs.
 rule capture_hidden_states:
     input:
-        decisions=DECISIONS,
+        decisions=rules.compat_report.output.decisions,
         tokens=f"{RES}/data/{{split}}.safetensors",
     output:
         f"{RES}/hidden_states/{{split}}/shard-{{shard}}.safetensors",

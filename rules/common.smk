@@ -3,6 +3,8 @@ import math
 import os
 import sys
 
+from snakemake.common import get_function_params, overwrite_function_params
+
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
 from eagle3build import staleness
 
@@ -46,6 +48,16 @@ REQUESTED = {
 }
 
 
+def signature_once(func):
+    """``func``, with its signature recorded once. Snakemake reads the signature of every
+    param, input and resource callable with inspect.signature, two or three times for each
+    job it evaluates it for (snakemake.common.get_function_params); recording it up front is
+    what Snakemake's own helpers do (snakemake/ioutils/subpath.py). At 10,000 shards this is
+    a measurable part of `snakemake -n` (benchmarks/plan_10k.py)."""
+    overwrite_function_params(func, get_function_params(func))
+    return func
+
+
 def stage_version(stage):
     """A rule's `version` param: its module's OUTPUT_VERSION and the installed versions of the
     packages that shape its output (staleness.STAGE_PACKAGES; left out when the config's
@@ -76,6 +88,7 @@ def shard_files(split):
     return [f"{RES}/hidden_states/{split}/shard-{i:05d}.safetensors" for i in range(num_shards(split))]
 
 
+@signature_once
 def shard_range(wildcards):
     """Shard ``wildcards.shard`` of split ``wildcards.split``: {"start": first sample, "num_samples": samples}."""
     start = int(wildcards.shard) * SHARD_SIZE
@@ -135,7 +148,11 @@ VLLM_RETRIES = 1
 
 def attempt_mem_mb(base_mb):
     """mem_mb for attempt n (1, 2, ...): ``base_mb`` (MB) x (1 + (n - 1) / 2)."""
-    return lambda wildcards, attempt: int(base_mb * (1 + (attempt - 1) / 2))
+
+    def mem_mb(wildcards, attempt):
+        return int(base_mb * (1 + (attempt - 1) / 2))
+
+    return signature_once(mem_mb)
 
 
 def capture_may_use_vllm():

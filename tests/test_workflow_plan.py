@@ -82,9 +82,14 @@ def test_rules_declare_resources_and_logs():
 
 def test_vllm_jobs_get_more_memory_on_a_retry():
     """attempt_mem_mb (rules/common.smk): the base at attempt 1, 1.5x at attempt 2, 2x at attempt 3."""
-    ns = {}
+    from snakemake.common import FUNC_OVERWRITE_PARAMS_ATTR, get_function_params, overwrite_function_params
+
+    ns = {"get_function_params": get_function_params, "overwrite_function_params": overwrite_function_params}
     src = (REPO / "rules/common.smk").read_text()
-    start = src.index("def attempt_mem_mb")
-    exec(src[start:src.index("\n\n\n", start)], ns)
+    for name in ("def signature_once", "def attempt_mem_mb"):
+        start = src.index(name)
+        exec(src[start:src.index("\n\n\n", start)], ns)
     f = ns["attempt_mem_mb"](12000)
     assert [f(None, a) for a in (1, 2, 3)] == [12000, 18000, 24000]
+    # its signature is recorded once (Snakemake reads it for every job), as inspect gives it
+    assert list(getattr(f, FUNC_OVERWRITE_PARAMS_ATTR)) == ["wildcards", "attempt"]
