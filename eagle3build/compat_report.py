@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 1
+OUTPUT_VERSION = 2
 
 SCHEMA = "eagle3build.compat/1"
 
@@ -211,7 +212,9 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
     probes["target_inspection"] = target_probe
     target = dict(target_probe.value or {})
     if target:
-        target["fingerprint"] = fingerprint(target_dir)
+        t0 = time.perf_counter()
+        target["fingerprint"] = fingerprint(target_dir)  # reads every weight byte: seconds per GB
+        log.info("target fingerprint %s in %.1f s", target["fingerprint"], time.perf_counter() - t0)
 
     capture: dict = {"storage_dtype": storage_dtype,
                      "aux_layer_ids_requested": aux_layer_ids if aux_layer_ids == "auto" else list(aux_layer_ids)}

@@ -36,12 +36,14 @@ _VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
 # bytes bumps that stage's OUTPUT_VERSION (and that of every other stage whose bytes it alters);
 # tests/test_e2e.py's digest test catches a forgotten bump.
 STAGE_PACKAGES: dict[str, tuple[str, ...]] = {
+    # The bundled target, dequantised once: a build made from it stays consistent with it after an
+    # upgrade, and re-materialising would rewrite 270 MB of weights and replan every stage.
     "materialize_target": (),
     "compat_report": (),
     "regenerate_responses": ("vllm",),
     "prepare_data": ("tokenizers", "transformers"),  # tokenization and chat-template rendering
     "capture_hidden_states": ("torch", "transformers"),
-    "build_vocab_map": (),
+    "build_vocab_map": ("speculators", "torch"),  # speculators' build_vocab_mappings_from_distribution
     "train_draft": ("speculators", "torch"),
     "export_head": ("speculators", "torch"),
     "benchmark": ("vllm",),

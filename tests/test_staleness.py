@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from eagle3build import staleness
-from eagle3build.target import FINGERPRINT_BLOCK_BYTES, FINGERPRINT_BLOCKS, content_files, fingerprint
+from eagle3build.target import content_files, fingerprint
 
 STAGES = ["materialize_target", "compat_report", "regenerate_responses", "prepare_data", "capture_hidden_states",
           "build_vocab_map", "train_draft", "export_head", "benchmark", "plot_benchmark"]
@@ -73,21 +73,34 @@ def test_content_files_ignore_unrelated_files(tmp_path):
     assert content_files(tmp_path / "missing") == [str(tmp_path / "missing/config.json")]
 
 
-def test_fingerprint_sees_rewritten_values_not_unrelated_files(tmp_path):
-    """Same header, same size, other values in a sampled block: another fingerprint. A NOTES.md: the same."""
+def test_fingerprint_sees_every_byte_not_unrelated_files_or_times(tmp_path):
+    """Same header and size, one other byte anywhere in the weights: another fingerprint (a new user
+    found that the earlier sampled fingerprint missed an edit between its blocks). A NOTES.md, other
+    file times, or one worker instead of several: the same. File names and the tokenizer count."""
+    import os
+
     (tmp_path / "config.json").write_text('{"num_hidden_layers": 2}')
-    n = 2 * FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK_BYTES  # large enough to be sampled, not read whole
-    payload = bytearray(n)
-    _safetensors(tmp_path / "model.safetensors", bytes(payload))
+    payload = bytearray(3 * 1024 * 1024 + 5)  # more than one 256 KiB read chunk
+    _safetensors(tmp_path / "model-00001-of-00002.safetensors", bytes(payload))
+    _safetensors(tmp_path / "model-00002-of-00002.safetensors", bytes(payload[:1000]))
     fp = fingerprint(tmp_path)
+    assert len(fp) == 16 and fingerprint(tmp_path, workers=1) == fp
     (tmp_path / "NOTES.md").write_text("notes")
+    os.utime(tmp_path / "model-00001-of-00002.safetensors", (1, 1))
     assert fingerprint(tmp_path) == fp
-    payload[-1] = 1  # the last block is always sampled
-    _safetensors(tmp_path / "model.safetensors", bytes(payload))
+    seen = set()
+    for pos in (0, 256 * 1024 + 7, len(payload) // 2, len(payload) - 1):
+        payload[pos] ^= 1
+        _safetensors(tmp_path / "model-00001-of-00002.safetensors", bytes(payload))
+        seen.add(fingerprint(tmp_path))
+        payload[pos] ^= 1
+    assert len(seen) == 4 and fp not in seen
+    _safetensors(tmp_path / "model-00001-of-00002.safetensors", bytes(payload))
+    assert fingerprint(tmp_path) == fp
+    # the same bytes under another shard name: names count
+    (tmp_path / "model-00001-of-00002.safetensors").rename(tmp_path / "model-00001-of-00003.safetensors")
     assert fingerprint(tmp_path) != fp
-    payload[-1] = 0
-    payload[FINGERPRINT_BLOCK_BYTES + 7] = 1  # between the first two sampled blocks: not read
-    _safetensors(tmp_path / "model.safetensors", bytes(payload))
+    (tmp_path / "model-00001-of-00003.safetensors").rename(tmp_path / "model-00001-of-00002.safetensors")
     assert fingerprint(tmp_path) == fp
     (tmp_path / "tokenizer.json").write_text("{}")  # the tokenizer decides token ids: it counts
     assert fingerprint(tmp_path) != fp
