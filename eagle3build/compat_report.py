@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import asdict
@@ -47,6 +48,7 @@ from .probes import (
 from .provenance import COMPAT_PACKAGES, host, software_versions
 from .serving import check_servable
 from .serving import probe_vllm as probe_serving_vllm
+from .staleness import content_files
 from .target import check_aux_layer_ids, default_aux_layer_ids, fingerprint
 
 log = logging.getLogger(__name__)
@@ -214,7 +216,10 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
     if target:
         t0 = time.perf_counter()
         target["fingerprint"] = fingerprint(target_dir)  # reads every weight byte: seconds per GB
-        log.info("target fingerprint %s in %.1f s", target["fingerprint"], time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        gb = sum(os.path.getsize(f) for f in content_files(target_dir)) / 1e9
+        log.info("target fingerprint %s: %.2f GB read in %.1f s (%.2f GB/s)", target["fingerprint"], gb, dt,
+                 gb / max(dt, 1e-9))
 
     capture: dict = {"storage_dtype": storage_dtype,
                      "aux_layer_ids_requested": aux_layer_ids if aux_layer_ids == "auto" else list(aux_layer_ids)}

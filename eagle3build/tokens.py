@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -25,9 +27,9 @@ def write_tokens(path: str | os.PathLike, samples: list[tuple[str, np.ndarray, n
 
     Tensors: ``input_ids`` int32 [sum T_i], ``loss_mask`` uint8 [sum T_i], ``offsets``
     int64 [n+1] (sample i is ``[offsets[i], offsets[i+1])``). Metadata: ``schema``,
-    ``sample_ids`` (JSON list).
+    ``sample_ids`` (JSON list). Equal samples give equal bytes (the header's keys sorted).
     """
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     lengths = [len(s[1]) for s in samples]
     offsets = np.zeros(len(samples) + 1, dtype=np.int64)
@@ -38,8 +40,18 @@ def write_tokens(path: str | os.PathLike, samples: list[tuple[str, np.ndarray, n
         "offsets": offsets,
     }
     meta = {"schema": TOKENS_SCHEMA, "sample_ids": json.dumps([s[0] for s in samples])}
+    raw = save(tensors, metadata=meta)
+    # safetensors' writer keeps the metadata in a Rust HashMap (safetensors/src/tensor.rs) and
+    # writes its keys in a random order: equal tokens would be other bytes, and Snakemake's
+    # checksum of a small input (< 1 MB) would replan the shards after a rerun that changed
+    # nothing. The same header with its keys sorted, padded to the same length as
+    # safetensors pads it, gives equal bytes for equal tokens.
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.dumps(json.loads(raw[8:8 + n]), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(header) <= n:
+        raw = raw[:8] + header + b" " * (n - len(header)) + raw[8 + n:]
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
+        Path(tmp).write_bytes(raw)
 
 
 @dataclass
