@@ -248,10 +248,10 @@ def test_unrelated_file_in_target_dir_plans_nothing(built, tmp_path):
 def test_rewritten_weights_change_fingerprint_and_replan(built, tmp_path):
     """One weight value rewritten in place in the middle of the file (header, size and shapes
     unchanged): the fingerprint changes and the compat report and every job reading the target
-    are planned. Built stage by stage (report and data preparation only), with token files of the
-    same bytes as before, the shards are still planned, through the new fingerprint in
-    decisions.json (a new user found the earlier sampled fingerprint missed such an edit). Put
-    back (bytes and times) and the report rebuilt, nothing is."""
+    are planned. Built stage by stage (report and data preparation only), the token files come out
+    byte for byte the same (tokens.write_tokens sorts its header) and the shards are still
+    planned, through the new fingerprint in decisions.json (a new user found the earlier sampled
+    fingerprint missed such an edit). Put back (bytes and times) and the report rebuilt, nothing is."""
     from eagle3build.target import fingerprint
 
     wd, res = built
@@ -260,7 +260,7 @@ def test_rewritten_weights_change_fingerprint_and_replan(built, tmp_path):
     st = weights.stat()
     before = fingerprint(wd / BUNDLED_DIR)
     decisions = (res / "decisions.json").read_bytes()
-    tokens = {f.name: (f.read_bytes(), _file_digest(f)) for f in (res / "data").glob("*.safetensors")}
+    tokens = {f.name: f.read_bytes() for f in (res / "data").glob("*.safetensors")}
     assert json.loads(decisions)["target"]["fingerprint"] == before and tokens
     mid = st.st_size // 2 & ~1  # a bf16 value's low byte: another value, same shapes
     with open(weights, "r+b") as f:
@@ -276,10 +276,7 @@ def test_rewritten_weights_change_fingerprint_and_replan(built, tmp_path):
         p = run([*args, "--until", "compat_report", "prepare_data"], wd, timeout=1200)
         assert p.returncode == 0, p.stderr[-3000:]
         assert json.loads((res / "decisions.json").read_text())["target"]["fingerprint"] == edited
-        for name, (raw, digest) in tokens.items():  # the same tensors and metadata (safetensors may order
-            f = res / "data" / name  # the metadata keys otherwise, see _file_digest): the same bytes put back
-            assert _file_digest(f) == digest
-            f.write_bytes(raw)
+        assert {f.name: f.read_bytes() for f in (res / "data").glob("*.safetensors")} == tokens
         planned = planned_jobs(args, wd)
         assert "compat_report" not in planned and "prepare_data" not in planned
         assert planned["capture_hidden_states"] == CAPTURE_ON["capture_hidden_states"]
@@ -503,8 +500,8 @@ def _sketch(t) -> dict:
 
 def _file_digest(path, sketch_floats: bool = False):
     """sha256 of a file; of a safetensors file with its JSON header key-sorted, since safetensors'
-    own writer (prepare_data's token files) orders the ``__metadata__`` keys differently from run
-    to run (a Rust HashMap): the same tensors and metadata, other bytes. With ``sketch_floats``
+    own writer orders the ``__metadata__`` keys differently from run to run (a Rust HashMap: the
+    same tensors and metadata, other bytes; the token files sort theirs, tokens.write_tokens). With ``sketch_floats``
     a safetensors file is ``{"header": sha256 of the sorted header, "tensors": {name: sha256 of an
     integer tensor's bytes, or _sketch of a float tensor}}``."""
     import hashlib
