@@ -17,6 +17,19 @@ own ``vllm:request_time_per_output_token_seconds``. ``concurrency`` requests are
 flight at a time (1: one after another, the latency-bound case speculative decoding is
 for; 0: all prompts at once).
 
+Lossless check: greedy decoding with the head must emit the baseline's tokens. In bf16 it
+need not, bit for bit: verifying k+1 tokens in one forward pass rounds differently from
+decoding one, so where the baseline's top two tokens are nearly tied the order can flip.
+For each prompt whose output differs, the baseline engine is asked (one more engine, only
+then) for its top ``NEAR_TIE_TOP`` log-probabilities at the first differing position, given
+the prompt and the common prefix (``vllm_engine.top_logprobs``). The difference is a
+numerical near-tie when both tokens are among them and their log-probabilities are within
+``benchmark.near_tie_max_logprob_gap`` nats (``auto``: ``NEAR_TIE_GAP``, by dtype); anything
+else is a real divergence, and the job fails naming the prompt ids.
+
+Engines are sized to the job (``vllm_engine.engine_args``): ``concurrency`` sequences of
+``max_model_len`` tokens of KV cache, CUDA graphs for at most ``concurrency x (k + 1)`` tokens.
+
 Prompt sets (``benchmark.sets``, see ``prompt_sets``): every engine decodes the sets one
 after the other; vLLM's spec-decode counters are global per engine, so each set's
 figures are the counter deltas and the wall time around that set's requests. The
@@ -40,6 +53,17 @@ log = logging.getLogger(__name__)
 OUTPUT_VERSION = 1
 
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
+TOP_ENTRY = "eagle3build.vllm_engine:top_logprobs"
+NEAR_TIE_TOP = 5  # baseline log-probabilities read at a differing position
+# Near-tie threshold (nats) by engine dtype, for ``near_tie_max_logprob_gap: auto``. bf16 keeps 8
+# significant bits: a logit of magnitude 16-32 is rounded to 0.125, and the last hidden state of
+# two batch shapes differs by ~1 % (capture_backends on an H200: median 0.9 % between kernels), so
+# logits ~20 apart by 0.2; 0.25 nats is one such move. float32 differs by ~1e-5 relative: 1e-3.
+NEAR_TIE_GAP = {"bfloat16": 0.25, "float16": 0.25, "float32": 1e-3}
+
+
+class BenchmarkError(RuntimeError):
+    """The head changed greedy outputs beyond numerical near-ties (a real divergence)."""
 
 
 SCHEMA = Path(__file__).resolve().parent / "schemas" / "benchmark.schema.json"  # artifacts.schema_path("benchmark")
@@ -73,6 +97,8 @@ def benchmark(
     pipeline_parallel_size: int = 1,
     sets: list[str] | None = None,
     custom_prompts_path: str | None = None,
+    near_tie_max_logprob_gap: float | str = "auto",
+    trust_remote_code: bool = False,
 ) -> dict:
     """Baseline run plus one EAGLE-3 run per k over every prompt set; write ``out_json``
     (eagle3build/schemas/benchmark.schema.json).
@@ -86,58 +112,99 @@ def benchmark(
     Per run, overall and per set (``"sets": {name: ...}``): output tokens/s, wall seconds,
     latencies; per EAGLE-3 run also drafts, draft tokens, accepted tokens, τ, acceptance rate
     per position, speed-up against the baseline (the same set's tokens/s) and the lossless
-    check (prompts whose greedy token ids differ from the baseline's; must be 0). Engine start
-    seconds per run. ``gpus``: GPUs the job holds (the engines' tensor parallel size; 0 = CPU);
-    ``dtype`` ``auto`` = bf16 on GPUs, float32 on CPU.
+    check (prompts whose greedy token ids differ from the baseline's, each classified as a
+    numerical near-tie or a divergence: ``classify_difference``). Engine start seconds and
+    their breakdown (``vllm_engine.startup_breakdown``) per run. ``gpus``: GPUs the job holds
+    (the engines' tensor parallel size; 0 = CPU); ``dtype`` ``auto`` = bf16 on GPUs, float32 on
+    CPU. ``near_tie_max_logprob_gap``: nats, or ``auto`` (``NEAR_TIE_GAP`` of the dtype).
 
     Raises:
         vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
         prompt_sets.PromptSetError: an unknown set, or a set without prompts (before any engine starts).
         RuntimeError: an engine run failed.
+        BenchmarkError: a prompt's output differs from the baseline's beyond a near-tie (the
+            message names the prompt ids, k, the position and both tokens; nothing is written).
     """
     import tempfile
 
     vllm_engine.require_vllm(needed_by=os.fspath(out_json))
     by_set = prompt_sets.load_sets(sets or ["chat"], num_prompts, chat_path=prompts_path, custom_path=custom_prompts_path)
-    eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_model_len,
-                                  seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size)
-    dtype = eng["dtype"]
+    n_prompts = sum(len(ps) for ps in by_set.values())
+    in_flight = concurrency or n_prompts
+
+    def engine(k: int = 0, eager: bool = False, seqs: int = in_flight) -> dict:
+        # sized to the job: ``seqs`` sequences of max_model_len tokens; CUDA graphs up to one decode step's tokens
+        return vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_model_len,
+                                       seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size,
+                                       trust_remote_code=trust_remote_code, max_num_seqs=seqs,
+                                       kv_cache_tokens=seqs * (max_model_len + k), draft_layers=1 if k else 0,
+                                       eager=eager, graph_batch_tokens=seqs * (1 + k))
+
+    gap = NEAR_TIE_GAP[engine()["dtype"]] if near_tie_max_logprob_gap == "auto" else float(near_tie_max_logprob_gap)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
-        return _benchmark(Path(tmpdir), eng, by_set, head_dir, out_json, ks, max_tokens, dtype, served_name, max_model_len,
-                          concurrency, num_prompts)
+        return _benchmark(Path(tmpdir), engine, by_set, head_dir, out_json, ks, max_tokens, served_name, max_model_len,
+                          concurrency, num_prompts, gap)
 
 
-def _benchmark(tmp: Path, eng: dict, by_set: dict[str, list[dict]], head_dir: str, out_json: str, ks: list[int],
-               max_tokens: int, dtype: str, served_name: str, max_model_len: int, concurrency: int, num_prompts: int) -> dict:
+def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, out_json: str, ks: list[int],
+               max_tokens: int, served_name: str, max_model_len: int, concurrency: int, num_prompts: int,
+               gap: float) -> dict:
     prompts = [p for ps in by_set.values() for p in ps]
+    set_of = [name for name, ps in by_set.items() for _ in ps]
     groups = [{"name": name, "count": len(ps)} for name, ps in by_set.items()]
-    common = {"engine": eng, "prompts": prompts, "max_tokens": max_tokens, "concurrency": concurrency, "sets": groups}
-    base = vllm_engine.run_child(RUN_ENTRY, common, tmp, "baseline")
+    common = {"prompts": prompts, "max_tokens": max_tokens, "concurrency": concurrency, "sets": groups}
+    base = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine()}, tmp, "baseline")
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
     runs = []
     for k in ks:
         spec = {"method": "eagle3", "model": os.path.abspath(head_dir), "num_speculative_tokens": k}
-        r = vllm_engine.run_child(RUN_ENTRY, {**common, "speculative_config": spec}, tmp, f"eagle3_k{k}")
-        r.update(num_speculative_tokens=k, **compare(base, r, prompts))
-        for name, ps in by_set.items():
-            r["sets"][name].update(compare(base["sets"][name], r["sets"][name], ps))
-            log.info("k=%d %s: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ", k, name,
-                     r["sets"][name]["mean_acceptance_length"], r["sets"][name]["output_tokens_per_s"],
-                     r["sets"][name]["speedup"], r["sets"][name]["prompts_differing_from_baseline"])
-        log.info("k=%d overall: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ", k, r["mean_acceptance_length"],
-                 r["output_tokens_per_s"], r["speedup"], r["prompts_differing_from_baseline"])
+        r = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine(k), "speculative_config": spec}, tmp,
+                                  f"eagle3_k{k}")
+        r["num_speculative_tokens"] = k
         runs.append(r)
+    tops = baseline_top_logprobs(tmp, engine, base, runs)
+    for r in runs:
+        k = r["num_speculative_tokens"]
+        diffs = [dict(classify_difference(base["token_ids"][i], r["token_ids"][i], tops.get(i), gap),
+                      prompt_id=p["id"], set=set_of[i])
+                 for i, p in enumerate(prompts) if base["token_ids"][i] != r["token_ids"][i]]
+        r.update(num_speculative_tokens=k, **compare(base, r, prompts, diffs))
+        for name, ps in by_set.items():
+            r["sets"][name].update(compare(base["sets"][name], r["sets"][name], ps,
+                                           [d for d in diffs if d["set"] == name]))
+            log.info("k=%d %s: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties)", k, name,
+                     r["sets"][name]["mean_acceptance_length"], r["sets"][name]["output_tokens_per_s"],
+                     r["sets"][name]["speedup"], r["sets"][name]["prompts_differing_from_baseline"],
+                     r["sets"][name]["near_ties"])
+        log.info("k=%d overall: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties)", k,
+                 r["mean_acceptance_length"], r["output_tokens_per_s"], r["speedup"],
+                 r["prompts_differing_from_baseline"], r["near_ties"])
     for r in [base, *runs]:
         r.pop("token_ids")
+        r.pop("prompt_token_ids")
         for v in r["sets"].values():
             v.pop("token_ids")
+            v.pop("prompt_token_ids")
+    divergent = [(r["num_speculative_tokens"], d) for r in runs for d in r["differences"] if d["kind"] == "divergence"]
+    if divergent:
+        import json
+
+        for k, d in divergent:
+            log.error("k=%d: real divergence: %s", k, json.dumps(d))
+        raise BenchmarkError(
+            f"{out_json}: the head changed greedy outputs beyond a near-tie (gap > {gap} nats or a token outside the "
+            "baseline's top " + str(NEAR_TIE_TOP) + "): " + "; ".join(
+                f"k={k} prompt {d['prompt_id']} ({d['set']}) at output token {d['position']}: baseline "
+                f"{d['baseline_token']}, with the head {d['run_token']}" for k, d in divergent))
+    eng = engine()
     result = {
         "versions": software_versions(BENCHMARK_PACKAGES, keep_missing=False),
         "hardware": hardware(),
-        "settings": {"num_prompts": num_prompts, "max_tokens": max_tokens, "dtype": dtype, "temperature": 0.0,
+        "settings": {"num_prompts": num_prompts, "max_tokens": max_tokens, "dtype": eng["dtype"], "temperature": 0.0,
                      "ks": ks, "concurrency": concurrency, "served_name": served_name, "max_model_len": max_model_len,
                      "tensor_parallel_size": eng["tensor_parallel_size"],
                      "pipeline_parallel_size": eng["pipeline_parallel_size"],
+                     "near_tie_max_logprob_gap": gap, "near_tie_top_logprobs": NEAR_TIE_TOP,
                      "sets": {name: {"num_prompts": len(ps), "prompt_ids": [p["id"] for p in ps]}
                               for name, ps in by_set.items()}},
         "baseline": base,
@@ -148,10 +215,71 @@ def _benchmark(tmp: Path, eng: dict, by_set: dict[str, list[dict]], head_dir: st
     return result
 
 
-def compare(base: dict, run: dict, prompts: list[dict]) -> dict:
+def compare(base: dict, run: dict, prompts: list[dict], differences: list[dict] | None = None) -> dict:
     """Speed-up (``run`` tokens/s over ``base`` tokens/s, same prompts) and the lossless check: the ids of
-    ``prompts`` whose greedy token ids differ between the two runs (``token_ids`` in prompt order)."""
+    ``prompts`` whose greedy token ids differ between the two runs (``token_ids`` in prompt order), and
+    of ``differences`` (``classify_difference`` results of those prompts) how many are near-ties and
+    how many real divergences; ``lossless`` is true where none diverges."""
     differing = [p["id"] for p, a, b in zip(prompts, base["token_ids"], run["token_ids"], strict=True) if a != b]
+    differences = list(differences or [])
+    near = sum(d["kind"] == "near_tie" for d in differences)
     return {"speedup": run["output_tokens_per_s"] / base["output_tokens_per_s"],
             "prompts_differing_from_baseline": len(differing), "differing_prompt_ids": differing,
-            "outputs_identical": not differing}
+            "outputs_identical": not differing, "near_ties": near, "divergences": len(differences) - near,
+            "lossless": len(differences) == near, "differences": differences}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first output token where ``a`` and ``b`` differ (the shorter one's length where
+    one is a prefix of the other); None where they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def baseline_top_logprobs(tmp: Path, engine, base: dict, runs: list[dict]) -> dict[int, list[list]]:
+    """The baseline's ``NEAR_TIE_TOP`` most likely tokens at the first differing position of every
+    prompt (index into the prompts) whose output differs in some run; ``{}`` (and no engine
+    started) where none differs. One eager engine over all such positions."""
+    items, where = [], []
+    for i, b in enumerate(base["token_ids"]):
+        positions = {first_difference(b, r["token_ids"][i]) for r in runs} - {None}
+        for pos in sorted(positions):
+            items.append({"prompt_token_ids": base["prompt_token_ids"][i], "prefix": b[:pos]})
+            where.append((i, pos))
+    if not items:
+        return {}
+    res = vllm_engine.run_child(TOP_ENTRY, {"engine": engine(eager=True, seqs=len(items)), "items": items,
+                                            "top": NEAR_TIE_TOP}, tmp, "baseline_top_logprobs")
+    out: dict[int, dict[int, list]] = {}
+    for (i, pos), top in zip(where, res["top"], strict=True):
+        out.setdefault(i, {})[pos] = top
+    return out
+
+
+def classify_difference(base_ids: list[int], run_ids: list[int], tops: dict[int, list] | None, max_gap: float) -> dict:
+    """Classify one prompt's differing greedy outputs.
+
+    ``base_ids``/``run_ids``: output token ids without and with the head (they differ);
+    ``tops``: position -> the baseline's ``[[token, logprob], ...]`` there (most likely first,
+    ``baseline_top_logprobs``); ``max_gap``: nats. At the first differing position ``p``, the
+    difference is a ``near_tie`` when the baseline's token and the head run's token are both
+    in the baseline's top list and their log-probabilities differ by at most ``max_gap``,
+    else a ``divergence`` (also where a run stopped early: an end of output is no token to
+    compare). Returns ``{"position", "baseline_token", "run_token", "baseline_top_logprobs",
+    "top2_gap" (the baseline's top-1 minus top-2 log-probability), "gap" (between the two
+    tokens; None where one is missing), "kind"}``.
+    """
+    pos = first_difference(base_ids, run_ids)
+    if pos is None:
+        raise ValueError("classify_difference: the outputs do not differ")
+    bt = base_ids[pos] if pos < len(base_ids) else None
+    rt = run_ids[pos] if pos < len(run_ids) else None
+    top = (tops or {}).get(pos) or []
+    lp = {int(t): float(v) for t, v in top}
+    top2 = top[0][1] - top[1][1] if len(top) > 1 else None
+    gap = abs(lp[bt] - lp[rt]) if bt in lp and rt in lp else None
+    kind = "near_tie" if gap is not None and gap <= max_gap else "divergence"
+    return {"position": pos, "baseline_token": bt, "run_token": rt, "baseline_top_logprobs": top,
+            "top2_gap": top2, "gap": gap, "kind": kind}

@@ -66,6 +66,7 @@ def export(
     vllm_load_check: str = "auto",
     gpus: int = 0,
     pipeline_parallel_size: int = 1,
+    trust_remote_code: bool = False,
 ) -> dict:
     """Check the checkpoint against the vocab map and write the head directory; then load it with
     speculators and, where vLLM is installed (``vllm_load_check``: auto | always | never), with vLLM,
@@ -140,7 +141,8 @@ def export(
         check_loads_with_speculators(out_dir, target_dir, out_state)
         if vllm_check:
             head_meta["vllm_load_check"] = check_loads_with_vllm(out_dir, target_dir, served_name, gpus=gpus,
-                                                                 pipeline_parallel_size=pipeline_parallel_size)
+                                                                 pipeline_parallel_size=pipeline_parallel_size,
+                                                                 trust_remote_code=trust_remote_code)
         elif vllm_load_check == "auto":
             head_meta["vllm_load_check"] = {"skipped": skipped}
         write_json(Path(out_dir) / "head_meta.json", head_meta)
@@ -151,8 +153,11 @@ def export(
     return head_meta
 
 
+LOAD_CHECK_MAX_MODEL_LEN = 256  # tokens: the check's one prompt and its 8 answer tokens
+
+
 def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_name: str, max_tokens: int = 8,
-                          gpus: int = 0, pipeline_parallel_size: int = 1) -> dict:
+                          gpus: int = 0, pipeline_parallel_size: int = 1, trust_remote_code: bool = False) -> dict:
     """Serve the target with the head as its EAGLE-3 drafter in vLLM (a child process started by
     ``vllm_engine``: tensor-parallel over ``gpus`` GPUs in bf16, or float32 on CPU) and decode one
     prompt greedily with k=1.
@@ -164,8 +169,12 @@ def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_n
     """
     import tempfile
 
-    eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=256, seed=0,
-                                  pipeline_parallel_size=pipeline_parallel_size)
+    # Sized to one short request: eager (no torch.compile, CUDA graphs or autotuning) and a KV cache of
+    # one sequence, not 92 % of the card (on an H200 that check took 199 s, 138 s of it engine start).
+    eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=LOAD_CHECK_MAX_MODEL_LEN,
+                                  seed=0, pipeline_parallel_size=pipeline_parallel_size,
+                                  trust_remote_code=trust_remote_code, max_num_seqs=1,
+                                  kv_cache_tokens=LOAD_CHECK_MAX_MODEL_LEN + 1, draft_layers=1, eager=True)
     spec = {"engine": eng, "max_tokens": max_tokens, "concurrency": 1,
             "prompts": [{"id": "load-check", "messages": [{"role": "user", "content": "What is the capital of France?"}]}],
             "speculative_config": {"method": "eagle3", "model": os.path.abspath(head_dir), "num_speculative_tokens": 1}}

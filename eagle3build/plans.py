@@ -86,3 +86,33 @@ def hidden_state_bytes_per_token(num_aux_layers: int, hidden_size: int, storage_
 
     meta = ShardMeta("", list(range(num_aux_layers)), storage_dtype, hidden_size, [], "")
     return bytes_per_token(meta, with_tokens=with_tokens)
+
+
+def kv_cache_bytes_per_token(config, dtype_bytes: int, tensor_parallel_size: int = 1, extra_layers: int = 0) -> int | None:
+    """Bytes of KV cache one token takes on one GPU of a tensor-parallel group, as vLLM allocates it.
+
+    ``config``: the target's (text) transformers config. Multi-head latent attention
+    (DeepSeek-V3 / Kimi-K2 style, ``kv_lora_rank`` set) stores one latent of
+    ``kv_lora_rank + qk_rope_head_dim`` elements per layer, replicated on every rank
+    (vLLM ``MLAAttentionSpec``); otherwise ``2 (K and V) x KV heads on this rank x head_dim``
+    per layer, with KV heads split over the ranks and replicated where there are fewer heads
+    than ranks (vLLM ``FullAttentionSpec``; ``LlamaAttention``: ``max(1, num_kv_heads // tp)``).
+    ``extra_layers``: attention layers served beside the target's (an EAGLE-3 head: 1).
+    ``dtype_bytes``: bytes per element (2 for bf16/fp16, 4 for float32). Sliding-window
+    layers are counted as full ones (an upper bound). Returns None where the config lacks
+    the fields (an architecture this arithmetic does not know, e.g. a hybrid with state-space layers).
+    """
+    layers = getattr(config, "num_hidden_layers", None)
+    if not layers or getattr(config, "layers_block_type", None) or getattr(config, "layer_types", None) and any(
+            t not in ("full_attention", "sliding_attention") for t in config.layer_types):
+        return None
+    layers += extra_layers
+    if getattr(config, "kv_lora_rank", None):
+        return layers * (config.kv_lora_rank + (getattr(config, "qk_rope_head_dim", 0) or 0)) * dtype_bytes
+    heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    if not heads or not hidden:
+        return None
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return layers * 2 * max(1, kv_heads // max(1, tensor_parallel_size)) * head_dim * dtype_bytes

@@ -155,7 +155,7 @@ def regenerate(
     if choice["used"] == "vllm":
         eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name,
                                       max_model_len=max_seq_len + max_tokens, seed=seed, dtype=dtype,
-                                      pipeline_parallel_size=pipeline_parallel_size)
+                                      pipeline_parallel_size=pipeline_parallel_size, trust_remote_code=trust_remote_code)
         spec = {"engine": eng, "conversations": [c.messages for c in convs], "max_tokens": max_tokens,
                 "max_seq_len": max_seq_len}
         with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:

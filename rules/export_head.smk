@@ -29,5 +29,6 @@ rule export_head:
         version=stage_version("export_head"),
         vllm_load_check=config["export"]["vllm_load_check"],
         pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
+        trust_remote_code=config["target"]["trust_remote_code"],
     script:
         "../scripts/export_head.py"

@@ -21,4 +21,6 @@ benchmark(
     pipeline_parallel_size=snakemake.params.pipeline_parallel_size,
     sets=s["sets"],
     custom_prompts_path=snakemake.input.custom_prompts or None,
+    near_tie_max_logprob_gap=s["near_tie_max_logprob_gap"],
+    trust_remote_code=snakemake.params.trust_remote_code,
 )

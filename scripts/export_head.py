@@ -15,4 +15,5 @@ export(
     vllm_load_check=snakemake.params.vllm_load_check,
     gpus=snakemake.resources.gpu,
     pipeline_parallel_size=snakemake.params.pipeline_parallel_size,
+    trust_remote_code=snakemake.params.trust_remote_code,
 )

@@ -1,5 +1,5 @@
 """The benchmark scripts under benchmarks/ at tiny size on the CPU: they run and print real figures.
-(gpu_build.py is smoke-run over the reduced build in test_e2e.py, capture_backends_cpu.py in
+(gpu_build.py is smoke-run over the reduced build in test_e2e.py, capture_backends.py in
 test_vllm_capture.py.)"""
 from __future__ import annotations
 
@@ -76,3 +76,23 @@ def test_fingerprint_cost_tiny(tmp_path):
     assert "0.00 GB in 2 safetensors files" in text
     assert len(re.findall(r"= \d+\.\d\d GB/s", text)) == 4
     assert re.search(r"600 GB target: \d+\.\d min at this disk's cold rate", text)
+
+
+def test_speedup_split_tiny(tmp_path):
+    """A benchmark.json whose steps take exactly 2 ms + 0.5 ms per draft token: the split finds both."""
+    def run(tpot, tau=None, k=None):
+        f = {"time_per_output_token_s": {"p50": tpot, "p95": tpot, "mean": tpot}}
+        if tau is not None:
+            f.update(mean_acceptance_length=tau, speedup=0.002 / tpot)
+        f["sets"] = {"chat": dict(f)}
+        return dict(f, num_speculative_tokens=k) if k else f
+
+    taus = {1: 1.6, 2: 2.0, 3: 2.3, 5: 2.5}
+    result = {"settings": {"concurrency": 1, "sets": {"chat": {}}}, "baseline": run(0.002),
+              "eagle3": [run((2 + 0.5 * k) / 1e3 / t, t, k) for k, t in taus.items()]}
+    (tmp_path / "b.json").write_text(json.dumps(result))
+    p = _run("speedup_split.py", str(tmp_path / "b.json"), "--json", str(tmp_path / "s.json"))
+    assert "fixed a = 2.0 ms (1.0x the baseline step), b = 0.5 ms per draft token" in p.stdout
+    overall = json.loads((tmp_path / "s.json").read_text())[0]
+    assert overall["rows"][2] == {"k": 3, "tau": 2.3, "tpot_ms": round(3.5 / 2.3, 3), "step_ms": 3.5,
+                                  "speedup": round(2.3 * 2 / 3.5, 3), "ceiling_speedup": round(4 * 2 / 3.5, 3)}

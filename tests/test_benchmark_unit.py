@@ -42,7 +42,8 @@ def _figures(tokens=100, tps=50.0):
 def _spec(k, tau, speedup):
     return dict(drafts=40, draft_tokens=40 * k, accepted_tokens=int(40 * (tau - 1)), mean_acceptance_length=tau,
                 acceptance_rate=(tau - 1) / k, acceptance_rate_per_position=[0.6, 0.3, 0.1][:k], speedup=speedup,
-                prompts_differing_from_baseline=0, outputs_identical=True)
+                prompts_differing_from_baseline=0, outputs_identical=True, near_ties=0, divergences=0, lossless=True,
+                differences=[])
 
 
 def _result(speedups=(0.8, 1.3), taus=(1.5, 2.2)):
@@ -111,6 +112,7 @@ class FakeLLM:
             self.c["per_pos"] = [self.c["per_pos"][0] + (2 if n == 4 else 1), self.c["per_pos"][1] + (1 if n == 4 else 0)]
             self.t += 1.0
             outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(n)), text="x" * n)],
+                                        prompt_token_ids=[5, n],
                                         metrics=SimpleNamespace(queued_ts=self.t - 1, first_token_ts=self.t - 0.9,
                                                                 last_token_ts=self.t)))
         return outs
@@ -143,43 +145,99 @@ def test_decode_greedy_splits_counters_per_set(monkeypatch):
     assert res["mean_acceptance_length"] == pytest.approx(2.1) and res["output_tokens"] == 24
     assert res["wall_s"] == pytest.approx(c["wall_s"] + h["wall_s"], abs=2e-3)
     assert len(res["token_ids"]) == 5 and res["engine_start_s"] == 1.5
+    assert res["prompt_token_ids"] == [[5, 4]] * 3 + [[5, 6]] * 2  # what the near-tie check extends
     # without sets: the old single-group result, no "sets" key (export's load check)
     res1 = vllm_engine.decode_greedy({"engine": {}, "prompts": chat, "max_tokens": 8, "concurrency": 0,
                                       "speculative_config": {"method": "eagle3"}})
     assert "sets" not in res1 and res1["drafts"] == 6 and res1["accepted_per_position"] == [6, 3]
 
 
-def test_benchmark_assembles_sets_and_lossless_check(tmp_path, monkeypatch):
-    """One child run per configuration over all sets; the parent splits speed-up and lossless check per set."""
-    calls = []
+def _fake_engines(calls, top):
+    """run_child stand-in: baseline and k=2 engines over chat (a, b) and humaneval (2 prompts); k=2 changes
+    chat prompt b's second output token (2 -> 3); ``top``: the baseline's top log-probabilities there."""
 
     def fake_run_child(entry, spec, workdir, name):
+        if entry == benchmark.TOP_ENTRY:
+            calls.append((name, spec["items"], spec["engine"]["max_num_seqs"], spec["engine"].get("enforce_eager")))
+            return {"engine_start_s": 1.0, "top": [top for _ in spec["items"]]}
         calls.append((name, [g["count"] for g in spec["sets"]], len(spec["prompts"])))
         k = (spec.get("speculative_config") or {}).get("num_speculative_tokens")
         tps = {None: (10.0, 20.0), 2: (15.0, 50.0)}[k]  # chat, humaneval tokens/s
-        ids = [[1, 2]] * 4 if k is None else [[1, 2], [1, 3], [1, 2], [1, 2]]  # k=2 changes chat prompt 2
+        ids = [[1, 2]] * 4 if k is None else [[1, 2], [1, 3], [1, 2], [1, 2]]
+        pids = [[100 + i, 7] for i in range(4)]
         sets = {}
         for j, (n, cnt) in enumerate((("chat", 2), ("humaneval", 2))):
-            sets[n] = dict(_figures(40, tps[j]), token_ids=ids[2 * j:2 * j + cnt])
+            sets[n] = dict(_figures(40, tps[j]), token_ids=ids[2 * j:2 * j + cnt], prompt_token_ids=pids[2 * j:2 * j + cnt])
             if k:
                 sets[n].update(_spec(k, 2.0, 1.0))
-        res = dict(_figures(80, 80 / (4 + 0.8 * (k is None))), engine_start_s=2.0, token_ids=ids, sets=sets)
+        res = dict(_figures(80, 80 / (4 + 0.8 * (k is None))), engine_start_s=2.0, token_ids=ids, prompt_token_ids=pids,
+                   sets=sets)
         if k:
             res.update({x: v for x, v in _spec(k, 2.0, 1.0).items() if x not in ("speedup",)})
         return res
 
-    monkeypatch.setattr(vllm_engine, "run_child", fake_run_child)
-    by_set = {"chat": [{"id": "a", "messages": []}, {"id": "b", "messages": []}],
-              "humaneval": [{"id": "HumanEval/0", "messages": []}, {"id": "HumanEval/1", "messages": []}]}
-    eng = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+    return fake_run_child
+
+
+BY_SET = {"chat": [{"id": "a", "messages": []}, {"id": "b", "messages": []}],
+          "humaneval": [{"id": "HumanEval/0", "messages": []}, {"id": "HumanEval/1", "messages": []}]}
+
+
+def _engine(k=0, eager=False, seqs=1):
+    return {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "dtype": "bfloat16", "max_num_seqs": seqs,
+            **({"enforce_eager": True} if eager else {})}
+
+
+def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
+    """One child run per configuration over all sets; the parent splits speed-up and lossless check per set.
+    Prompt b's changed token is the baseline's second choice, 0.05 nats below its first: a near-tie, counted,
+    and the benchmark is written."""
+    calls = []
+    monkeypatch.setattr(vllm_engine, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
     out = tmp_path / "b.json"
-    r = benchmark._benchmark(tmp_path, eng, by_set, "head", out, [2], 8, "float32", "m", 512, 1, 2)
-    assert calls == [("baseline", [2, 2], 4), ("eagle3_k2", [2, 2], 4)]
+    r = benchmark._benchmark(tmp_path, _engine, BY_SET, "head", out, [2], 8, "m", 512, 1, 2, 0.25)
+    # the baseline's top log-probabilities are asked once, at b's first differing position, given its prompt
+    assert calls == [("baseline", [2, 2], 4), ("eagle3_k2", [2, 2], 4),
+                     ("baseline_top_logprobs", [{"prompt_token_ids": [101, 7], "prefix": [1]}], 1, True)]
     (e,) = r["eagle3"]
     assert e["sets"]["chat"]["speedup"] == 1.5 and e["sets"]["humaneval"]["speedup"] == 2.5
     assert e["sets"]["chat"]["differing_prompt_ids"] == ["b"] and e["sets"]["humaneval"]["outputs_identical"]
     assert e["prompts_differing_from_baseline"] == 1 and e["speedup"] == pytest.approx(20 / (80 / 4.8))
+    assert (e["near_ties"], e["divergences"], e["lossless"]) == (1, 0, True)
+    assert (e["sets"]["chat"]["near_ties"], e["sets"]["humaneval"]["near_ties"]) == (1, 0)
+    (d,) = e["differences"]
+    assert (d["prompt_id"], d["set"], d["position"], d["baseline_token"], d["run_token"], d["kind"]) == \
+        ("b", "chat", 1, 2, 3, "near_tie")
+    assert d["gap"] == pytest.approx(0.05) and d["top2_gap"] == pytest.approx(0.05)
+    assert r["settings"]["near_tie_max_logprob_gap"] == 0.25 and r["settings"]["dtype"] == "bfloat16"
     assert r["settings"]["sets"] == {"chat": {"num_prompts": 2, "prompt_ids": ["a", "b"]},
                                      "humaneval": {"num_prompts": 2, "prompt_ids": ["HumanEval/0", "HumanEval/1"]}}
     assert json.loads(out.read_text()) == json.loads(json.dumps(r))
-    assert "token_ids" not in r["baseline"]["sets"]["chat"]
+    assert "token_ids" not in r["baseline"]["sets"]["chat"] and "prompt_token_ids" not in r["eagle3"][0]
+
+
+@pytest.mark.parametrize("top, why", [([[2, -0.05], [3, -3.05]], "3.0 nats apart"),
+                                      ([[2, -0.05], [5, -0.10], [6, -0.2]], "the head's token is not in the top list")])
+def test_benchmark_fails_on_a_real_divergence(tmp_path, monkeypatch, top, why):
+    """The same change where the baseline was sure of its token: the job fails naming the prompt, nothing written."""
+    monkeypatch.setattr(vllm_engine, "run_child", _fake_engines([], top))
+    out = tmp_path / "b.json"
+    with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b \(chat\) at output token 1: baseline 2, with "
+                                                        r"the head 3"):
+        benchmark._benchmark(tmp_path, _engine, BY_SET, "head", out, [2], 8, "m", 512, 1, 2, 0.25)
+    assert not out.exists(), why
+
+
+def test_classify_difference():
+    top = {3: [[10, -0.40], [11, -0.55], [12, -2.0]]}
+    near = benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 11, 4], top, 0.25)
+    assert (near["position"], near["kind"], near["gap"], near["top2_gap"]) == (3, "near_tie", pytest.approx(0.15),
+                                                                               pytest.approx(0.15))
+    assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"  # 1.6 apart
+    assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 11], top, 0.1)["kind"] == "divergence"  # tighter
+    assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 13], top, 9.0)["gap"] is None  # not in the top list
+    ended = benchmark.classify_difference([1, 2, 3], [1, 2, 3, 11], top, 0.25)  # the baseline stopped there
+    assert (ended["baseline_token"], ended["kind"]) == (None, "divergence")
+    assert benchmark.first_difference([1, 2], [1, 2]) is None and benchmark.first_difference([1], [1, 5]) == 1
+    with pytest.raises(ValueError, match="do not differ"):
+        benchmark.classify_difference([1], [1], top, 0.25)

@@ -244,20 +244,27 @@ def test_unknown_layer_layout_and_parallelism_are_refused():
     vc.check_parallelism(8, 1, 1, enable_expert_parallel=True)  # EP inside the TP group: accepted
     kw = vc.capture_engine_args("/x", gpus=4, max_model_len=2049, tokens_per_step=8192)
     assert (kw["tensor_parallel_size"], kw["enforce_eager"], kw["enable_prefix_caching"]) == (4, True, False)
+    assert kw["enable_flashinfer_autotune"] is False  # an engine for a few requests: nothing to tune
+    assert "kv_cache_memory_bytes" not in kw  # /x has no config: vLLM's own sizing
     assert kw["worker_extension_cls"] == "eagle3build.vllm_capture.CaptureExtension" and kw["dtype"] == "bfloat16"
     assert kw["max_num_batched_tokens"] == 8192 and kw["skip_tokenizer_init"] is True
 
 
 def test_benchmark_script_smoke(moe_target, tmp_path):
-    """benchmarks/capture_backends_cpu.py at tiny size (the MoE target, 3 short samples): both backends run and
-    agree."""
-    repo = REPO
+    """benchmarks/capture_backends.py at tiny size (the MoE target, 3 short samples, float32 on CPU): both
+    backends run, samples split over engine steps are reported apart, and the two agree to float32 rounding."""
     out = tmp_path / "bench.json"
-    subprocess.run([sys.executable, str(repo / "benchmarks/capture_backends_cpu.py"), "--target", str(moe_target),
+    subprocess.run([sys.executable, str(REPO / "benchmarks/capture_backends.py"), "--target", str(moe_target),
                     "--samples", "3", "--min-len", "8", "--max-len", "40", "--step-tokens", "16", "--aux", "1,3,4",
-                    "--json", str(out), "--workdir", str(tmp_path / "w")], check=True, cwd=repo)
+                    "--json", str(out), "--workdir", str(tmp_path / "w")], check=True, cwd=REPO)
     r = json.loads(out.read_text())
-    assert 24 <= r["tokens"] <= 120
-    assert r["hooks"]["tokens_per_s"] > 0 and r["vllm"]["tokens_per_s"] > 0 and r["vllm"]["engine_start_s"] > 0
-    assert r["vllm"]["step_tokens"] == 16 and r["vllm"]["engine_steps"] >= 2
-    assert r["max_rel_err_aux_bf16"] < 2e-2 and "no vLLM" in r["gpu"]
+    d = r["data"]["random"]
+    assert 24 <= d["tokens"] <= 120 and list(d["dtypes"]) == ["float32"]
+    f = d["dtypes"]["float32"]
+    assert f["hooks"]["tokens_per_s"] > 0 and f["vllm"]["tokens_per_s"] > 0 and f["vllm"]["engine_steps"] >= 2
+    eng = r["engines"]["vllm float32"]
+    assert eng["engine_start_s"] > 0 and eng["dtype"] == "float32" and eng["startup"]["engine_start_s"] > 0
+    e = f["vllm_vs_hooks"]
+    assert e["aux_all_layers"]["n"] == 3 and e["aux_all_layers"]["max"] < 1e-4 and e["last"]["max"] < 1e-4
+    assert e["several_steps"]["n"] + e["one_step"]["n"] == 3 and e["several_steps"]["n"] >= 1  # 16-token steps
+    assert set(e["aux_per_layer"]) == {"1", "3", "4"} and e["by_position"]["0-1"] < 1e-4

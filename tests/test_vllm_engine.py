@@ -125,3 +125,80 @@ def test_export_without_vllm_skips_the_load_check_and_records_why(no_vllm, tiny_
     assert "needs the Python package 'vllm'" in meta["vllm_load_check"]["skipped"]
     on_disk = json.loads((tmp_path / "head/head_meta.json").read_text())
     assert on_disk["vllm_load_check"] == meta["vllm_load_check"] and (tmp_path / "head/model.safetensors").is_file()
+
+
+def test_kv_cache_bytes_per_token_for_known_shapes():
+    """Llama-3.1-8B in bf16: 32 layers x 2 x 8 KV heads x 128 = 128 KiB a token (vLLM's figure for it);
+    over 8 ranks one KV head each; Kimi-K2.5 (MLA): 61 latents of 512 + 64, on every rank."""
+    from eagle3build.plans import kv_cache_bytes_per_token
+    from eagle3build.target import load_config, text_config
+
+    llama = text_config(load_config(REPO / "examples/targets/llama-3.1-8b-instruct-shape"))
+    assert kv_cache_bytes_per_token(llama, 2) == 131072
+    assert kv_cache_bytes_per_token(llama, 2, tensor_parallel_size=8) == 131072 // 8
+    assert kv_cache_bytes_per_token(llama, 2, tensor_parallel_size=8, extra_layers=1) == 33 * 2 * 1 * 128 * 2
+    assert kv_cache_bytes_per_token(llama, 4) == 2 * 131072
+    kimi = json.loads((REPO / "examples/targets/kimi-k2.5-shape/config.json").read_text())["text_config"]
+    from types import SimpleNamespace
+
+    assert kv_cache_bytes_per_token(SimpleNamespace(**kimi), 2, tensor_parallel_size=8) == 61 * (512 + 64) * 2
+    hybrid = SimpleNamespace(num_hidden_layers=4, layer_types=["full_attention", "mamba"] * 2, hidden_size=8,
+                             num_attention_heads=2)
+    assert kv_cache_bytes_per_token(hybrid, 2) is None  # not attention only: left to vLLM
+
+
+def test_gpu_engines_are_sized_to_their_job():
+    """The load check, a capture and a benchmark engine on a GPU: KV cache from the tokens they hold, not 92 % of
+    the card; eager where a few requests run; CUDA graphs up to one decode step otherwise. CPU engines keep their
+    settings (VLLM_CPU_KVCACHE_SPACE, eager)."""
+    from eagle3build import vllm_capture
+
+    target = str(REPO / "examples/targets/llama-3.1-8b-instruct-shape")
+    per_token = 33 * 2 * 8 * 128 * 2  # target + one draft layer, bf16, one GPU
+    check = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=256, max_num_seqs=1,
+                                    kv_cache_tokens=257, draft_layers=1, eager=True)
+    assert check["kv_cache_memory_bytes"] == max(vllm_engine.KV_CACHE_FLOOR_BYTES, int(per_token * 257 * 1.25))
+    assert (check["enforce_eager"], check["enable_flashinfer_autotune"], check["max_num_seqs"]) == (True, False, 1)
+    bench = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=2048, max_num_seqs=16,
+                                    kv_cache_tokens=16 * 2051, draft_layers=1, graph_batch_tokens=16 * 4)
+    assert bench["kv_cache_memory_bytes"] == int(per_token * 16 * 2051 * 1.25)  # 5.5 GB, not 92 % of a card
+    assert bench["max_cudagraph_capture_size"] == 64 and "enforce_eager" not in bench
+    cap = vllm_capture.capture_engine_args(target, gpus=1, max_model_len=2049, tokens_per_step=16384)
+    assert cap["kv_cache_memory_bytes"] == int(32 * 2 * 8 * 128 * 2 * 2 * (16384 + 2049) * 1.25)
+    assert cap["enforce_eager"] is True and "max_num_seqs" not in cap
+    cpu = vllm_engine.engine_args(target, gpus=0, served_name="m", max_model_len=256, max_num_seqs=1,
+                                  kv_cache_tokens=257, eager=True, graph_batch_tokens=4)
+    assert not {"kv_cache_memory_bytes", "max_cudagraph_capture_size", "enable_flashinfer_autotune"} & set(cpu)
+    assert "trust_remote_code" not in cpu
+    assert vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=8, trust_remote_code=True)[
+        "trust_remote_code"] is True
+
+
+def test_startup_breakdown_reads_vllms_lines():
+    lines = [
+        "(EngineCore pid=1) INFO 12-01 [cuda.py:483] Using FLASH_ATTN attention backend out of potential backends: x.",
+        "(EngineCore pid=1) INFO 12-01 [default_loader.py:431] Loading weights took 0.41 seconds",
+        "(EngineCore pid=1) INFO 12-01 [gpu_model_runner.py:5348] Model loading took 0.26 GiB memory and 1.052 seconds",
+        "(EngineCore pid=1) INFO 12-01 [monitor.py:20] torch.compile took 29.10 s in total",
+        "(EngineCore pid=1) INFO 12-01 [gpu_worker.py:561] Available KV cache memory: 127.4 GiB",
+        "(EngineCore pid=1) INFO 12-01 [kv_cache_utils.py:2177] GPU KV cache size: 5,563,136 tokens",
+        "(EngineCore pid=1) INFO 12-01 [gpu_model_runner.py:6845] Graph capturing finished in 41 secs, took 0.5 GiB",
+        "(EngineCore pid=1) INFO 12-01 [core.py:341] init engine (profile, create kv cache, warmup model) took "
+        "97.30 s (compilation: 29.10 s)",
+    ]
+    st = vllm_engine.startup_breakdown(lines, 132.0)
+    assert st == {"attention_backend": "FLASH_ATTN", "weights_s": 0.41, "model_load_s": 1.052, "torch_compile_s": 29.1,
+                  "kv_cache_gib": 127.4, "kv_cache_tokens": 5563136, "cuda_graphs_s": 41.0, "init_engine_s": 97.3,
+                  "engine_start_s": 132.0, "other_s": 33.65}
+    assert all(vllm_engine._STARTUP_HINT.search(x) for x in lines)
+    assert vllm_engine.startup_breakdown(["reserved 0.56 GiB memory for KV Cache as specified"])["kv_cache_gib"] == 0.56
+    assert "engine start 132.0 s (attention_backend FLASH_ATTN" in vllm_engine.format_startup(st, 140.0)
+
+
+def test_run_child_copies_the_childs_output_and_times_it(tmp_path, capfd, monkeypatch):
+    """A real child (no vLLM needed): its lines reach this process's stderr, its result and timings come back."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
+    r = vllm_engine.run_child("tests_child_entry:entry", {"x": 3}, tmp_path, "echo")
+    assert r["y"] == 6 and r["process_s"] > 0 and r["startup"] == {"model_load_s": 2.5, "engine_start_s": 4.0,
+                                                                   "other_s": 1.5}
+    assert "Model loading took 0.1 GiB and 2.5 seconds" in capfd.readouterr().err
