@@ -30,7 +30,10 @@ else is a real divergence, and the job fails naming the prompt ids.
 Engines are sized to the job (``vllm_engine.engine_args``): ``concurrency`` sequences of
 ``max_model_len`` tokens of KV cache, CUDA graphs for at most ``concurrency x (k + 1)`` tokens.
 
-Prompt sets (``benchmark.sets``, see ``prompt_sets``): every engine decodes the sets one
+Prompt sets (``benchmark.sets``, see ``prompt_sets``): a prompt whose chat-template rendering
+(the target's tokenizer, as vLLM's ``LLM.chat`` renders it) plus ``max_tokens`` exceeds
+``max_model_len`` tokens is skipped before any engine starts and counted per set
+(``settings.sets[name].skipped_too_long``). Every engine decodes the sets one
 after the other; vLLM's spec-decode counters are global per engine, so each set's
 figures are the counter deltas and the wall time around that set's requests. The
 overall figures sum the sets (tokens/s = all output tokens / summed wall time of the sets).
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from . import prompt_sets, vllm_engine
@@ -50,7 +54,8 @@ log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 1
+# 2: near-ties told from divergences (differences, near_ties, divergences, lossless); over-long prompts skipped
+OUTPUT_VERSION = 2
 
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 TOP_ENTRY = "eagle3build.vllm_engine:top_logprobs"
@@ -105,9 +110,12 @@ def benchmark(
 
     ``sets``: names of ``prompt_sets`` (``chat`` = ``prompts_path``, prepare_data's held-out
     eval prompts; ``humaneval``; ``custom`` = ``custom_prompts_path``); default ``["chat"]``.
-    ``num_prompts`` applies per set. One engine per configuration (baseline, each k) decodes
-    the sets one after the other (``vllm_engine.decode_greedy`` with ``sets``), so a set's
-    figures are its own counter deltas and wall time in that engine.
+    ``num_prompts`` applies per set (the first N); of those, prompts longer than ``max_model_len``
+    minus ``max_tokens`` tokens with the target's chat template (``chat_token_counter``) are
+    skipped (``prompt_sets.drop_too_long``), logged and counted per set in ``settings.sets``
+    (``skipped_too_long``), so a set may run fewer than N. One engine per configuration
+    (baseline, each k) decodes the sets one after the other (``vllm_engine.decode_greedy`` with
+    ``sets``), so a set's figures are its own counter deltas and wall time in that engine.
 
     Per run, overall and per set (``"sets": {name: ...}``): output tokens/s, wall seconds,
     latencies; per EAGLE-3 run also drafts, draft tokens, accepted tokens, τ, acceptance rate
@@ -120,7 +128,10 @@ def benchmark(
 
     Raises:
         vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
-        prompt_sets.PromptSetError: an unknown set, or a set without prompts (before any engine starts).
+        prompt_sets.PromptSetError: an unknown set, a set without prompts, or a set whose every prompt
+            is too long for ``max_model_len`` (before any engine starts).
+        OSError, ValueError: the target's tokenizer cannot be loaded from ``target_dir``, or it has
+            no chat template (transformers' errors, before any engine starts).
         RuntimeError: an engine run failed.
         BenchmarkError: a prompt's output differs from the baseline's beyond a near-tie (the
             message names the prompt ids, k, the position and both tokens; nothing is written).
@@ -128,7 +139,15 @@ def benchmark(
     import tempfile
 
     vllm_engine.require_vllm(needed_by=os.fspath(out_json))
-    by_set = prompt_sets.load_sets(sets or ["chat"], num_prompts, chat_path=prompts_path, custom_path=custom_prompts_path)
+    loaded = prompt_sets.load_sets(sets or ["chat"], num_prompts, chat_path=prompts_path, custom_path=custom_prompts_path)
+    limit = max_model_len - max_tokens
+    by_set, skipped = prompt_sets.drop_too_long(loaded, chat_token_counter(target_dir, trust_remote_code), limit)
+    for name, n in skipped.items():
+        if n:
+            log.warning("benchmark set %s: %d of %d prompts skipped, longer than %d tokens with the chat template "
+                        "(max_model_len %d - max_tokens %d)", name, n, len(loaded[name]), limit, max_model_len,
+                        max_tokens)
+    log.info("prompts per set: %s (skipped as too long: %s)", {k: len(v) for k, v in by_set.items()}, skipped)
     n_prompts = sum(len(ps) for ps in by_set.values())
     in_flight = concurrency or n_prompts
 
@@ -143,12 +162,32 @@ def benchmark(
     gap = NEAR_TIE_GAP[engine()["dtype"]] if near_tie_max_logprob_gap == "auto" else float(near_tie_max_logprob_gap)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
         return _benchmark(Path(tmpdir), engine, by_set, head_dir, out_json, ks, max_tokens, served_name, max_model_len,
-                          concurrency, num_prompts, gap)
+                          concurrency, num_prompts, gap, skipped)
+
+
+def chat_token_counter(target_dir: str, trust_remote_code: bool = False) -> Callable[[list[dict]], int]:
+    """A function of a chat prompt's messages -> its token count as vLLM's ``LLM.chat`` renders it: the
+    target's tokenizer (``target_dir``, local files only) and chat template with the generation prompt,
+    no special tokens added beyond the template's.
+
+    Raises:
+        OSError, ValueError: the tokenizer cannot be loaded from ``target_dir`` (transformers' errors);
+            the returned function raises ValueError where the tokenizer has no chat template.
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(os.fspath(target_dir), trust_remote_code=trust_remote_code,
+                                        local_files_only=True)
+    return lambda messages: len(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                        return_dict=False))
 
 
 def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, out_json: str, ks: list[int],
                max_tokens: int, served_name: str, max_model_len: int, concurrency: int, num_prompts: int,
-               gap: float) -> dict:
+               gap: float, skipped_too_long: dict[str, int]) -> dict:
+    """``benchmark`` once the prompts are chosen: ``by_set`` (the prompts that run, per set),
+    ``skipped_too_long`` (prompts skipped per set, written to ``settings.sets``), ``engine`` (k, eager,
+    seqs -> ``engine_args``), ``gap`` (near-tie threshold, nats); engines' files under ``tmp``."""
     prompts = [p for ps in by_set.values() for p in ps]
     set_of = [name for name, ps in by_set.items() for _ in ps]
     groups = [{"name": name, "count": len(ps)} for name, ps in by_set.items()]
@@ -205,8 +244,8 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
                      "tensor_parallel_size": eng["tensor_parallel_size"],
                      "pipeline_parallel_size": eng["pipeline_parallel_size"],
                      "near_tie_max_logprob_gap": gap, "near_tie_top_logprobs": NEAR_TIE_TOP,
-                     "sets": {name: {"num_prompts": len(ps), "prompt_ids": [p["id"] for p in ps]}
-                              for name, ps in by_set.items()}},
+                     "sets": {name: {"num_prompts": len(ps), "prompt_ids": [p["id"] for p in ps],
+                                     "skipped_too_long": skipped_too_long[name]} for name, ps in by_set.items()}},
         "baseline": base,
         "eagle3": runs,
     }

@@ -1,13 +1,17 @@
 """Chat-template rendering -> token ids and an assistant-only loss mask (shared layer).
 
-Template-agnostic: where the template marks ``{% generation %}`` blocks the mask is
-transformers' own ``return_assistant_tokens_mask``; otherwise the conversation is rendered
-prefix by prefix and the characters each assistant turn adds are masked (see
-``assistant_char_spans``). Used by stage ``prepare_data``.
+Template-agnostic: the conversation is rendered prefix by prefix and the characters each
+assistant turn adds are masked (see ``assistant_char_spans``): its text, tool calls, reasoning
+and end-of-turn token, as the target emits them; tool results and user turns are context.
+Where the template also marks ``{% generation %}`` blocks, transformers' own
+``return_assistant_tokens_mask`` is computed too and the union taken: such templates often put
+the end-of-turn token after ``{% endgeneration %}``, which the serving engine still sees the
+target emit. Used by stage ``prepare_data``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,8 +43,26 @@ def open_last_turn(ids: np.ndarray, mask: np.ndarray, special_ids: set[int]) -> 
 SENTINEL = "\u2063EAGLE3BUILD-TURN\u2063"  # invisible separator: no template rewrites it
 
 
-def assistant_char_spans(tokenizer, messages: list[dict[str, str]], full: str,
-                         limit: int | None = None) -> list[tuple[int, int]] | None:
+def reasoning_key(tokenizer) -> str | None:
+    """The message field the chat template reads an assistant's reasoning from:
+    ``reasoning_content`` (Qwen3, Kimi-K2, DeepSeek-V3.1 templates), ``thinking`` (gpt-oss) or
+    ``reasoning``, by the first the template's source names; None where it names none (reasoning
+    given to such a template would not be rendered)."""
+    t = tokenizer.chat_template or ""
+    if not isinstance(t, str):
+        return None
+    for key in ("reasoning_content", "thinking", "reasoning"):
+        if re.search(rf"(\.{key}\b|\[['\"]{key}['\"]\])", t):
+            return key
+    return None
+
+
+def _render(tokenizer, messages, tools=None, **kw) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kw)
+
+
+def assistant_char_spans(tokenizer, messages: list[dict], full: str,
+                         limit: int | None = None, tools: list | None = None) -> list[tuple[int, int]] | None:
     """Character spans of ``full`` (the rendered conversation) that the loss mask covers.
 
     Template-agnostic, by rendering. For assistant turn ``i`` the span starts where the
@@ -61,14 +83,14 @@ def assistant_char_spans(tokenizer, messages: list[dict[str, str]], full: str,
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        before = _render(tokenizer, messages[:i], tools, add_generation_prompt=True)
         if limit is not None and len(before) >= limit:
             break
-        after = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        after = _render(tokenizer, messages[: i + 1], tools)
         if after.startswith(before) and full.startswith(after):
             span = (len(before), len(after.rstrip()))
         else:
-            span = _span_in_context(tokenizer, messages, i, full, before)
+            span = _span_in_context(tokenizer, messages, i, full, before, tools)
             if span is None:
                 return None
         if span[1] > span[0]:
@@ -76,9 +98,9 @@ def assistant_char_spans(tokenizer, messages: list[dict[str, str]], full: str,
     return spans
 
 
-def _span_in_context(tokenizer, messages, i, full, before) -> tuple[int, int] | None:
+def _span_in_context(tokenizer, messages, i, full, before, tools=None) -> tuple[int, int] | None:
     def render(msgs):
-        return tokenizer.apply_chat_template(msgs, tokenize=False)
+        return _render(tokenizer, msgs, tools)
 
     swapped = [dict(x, content=SENTINEL) if j == i else x for j, x in enumerate(messages)]
     framed = render(swapped)
@@ -144,42 +166,44 @@ def _template_message(e: Exception) -> str:
 
 
 def tokenize_batch(
-    tokenizer, conversations: list[list[dict[str, str]]], max_seq_len: int
+    tokenizer, conversations: list[list[dict]], max_seq_len: int, tools: list | None = None,
+    tails: list[list[int] | None] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray, bool] | None | TemplateRaised]:
     """``tokenize_with_mask`` for many conversations, plus whether each was truncated.
+
+    ``tools``: per conversation, its tool schemas or None (``apply_chat_template(tools=...)``).
+    ``tails``: per conversation, None or the token ids the target generated for one more
+    assistant turn (a regenerated answer): the conversation (ending on a user or tool turn) is
+    then rendered with the generation prompt and those ids appended as they are, all supervised
+    (the end-of-turn token only where the target emitted it), so that the trained tokens are the
+    served ones even where decoding to text would drop special tokens.
 
     The tokenizer runs once over the whole batch (its Rust core uses every core). A
     conversation whose render raises (many templates ``raise_exception`` on a system turn
     or on roles they do not know; jinja2 raises ``TemplateError``, others ``TypeError``
     and the like) yields ``TemplateRaised`` with the template's message instead of
-    failing the batch: one record must not lose the others.
+    failing the batch: one record must not lose the others. Where the template marks
+    ``{% generation %}`` blocks, the mask is the union of ours and transformers'
+    ``assistant_masks`` (on the same token ids).
     """
-    if has_generation_tags(tokenizer):
-        out = []
-        for messages in conversations:
-            try:
-                enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-            except Exception as e:  # noqa: BLE001 -- a template may raise anything; see the docstring
-                out.append(TemplateRaised(_template_message(e)))
-                continue
-            ids = np.asarray(enc["input_ids"], dtype=np.int32)
-            mask = np.asarray(enc["assistant_masks"], dtype=np.uint8)
-            out.append((ids[:max_seq_len], mask[:max_seq_len], len(ids) > max_seq_len))
-        return out
-    out: list = [None] * len(conversations)
+    n = len(conversations)
+    tools = tools or [None] * n
+    tails = tails or [None] * n
+    out: list = [None] * n
     fulls: dict[int, str] = {}
     for k, m in enumerate(conversations):
         try:
-            fulls[k] = tokenizer.apply_chat_template(m, tokenize=False)
+            fulls[k] = _render(tokenizer, m, tools[k], add_generation_prompt=tails[k] is not None)
         except Exception as e:  # noqa: BLE001 -- a template may raise anything; see the docstring
             out[k] = TemplateRaised(_template_message(e))
     order = sorted(fulls)
     encoded = _encode_prefixes(tokenizer, [fulls[k] for k in order], max_seq_len) if order else []
+    marked = has_generation_tags(tokenizer)
     for k, (ids_l, starts_l, truncated) in zip(order, encoded, strict=True):
         messages, full = conversations[k], fulls[k]
         limit = (starts_l[-1] + 1) if len(ids_l) == max_seq_len else None
         try:
-            spans = assistant_char_spans(tokenizer, messages, full, limit)
+            spans = assistant_char_spans(tokenizer, messages, full, limit, tools[k])
         except Exception as e:  # noqa: BLE001 -- a prefix render may raise where the full one did not
             out[k] = TemplateRaised(_template_message(e))
             continue
@@ -190,19 +214,42 @@ def tokenize_batch(
         mask = np.zeros(len(ids), dtype=np.uint8)
         for s, e in spans:
             mask |= ((starts >= s) & (starts < e)).astype(np.uint8)
+        if marked and tails[k] is None:
+            try:
+                theirs = transformers_assistant_mask(tokenizer, messages, tools[k], len(ids))
+            except Exception as e:  # noqa: BLE001
+                out[k] = TemplateRaised(_template_message(e))
+                continue
+            if theirs is not None and theirs[0].tolist() == ids.tolist():
+                mask |= theirs[1]
+        if tails[k] is not None:
+            tail = np.asarray(tails[k], dtype=np.int32)[: max(0, max_seq_len - len(ids))]
+            truncated = truncated or len(ids) + len(tails[k]) > max_seq_len
+            ids = np.concatenate([ids, tail])
+            mask = np.concatenate([mask, np.ones(len(tail), np.uint8)])
         out[k] = (ids, mask, truncated)
     return out
 
 
-def tokenize_with_mask(tokenizer, messages: list[dict[str, str]], max_seq_len: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Render ``messages`` with the tokenizer's chat template and tokenize.
+def transformers_assistant_mask(tokenizer, messages: list[dict], tools: list | None,
+                                length: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """transformers' ``return_assistant_tokens_mask`` for a template with ``{% generation %}``
+    blocks: ``(input_ids int32 [<= length], assistant_masks uint8)``, cut to ``length`` tokens."""
+    enc = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
+                                        return_assistant_tokens_mask=True)
+    ids = np.asarray(enc["input_ids"], dtype=np.int32)[:length]
+    return ids, np.asarray(enc["assistant_masks"], dtype=np.uint8)[:length]
+
+
+def tokenize_with_mask(tokenizer, messages: list[dict], max_seq_len: int,
+                       tools: list | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Render ``messages`` (and ``tools``) with the tokenizer's chat template and tokenize.
 
     Returns ``(input_ids int32 [T], loss_mask uint8 [T])`` with ``T <= max_seq_len``
-    (truncated, not dropped). Where the template marks ``{% generation %}`` blocks the
-    mask is transformers' own ``return_assistant_tokens_mask``; otherwise
-    ``loss_mask[j] == 1`` for tokens that start inside an assistant span (see
-    ``assistant_char_spans``). None when the render does not contain an assistant
-    turn's text.
+    (truncated, not dropped). ``loss_mask[j] == 1`` for tokens that start inside an assistant
+    span (see ``assistant_char_spans``), and where the template marks ``{% generation %}``
+    blocks also for those transformers' ``return_assistant_tokens_mask`` marks. None when the
+    render does not contain an assistant turn's text.
     """
-    enc = tokenize_batch(tokenizer, [messages], max_seq_len)[0]
+    enc = tokenize_batch(tokenizer, [messages], max_seq_len, [tools])[0]
     return None if enc is None or isinstance(enc, TemplateRaised) else enc[:2]

@@ -5,14 +5,28 @@ complete record). Normalise: roles and turn order, one documented rule per defec
 skip counted by reason; the rules are tabled in ``eagle3build/prepare_data.py``'s
 docstring (the stage's data report counts them).
 
-Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system.
-Record formats: ShareGPT (``conversations`` of ``{"from", "value"}``) and OpenAI chat
-(``messages`` of ``{"role", "content"}``).
+Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system;
+tool/function/ipython/observation -> tool (a tool's result); ShareGPT's function_call -> an
+assistant turn that calls a tool.
+Record formats: ShareGPT (``conversations`` of ``{"from", "value"}``, optional ``tools``) and
+OpenAI chat (``messages`` of ``{"role", "content"}``, optional ``tools``). An assistant message
+may carry ``tool_calls`` (OpenAI form; its content may then be empty or null) and reasoning
+(``reasoning_content`` or ``reasoning``); a tool message may carry ``tool_call_id`` and ``name``.
+Normalised messages are OpenAI/transformers chat messages: ``role``, ``content`` (str), and where
+present ``tool_calls`` (``[{"type": "function", "function": {"name", "arguments": dict}}]``,
+transformers' chat-template convention), ``tool_call_id``, ``name``, ``reasoning`` (the key a
+template reads is chosen when rendering: ``chat_masking.reasoning_key``) and ``token_ids`` (the
+target's own tokens of a regenerated answer, ``regenerate_responses``).
+
+A record without an ``id`` (or with a null or empty one) gets ``sha256:<16 hex>`` of its
+normalised content, so the seeded split by id stays stable and spreads such records over both
+splits (``content_key``).
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
@@ -32,7 +46,13 @@ ROLE_MAP = {
     "assistant": "assistant",
     "model": "assistant",
     "system": "system",
+    "tool": "tool",
+    "function": "tool",
+    "ipython": "tool",
+    "observation": "tool",
+    "function_call": "assistant",  # ShareGPT: the assistant calls a tool (value: {"name", "arguments"})
 }
+REASONING_FIELDS = ("reasoning_content", "reasoning")  # an assistant message's reasoning, first found wins
 
 
 class DataError(ValueError):
@@ -56,6 +76,7 @@ class SourceStats:
     bytes_lost: int = 0
     bad_lines: int = 0
     kept: int = 0
+    byte_order_mark: bool = False  # the file began with a UTF-8 BOM, skipped
 
 
 def bundled_sharegpt_path() -> Path:
@@ -97,10 +118,14 @@ def read_records(path: str | os.PathLike, stats: SourceStats) -> Iterator[tuple[
         raw = path.read_bytes()
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from e
+    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (Windows editors write one): not content
+        stats.byte_order_mark = True
+        log.info("%s: starts with a UTF-8 byte-order mark; read past it", path)
+        raw = raw[3:]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from e
+        raise DataError(f"{path}: not UTF-8 text (bad byte at offset {e.start + 3 * stats.byte_order_mark})") from e
     start = len(text) - len(text.lstrip())
     if start == len(text):
         raise DataError(f"{path}: file is empty")
@@ -142,9 +167,9 @@ def _read_json_array(path: Path, text: str, start: int, nbytes: int, stats: Sour
         yield index, obj
         index += 1
         pos = good_end = end
-    lost_at = len(text[:good_end].encode("utf-8"))
+    lost_at = len(text[:good_end].encode("utf-8")) + 3 * stats.byte_order_mark
     stats.truncated_at_byte = lost_at
-    stats.bytes_lost = nbytes - lost_at
+    stats.bytes_lost = nbytes + 3 * stats.byte_order_mark - lost_at
     log.warning("%s: JSON array damaged or cut off at byte %d; kept %d complete records, %d bytes lost",
                 path, lost_at, stats.records_read, stats.bytes_lost)
 
@@ -170,13 +195,17 @@ def _read_jsonl(path: Path, text: str, stats: SourceStats) -> Iterator[tuple[int
 
 @dataclass
 class Conversation:
-    """A normalised conversation: optional system turn, then user/assistant alternating, ending on assistant."""
+    """A normalised conversation: optional system turn, then user turns each answered by the
+    assistant (an assistant turn that calls tools is followed by the tools' results), ending on
+    an assistant turn. ``tools``: the function schemas the record offers (transformers'
+    ``apply_chat_template(tools=...)``), or None."""
 
     id: str
-    messages: list[dict[str, str]]
+    messages: list[dict]
     # The last assistant turn was cut at a generation cap (regenerate_responses' record field
     # ``last_turn_unfinished``): its end-of-turn token is not trained (``open_last_turn``).
     last_turn_unfinished: bool = False
+    tools: list | None = None
 
 
 EXAMPLES_PER_REASON = 3
@@ -202,55 +231,170 @@ class Counters:
         log.log(level, "%s record %d: skipped (%s) %s", source, index, reason, detail)
 
 
+class _Skip(Exception):
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
+def _json_value(v, what: str):
+    """``v`` itself, or the JSON it holds where it is a string (ShareGPT files keep tools and calls as strings)."""
+    if isinstance(v, str):
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError as e:
+            raise _Skip("bad_tool_json", f"{what}: {e.msg}") from e
+    return v
+
+
+def _tool_call(c) -> dict:
+    """One call in transformers' form: ``{"type": "function", "function": {"name", "arguments": dict}}``
+    (plus ``id`` where given); accepts the OpenAI form and a bare ``{"name", "arguments"}``."""
+    c = _json_value(c, "tool call")
+    fn = c.get("function", c) if isinstance(c, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise _Skip("bad_tool_call", "a tool call without a function name")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            pass  # kept as the string it is: some calls' arguments are not JSON
+    out = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+    if isinstance(c, dict) and c.get("id") is not None:
+        out["id"] = str(c["id"])
+    return out
+
+
+def _turn(t: dict, role_key: str, text_key: str) -> dict:
+    """One raw turn -> a normalised message (before turn-order rules)."""
+    raw_role = str(t.get(role_key, "")).strip().lower()
+    role = ROLE_MAP.get(raw_role)
+    if role is None:
+        raise _Skip("unknown_role", repr(t.get(role_key)))
+    text = t.get(text_key)
+    if raw_role == "function_call":  # ShareGPT: the value is the call itself
+        return {"role": "assistant", "content": "", "tool_calls": [_tool_call(text)]}
+    calls = t.get("tool_calls") if role == "assistant" else None
+    calls = [_tool_call(c) for c in _json_value(calls, "tool_calls")] if calls else []
+    if text is None and calls:
+        text = ""
+    if not isinstance(text, str):
+        return _raise("non_string_text")
+    if not text.strip() and not calls:
+        return _raise("empty_text")
+    msg = {"role": role, "content": text}
+    if calls:
+        msg["tool_calls"] = calls
+    if role == "assistant":
+        reasoning = next((t[k] for k in REASONING_FIELDS if isinstance(t.get(k), str) and t[k].strip()), None)
+        if reasoning is not None:
+            msg["reasoning"] = reasoning
+        if isinstance(t.get("token_ids"), list) and all(isinstance(x, int) for x in t["token_ids"]):
+            msg["token_ids"] = t["token_ids"]
+    if role == "tool":
+        for k in ("tool_call_id", "name"):
+            if t.get(k) is not None:
+                msg[k] = str(t[k])
+    return msg
+
+
+def _raise(reason: str):
+    raise _Skip(reason)
+
+
+def _merge(a: dict, b: dict) -> dict:
+    """Two consecutive turns of one role as one: texts joined by a blank line, tool calls in order,
+    reasoning joined; a regenerated answer's own tokens no longer describe the merged turn."""
+    out = {k: v for k, v in a.items() if k != "token_ids"}
+    out["content"] = "\n\n".join(x for x in (a["content"], b["content"]) if x)
+    if b.get("tool_calls"):
+        out["tool_calls"] = a.get("tool_calls", []) + b["tool_calls"]
+    if b.get("reasoning"):
+        out["reasoning"] = "\n\n".join(x for x in (a.get("reasoning"), b["reasoning"]) if x)
+    return out
+
+
+def content_key(messages: list[dict], tools: list | None = None) -> str:
+    """A conversation's identity by content: SHA-256 of its roles, texts with runs of whitespace
+    collapsed, tool calls, reasoning and tools (16 hex digits). Equal keys = the same conversation
+    up to spacing; used to drop repeats before the split and to name records without an id."""
+    norm = [[m["role"], " ".join(m["content"].split()), m.get("tool_calls"), " ".join((m.get("reasoning") or "").split())]
+            for m in messages]
+    blob = json.dumps([norm, tools], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
 def normalise(record: object, source: str, index: int, counters: Counters) -> Conversation | None:
     """Apply the module's normalisation rules to one record; None when it is skipped (counted)."""
-
-    def skip(reason: str, detail: str = "") -> None:
-        counters.skip(reason, source, index, detail)
+    try:
+        return _normalise(record, counters)
+    except _Skip as e:
+        counters.skip(e.reason, source, index, e.detail)
         return None
 
+
+def _normalise(record: object, counters: Counters) -> Conversation:
     if not isinstance(record, dict):
-        return skip("not_an_object")
+        raise _Skip("not_an_object")
     if isinstance(record.get("conversations"), list):
         turns, role_key, text_key = record["conversations"], "from", "value"
     elif isinstance(record.get("messages"), list):
         turns, role_key, text_key = record["messages"], "role", "content"
     else:
-        return skip("missing_key", "no 'conversations' or 'messages' list")
-    rid = str(record.get("id", f"{Path(source).name}:{index}"))
+        raise _Skip("missing_key", "no 'conversations' or 'messages' list")
+    tools = _json_value(record.get("tools"), "tools") or None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(x, dict) for x in tools)):
+        raise _Skip("bad_tool_json", "tools is not a list of objects")
 
-    msgs: list[dict[str, str]] = []
+    msgs: list[dict] = []
     for t in turns:
-        if not isinstance(t, dict) or role_key not in t or text_key not in t:
-            return skip("missing_key", f"turn lacks {role_key!r}/{text_key!r}")
-        role = ROLE_MAP.get(str(t[role_key]).strip().lower())
-        if role is None:
-            return skip("unknown_role", repr(t[role_key]))
-        text = t[text_key]
-        if not isinstance(text, str):
-            return skip("non_string_text")
-        if not text.strip():
-            return skip("empty_text")
-        if role == "system" and msgs:
-            return skip("system_not_first")
-        msgs.append({"role": role, "content": text})
+        if not isinstance(t, dict) or role_key not in t or (text_key not in t and not t.get("tool_calls")):
+            raise _Skip("missing_key", f"turn lacks {role_key!r}/{text_key!r}")
+        m = _turn(t, role_key, text_key)
+        if m["role"] == "system" and msgs:
+            raise _Skip("system_not_first")
+        msgs.append(m)
 
     system = [msgs.pop(0)] if msgs and msgs[0]["role"] == "system" else []
-    if msgs and msgs[0]["role"] == "assistant":
+    if msgs and msgs[0]["role"] in ("assistant", "tool"):
         counters.fixed["fixed_leading_assistant"] += 1
-        while msgs and msgs[0]["role"] == "assistant":
+        while msgs and msgs[0]["role"] in ("assistant", "tool"):
             msgs.pop(0)
-    merged: list[dict[str, str]] = []
+    merged: list[dict] = []
     for m in msgs:
-        if merged and merged[-1]["role"] == m["role"]:
+        prev = merged[-1] if merged else None
+        if prev is not None and prev["role"] == m["role"] and m["role"] != "tool":  # tool results stay one a call
             counters.fixed["fixed_merged_turns"] += 1
-            merged[-1] = {"role": m["role"], "content": merged[-1]["content"] + "\n\n" + m["content"]}
-        else:
-            merged.append(m)
-    if merged and merged[-1]["role"] == "user":
-        counters.fixed["fixed_trailing_user"] += 1
+            merged[-1] = _merge(prev, m)
+            continue
+        if m["role"] == "tool" and not (prev and (prev["role"] == "tool" or prev.get("tool_calls"))):
+            raise _Skip("tool_result_without_call", "a tool turn that follows no assistant tool call")
+        merged.append(m)
+    trailing = [m["role"] for m in merged]
+    while merged and merged[-1]["role"] != "assistant":
+        counters.fixed["fixed_trailing_user" if merged[-1]["role"] == "user" else "fixed_trailing_tool"] += 1
         merged.pop()
     if not any(m["role"] == "assistant" for m in merged):
-        return skip("no_assistant_turn")
-    unfinished = record.get(UNFINISHED_KEY) is True and merged[-1] is msgs[-1]
-    return Conversation(id=rid, messages=system + merged, last_turn_unfinished=unfinished)
+        raise _Skip("no_assistant_turn")
+    for m in merged[:-1]:
+        m.pop("token_ids", None)  # a regenerated answer's tokens are used for the last turn only
+    last_kept = len(merged) == len(trailing)  # the record's own last turn ends the conversation
+    unfinished = record.get(UNFINISHED_KEY) is True and last_kept
+    messages = system + merged
+    rid = record.get("id")
+    rid = str(rid) if rid is not None and str(rid).strip() else f"sha256:{content_key(messages, tools)}"
+    return Conversation(id=rid, messages=messages, last_turn_unfinished=unfinished, tools=tools)
+
+
+def template_messages(messages: list[dict], reasoning_key: str | None) -> list[dict]:
+    """Normalised messages as a chat template takes them: reasoning under ``reasoning_key`` (the
+    field the target's template reads, ``chat_masking.reasoning_key``; None drops it), without
+    the regenerated answers' ``token_ids``."""
+    out = []
+    for m in messages:
+        t = {k: v for k, v in m.items() if k not in ("reasoning", "token_ids")}
+        if m.get("reasoning") and reasoning_key:
+            t[reasoning_key] = m["reasoning"]
+        out.append(t)
+    return out

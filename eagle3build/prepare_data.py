@@ -22,12 +22,34 @@ leading assistant turns    fix    dropped (``fixed_leading_assistant``)
 consecutive same role      fix    merged with a blank line (``fixed_merged_turns``)
 trailing user turn         fix    dropped (``fixed_trailing_user``)
 no assistant turn          skip   ``no_assistant_turn``
+tool turn without a call   skip   ``tool_result_without_call`` (a tool result no assistant tool call precedes)
+bad tool call / tools      skip   ``bad_tool_call`` (no function name), ``bad_tool_json`` (unparseable JSON string)
+leading tool turns         fix    dropped with leading assistant turns (``fixed_leading_assistant``)
+trailing tool turn         fix    dropped (``fixed_trailing_tool``): a conversation ends on the assistant
+repeated conversation      skip   ``duplicate_conversation``: same content as an earlier record (whitespace
+                                  collapsed; ``conversations.content_key``), dropped before the split
 template cannot locate     skip   ``template_mismatch`` (assistant text not found in the render)
+template drops tool calls  skip   ``template_drops_tool_calls``: a called function's name is not in the render
 template raises            skip   ``template_error`` (e.g. a template that refuses a system turn; its message is kept)
 too few supervised tokens  skip   ``too_few_supervised_tokens`` (after truncation)
 =========================  =====  ==========================================================
 
-Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system.
+Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system;
+tool/function/ipython/observation -> tool; ShareGPT's function_call -> an assistant tool call.
+Tool calls, tool results, the record's ``tools`` and assistant reasoning (``reasoning_content``
+or ``reasoning``) are rendered by the target's own chat template (``apply_chat_template(tools=...)``,
+reasoning under the field the template reads: ``chat_masking.reasoning_key``; ``data.reasoning:
+drop`` leaves it out, for a target served with thinking off). The loss mask covers what the
+assistant emits (text, tool calls, reasoning, end-of-turn token), never tool results. The report
+counts the turns that carried reasoning, how many the template rendered, and the tool turns.
+
+Splits: by record id (``is_eval``); a record without one is named by its content
+(``sha256:...``). A repeated conversation is dropped before the split, so no eval sample is a
+train sample; a chat benchmark prompt whose opening turns (system and first user turn) open a
+train conversation too is not written (``benchmark_prompts_seen_in_train``). An empty eval split
+is refused here, before any capture. A token id at or beyond the target's ``vocab_size`` (a
+tokenizer with added tokens the model has no row for) is refused naming the file, the record and
+the token. A file that starts with a UTF-8 byte-order mark is read past it (``sources[].byte_order_mark``).
 
 A record with ``"last_turn_unfinished": true`` (written by ``regenerate_responses`` for an
 answer cut at its ``max_tokens``) keeps that answer's text in the loss mask but not the
@@ -51,15 +73,25 @@ from collections.abc import Iterator
 import numpy as np
 
 from .atomic import write_json, write_text
-from .chat_masking import TemplateRaised, open_last_turn, tokenize_batch
-from .conversations import Conversation, Counters, DataError, SourceStats, normalise, read_records, resolve_source_path
+from .chat_masking import TemplateRaised, open_last_turn, reasoning_key, tokenize_batch
+from .conversations import (
+    Conversation,
+    Counters,
+    DataError,
+    SourceStats,
+    content_key,
+    normalise,
+    read_records,
+    resolve_source_path,
+    template_messages,
+)
 from .tokens import write_tokens
 
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 1
+OUTPUT_VERSION = 2  # 2: repeated conversations dropped, content ids for records without one
 
 
 # ---------------------------------------------------------------- split + files
@@ -93,6 +125,25 @@ def _normalised_batches(records, source: str, counters: Counters, n: int) -> Ite
         yield batch
 
 
+def _count_turns(extra: dict, conv: Conversation, tok, ids: np.ndarray, rendered: str | None, rkey: str | None,
+                 tail: bool) -> None:
+    """Report counts of one kept conversation: turns with reasoning (and how many the template rendered:
+    the reasoning's first words appear in the sample's text), tool call and tool result turns."""
+    extra["conversations_with_tools"] += bool(conv.tools)
+    extra["regenerated_token_turns"] += tail
+    for m in conv.messages:
+        extra["tool_call_turns"] += bool(m.get("tool_calls"))
+        extra["tool_result_turns"] += m["role"] == "tool"
+        if m.get("reasoning"):
+            extra["reasoning_turns"] += 1
+            if rkey is None:
+                continue
+            if rendered is None:
+                rendered = tok.decode(ids.tolist())
+            words = " ".join(m["reasoning"].split()[:8])
+            extra["reasoning_turns_rendered"] += words in " ".join(rendered.split())
+
+
 def _percentile(values: list[int], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
@@ -110,6 +161,8 @@ def prepare(
     seed: int,
     num_aux_layers: int = 3,
     trust_remote_code: bool = False,
+    reasoning: str = "keep",
+    require_eval: bool = False,
 ) -> dict:
     """Run the whole stage; returns the data report (also written to ``out_report``).
 
@@ -117,31 +170,45 @@ def prepare(
     ``bundled:sharegpt``. ``max_samples`` caps the conversations *kept* from that file.
     ``num_aux_layers`` sizes the projected hidden-state bytes: ``(num_aux_layers + 1) *
     hidden_size * 2`` bytes per token in bf16. ``out_prompts``: the first user turn of each
-    eval-split conversation (benchmark set ``chat``, see ``prompt_sets``).
+    eval-split conversation (benchmark set ``chat``, see ``prompt_sets``). ``reasoning``:
+    ``keep`` (assistant reasoning rendered where the template reads it) or ``drop``.
+    ``require_eval``: an empty eval split is an error (the rule sets it when the run captures
+    eval samples, ``capture.num_eval_samples`` > 0, whose shard jobs would fail on it later).
 
     Raises:
-        DataError: a source file cannot be read at all, or no sample survives.
+        DataError: a source file cannot be read at all; no sample survives; the eval split is
+            empty while ``require_eval``; a token id is at or beyond the
+            target's ``vocab_size`` (file, record, token id and text named).
+        ValueError: ``reasoning`` is neither ``keep`` nor ``drop``.
     """
     from transformers import AutoTokenizer
 
     from .plans import hidden_state_bytes_per_token
     from .target import load_config, text_config
 
+    if reasoning not in ("keep", "drop"):
+        raise ValueError(f"data.reasoning {reasoning!r}: expected 'keep' or 'drop'")
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(os.fspath(target_dir), trust_remote_code=trust_remote_code, local_files_only=True)
     if not tok.chat_template:
         raise DataError(f"target {target_dir}: tokenizer has no chat template")
-    hidden = text_config(load_config(target_dir, trust_remote_code)).hidden_size
+    cfg = text_config(load_config(target_dir, trust_remote_code))
+    hidden, vocab_size = cfg.hidden_size, cfg.vocab_size
+    rkey = reasoning_key(tok) if reasoning == "keep" else None
 
     counters = Counters()
     source_stats: list[SourceStats] = []
     train: list[tuple[str, np.ndarray, np.ndarray]] = []
     evals: list[tuple[str, np.ndarray, np.ndarray]] = []
-    prompts: list[dict] = []
+    prompts: list[tuple[str, dict]] = []  # (opening's content key, prompt)
+    train_openings: set[str] = set()
+    seen: set[str] = set()
     lengths: list[int] = []
     supervised = 0
     truncated = 0
     unfinished = 0
+    extra = {"reasoning_turns": 0, "reasoning_turns_rendered": 0, "tool_call_turns": 0, "tool_result_turns": 0,
+             "conversations_with_tools": 0, "regenerated_token_turns": 0}
     special_ids = set(tok.all_special_ids)
     for src in sources:
         path = resolve_source_path(src["path"])
@@ -151,8 +218,19 @@ def prepare(
         for batch in _normalised_batches(read_records(path, stats), str(path), counters, TOKENIZE_BATCH):
             if cap is not None and stats.kept >= cap:
                 break
-            encs = tokenize_batch(tok, [c.messages for _, c in batch], max_seq_len)
-            for (index, conv), enc in zip(batch, encs, strict=True):
+            fresh = []
+            for index, conv in batch:
+                key = content_key(conv.messages, conv.tools)
+                if key in seen:
+                    counters.skip("duplicate_conversation", str(path), index, f"same content as an earlier record ({key})")
+                    continue
+                seen.add(key)
+                fresh.append((index, conv))
+            tails = [conv.messages[-1].get("token_ids") for _, conv in fresh]
+            encs = tokenize_batch(tok, [template_messages(c.messages[:-1] if t is not None else c.messages, rkey)
+                                        for (_, c), t in zip(fresh, tails, strict=True)],
+                                  max_seq_len, [c.tools for _, c in fresh], tails)
+            for (index, conv), enc, tail in zip(fresh, encs, tails, strict=True):
                 if cap is not None and stats.kept >= cap:
                     break
                 if isinstance(enc, TemplateRaised):
@@ -163,27 +241,55 @@ def prepare(
                                   "an assistant turn is not found in the template's render")
                     continue
                 ids, mask, was_truncated = enc
-                if conv.last_turn_unfinished:
+                bad = np.flatnonzero(ids >= vocab_size)
+                if bad.size:
+                    t = int(ids[bad[0]])
+                    raise DataError(f"{path} record {index}: the target's tokenizer emits token id {t} "
+                                    f"({tok.convert_ids_to_tokens(t)!r}), but the target's config.json has vocab_size "
+                                    f"{vocab_size}: the model has no embedding row for it (a token added to the "
+                                    "tokenizer only?)")
+                rendered = None
+                calls = [c["function"]["name"] for m in conv.messages for c in m.get("tool_calls", [])]
+                if calls and not was_truncated:
+                    rendered = tok.decode(ids.tolist())
+                    missing = [n for n in calls if n not in rendered]
+                    if missing:
+                        counters.skip("template_drops_tool_calls", str(path), index,
+                                      f"function {missing[0]!r} is called but not in the render")
+                        continue
+                if conv.last_turn_unfinished and tail is None:
                     mask = open_last_turn(ids, mask, special_ids)
-                    unfinished += 1
                 if int(mask.sum()) < min_supervised_tokens:
                     counters.skip("too_few_supervised_tokens", str(path), index, f"{int(mask.sum())} < {min_supervised_tokens}")
                     continue
+                unfinished += conv.last_turn_unfinished
+                _count_turns(extra, conv, tok, ids, rendered, rkey, tail is not None)
                 truncated += was_truncated
                 stats.kept += 1
                 lengths.append(len(ids))
                 supervised += int(mask.sum())
                 sid = conv.id
+                head = [m for m in conv.messages[:2] if m["role"] in ("system", "user")]
+                if head and head[-1]["role"] != "user":
+                    head = []
+                opening = content_key(head) if head else None
                 if is_eval(sid, seed, eval_fraction):
                     evals.append((sid, ids, mask))
-                    head = [m for m in conv.messages[:2] if m["role"] in ("system", "user")]
-                    if head and head[-1]["role"] == "user":
-                        prompts.append({"id": sid, "messages": head})
+                    if head:
+                        prompts.append((opening, {"id": sid, "messages": template_messages(head, None)}))
                 else:
                     train.append((sid, ids, mask))
+                    if opening:
+                        train_openings.add(opening)
+    paths = [s["path"] for s in sources]
     if not train:
-        paths = [s["path"] for s in sources]
         raise DataError(f"no training sample survived preparation of {paths}; see the skip counts in the log")
+    if require_eval and not evals:
+        raise DataError(f"the eval split of {paths} is empty ({len(train)} train samples at data.eval_fraction "
+                        f"{eval_fraction}), but capture.num_eval_samples asks for eval samples: raise data.eval_fraction or add "
+                        "data (records are split by id; those without one by their content)")
+    seen_in_train = sum(o in train_openings for o, _ in prompts)
+    prompts = [p for o, p in prompts if o not in train_openings]
 
     write_tokens(out_train, train)
     write_tokens(out_eval, evals)
@@ -201,8 +307,14 @@ def prepare(
         "skipped_total": sum(counters.skipped.values()),
         "skip_examples": counters.examples,
         "fixed": dict(counters.fixed),
+        "duplicates_removed": counters.skipped.get("duplicate_conversation", 0),
+        "benchmark_prompts_seen_in_train": seen_in_train,
         "truncated_to_max_seq_len": truncated,
         "last_turn_unfinished": unfinished,
+        "reasoning": {"template_field": rkey, "setting": reasoning, "turns": extra["reasoning_turns"],
+                      "turns_rendered": extra["reasoning_turns_rendered"]},
+        "tools": {k: extra[k] for k in ("conversations_with_tools", "tool_call_turns", "tool_result_turns")},
+        "regenerated_token_turns": extra["regenerated_token_turns"],
         "max_seq_len": max_seq_len,
         "tokens": {
             "total": total_tokens,

@@ -21,7 +21,10 @@ set            prompts
                ``{"messages": [...]}`` ending on a user turn, optional ``"id"`` (``read_prompts``).
 =============  ============================================================================
 
-``benchmark.num_prompts`` applies per set: the first N of each, in file order.
+``benchmark.num_prompts`` applies per set: the first N of each, in file order. Of those, a
+prompt the engine cannot answer in full is skipped and counted (``drop_too_long``): its
+chat-template rendering plus ``benchmark.max_tokens`` would exceed ``benchmark.max_model_len``
+tokens; a set may then hold fewer than N prompts, and a set left with none is an error.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 SETS = ("chat", "humaneval", "custom")
@@ -156,3 +160,27 @@ def load_sets(sets: list[str], num_prompts: int, chat_path: str | os.PathLike | 
             raise PromptSetError(f"benchmark.sets: unknown set {name!r} (known: {', '.join(SETS)})")
         out[name] = prompts[:num_prompts]
     return out
+
+
+def drop_too_long(by_set: dict[str, list[dict]], count_tokens: Callable[[list[dict]], int],
+                  limit: int) -> tuple[dict[str, list[dict]], dict[str, int]]:
+    """The prompts of ``by_set`` (``load_sets``) whose ``count_tokens(messages)`` is at most ``limit``
+    tokens, and per set how many were skipped for exceeding it: ``(kept by set, skipped by set)``,
+    sets and prompts in their order. ``count_tokens``: a prompt's tokens as the engine renders it
+    (the benchmark: the target's chat template with the generation prompt); ``limit``:
+    ``benchmark.max_model_len`` minus ``benchmark.max_tokens``, so every prompt kept can produce
+    all its output tokens.
+
+    Raises:
+        PromptSetError: a set whose every prompt exceeds ``limit`` (names the set, the limit and
+            how many prompts it held).
+    """
+    kept, skipped = {}, {}
+    for name, prompts in by_set.items():
+        kept[name] = [p for p in prompts if count_tokens(p["messages"]) <= limit]
+        skipped[name] = len(prompts) - len(kept[name])
+        if not kept[name]:
+            raise PromptSetError(f"benchmark set {name!r}: all {len(prompts)} prompts are longer than {limit} tokens "
+                                 "with the chat template (benchmark.max_model_len - benchmark.max_tokens); raise "
+                                 "max_model_len, lower max_tokens or shorten the prompts")
+    return kept, skipped

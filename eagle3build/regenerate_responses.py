@@ -11,6 +11,16 @@ regenerated), in batches — one round per turn position over all conversations
 output is a chat-messages JSONL with the records' ids, so the train/eval split and the
 benchmark prompts stay the same.
 
+Each regenerated answer is written twice: as text (special tokens removed, as a serving
+engine returns it and a client sends it back as history) and as the token ids the target
+generated (``token_ids`` on the message, its end-of-turn token included where it emitted one).
+``prepare_data`` trains the last answer of a conversation from those ids (``chat_masking.
+tokenize_batch``'s ``tails``): templates whose answers carry special tokens (gpt-oss channel
+markers, tool-call tags) lose them in the text, never in the ids. Conversations with tool calls
+are written unchanged (counted as ``conversations_with_tools_kept``): a regenerated call would
+no longer match the recorded tool results. Reasoning fields of the input are not shown to the
+target when it answers.
+
 An answer cut at ``max_tokens`` (no end-of-turn token generated) ends its conversation: it
 is kept as the last turn and the record gets ``"last_turn_unfinished": true``, so that
 ``prepare_data`` trains its text but not the end-of-turn token the chat template appends
@@ -38,7 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import vllm_engine
 from .atomic import write_json, write_text
@@ -51,13 +61,14 @@ from .conversations import (
     normalise,
     read_records,
     resolve_source_path,
+    template_messages,
 )
 
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 1
+OUTPUT_VERSION = 2  # 2: token_ids of each regenerated answer; tool conversations kept
 
 BACKENDS = ("auto", "vllm", "transformers")
 
@@ -152,30 +163,46 @@ def regenerate(
     log.info("regeneration backend: %s (%s)", choice["used"], choice["reason"])
     t0 = time.perf_counter()
     convs, counters, stats = collect(sources)
-    if choice["used"] == "vllm":
+    kept = [c for c in convs if any(m["role"] == "tool" or m.get("tool_calls") for m in c.messages)]
+    convs = [c for c in convs if c not in kept]
+    prompts = [template_messages(c.messages, None) for c in convs]
+    if not convs:
+        res = {"conversations": [], "last_turn_unfinished": [], "turns_regenerated": 0,
+               "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "generated_tokens": 0,
+               "generate_seconds": 0.0}
+    elif choice["used"] == "vllm":
         eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name,
                                       max_model_len=max_seq_len + max_tokens, seed=seed, dtype=dtype,
                                       pipeline_parallel_size=pipeline_parallel_size, trust_remote_code=trust_remote_code)
-        spec = {"engine": eng, "conversations": [c.messages for c in convs], "max_tokens": max_tokens,
+        spec = {"engine": eng, "conversations": prompts, "max_tokens": max_tokens,
                 "max_seq_len": max_seq_len}
         with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:
             res = vllm_engine.run_child("eagle3build.regenerate_responses:run_child", spec, tmp, "regenerate")
     else:
-        res = regenerate_with_transformers(target_dir, [c.messages for c in convs], max_tokens, max_seq_len,
+        res = regenerate_with_transformers(target_dir, prompts, max_tokens, max_seq_len,
                                            device="cuda" if gpus > 0 else "cpu", dtype=dtype, batch_size=batch_size,
                                            trust_remote_code=trust_remote_code)
     lines, n_out = [], 0
     for conv, msgs, unfinished in zip(convs, res["conversations"], res["last_turn_unfinished"], strict=True):
         if any(m["role"] == "assistant" for m in msgs):
+            for m in msgs[:-1]:
+                m.pop("token_ids", None)  # prepare_data trains the last answer from its ids, the rest from text
             lines.append(json.dumps({"id": conv.id, "messages": msgs, UNFINISHED_KEY: unfinished}, ensure_ascii=False))
             n_out += 1
+    for conv in kept:
+        rec = {"id": conv.id, "messages": template_messages(conv.messages, "reasoning_content")}
+        if conv.tools:
+            rec["tools"] = conv.tools
+        lines.append(json.dumps(rec, ensure_ascii=False))
+        n_out += 1
     report = {
         "backend": choice,
         "sources": [s.__dict__ for s in stats],
         "skipped": dict(counters.skipped),
         "fixed": dict(counters.fixed),
-        "conversations_in": len(convs),
+        "conversations_in": len(convs) + len(kept),
         "conversations_out": n_out,
+        "conversations_with_tools_kept": len(kept),
         **{k: res[k] for k in ("turns_regenerated", "conversations_cut_at_max_seq_len", "answers_at_max_tokens",
                                "generated_tokens", "generate_seconds")},
         "generated_tokens_per_s": round(res["generated_tokens"] / max(res["generate_seconds"], 1e-9), 1),
@@ -192,11 +219,13 @@ def regenerate(
 @dataclass
 class Answer:
     """One generated answer: its text (special tokens removed), tokens generated (the end-of-turn
-    token included when there is one), and whether the target ended it itself (False: cut at max_tokens)."""
+    token included when there is one), whether the target ended it itself (False: cut at
+    max_tokens), and the generated token ids (int, ``tokens`` of them)."""
 
     text: str
     tokens: int
     finished: bool
+    token_ids: list[int] = field(default_factory=list)
 
 
 def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[list[dict]]], list[Answer]],
@@ -240,7 +269,7 @@ def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[l
         answers = generate(prompts)
         gen_s += time.perf_counter() - t
         for i, a in zip(ids, answers, strict=True):
-            done[i].append({"role": "assistant", "content": a.text})
+            done[i].append({"role": "assistant", "content": a.text, "token_ids": list(a.token_ids)})
             gen_tokens += a.tokens
             turns += 1
             if not a.finished:
@@ -269,8 +298,8 @@ def run_child(spec: dict) -> dict:
 
     def generate(prompts):
         outs = llm.chat(prompts, sp, use_tqdm=False)
-        return [Answer(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason != "length")
-                for o in outs]
+        return [Answer(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason != "length",
+                       [int(t) for t in o.outputs[0].token_ids]) for o in outs]
 
     def prompt_tokens(msgs):
         return len(tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
@@ -325,7 +354,7 @@ class TransformersGenerator:
                 end = next((j for j, t in enumerate(row) if t in self.eos), None)
                 kept = row if end is None else row[:end]
                 out[i] = Answer(self.tok.decode(kept, skip_special_tokens=True), len(kept) + (end is not None),
-                                end is not None)
+                                end is not None, row if end is None else row[:end + 1])
         return out
 
 

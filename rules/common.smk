@@ -130,6 +130,18 @@ def data_sources():
     return canonical(config["data"]["sources"])
 
 
+def local_data_files():
+    """The local files of data.sources (``bundled:`` ones are versioned by their package, whose
+    version the stage's params carry): inputs of the stage that reads them, so editing or growing
+    one replans it."""
+    return [s["path"] for s in config["data"]["sources"] if not s["path"].startswith("bundled:")]
+
+
+def data_source_files(wildcards):
+    """prepare_data's data files: the local sources, or none where it reads regenerated.jsonl."""
+    return [] if config["data"]["regenerate"]["enabled"] else local_data_files()
+
+
 def regenerated_input(wildcards):
     return REGENERATED if config["data"]["regenerate"]["enabled"] else []
 

@@ -2,6 +2,7 @@ rule prepare_data:
     input:
         target=TARGET_FILES,
         regenerated=regenerated_input,
+        sources=data_source_files,
     output:
         train=f"{RES}/data/train.safetensors",
         eval=f"{RES}/data/eval.safetensors",
@@ -23,5 +24,7 @@ rule prepare_data:
         seed=config["data"]["seed"],
         num_aux_layers=(3 if config["capture"]["aux_layer_ids"] == "auto" else len(config["capture"]["aux_layer_ids"])),
         trust_remote_code=config["target"]["trust_remote_code"],
+        reasoning=config["data"]["reasoning"],
+        require_eval=config["capture"]["num_eval_samples"] > 0,
     script:
         "../scripts/prepare_data.py"

@@ -1,6 +1,7 @@
 rule regenerate_responses:
     input:
         target=TARGET_FILES,
+        sources=local_data_files(),
     output:
         jsonl=REGENERATED,
         report=report(f"{RES}/data/regenerate_report.json", category="2. Data"),

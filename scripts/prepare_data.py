@@ -18,4 +18,6 @@ prepare(
     seed=p.seed,
     num_aux_layers=p.num_aux_layers,
     trust_remote_code=p.trust_remote_code,
+    reasoning=p.reasoning,
+    require_eval=p.require_eval,
 )

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3build import benchmark, plot_benchmark, vllm_engine
+from eagle3build import benchmark, plot_benchmark, prompt_sets, vllm_engine
 from eagle3build.artifacts import ArtifactError
 
 
@@ -195,7 +195,8 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(vllm_engine, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
     out = tmp_path / "b.json"
-    r = benchmark._benchmark(tmp_path, _engine, BY_SET, "head", out, [2], 8, "m", 512, 1, 2, 0.25)
+    r = benchmark._benchmark(tmp_path, _engine, BY_SET, "head", out, [2], 8, "m", 512, 1, 2, 0.25,
+                             {"chat": 1, "humaneval": 0})
     # the baseline's top log-probabilities are asked once, at b's first differing position, given its prompt
     assert calls == [("baseline", [2, 2], 4), ("eagle3_k2", [2, 2], 4),
                      ("baseline_top_logprobs", [{"prompt_token_ids": [101, 7], "prefix": [1]}], 1, True)]
@@ -210,8 +211,9 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
         ("b", "chat", 1, 2, 3, "near_tie")
     assert d["gap"] == pytest.approx(0.05) and d["top2_gap"] == pytest.approx(0.05)
     assert r["settings"]["near_tie_max_logprob_gap"] == 0.25 and r["settings"]["dtype"] == "bfloat16"
-    assert r["settings"]["sets"] == {"chat": {"num_prompts": 2, "prompt_ids": ["a", "b"]},
-                                     "humaneval": {"num_prompts": 2, "prompt_ids": ["HumanEval/0", "HumanEval/1"]}}
+    assert r["settings"]["sets"] == {"chat": {"num_prompts": 2, "prompt_ids": ["a", "b"], "skipped_too_long": 1},
+                                     "humaneval": {"num_prompts": 2, "prompt_ids": ["HumanEval/0", "HumanEval/1"],
+                                                   "skipped_too_long": 0}}
     assert json.loads(out.read_text()) == json.loads(json.dumps(r))
     assert "token_ids" not in r["baseline"]["sets"]["chat"] and "prompt_token_ids" not in r["eagle3"][0]
 
@@ -224,8 +226,57 @@ def test_benchmark_fails_on_a_real_divergence(tmp_path, monkeypatch, top, why):
     out = tmp_path / "b.json"
     with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b \(chat\) at output token 1: baseline 2, with "
                                                         r"the head 3"):
-        benchmark._benchmark(tmp_path, _engine, BY_SET, "head", out, [2], 8, "m", 512, 1, 2, 0.25)
+        benchmark._benchmark(tmp_path, _engine, BY_SET, "head", out, [2], 8, "m", 512, 1, 2, 0.25,
+                             {"chat": 0, "humaneval": 0})
     assert not out.exists(), why
+
+
+def _echo_engines(specs):
+    """run_child stand-in for ``benchmark.benchmark``: every engine answers each prompt with tokens [1, 2]
+    (outputs identical, so no near-tie engine); the decode specs are appended to ``specs``."""
+
+    def fake_run_child(entry, spec, workdir, name):
+        specs.append(spec)
+        k = (spec.get("speculative_config") or {}).get("num_speculative_tokens")
+
+        def figures(n):
+            return dict(_figures(2 * n), token_ids=[[1, 2]] * n, prompt_token_ids=[[7]] * n,
+                        **({x: v for x, v in _spec(k, 2.0, 1.0).items() if x != "speedup"} if k else {}))
+
+        return dict(figures(len(spec["prompts"])), engine_start_s=1.0,
+                    sets={g["name"]: figures(g["count"]) for g in spec["sets"]})
+
+    return fake_run_child
+
+
+def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, monkeypatch):
+    """A custom prompt (or a long system turn) whose chat-template tokens plus max_tokens exceed max_model_len
+    never reaches an engine: skipped, counted in settings.sets; a prompt that just fits runs. A set left
+    without prompts fails before any engine starts, naming the set and the limit."""
+    count = benchmark.chat_token_counter(str(tiny_target))
+    fits = count([{"role": "user", "content": "Hi"}])
+    pf = tmp_path / "mine.jsonl"
+    pf.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "long", "prompt": "word " * 200}, {"id": "short", "prompt": "Hi"},
+        {"id": "system", "messages": [{"role": "system", "content": "Be brief. " * 100}, {"role": "user", "content": "Hi"}]},
+    ]) + "\n")
+    monkeypatch.setattr(vllm_engine, "require_vllm", lambda needed_by: "test")
+    specs = []
+    monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
+
+    def run(max_model_len):
+        return benchmark.benchmark(str(tiny_target), str(tmp_path / "head"), str(tmp_path / "unused.jsonl"),
+                                   str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=max_model_len,
+                                   sets=["custom"], custom_prompts_path=str(pf))
+
+    r = run(fits + 16)
+    assert [[p["id"] for p in s["prompts"]] for s in specs] == [["short"], ["short"]]  # baseline, k=2
+    assert r["settings"]["sets"] == {"custom": {"num_prompts": 1, "prompt_ids": ["short"], "skipped_too_long": 2}}
+    specs.clear()
+    with pytest.raises(prompt_sets.PromptSetError, match=rf"benchmark set 'custom': all 3 prompts are longer than "
+                                                         rf"{fits - 1} tokens"):
+        run(fits + 15)
+    assert specs == []
 
 
 def test_classify_difference():

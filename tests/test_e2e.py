@@ -230,6 +230,28 @@ def _changed_config(wd, tmp_path, change):
     return tmp_path / "changed.yaml"
 
 
+def test_a_local_data_file_is_an_input(built, tmp_path):
+    """Your data file, edited or grown, replans prepare_data and what reads it (it is an input); left alone,
+    nothing. A run of its own in the shared workdir, built up to prepare_data only."""
+    wd, _ = built
+    data = wd / "my-chats.jsonl"
+    line = '{{"id": "m{i}", "messages": [{{"role": "user", "content": "Question {i}?"}}, ' \
+           '{{"role": "assistant", "content": "Here is a longer answer to question {i}."}}]}}\n'
+    data.write_text("".join(line.format(i=i) for i in range(12)))
+    cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
+    cfg["run"] = "localdata"
+    cfg["data"]["sources"] = [{"path": "my-chats.jsonl", "max_samples": None}]
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(cfg))
+    args = ["--configfile", str(tmp_path / "local.yaml"), "--until", "prepare_data"]
+    p = run(args, wd)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert planned_jobs(args, wd) == {}
+    with data.open("a") as f:  # the file grows by one conversation
+        f.write(line.format(i=12))
+    p = run(["-n", "--configfile", str(tmp_path / "local.yaml"), "--until", "prepare_data"], wd)
+    assert "rule prepare_data" in p.stdout and "Updated input files: my-chats.jsonl" in p.stdout, p.stdout[-3000:]
+
+
 def test_unrelated_file_in_target_dir_plans_nothing(built, tmp_path):
     """The target is its files, not its folder: a NOTES.md (or a new folder) in it plans nothing."""
     wd, _ = built

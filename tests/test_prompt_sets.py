@@ -63,3 +63,23 @@ def test_custom_set_and_prompts_file_go_together(tmp_path):
     p = run(["-n", "results/reduced/benchmark.json", "--configfile", str(tmp_path / "c.yaml")], tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "mine.jsonl" in p.stdout  # listed among the benchmark job's inputs
+
+
+def _by_set(**contents):
+    return {name: [{"id": f"{name}{i}", "messages": [{"role": "user", "content": c}]} for i, c in enumerate(cs)]
+            for name, cs in contents.items()}
+
+
+def test_drop_too_long_skips_and_counts_per_set():
+    """A prompt over the limit is skipped and counted in its own set; one at the limit stays; order is kept."""
+    by_set = _by_set(chat=["aaaa", "a" * 11, "aaaaaaaaaa"], humaneval=["bb"])
+    kept, skipped = prompt_sets.drop_too_long(by_set, lambda msgs: len(msgs[-1]["content"]), 10)
+    assert {n: [p["id"] for p in ps] for n, ps in kept.items()} == {"chat": ["chat0", "chat2"], "humaneval": ["humaneval0"]}
+    assert skipped == {"chat": 1, "humaneval": 0} and list(kept) == ["chat", "humaneval"]
+
+
+def test_drop_too_long_fails_on_a_set_left_empty():
+    by_set = _by_set(chat=["ok"], custom=["a" * 20, "a" * 30])
+    with pytest.raises(prompt_sets.PromptSetError, match=r"benchmark set 'custom': all 2 prompts are longer than 10 "
+                                                         r"tokens"):
+        prompt_sets.drop_too_long(by_set, lambda msgs: len(msgs[-1]["content"]), 10)

@@ -83,8 +83,9 @@ def test_rounds_and_the_unfinished_answer_rule(smol):
 
 
 def test_regenerate_transformers_end_to_end_then_mask(tmp_path, smol_target):
-    """regenerate(backend=transformers) writes the vLLM backend's format (ids kept, the flag added); prepare_data
-    then trains a cut answer's text but not the <|im_end|> the template closes it with."""
+    """regenerate(backend=transformers) writes the vLLM backend's format (ids kept, the flag added, each answer's
+    token ids); prepare_data then trains the last answer from those ids: a cut answer ends the sample without the
+    <|im_end|> the template would close it with, a finished one ends on the <|im_end|> the target emitted."""
     src = tmp_path / "src.jsonl"
     src.write_text("".join(json.dumps({"id": f"r{i}", "messages": c}) + "\n" for i, c in enumerate(CONVS)))
     out, rep_path = tmp_path / "regen.jsonl", tmp_path / "rep.json"
@@ -107,12 +108,14 @@ def test_regenerate_transformers_end_to_end_then_mask(tmp_path, smol_target):
     end = tok.convert_tokens_to_ids("<|im_end|>")
     for r in recs:
         ids, mask = tf.sample(tf.sample_ids.index(r["id"]))
-        last = int(np.flatnonzero(mask)[-1])
+        gen = r["messages"][-1]["token_ids"]
+        assert ids[-len(gen):].tolist() == gen and mask[-len(gen):].all() and int(np.flatnonzero(mask)[-1]) == len(ids) - 1
+        assert "token_ids" not in r["messages"][1] or len(r["messages"]) == 2  # only the last answer keeps its ids
         if r[cv.UNFINISHED_KEY]:
-            assert ids[last] != end and ids[last + 1] == end  # text trained, the closing token not
+            assert ids[-1] != end and len(gen) == 12  # cut at max_tokens: no closing token trained
             assert tok.decode(ids[mask == 1]).endswith(r["messages"][-1]["content"][-5:])
         else:
-            assert ids[last] == end
+            assert ids[-1] == end
 
 
 def test_open_last_turn_clears_only_the_trailing_special_tokens():

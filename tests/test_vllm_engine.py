@@ -202,3 +202,108 @@ def test_run_child_copies_the_childs_output_and_times_it(tmp_path, capfd, monkey
     assert r["y"] == 6 and r["process_s"] > 0 and r["startup"] == {"model_load_s": 2.5, "engine_start_s": 4.0,
                                                                    "other_s": 1.5}
     assert "Model loading took 0.1 GiB and 2.5 seconds" in capfd.readouterr().err
+
+
+TINY_REMOTE_CONFIG = '''from transformers import PretrainedConfig
+
+
+class TinyConfig(PretrainedConfig):
+    model_type = "eagle3build_tiny_remote"
+
+    def __init__(self, num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                 vocab_size=128, **kwargs):
+        self.num_hidden_layers = num_hidden_layers
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.vocab_size = vocab_size
+        super().__init__(**kwargs)
+'''
+
+
+@pytest.fixture
+def remote_code_target(tmp_path):
+    """A target directory whose config only loads with trust_remote_code (a model_type transformers does not know,
+    its class in the directory's own configuration_tiny.py); no weights or tokenizer, engines are faked."""
+    d = tmp_path / "remote-target"
+    d.mkdir()
+    (d / "configuration_tiny.py").write_text(TINY_REMOTE_CONFIG)
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "eagle3build_tiny_remote", "auto_map": {"AutoConfig": "configuration_tiny.TinyConfig"},
+        "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 128}))
+    return d
+
+
+def _recording_engines(specs):
+    """run_child stand-in: records each spec; answers like decode_greedy (2 tokens a prompt, one draft accepted;
+    per set with ``sets``) or like regenerate_responses.run_child."""
+    stats = {"p50": 0.1, "p95": 0.1, "mean": 0.1}
+
+    def figures(n, speculative):
+        out = {"wall_s": 1.0, "output_tokens": 2 * n, "output_tokens_per_s": 2.0 * n, "request_latency_s": stats,
+               "time_to_first_token_s": stats, "time_per_output_token_s": stats, "texts": ["ab"] * n,
+               "token_ids": [[1, 2]] * n, "prompt_token_ids": [[7]] * n}
+        if speculative:
+            out.update(vllm_engine.spec_figures({"vllm:spec_decode_num_drafts": n, "vllm:spec_decode_num_draft_tokens": n,
+                                                 "vllm:spec_decode_num_accepted_tokens": n,
+                                                 "vllm:spec_decode_num_accepted_tokens_per_pos": [n]}))
+        return out
+
+    def fake_run_child(entry, spec, workdir, name):
+        specs.append(spec)
+        if entry == "eagle3build.regenerate_responses:run_child":
+            convs = [[*c[:1], {"role": "assistant", "content": "ok"}] for c in spec["conversations"]]
+            return {"conversations": convs, "last_turn_unfinished": [False] * len(convs), "turns_regenerated": len(convs),
+                    "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "generated_tokens": len(convs),
+                    "generate_seconds": 0.5}
+        speculative = bool(spec.get("speculative_config"))
+        res = {**figures(len(spec["prompts"]), speculative), "engine_start_s": 1.0, "process_s": 2.0}
+        if spec.get("sets"):
+            res["sets"] = {g["name"]: figures(g["count"], speculative) for g in spec["sets"]}
+        return res
+
+    return fake_run_child
+
+
+@pytest.mark.parametrize("trust", [True, False])
+def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypatch, trust):
+    """target.trust_remote_code reaches the engine of export's load check, of every benchmark run and of
+    vLLM regeneration (each spec carries the flag; without it the key is absent), and the KV cache sizing
+    reads the remote-code config only with it (without, the config does not load: vLLM's default sizing)."""
+    target = str(remote_code_target)
+    specs = []
+    monkeypatch.setattr(vllm_engine, "run_child", _recording_engines(specs))
+    monkeypatch.setattr(vllm_engine, "require_vllm", lambda needed_by: "test")
+    monkeypatch.setattr(benchmark, "chat_token_counter", lambda target_dir, trust_remote_code: lambda msgs: 10)
+
+    ex.check_loads_with_vllm(tmp_path / "head", target, "org/tiny", gpus=1, trust_remote_code=trust)
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n{"prompt": "there"}\n')
+    r = benchmark.benchmark(target, str(tmp_path / "head"), str(tmp_path / "unused.jsonl"), str(tmp_path / "b.json"),
+                            [2], 2, 8, "auto", "org/tiny", max_model_len=64, gpus=1, sets=["custom"],
+                            custom_prompts_path=str(prompts), trust_remote_code=trust)
+    assert r["settings"]["sets"]["custom"]["skipped_too_long"] == 0
+    src = tmp_path / "convs.jsonl"
+    src.write_text(json.dumps({"id": "c0", "messages": [{"role": "user", "content": "hi"},
+                                                        {"role": "assistant", "content": "old"}]}) + "\n")
+    regenerate_responses.regenerate([{"path": str(src), "max_samples": None}], target, tmp_path / "regen.jsonl",
+                                    tmp_path / "regen_report.json", 64, 8, "org/tiny", gpus=1, backend="vllm",
+                                    trust_remote_code=trust)
+
+    engines = [s["engine"] for s in specs]
+    assert len(engines) == 4  # load check, benchmark baseline and k=2, regeneration
+    assert all(("trust_remote_code" in e) is trust for e in engines)
+    assert all(e["trust_remote_code"] is True for e in engines if trust)
+    # engines sized to their job read the config: the load check and the benchmark's (regeneration keeps vLLM's own)
+    assert [("kv_cache_memory_bytes" in e) for e in engines] == [trust, trust, trust, False]
+
+
+def test_kv_cache_sizing_loads_a_remote_code_config(remote_code_target):
+    per_token = 2 * 2 * 2 * 16 * 2  # layers x (K, V) x KV heads x head_dim x bf16 bytes
+    eng = vllm_engine.engine_args(str(remote_code_target), gpus=1, served_name="m", max_model_len=64,
+                                  kv_cache_tokens=100, trust_remote_code=True)
+    assert eng["kv_cache_memory_bytes"] == vllm_engine.KV_CACHE_FLOOR_BYTES and eng["trust_remote_code"] is True
+    assert vllm_engine.kv_cache_memory_bytes(str(remote_code_target), "bfloat16", 1, 1_000_000, trust_remote_code=True) \
+        == int(per_token * 1_000_000 * vllm_engine.KV_CACHE_MARGIN)
+    assert vllm_engine.kv_cache_memory_bytes(str(remote_code_target), "bfloat16", 1, 1_000_000) is None  # not trusted
