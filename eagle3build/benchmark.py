@@ -132,6 +132,7 @@ def benchmark(
             is too long for ``max_model_len`` (before any engine starts).
         OSError, ValueError: the target's tokenizer cannot be loaded from ``target_dir``, or it has
             no chat template (transformers' errors, before any engine starts).
+        ValueError: ``max_tokens`` >= ``max_model_len``.
         RuntimeError: an engine run failed.
         BenchmarkError: a prompt's output differs from the baseline's beyond a near-tie (the
             message names the prompt ids, k, the position and both tokens; nothing is written).
@@ -141,6 +142,9 @@ def benchmark(
     vllm_engine.require_vllm(needed_by=os.fspath(out_json))
     loaded = prompt_sets.load_sets(sets or ["chat"], num_prompts, chat_path=prompts_path, custom_path=custom_prompts_path)
     limit = max_model_len - max_tokens
+    if limit < 1:
+        raise ValueError(f"benchmark.max_tokens {max_tokens} leaves no room for a prompt in benchmark.max_model_len "
+                         f"{max_model_len}: raise max_model_len")
     by_set, skipped = prompt_sets.drop_too_long(loaded, chat_token_counter(target_dir, trust_remote_code), limit)
     for name, n in skipped.items():
         if n:

