@@ -20,7 +20,8 @@ On disk: ``<state_dir>/state.pt``, one ``torch.save`` dict (read back with
 ``history``           str, JSON of the per-step train records so far
 ``epochs``            str, JSON of the per-epoch records so far
 ``best``              the best epoch so far (``train.select: best_simulated_tau``):
-                      ``{"epoch", "tau", "params"}`` (its trainable parameters), or ``{}``
+                      ``{"epoch", "tau", "top", "params"}`` (its τ, the highest τ seen,
+                      its trainable parameters), or ``{}``
 ====================  ============================================================
 """
 
@@ -39,6 +40,7 @@ from .atomic import atomic_path
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
+TAU_TIE = 1e-4  # simulated τ values closer than this are equal (note_epoch)
 
 
 def state_key(settings: dict) -> str:
@@ -66,16 +68,20 @@ class TrainState:
     history: list[dict] = field(default_factory=list)
     epochs: list[dict] = field(default_factory=list)
     resumed_from: int | None = None
-    best: dict = field(default_factory=dict)  # {"epoch", "tau", "params": {name: CPU tensor}}
+    best: dict = field(default_factory=dict)  # {"epoch", "tau", "top", "params": {name: CPU tensor}}
 
     def note_epoch(self, epoch: int, tau: float | None) -> bool:
         """Keep a copy (on the CPU) of the trainable parameters when ``tau`` (this epoch's simulated τ)
-        beats the best so far; True when it did. Frozen weights (the target's embeddings) never change,
-        so they are not copied: a 1T target's embedding matrix is GBs."""
-        if tau is None or (self.best and tau <= self.best["tau"]):
+        is the best so far; True when it is. An epoch within ``TAU_TIE`` of the best counts as
+        better: at equal τ the longer-trained weights win, and float noise (another rank count,
+        another CPU) cannot tip the choice to an earlier epoch. Frozen weights (the target's
+        embeddings) never change, so they are not copied: a 1T target's embedding matrix is GBs."""
+        if tau is None or (self.best and tau < self.best["top"] - TAU_TIE):
             return False
         params = {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters() if p.requires_grad}
-        self.best = {"epoch": epoch, "tau": float(tau), "params": params}
+        # "top": the highest τ seen, so that a run of near-equal epochs cannot drift below it
+        self.best = {"epoch": epoch, "tau": float(tau), "top": max(float(tau), self.best.get("top", float(tau))),
+                     "params": params}
         return True
 
     def restore_best(self) -> None:

@@ -378,7 +378,8 @@ def test_output_version_bump_rebuilds_its_stage_and_downstream(built, tmp_path):
                             ("build_vocab_map", {"build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN})):
         mod = wf / f"eagle3build/{stage}.py"
         text = mod.read_text()
-        mod.write_text(text.replace("\nOUTPUT_VERSION = 1\n", "\nOUTPUT_VERSION = 2\n"))
+        mod.write_text(re.sub(r"^OUTPUT_VERSION = (\d+)", lambda m: f"OUTPUT_VERSION = {int(m.group(1)) + 1}", text,
+                              count=1, flags=re.M))
         assert planned_jobs(args, wd) == expected, stage
         mod.write_text(text)
 
