@@ -8,6 +8,7 @@ import json
 import shutil
 
 import pytest
+from test_templates import supervised as _supervised_text  # the supervised runs, decoded
 
 from eagle3build import chat_masking as cm
 from eagle3build import conversations as cv
@@ -66,17 +67,6 @@ def _prepare(tmp_path, target, records, name="d.jsonl", raw=None, **kw):
     args = dict(max_seq_len=512, min_supervised_tokens=2, eval_fraction=kw.pop("eval_fraction", 0.01), seed=0)
     rep = pd.prepare([{"path": str(f), "max_samples": None}], target, *out, **args, **kw)
     return rep, out
-
-
-def _supervised_text(tok, ids, mask):
-    runs, cur = [], []
-    for i, m in zip(ids.tolist(), mask.tolist(), strict=True):
-        if m:
-            cur.append(i)
-        elif cur:
-            runs.append(tok.decode(cur))
-            cur = []
-    return runs + ([tok.decode(cur)] if cur else [])
 
 
 def _samples(path):
