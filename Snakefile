@@ -2,7 +2,9 @@
 # training checkpoint -> vLLM-format head -> benchmark JSON. See README.md.
 from snakemake.utils import min_version, validate
 
-min_version("9.0")
+# 9.19: the first to read profiles/<name>/profile.yaml (older ones read only config.yaml and
+# would silently skip the repository's profiles: their rerun triggers, cluster settings)
+min_version("9.19")
 
 
 configfile: f"{workflow.basedir}/config.yaml"

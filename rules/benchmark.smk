@@ -14,6 +14,7 @@ rule benchmark:
         "../envs/eagle3build.yaml"
     threads: config["resources"]["serve"]["threads"]
     resources:
+        **gpu_model_res("serve"),
         gpu=res("serve", "gpu"),
         mem_mb=attempt_mem_mb(res("serve", "mem_mb")),
         runtime=res("serve", "runtime"),

@@ -10,6 +10,10 @@ rule build_vocab_map:
         f"{LOGS}/build_vocab_map.log",
     conda:
         "../envs/eagle3build.yaml"
+    threads: config["resources"]["cpu"]["threads"]
+    resources:
+        mem_mb=res("cpu", "mem_mb"),
+        runtime=res("cpu", "runtime"),
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         num_samples=config["capture"]["num_train_samples"],

@@ -151,10 +151,16 @@ def res(job, key):
     return config["resources"][job].get(key, 0)
 
 
+def gpu_model_res(job):
+    """``gpu_model`` (resources.gpu_model) for a job of section ``job`` that asks for GPUs: cluster
+    executors read it (SLURM: ``--gpus=<model>:<n>``); nothing for a CPU job or an unset model."""
+    model = config["resources"]["gpu_model"]
+    return {"gpu_model": model} if model and job and res(job, "gpu") > 0 else {}
+
+
 # Jobs that start a vLLM engine (benchmark, regenerate_responses, export_head's load check, capture
 # with the vllm backend) get one more attempt, with more memory: an engine that ran out of host
-# memory (CPU KV cache, weights staged in RAM) often fits at 1.5x. A profile's set-resources
-# mem_mb (profiles/slurm, profiles/kubernetes) replaces the callable, and with it the scaling.
+# memory (CPU KV cache, weights staged in RAM) often fits at 1.5x.
 VLLM_RETRIES = 1
 
 

@@ -8,6 +8,10 @@ rule compat_report:
         f"{LOGS}/compat_report.log",
     conda:
         "../envs/eagle3build.yaml"
+    threads: config["resources"]["cpu"]["threads"]
+    resources:
+        mem_mb=res("cpu", "mem_mb"),
+        runtime=res("cpu", "runtime"),
     params:
         target_dir=target_dir,
         results_dir=lambda w, output: os.path.dirname(output.json),

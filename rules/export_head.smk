@@ -17,6 +17,7 @@ rule export_head:
     # The vLLM load check serves the target like the benchmark does; without it, a CPU job.
     threads: export_res("threads")
     resources:
+        **gpu_model_res("serve" if config["export"]["vllm_load_check"] != "never" else None),
         gpu=export_res("gpu"),
         mem_mb=attempt_mem_mb(export_res("mem_mb")),
         runtime=export_res("runtime"),

@@ -14,6 +14,10 @@ rule prepare_data:
         f"{BENCH}/prepare_data.tsv"
     conda:
         "../envs/eagle3build.yaml"
+    threads: config["resources"]["cpu"]["threads"]
+    resources:
+        mem_mb=res("cpu", "mem_mb"),
+        runtime=res("cpu", "runtime"),
     params:
         target_dir=target_dir,
         version=stage_version("prepare_data"),

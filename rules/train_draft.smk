@@ -21,6 +21,7 @@ rule train_draft:
         "../envs/eagle3build.yaml"
     threads: config["resources"]["train"]["threads"]
     resources:
+        **gpu_model_res("train"),
         gpu=res("train", "gpu"),
         mem_mb=res("train", "mem_mb"),
         runtime=res("train", "runtime"),

@@ -39,9 +39,19 @@ exit 1
 """
 
 
-def smk(args, workdir, env=None, timeout=600):
+# A site's GPU jobs as a user writes them in the config (the one source of resources; the profile
+# says only where jobs run): what the sbatch calls must carry.
+GPU_SITE = """resources:
+  gpu_model: rtx_pro_6000
+  capture: {gpu: 8, threads: 16, mem_mb: 256000, runtime: 240}
+  train: {gpu: 8, threads: 32, mem_mb: 256000, runtime: 1440}
+  serve: {gpu: 8, threads: 16, mem_mb: 256000, runtime: 180}
+"""
+
+
+def smk(args, workdir, env=None, timeout=600, configs=()):
     cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--profile", str(REPO / "profiles/slurm"),
-           *args, "--configfile", str(REPO / "tests/reduced.yaml")]
+           *args, "--configfile", str(REPO / "tests/reduced.yaml"), *map(str, configs)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
@@ -53,11 +63,12 @@ def smk(args, workdir, env=None, timeout=600):
      ["-p gpu", "--gpus=rtx_pro_6000:8", "--cpus-per-task=32", "--mem 256000", "-t 1440"]),
     (f"{RUN}/benchmark.json",
      ["-p gpu", "--gpus=rtx_pro_6000:8", "--cpus-per-task=16", "--mem 256000", "-t 180"]),
-    (f"{RUN}/vocab/vocab.json", ["-p gpu", "--ntasks=1", "--cpus-per-task=2", "--mem 8000", "-t 60"]),
+    (f"{RUN}/vocab/vocab.json", ["-p gpu", "--ntasks=1", "--cpus-per-task=1", "--mem 8000", "-t 60"]),
 ])
 def test_sbatch_call_of_the_profile(tmp_path, target, expect):
-    """The unmodified slurm profile, one job at a time, against a stub sbatch: the submission
-    carries the profile's partition, GPUs (model:count), CPUs, memory and time limit."""
+    """The unmodified slurm profile over a config with a site's GPU jobs, one job at a time, against a stub
+    sbatch: the submission carries the profile's partition and the config's GPUs (model:count), CPUs (the
+    job's threads), memory and time limit."""
     wd, bin_, log = tmp_path / "wd", tmp_path / "bin", tmp_path / "calls.log"
     bin_.mkdir()
     for name in ("sbatch", "squeue", "sacct", "sinfo", "scontrol", "sacctmgr", "sshare"):
@@ -69,8 +80,10 @@ def test_sbatch_call_of_the_profile(tmp_path, target, expect):
         (wd / f).write_text("")
         os.utime(wd / f, (now - 1000 + i, now - 1000 + i))
     os.utime(wd / Path(UPSTREAM[0]).parent, (now - 1000, now - 1000))  # the target is a directory output
+    (tmp_path / "site.yaml").write_text(GPU_SITE)
     p = smk([target, "--force", "--rerun-triggers", "mtime", "--slurm-status-command", "squeue", "--slurm-no-account",
-             "--slurm-init-seconds-before-status-checks", "1"], wd, env={"PATH": f"{bin_}:{os.environ['PATH']}"}, timeout=300)
+             "--slurm-init-seconds-before-status-checks", "1"], wd, env={"PATH": f"{bin_}:{os.environ['PATH']}"}, timeout=300,
+            configs=[tmp_path / "site.yaml"])
     calls = [c for c in log.read_text().splitlines() if c.startswith("sbatch ")] if log.exists() else []
     # the jobs that may start vLLM (capture with backend auto, benchmark) are submitted once more
     # after the stub's refusal: `retries: VLLM_RETRIES` (rules/common.smk), attempt 2
@@ -99,10 +112,8 @@ def built(cluster, tmp_path_factory):
     wd = tmp_path_factory.mktemp("slurm")
     args = ["--jobs", "2", "--slurm-status-command", "squeue", "--slurm-no-account",
             "--slurm-keep-successful-logs", "--slurm-init-seconds-before-status-checks", "5",
-            # the test node: this machine's CPUs, no GPUs (the config's 0 GPUs per job)
-            "--default-resources", f"slurm_partition={cluster}", "cpus_per_task=2", "mem_mb=4000", "runtime=60",
-            "--set-resources", "capture_hidden_states:gpu=0", "train_draft:gpu=0", "benchmark:gpu=0",
-            "export_head:gpu=0"]
+            # the test node's partition; the jobs' CPUs, memory and time are the config's (no GPUs)
+            "--default-resources", f"slurm_partition={cluster}"]
     p = smk(args, wd, timeout=3000)
     if p.returncode != 0:
         logs = "\n".join(f"== {f}\n{f.read_text()[-2000:]}" for f in sorted(wd.rglob("*.log")))
