@@ -251,11 +251,12 @@ def prepare(
                 rendered = None
                 calls = [c["function"]["name"] for m in conv.messages for c in m.get("tool_calls", [])]
                 if calls and not was_truncated:
-                    rendered = tok.decode(ids.tolist())
-                    missing = [n for n in calls if n not in rendered]
+                    # the call must be in what the assistant is trained to emit, not only named by a user or a result
+                    trained = tok.decode(ids[mask == 1].tolist())
+                    missing = [n for n in calls if n not in trained]
                     if missing:
                         counters.skip("template_drops_tool_calls", str(path), index,
-                                      f"function {missing[0]!r} is called but not in the render")
+                                      f"function {missing[0]!r} is called but the template renders no call to it")
                         continue
                 if conv.last_turn_unfinished and tail is None:
                     mask = open_last_turn(ids, mask, special_ids)
@@ -288,6 +289,10 @@ def prepare(
         raise DataError(f"the eval split of {paths} is empty ({len(train)} train samples at data.eval_fraction "
                         f"{eval_fraction}), but capture.num_eval_samples asks for eval samples: raise data.eval_fraction or add "
                         "data (records are split by id; those without one by their content)")
+    if extra["reasoning_turns"] and not extra["reasoning_turns_rendered"]:
+        log.warning("%d assistant turns carry reasoning, but %s: it is not trained", extra["reasoning_turns"],
+                    "data.reasoning is drop" if reasoning == "drop" else
+                    "the target's chat template reads no reasoning field (reasoning_content, thinking, reasoning)")
     seen_in_train = sum(o in train_openings for o, _ in prompts)
     prompts = [p for o, p in prompts if o not in train_openings]
 

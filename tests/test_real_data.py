@@ -144,9 +144,13 @@ def test_tool_calls_are_kept_rendered_and_supervised_never_the_results(tmp_path,
 
 def test_a_template_that_drops_tool_calls_is_named(tmp_path, tiny_target):
     """SmolLM2's own ChatML template renders no tool calls: such records are skipped with the reason."""
-    rep, _ = _prepare(tmp_path, _target(tmp_path, tiny_target), TOOL_CONVS[:2] + [
+    named = {"id": "named", "tools": [WEATHER], "messages": [
+        {"role": "user", "content": "Use get_weather for Paris"},  # the name in the user's text is no call
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "get_weather", "arguments": {}}}]},
+        {"role": "tool", "content": "get_weather: sunny"}, {"role": "assistant", "content": "Sunny it is."}]}
+    rep, _ = _prepare(tmp_path, _target(tmp_path, tiny_target), TOOL_CONVS[:2] + [named] + [
         {"messages": [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi, how are you"}]}])
-    assert rep["kept"] == 1 and rep["skipped"] == {"template_drops_tool_calls": 2}
+    assert rep["kept"] == 1 and rep["skipped"] == {"template_drops_tool_calls": 3}
 
 
 def test_tool_result_without_a_call_is_skipped():
