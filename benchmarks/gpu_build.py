@@ -6,7 +6,7 @@ reads what the stages wrote:
 - capture: tokens stored (the shards' headers) / seconds; MFU = 2 x target parameters x
   tokens/s / (peak x GPUs), the forward-pass FLOPs (Kaplan et al. 2020, 2N per token);
 - training: `metrics.json` (tokens/s over all ranks, `flops_per_token` of
-  `train_draft.draft_flops_per_token`); MFU = tokens/s x FLOPs per token / (peak x ranks).
+  `train_metrics.draft_flops_per_token`); MFU = tokens/s x FLOPs per token / (peak x ranks).
 Peak: a bf16 8192^3 matmul on GPU 0 measured in the same run (fp32 1024^3 on CPU).
 
 `--scaling-steps S` then trains the same shards for S steps on 1 GPU and on `--gpus`

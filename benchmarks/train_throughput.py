@@ -40,6 +40,7 @@ from eagle3build import train_draft as td  # noqa: E402
 from eagle3build.artifacts import minimal_decisions  # noqa: E402
 from eagle3build.prepare_data import write_tokens  # noqa: E402
 from eagle3build.shards import ShardMeta, write_shard  # noqa: E402
+from eagle3build.train_data import MODEL_KEYS, Batches, shard_dataset_class  # noqa: E402
 
 
 def peak_tflops(device: str) -> float | None:
@@ -107,9 +108,9 @@ def compute_only(args, d: Path, shards: dict, steps: int = 20) -> dict:
 
     d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     model = td.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", args.device)
-    b = td.Batches([shards["train"]], args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed)
+    b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed)
     batch = b.load(b.epoch(0)[0][0])
-    batch = {k: batch[k].to(args.device) for k in td.MODEL_KEYS}
+    batch = {k: batch[k].to(args.device) for k in MODEL_KEYS}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
     call = {"ttt_steps": args.ttt_steps, "ttt_step_loss_decay": 1.0,
             "loss_config": resolve_loss_config("kl_div", implementation=args.loss)}
@@ -156,7 +157,7 @@ def run_speculators_trainer(args, d: Path, shards: dict, device: str) -> dict:
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
 
     def loader(path):
-        ds = td._shard_dataset_class()([path], args.total_seq_len, dtype, seed=args.seed)
+        ds = shard_dataset_class()([path], args.total_seq_len, dtype, seed=args.seed)
         sampler = MultipackDistributedBatchSamplerV2(batch_max_length=args.total_seq_len, lengths=ds.approx_lengths,
                                                      num_replicas=1, rank=0, seed=args.seed)
         return DataLoader(ds, batch_sampler=sampler, num_workers=2, pin_memory=device.startswith("cuda"),

@@ -16,7 +16,6 @@ decisions.json and compat.md.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -358,8 +357,14 @@ def write(report: dict, out_json: str, out_md: str | None = None) -> None:
 
 
 def write_markdown(compat_json: str, out_md: str) -> None:
-    """Render compat.md from a written compat.json (rule ``compat_markdown``)."""
-    write_text(out_md, render_markdown(json.loads(Path(compat_json).read_text())))
+    """Render compat.md from a written compat.json (rule ``compat_markdown``).
+
+    Raises:
+        artifacts.ArtifactError: compat.json is not JSON or does not match its schema (file and field named).
+    """
+    from .artifacts import Compat
+
+    write_text(out_md, render_markdown(Compat.load(compat_json).data))
 
 
 def run_for_config(config: dict, target_dir: str, results_dir: str, storage_dtype: str, trust_remote_code: bool,

@@ -9,10 +9,8 @@ Values are read from ``benchmark.json``
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from pathlib import Path
 
 from .atomic import atomic_path
 
@@ -30,6 +28,7 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     Returns ``{k: {"tau": τ, "speedup": x, "sets": {set: {"tau": τ, "speedup": x}}}}`` for the runs plotted.
 
     Raises:
+        artifacts.ArtifactError: benchmark.json is not JSON or does not match its schema.
         ValueError: the benchmark holds no EAGLE-3 run.
     """
     import matplotlib
@@ -38,7 +37,9 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    b = json.loads(Path(benchmark_json).read_text())
+    from .artifacts import Benchmark
+
+    b = Benchmark.load(benchmark_json).data  # checked against eagle3build/schemas/benchmark.schema.json
     runs = b.get("eagle3") or []
     if not runs:
         raise ValueError(f"{benchmark_json}: no EAGLE-3 run to plot")

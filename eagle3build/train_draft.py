@@ -39,10 +39,10 @@ from .artifacts import Decisions
 from .atomic import atomic_path
 from .head_format import HEAD_VARIANTS
 from .shards import ShardReader, check_meta
-from .train_data import MODEL_KEYS, Batches, shard_dataset_class
-from .train_metrics import draft_flops_per_token, plot_curves, summarise
+from .train_data import Batches
+from .train_metrics import plot_curves
 from .train_state import TrainState, state_key
-from .trainer import Throughput, TrainConfig, Trainer, TrainInputs, evaluate, run_metrics, train_epoch, train_step
+from .trainer import Throughput, TrainConfig, Trainer, TrainInputs, evaluate, run_metrics, train_epoch
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,6 @@ log = logging.getLogger(__name__)
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 2  # 2: train.select (the best epoch's weights by simulated tau)
 
-# Names that moved to the shared modules, kept importable from here (benchmarks/, tests/).
-_shard_dataset_class = shard_dataset_class
-__all__ = ["HEAD_VARIANTS", "MODEL_KEYS", "OUTPUT_VERSION", "Batches", "TrainConfig", "TrainInputs", "TrainState",
-           "Trainer", "build_model", "draft_flops_per_token", "evaluate", "fit", "launch", "plot_curves", "select_epoch",
-           "setup", "summarise", "train", "train_epoch", "train_step"]
 
 
 def build_model(
