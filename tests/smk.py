@@ -49,12 +49,15 @@ def planned_jobs(args: list[str], workdir: Path | None = None) -> dict[str, int]
 
 
 def planned_resources(args: list[str], workdir: Path | None = None) -> dict[str, list[dict[str, str]]]:
-    """Rule -> the ``resources:`` of each of its jobs in a dry-run (values as printed)."""
+    """Rule -> the ``resources:`` of each of its jobs in a dry-run (values as printed), with ``threads``."""
     p = run(["-n", *args], workdir)
     assert p.returncode == 0, p.stdout + p.stderr
     jobs: dict[str, list[dict[str, str]]] = {}
     for m in re.finditer(r"^(?:local)?rule (\w+):\n((?:    .*\n?)*)", p.stdout, re.M):
         r = re.search(r"^    resources: (.*)$", m.group(2), re.M)
         res = dict(kv.split("=", 1) for kv in r.group(1).split(", ")) if r else {}
+        t = re.search(r"^    threads: (\d+)$", m.group(2), re.M)
+        if t:
+            res["threads"] = t.group(1)  # printed apart from the resources
         jobs.setdefault(m.group(1), []).append(res)
     return jobs

@@ -29,6 +29,8 @@ UPSTREAM = [
     f"{RUN}/hidden_states/train/shard-00000.safetensors", f"{RUN}/hidden_states/train/shard-00001.safetensors",
     f"{RUN}/hidden_states/eval/shard-00000.safetensors",
     f"{RUN}/vocab/d2t.npy", f"{RUN}/vocab/t2d.npy", f"{RUN}/vocab/vocab.json",
+    *(f"{RUN}/checkpoint/{f}" for f in ("config.json", "model.safetensors", "train_meta.json", "metrics.json",
+                                         "curves.png")),
     f"{RUN}/head/config.json", f"{RUN}/head/model.safetensors", f"{RUN}/head/head_meta.json",
 ]
 STUB = """#!/bin/sh
@@ -63,6 +65,8 @@ def smk(args, workdir, env=None, timeout=600, configs=()):
      ["-p gpu", "--gpus=rtx_pro_6000:8", "--cpus-per-task=32", "--mem 256000", "-t 1440"]),
     (f"{RUN}/benchmark.json",
      ["-p gpu", "--gpus=rtx_pro_6000:8", "--cpus-per-task=16", "--mem 256000", "-t 180"]),
+    (f"{RUN}/head/config.json",  # export's vLLM load check serves the target like the benchmark
+     ["-p gpu", "--gpus=rtx_pro_6000:8", "--cpus-per-task=16", "--mem 256000", "-t 180"]),
     (f"{RUN}/vocab/vocab.json", ["-p gpu", "--ntasks=1", "--cpus-per-task=1", "--mem 8000", "-t 60"]),
 ])
 def test_sbatch_call_of_the_profile(tmp_path, target, expect):
@@ -85,9 +89,10 @@ def test_sbatch_call_of_the_profile(tmp_path, target, expect):
              "--slurm-init-seconds-before-status-checks", "1"], wd, env={"PATH": f"{bin_}:{os.environ['PATH']}"}, timeout=300,
             configs=[tmp_path / "site.yaml"])
     calls = [c for c in log.read_text().splitlines() if c.startswith("sbatch ")] if log.exists() else []
-    # the jobs that may start vLLM (capture with backend auto, benchmark) are submitted once more
-    # after the stub's refusal: `retries: VLLM_RETRIES` (rules/common.smk), attempt 2
-    retried = "hidden_states" in target or "benchmark" in target
+    # the jobs that may start vLLM (capture with backend auto, benchmark, export with its load check) are
+    # submitted once more after the stub's refusal: `retries: VLLM_RETRIES` (rules/common.smk), attempt 2;
+    # training and the vocab map (no engine) are not
+    retried = not ("vocab" in target or "checkpoint" in target)
     assert len(calls) == (2 if retried else 1), p.stdout + p.stderr
     assert " --attempt 1 " in calls[0] and (not retried or " --attempt 2 " in calls[1]), calls
     for flag in expect:

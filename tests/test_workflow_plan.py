@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import yaml
-from smk import REPO, planned_jobs, run, write_config
+from smk import REPO, planned_jobs, planned_resources, run, write_config
 
 FULL_PLAN = {
     "materialize_target": 1,
@@ -67,17 +67,35 @@ def test_missing_key_is_named(section, key):
         validate(cfg, str(REPO / "schemas/config.schema.yaml"))
 
 
-def test_rules_declare_resources_and_logs():
-    """Every GPU-capable rule asks for gpu/threads/mem/runtime; every rule has a log (snakemake --lint clean)."""
+def test_every_rule_has_a_log_and_lint_is_clean():
     p = run(["--lint"])
     assert "Lints for" not in p.stdout + p.stderr, p.stdout + p.stderr
-    text = "".join((REPO / "rules" / f"{r}.smk").read_text() for r in ("capture_hidden_states", "train_draft", "benchmark"))
-    assert text.count("gpu=res(") == 3 and text.count("runtime=res(") == 3
-    # memory: plain for training; growing with the attempt where a vLLM engine may run (rules/common.smk)
-    assert text.count("mem_mb=res(") == 1 and text.count("mem_mb=attempt_mem_mb(res(") == 2
-    vllm_rules = ("capture_hidden_states", "benchmark", "regenerate_responses", "export_head")
-    for r in vllm_rules:
-        assert "retries: VLLM_RETRIES" in (REPO / "rules" / f"{r}.smk").read_text(), r
+
+
+# Distinct values per job kind: each planned job must show its own kind's.
+KINDS = {"materialize": (3, 1001, 11, 0), "cpu": (1, 1002, 12, 0), "capture": (5, 1003, 13, 2),
+         "train": (6, 1004, 14, 3), "serve": (7, 1005, 15, 4)}
+RULE_KIND = {"materialize_target": "materialize", "compat_report": "cpu", "prepare_data": "cpu",
+             "build_vocab_map": "cpu", "capture_hidden_states": "capture", "train_draft": "train",
+             "export_head": "serve", "benchmark": "serve"}
+
+
+def test_every_job_takes_its_resources_from_the_config(tmp_path):
+    """A dry-run over a config with distinct resources per job kind: every job asks for its kind's GPUs,
+    threads, memory and runtime, and GPU jobs for the config's gpu_model (the config is the one source)."""
+    res = {"gpu_model": "model_x"}
+    for kind, (threads, mem, runtime, gpu) in KINDS.items():
+        res[kind] = {"threads": threads, "mem_mb": mem, "runtime": runtime}
+        if kind not in ("materialize", "cpu"):
+            res[kind]["gpu"] = gpu
+    (tmp_path / "res.yaml").write_text(yaml.safe_dump({"resources": res}))
+    jobs = planned_resources(["--cores", "8", "--configfile", str(tmp_path / "res.yaml")], tmp_path)  # threads unscaled
+    for rule, kind in RULE_KIND.items():
+        threads, mem, runtime, gpu = KINDS[kind]
+        for j in jobs[rule]:
+            assert (j.get("threads", "1"), j["mem_mb"], j["runtime"], j.get("gpu", "0")) == (
+                str(threads), str(mem), str(runtime), str(gpu)), rule
+            assert j.get("gpu_model") == ("model_x" if gpu else None), rule
 
 
 def test_vllm_jobs_get_more_memory_on_a_retry():
