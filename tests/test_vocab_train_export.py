@@ -56,7 +56,6 @@ def test_train_loss_falls_and_checkpoint_is_written(workdir, tiny_target):
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
     ev = m["final_eval"]
     assert len(ev["full_acc_per_step"]) == 3 and 1.0 <= ev["simulated_acceptance_length"] <= 4.0
-    assert ev["simulated_acceptance_length"] == pytest.approx(1 + sum(ev["full_acc_per_step"]))
     for f in ("config.json", "model.safetensors", "train_meta.json", "metrics.json", "curves.png"):
         assert (out / f).stat().st_size > 0
     meta = json.loads((out / "train_meta.json").read_text())
@@ -91,7 +90,15 @@ def test_export_head(workdir, tiny_target):
     with safe_open(str(head / "model.safetensors"), "pt") as f:
         assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
         assert f.get_tensor("lm_head.weight").shape == (256, 64) and f.get_tensor("lm_head.weight").dtype == torch.bfloat16
-        assert set(ex.expected_shapes(cfg)) == set(f.keys())
+        # the tiny target: hidden 64, 4 heads of 16 (2 KV), MLP 128, vocab 49,152; draft vocab 256; 3 aux layers
+        assert {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()} == {
+            "fc.weight": (64, 192), "input_norm.weight": (192,), "norm.weight": (64,), "lm_head.weight": (256, 64),
+            "d2t": (256,), "t2d": (49152,), "embed_tokens.weight": (49152, 64),
+            "layers.0.self_attn.q_proj.weight": (64, 128), "layers.0.self_attn.k_proj.weight": (32, 128),
+            "layers.0.self_attn.v_proj.weight": (32, 128), "layers.0.self_attn.o_proj.weight": (64, 64),
+            "layers.0.mlp.gate_proj.weight": (128, 64), "layers.0.mlp.up_proj.weight": (128, 64),
+            "layers.0.mlp.down_proj.weight": (64, 128), "layers.0.input_layernorm.weight": (64,),
+            "layers.0.hidden_norm.weight": (64,), "layers.0.post_attention_layernorm.weight": (64,)}
 
 
 def test_export_refuses_other_vocab_map(workdir, tiny_target, tmp_path):
@@ -144,3 +151,20 @@ def test_select_keeps_the_epoch_with_the_best_simulated_tau(workdir, tiny_target
     assert not torch.equal(seen[1]["fc.weight"], seen[2]["fc.weight"])  # the epochs differ
     for name, value in seen[want].items():
         assert torch.equal(written[name], value), name
+
+
+def test_summarise_known_counts():
+    """speculators' summed metrics of a made-up eval: 10 positions; the draft's first token right at 8, its
+    first two at 5, all three at 2 (full accuracy: the whole chain so far right). Loss per position, accuracy
+    per step and simulated tau = 1 + 0.8 + 0.5 + 0.2 = 2.5 (chain acceptance, EAGLE-3 paper)."""
+    from eagle3build.train_metrics import summarise
+
+    acc = {"loss_sum": 30.0, "loss_total": 10.0}
+    for k, (full, cond) in enumerate(((8, 8), (5, 5 / 8 * 10), (2, 2 / 5 * 10))):
+        acc.update({f"loss_{k}_sum": float(k + 1) * 10, f"loss_{k}_total": 10.0, f"full_acc_{k}_sum": float(full),
+                    f"full_acc_{k}_total": 10.0, f"cond_acc_{k}_sum": float(cond), f"cond_acc_{k}_total": 10.0})
+    s = summarise(acc, 3)
+    assert s["loss"] == 3.0 and s["loss_per_step"] == [1.0, 2.0, 3.0]
+    assert s["full_acc_per_step"] == [0.8, 0.5, 0.2] and s["cond_acc_per_step"] == pytest.approx([0.8, 0.625, 0.4])
+    assert s["simulated_acceptance_length"] == pytest.approx(2.5)
+    assert summarise({"loss_sum": 0.0, "loss_total": 0.0}, 3)["simulated_acceptance_length"] == 1.0  # nothing drafted
