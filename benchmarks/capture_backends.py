@@ -22,7 +22,7 @@ in one bucket, kernel rounding as a small error growing with depth and length. W
 ``--reference`` (on by default) each backend's bf16 capture is also compared with the float32
 ``hooks`` capture: if both sit equally far from it, their disagreement is rounding, not rows.
 
-On the GPU (vLLM carried to the lent H200, see README "On GPUs"):
+On the GPU (vLLM carried to the lent H200, see docs/gpus.md):
 
     python benchmarks/capture_backends.py --device cuda --target resources/targets/smollm2-135m-instruct \\
         --samples 256 --min-len 64 --max-len 2047 --step-tokens 16384 --tokens results/R/data/train.safetensors \\

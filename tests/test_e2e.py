@@ -474,7 +474,7 @@ def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
 
 
 # The digest test: every artifact of the reduced build, by the stage that writes it, with the
-# stages it reads from. See README "Staleness" (for contributors) for when and how to refresh.
+# stages it reads from. See docs/staleness.md (for contributors) for when and how to refresh.
 DIGESTS_FILE = REPO / "tests/artifact_digests.json"
 DIGESTED = {
     "materialize_target": ([f"{BUNDLED_DIR}/model.safetensors", f"{BUNDLED_DIR}/config.json"], []),
@@ -612,9 +612,9 @@ def test_artifact_digests_change_only_with_a_version(built):
         changed_bytes += [f"{stage}: {f}" for f, d in current[stage]["files"].items()
                           if f not in recorded[stage]["files"] or not _same_digest(recorded[stage]["files"][f], d)]
     assert not changed_bytes, ("output bytes changed while the stage's version did not: bump OUTPUT_VERSION in "
-                               f"eagle3build/<stage>.py (README, Staleness): {changed_bytes}")
+                               f"eagle3build/<stage>.py (docs/staleness.md): {changed_bytes}")
     assert not changed_versions, ("stage versions changed: refresh tests/artifact_digests.json with "
-                                  f"EAGLE3BUILD_UPDATE_DIGESTS=1 (README, Staleness): {changed_versions}")
+                                  f"EAGLE3BUILD_UPDATE_DIGESTS=1 (docs/staleness.md): {changed_versions}")
 
 
 def test_gpu_build_script_smoke(built, tmp_path):
