@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One step of the issue-21 benchmark records on a lent H200 (vLLM 0.26.0 carried: docs/gpus.md).
+#   bash benchmarks/gpu/run_h200.sh build|c1|c16 SECONDS
+# build: the h200-8k head up to export; c1 / c16: its benchmark at concurrency 1 / 16.
+# Logs and results go to $OUT (the device tool's output folder); a step cut by SECONDS resumes
+# in the next call (--rerun-incomplete).
+set -u
+step=$1; limit=$2
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH NCCL_NVLS_ENABLE=0 \
+       TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1
+cfg="benchmarks/gpu/h200_8k.yaml benchmarks/gpu/no_load_check.yaml"
+extra=()
+case $step in
+  build) extra=(--until export_head) ;;
+  c16) cfg="$cfg benchmarks/gpu/c16.yaml" ;;
+esac
+start=$(date +%s)
+timeout "$limit" python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete \
+    --configfile $cfg "${extra[@]}" > "$OUT/snakemake_$step.log" 2>&1
+echo "rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/snakemake_$step.log"
+mkdir -p "$OUT/r" && cp -r logs/h200-8k "$OUT/r/logs_$step" 2>/dev/null
+for f in results/h200-8k/benchmark.json results/h200-8k/checkpoint/metrics.json results/h200-8k/checkpoint/train_meta.json results/h200-8k/head/head_meta.json; do
+  [ -f "$f" ] && cp "$f" "$OUT/r/${step}_$(basename "$f")"
+done
+tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r"
+tail -5 "$OUT/snakemake_$step.log"
