@@ -163,6 +163,13 @@ def test_gpu_engines_are_sized_to_their_job():
                                     kv_cache_tokens=16 * 2051, draft_layers=1, graph_batch_tokens=16 * 4)
     assert bench["kv_cache_memory_bytes"] == int(per_token * 16 * 2051 * 1.25)  # 5.5 GB, not 92 % of a card
     assert bench["max_cudagraph_capture_size"] == 64 and "enforce_eager" not in bench
+    # vLLM truncates the capture size down to its list (1, 2, 4, 8, 16, ..., 248, 256, 272, ...): round up
+    k2 = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=2048, graph_batch_tokens=1 * 3)
+    assert k2["max_cudagraph_capture_size"] == 4
+    sizes = [vllm_engine.cudagraph_capture_size_at_least(n) for n in (1, 2, 3, 4, 5, 6, 8, 9, 96, 255, 256, 257)]
+    assert sizes == [1, 2, 4, 4, 8, 8, 8, 16, 96, 256, 256, 272]
+    with pytest.raises(ValueError, match="at least 1 token"):
+        vllm_engine.cudagraph_capture_size_at_least(0)
     cap = vllm_capture.capture_engine_args(target, gpus=1, max_model_len=2049, tokens_per_step=16384)
     assert cap["kv_cache_memory_bytes"] == int(32 * 2 * 8 * 128 * 2 * 2 * (16384 + 2049) * 1.25)
     assert cap["enforce_eager"] is True and "max_num_seqs" not in cap
