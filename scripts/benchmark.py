@@ -1,6 +1,6 @@
-"""Snakemake adapter for eagle3build.benchmark."""
-from eagle3build.benchmark import benchmark
+"""Snakemake adapter for eagle3build.serve.benchmark."""
 from eagle3build.job import setup
+from eagle3build.serve.benchmark import benchmark
 
 setup(snakemake)
 s = snakemake.params.settings

@@ -1,7 +1,7 @@
-"""Snakemake adapter for eagle3build.build_vocab_map."""
+"""Snakemake adapter for eagle3build.train.build_vocab_map."""
 
-from eagle3build.build_vocab_map import build_for_decisions
 from eagle3build.job import setup
+from eagle3build.train.build_vocab_map import build_for_decisions
 
 setup(snakemake)
 build_for_decisions(

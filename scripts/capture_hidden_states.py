@@ -1,6 +1,6 @@
-"""Snakemake adapter for eagle3build.capture_hidden_states."""
+"""Snakemake adapter for eagle3build.capture.capture_hidden_states."""
 
-from eagle3build.capture_hidden_states import capture_for_decisions
+from eagle3build.capture.capture_hidden_states import capture_for_decisions
 from eagle3build.job import setup
 
 setup(snakemake)

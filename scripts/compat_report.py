@@ -1,6 +1,6 @@
-"""Snakemake adapter for eagle3build.compat_report."""
+"""Snakemake adapter for eagle3build.compat.compat_report."""
 
-from eagle3build import compat_report
+from eagle3build.compat import compat_report
 from eagle3build.job import setup
 
 setup(snakemake)

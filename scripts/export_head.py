@@ -1,6 +1,6 @@
-"""Snakemake adapter for eagle3build.export_head."""
-from eagle3build.export_head import export
+"""Snakemake adapter for eagle3build.serve.export_head."""
 from eagle3build.job import setup
+from eagle3build.serve.export_head import export
 
 setup(snakemake)
 export(

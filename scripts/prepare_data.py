@@ -1,6 +1,6 @@
-"""Snakemake adapter for eagle3build.prepare_data."""
+"""Snakemake adapter for eagle3build.data.prepare_data."""
+from eagle3build.data.prepare_data import prepare
 from eagle3build.job import setup
-from eagle3build.prepare_data import prepare
 
 setup(snakemake)
 p = snakemake.params

@@ -1,6 +1,6 @@
-"""Snakemake adapter for eagle3build.regenerate_responses."""
+"""Snakemake adapter for eagle3build.data.regenerate_responses."""
+from eagle3build.data.regenerate_responses import regenerate
 from eagle3build.job import setup
-from eagle3build.regenerate_responses import regenerate
 
 setup(snakemake)
 p = snakemake.params

@@ -1,7 +1,7 @@
-"""Snakemake adapter for eagle3build.train_draft."""
+"""Snakemake adapter for eagle3build.train.train_draft."""
 
 from eagle3build.job import setup
-from eagle3build.train_draft import run_job
+from eagle3build.train.train_draft import run_job
 
 setup(snakemake)
 i = snakemake.input

@@ -365,18 +365,20 @@ def test_edited_adapter_rebuilds_nothing(built, tmp_path):
     assert planned_jobs(args, wd) == {}
     for script in (wf / "scripts").glob("*.py"):
         script.write_text(script.read_text() + "# a comment\n")
-    (wf / "eagle3build/train_draft.py").touch()
+    (wf / "eagle3build/train/train_draft.py").touch()
     assert planned_jobs(args, wd) == {}
 
 
 def test_output_version_bump_rebuilds_its_stage_and_downstream(built, tmp_path):
     """A stage whose output bytes change bumps OUTPUT_VERSION: that plans exactly it and what follows."""
+    from eagle3build.staleness import STAGE_GROUPS
+
     wd, _ = built
     wf = _workflow_copy(tmp_path)
     args = ["-s", str(wf / "Snakefile"), "--configfile", str(REPO / "tests/reduced.yaml")]
     for stage, expected in (("train_draft", DOWNSTREAM_OF_TRAIN), ("capture_hidden_states", CAPTURE_ON),
                             ("build_vocab_map", {"build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN})):
-        mod = wf / f"eagle3build/{stage}.py"
+        mod = wf / f"eagle3build/{STAGE_GROUPS[stage]}/{stage}.py"
         text = mod.read_text()
         mod.write_text(re.sub(r"^OUTPUT_VERSION = (\d+)", lambda m: f"OUTPUT_VERSION = {int(m.group(1)) + 1}", text,
                               count=1, flags=re.M))
@@ -424,7 +426,7 @@ def test_regenerated_responses(built, tmp_path):
     orig = {json.loads(x)["id"] for x in (res / "data/prompts.jsonl").read_text().splitlines()}
     regen = {json.loads(x)["id"] for x in (wd / "results/regen/data/prompts.jsonl").read_text().splitlines()}
     # The seeded split goes by record id: the regenerated run's eval prompts are eval records there too.
-    from eagle3build.prepare_data import is_eval
+    from eagle3build.data.prepare_data import is_eval
 
     assert regen and all(is_eval(i, cfg["data"]["seed"], cfg["data"]["eval_fraction"]) for i in regen)
     assert len(regen & orig) >= len(regen) // 2
@@ -612,7 +614,7 @@ def test_artifact_digests_change_only_with_a_version(built):
         changed_bytes += [f"{stage}: {f}" for f, d in current[stage]["files"].items()
                           if f not in recorded[stage]["files"] or not _same_digest(recorded[stage]["files"][f], d)]
     assert not changed_bytes, ("output bytes changed while the stage's version did not: bump OUTPUT_VERSION in "
-                               f"eagle3build/<stage>.py (docs/staleness.md): {changed_bytes}")
+                               f"eagle3build/<group>/<stage>.py (docs/staleness.md): {changed_bytes}")
     assert not changed_versions, ("stage versions changed: refresh tests/artifact_digests.json with "
                                   f"EAGLE3BUILD_UPDATE_DIGESTS=1 (docs/staleness.md): {changed_versions}")
 

@@ -20,7 +20,8 @@ def test_every_stage_has_an_output_version(stage):
 
     v = staleness.output_version(stage)
     assert isinstance(v, int) and v >= 1
-    assert importlib.import_module(f"eagle3build.{stage}").OUTPUT_VERSION == v  # the text read = the constant
+    module = importlib.import_module(f"eagle3build.{staleness.STAGE_GROUPS[stage]}.{stage}")
+    assert module.OUTPUT_VERSION == v  # the text read = the constant
     assert set(staleness.STAGE_PACKAGES) == set(STAGES)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .shards import ShardReader
+from ..shards import ShardReader
 
 
 def shard_dataset_class():

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_path
+from ..atomic import atomic_path
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .atomic import write_json, write_text
+from ..atomic import write_json, write_text
+from ..head_format import HEAD_FLAGS, HEAD_VARIANTS
+from ..plans import hidden_state_bytes_per_token, plan_disk, plan_gpus
+from ..provenance import COMPAT_PACKAGES, host, software_versions
+from ..serving import check_servable
+from ..serving import probe_vllm as probe_serving_vllm
+from ..staleness import content_files
+from ..target import check_aux_layer_ids, default_aux_layer_ids, fingerprint
 from .compat_render import render_markdown
-from .head_format import HEAD_FLAGS, HEAD_VARIANTS
-from .plans import hidden_state_bytes_per_token, plan_disk, plan_gpus
 from .probes import (
     Probe,
     check_known_good,
@@ -44,11 +49,6 @@ from .probes import (
     probe_vllm_head_flags,
     run_probe,
 )
-from .provenance import COMPAT_PACKAGES, host, software_versions
-from .serving import check_servable
-from .serving import probe_vllm as probe_serving_vllm
-from .staleness import content_files
-from .target import check_aux_layer_ids, default_aux_layer_ids, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +362,7 @@ def write_markdown(compat_json: str, out_md: str) -> None:
     Raises:
         artifacts.ArtifactError: compat.json is not JSON or does not match its schema (file and field named).
     """
-    from .artifacts import Compat
+    from ..artifacts import Compat
 
     write_text(out_md, render_markdown(Compat.load(compat_json).data))
 
