@@ -13,6 +13,9 @@ plans the job again, and everything below it through the changed output).
 - ``package_versions(names)``: installed versions of the libraries that shape a stage's
   output (torch and transformers for capture, ...), from the installed distributions'
   metadata (``importlib.metadata``; no import of the packages themselves).
+- ``stage_version(stage, track, job_env)``: the rules' ``version`` param; where the jobs run in
+  a conda environment (``--sdm conda``), the environment's pins (``env_digest``) stand for the
+  packages, since the planner's installed versions are not the job's.
 - ``canonical_request(requested, decisions, key)``: a setting that may be ``auto`` (aux
   layer ids, capture backend) as the rules' params carry it, so that writing in the
   config what ``auto`` already resolved to is not a change.
@@ -21,6 +24,7 @@ plans the job again, and everything below it through the changed output).
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -113,10 +117,38 @@ MATERIALIZED_FILES = ("chat_template.jinja", "config.json", "generation_config.j
                       "tokenizer.json", "tokenizer_config.json")
 
 
-def stage_version(stage: str, track_packages: bool = True) -> dict:
+def stage_version(stage: str, track_packages: bool = True, job_env: dict | None = None) -> dict:
     """What a stage's rule carries in its ``version`` param: ``{"output": OUTPUT_VERSION,
-    "packages": {name: version}}`` (packages from ``STAGE_PACKAGES``; ``{}`` when not tracked)."""
-    return {"output": output_version(stage), "packages": package_versions(STAGE_PACKAGES[stage], track_packages)}
+    "packages": {name: version}}`` (packages from ``STAGE_PACKAGES``; ``{}`` when not tracked or none).
+
+    ``job_env``: where the jobs run when not in the planner's environment (``{"conda": env_digest(...)}``
+    under ``--sdm conda``): then ``"packages"`` is ``{"environment": job_env}``, not the planner's
+    versions, which are not the job's; a changed environment file replans the stage.
+    """
+    packages = STAGE_PACKAGES[stage]
+    if job_env is not None and packages and track_packages:
+        return {"output": output_version(stage), "packages": {"environment": job_env}}
+    return {"output": output_version(stage), "packages": package_versions(packages, track_packages)}
+
+
+_PIP_FILE_LINE = re.compile(r"^\s*-\s+-[rc]\s+(\S+)\s*$", re.M)
+
+
+def env_digest(env_file: str | os.PathLike) -> str:
+    """SHA-256 (hex) of conda environment file ``env_file`` and of the requirement and constraint
+    files its pip section names (``- -r ../requirements.txt``, ``- -c ../constraints.txt``, relative to
+    the file): the pins the environment's packages come from. Snakemake's own environment hash reads
+    the environment file alone, so an upgrade in the lock it names would go unseen.
+
+    Raises:
+        FileNotFoundError: ``env_file`` or a file it names is missing.
+    """
+    env_file = Path(env_file)
+    text = env_file.read_text()
+    h = hashlib.sha256(text.encode())
+    for name in _PIP_FILE_LINE.findall(text):
+        h.update(b"\0" + name.encode() + b"\0" + (env_file.parent / name).read_bytes())
+    return h.hexdigest()
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")

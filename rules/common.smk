@@ -58,11 +58,24 @@ def signature_once(func):
     return func
 
 
+# Where the jobs run when not in the planner's environment: under `--sdm conda`, the conda
+# environment named in the `conda` directive of all the rules, keyed by its pins (staleness.env_digest: the file and the
+# lock files it names). The `version` params then carry it instead of the planner's installed
+# versions, which are not the job's; None: the jobs run where Snakemake runs (docs/staleness.md).
+CONDA_ENV = f"{workflow.basedir}/envs/eagle3build.yaml"
+JOB_ENV = (
+    {"conda": staleness.env_digest(CONDA_ENV)}
+    if any(m.name == "CONDA" for m in getattr(workflow.deployment_settings, "deployment_method", ()))
+    else None
+)
+
+
 def stage_params(stage):
     """A stage rule's rerun-trigger params, one per ``Param`` of its contract
     (eagle3build.contract.CONTRACTS[stage].params), by name: ``params: **stage_params(stage)``.
     The `version` param is the stage's OUTPUT_VERSION and the installed versions of the packages that
-    shape its output (left out when the config's staleness.track_package_versions is false)."""
+    shape its output, or the job's conda environment (JOB_ENV); no packages when the config's
+    staleness.track_package_versions is false."""
     return {p.name: _param_value(stage, p) for p in contract.CONTRACTS[stage].params}
 
 
@@ -75,7 +88,7 @@ def _param_value(stage, param):
     if param.how == "requested":
         return REQUESTED[param.keys[0].rsplit(".", 1)[-1]]
     if param.how == "version":
-        return staleness.stage_version(stage, values[0] if values else True)
+        return staleness.stage_version(stage, values[0] if values else True, JOB_ENV)
     if param.how == "prepare_sources":  # the regenerated answers replace the sources when enabled
         return [{"max_samples": None, "path": REGENERATED}] if values[1] else values[0]
     if param.how in ("num_aux_layers", "require_eval"):
