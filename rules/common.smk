@@ -59,9 +59,10 @@ def signature_once(func):
 
 
 # Where the jobs run when not in the planner's environment: under `--sdm conda`, the conda
-# environment named in the `conda` directive of all the rules, keyed by its pins (staleness.env_digest: the file and the
-# lock files it names). The `version` params then carry it instead of the planner's installed
-# versions, which are not the job's; None: the jobs run where Snakemake runs (docs/staleness.md).
+# environment named in the `conda` directive of all the rules, keyed by its pins
+# (staleness.env_digest: the file and the lock files it names). The `version` params then carry
+# it instead of the planner's installed versions, which are not the job's; None: the jobs run
+# where Snakemake runs (docs/staleness.md).
 CONDA_ENV = f"{workflow.basedir}/envs/eagle3build.yaml"
 JOB_ENV = (
     {"conda": staleness.env_digest(CONDA_ENV)}
