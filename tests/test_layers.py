@@ -139,6 +139,24 @@ def package_sources() -> dict[str, str]:
     return out
 
 
+def floor_users(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Each floor module of ``sources`` -> the subpackages whose modules import it, directly or through
+    floor modules (any depth)."""
+    modules = set(sources)
+    imports = {m: package_imports(s, m, modules) for m, s in sources.items()}
+    out = {}
+    for f in (m for m in modules if group(m, modules) is None):
+        users, seen, todo = set(), set(), [f]
+        while todo:
+            x = todo.pop()
+            for m, deps in imports.items():
+                if x in deps and m not in seen:
+                    seen.add(m)
+                    (todo.append(m) if group(m, modules) is None else users.add(group(m, modules)))
+        out[f] = users
+    return out
+
+
 def test_every_stage_module_exists():
     assert STAGES <= set(package_sources()), STAGES - set(package_sources())
 
@@ -152,6 +170,19 @@ def test_subpackages_are_one_level_deep_and_hold_a_stage():
 
 def test_no_module_breaks_the_layers():
     assert layer_violations(package_sources()) == []
+
+
+def test_a_floor_module_serves_several_subpackages():
+    """A module that one subpackage's stages use alone lives in that subpackage; the floor holds modules
+    of two or more, and tools of the adapters, rules and command line (``job``, ``contract``, ``lockcheck``)."""
+    lonely = {m: users for m, users in floor_users(package_sources()).items() if len(users) == 1}
+    assert lonely == {}
+
+
+def test_the_floor_check_finds_a_module_of_one_subpackage():
+    sources = {"a": "", "b": "from . import a\n", "c": "", "x": "", "x.s": "from ..b import f\nfrom .. import c\n",
+               "y": "", "y.t": "def f():\n    from eagle3build import c\n"}
+    assert floor_users(sources) == {"a": {"x"}, "b": {"x"}, "c": {"x", "y"}}
 
 
 def test_no_import_cycle():
