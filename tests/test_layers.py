@@ -174,7 +174,7 @@ def test_no_module_breaks_the_layers():
 
 def test_a_floor_module_serves_several_subpackages():
     """A module that one subpackage's stages use alone lives in that subpackage; the floor holds modules
-    of two or more, and tools of the adapters, rules and command line (``job``, ``contract``, ``lockcheck``)."""
+    of two or more, and tools that no subpackage imports (``lockcheck``, a command-line check)."""
     lonely = {m: users for m, users in floor_users(package_sources()).items() if len(users) == 1}
     assert lonely == {}
 
