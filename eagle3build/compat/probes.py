@@ -1,4 +1,4 @@
-"""The compat report's probes: the fragile dependencies, our capture paths, the target (shared layer).
+"""The compat report's probes: the fragile dependencies, our capture paths, the target (compat, private).
 
 Each probe is a function returning a JSON-able value; ``run_probe`` records its status
 (ok / warn / fail), duration, the Python warnings it emitted (verbatim) and the error.
