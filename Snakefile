@@ -26,6 +26,10 @@ include: "rules/benchmark.smk"
 include: "rules/plot_benchmark.smk"
 
 
+# Every stage rule's inputs are those of its contract (eagle3build.contract), checked at every parse.
+check_contracts(rules)
+
+
 report: "report/workflow.rst"
 
 

@@ -50,7 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3build import vllm_capture as vc  # noqa: E402
-from eagle3build.capture_hidden_states import capture_shard  # noqa: E402
+from eagle3build.capture.capture_hidden_states import capture_shard  # noqa: E402
 from eagle3build.shards import ShardMeta, ShardReader  # noqa: E402
 from eagle3build.target import default_aux_layer_ids, load_config, load_model, text_config  # noqa: E402
 from eagle3build.tokens import read_tokens, write_tokens  # noqa: E402

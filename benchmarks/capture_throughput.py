@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3build.capture_hidden_states import capture_shard  # noqa: E402
-from eagle3build.prepare_data import write_tokens  # noqa: E402
+from eagle3build.capture.capture_hidden_states import capture_shard  # noqa: E402
+from eagle3build.data.prepare_data import write_tokens  # noqa: E402
 from eagle3build.target import default_aux_layer_ids, load_model, text_config  # noqa: E402
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 T0 = time.perf_counter()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from eagle3build import compat_report as cr  # noqa: E402
+from eagle3build.compat import compat_report as cr  # noqa: E402
 
 KIMI = Path(__file__).resolve().parents[1] / "examples/targets/kimi-k2.5-shape"
 

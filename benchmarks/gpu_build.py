@@ -89,7 +89,7 @@ def shard_tokens(res: Path) -> dict[str, int]:
 
 def scaling_run(res: Path, cfg: dict, target_dir: str, nproc: int, steps: int, out_dir: Path) -> dict:
     """Train the built shards for ``steps`` steps on ``nproc`` GPUs; the run's metrics.json figures."""
-    from eagle3build.train_draft import launch, train
+    from eagle3build.train.train_draft import launch, train
 
     kw = dict(target_dir=target_dir,
               train_shards=[str(f) for f in sorted((res / "hidden_states/train").glob("*.safetensors"))],

@@ -18,7 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from eagle3build.prepare_data import prepare  # noqa: E402
+from eagle3build.data.prepare_data import prepare  # noqa: E402
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         target = Path(args.target)
         if not (target / "config.json").exists():
-            from eagle3build.materialize_target import materialize
+            from eagle3build.compat.materialize_target import materialize
 
             target = materialize("smollm2-135m-instruct", Path(tmp) / "target")
         out = [Path(tmp) / n for n in ("train.safetensors", "eval.safetensors", "prompts.jsonl", "report.json")]

@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3build import prompt_sets, vllm_engine  # noqa: E402
+from eagle3build import vllm_engine  # noqa: E402
+from eagle3build.serve import prompt_sets  # noqa: E402
 
 
 def check(measured: dict[str, float], reference: dict[str, float], tolerance: float) -> list[dict]:

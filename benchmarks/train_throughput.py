@@ -35,12 +35,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from eagle3build import build_vocab_map, vocab_map  # noqa: E402
-from eagle3build import train_draft as td  # noqa: E402
+from eagle3build import vocab_map  # noqa: E402
 from eagle3build.artifacts import minimal_decisions  # noqa: E402
-from eagle3build.prepare_data import write_tokens  # noqa: E402
+from eagle3build.data.prepare_data import write_tokens  # noqa: E402
 from eagle3build.shards import ShardMeta, write_shard  # noqa: E402
-from eagle3build.train_data import MODEL_KEYS, Batches, shard_dataset_class  # noqa: E402
+from eagle3build.train import build_vocab_map  # noqa: E402
+from eagle3build.train import train_draft as td  # noqa: E402
+from eagle3build.train.train_data import MODEL_KEYS, Batches, shard_dataset_class  # noqa: E402
 
 
 def peak_tflops(device: str) -> float | None:

@@ -1,12 +1,12 @@
 """eagle3build: the library behind the Snakemake workflow that trains EAGLE-3 draft heads.
 
-Two layers. One module per workflow stage, named after its Snakemake rule
-(``materialize_target``, ``compat_report``, ``regenerate_responses``, ``prepare_data``,
-``capture_hidden_states``, ``build_vocab_map``, ``train_draft``, ``export_head``,
-``benchmark``, ``plot_benchmark``), over one floor of shared modules (every other module:
-``target``, ``shards``, ``tokens``, ``conversations``, ``chat_masking``, ``hooks``, ``plans``,
-``probes``, ``head_format``, ``vocab_map``, ``provenance``, ...). A stage imports shared modules,
-never another stage; a shared module never imports a stage (tests/test_layers.py).
+Two layers. One subpackage per group of workflow stages (``compat``, ``data``, ``capture``,
+``train``, ``serve``), each holding its stage modules, one per Snakemake rule and named after it
+(``compat/compat_report.py`` for rules/compat_report.smk), and the modules only its stages use;
+over one floor of shared modules (this folder: ``target``, ``shards``, ``tokens``,
+``conversations``, ``hooks``, ``plans``, ``head_format``, ``vocab_map``, ``provenance``,
+``staleness``, ...). A stage imports the floor and its own subpackage's private modules, never
+another stage nor another subpackage; the floor imports no subpackage (tests/test_layers.py).
 No module imports Snakemake: every stage is usable and tested on its own.
 """
 

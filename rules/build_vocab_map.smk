@@ -15,8 +15,7 @@ rule build_vocab_map:
         mem_mb=res("cpu", "mem_mb"),
         runtime=res("cpu", "runtime"),
     params:
-        draft_vocab_size=config["vocab"]["draft_vocab_size"],
-        num_samples=config["capture"]["num_train_samples"],
-        version=stage_version("build_vocab_map"),
+        **stage_params("build_vocab_map"),
+        settings=job_settings_param("build_vocab_map"),
     script:
         "../scripts/build_vocab_map.py"

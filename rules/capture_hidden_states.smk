@@ -20,16 +20,9 @@ rule capture_hidden_states:
         mem_mb=attempt_mem_mb(res("capture", "mem_mb")) if capture_may_use_vllm() else res("capture", "mem_mb"),
         runtime=res("capture", "runtime"),
     params:
+        **stage_params("capture_hidden_states"),
         shard=shard_range,
-        # rerun triggers only (the job reads them from decisions.json): a changed request replans
-        # the shards even before the report has rerun; removing them would rerun every shard once
-        aux_layer_ids=REQUESTED["aux_layer_ids"],
-        backend=REQUESTED["backend"],
         target_dir=TARGET,
-        version=stage_version("capture_hidden_states"),
-        storage_dtype=config["capture"]["storage_dtype"],
-        tokens_per_batch=config["capture"]["tokens_per_batch"],
-        compute_dtype=config["target"]["dtype"],
-        trust_remote_code=config["target"]["trust_remote_code"],
+        settings=job_settings_param("capture_hidden_states"),
     script:
         "../scripts/capture_hidden_states.py"

@@ -6,7 +6,7 @@ import sys
 from snakemake.common import get_function_params, overwrite_function_params
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build import staleness
+from eagle3build import contract, staleness
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -58,11 +58,68 @@ def signature_once(func):
     return func
 
 
-def stage_version(stage):
-    """A rule's `version` param: its module's OUTPUT_VERSION and the installed versions of the
-    packages that shape its output (staleness.STAGE_PACKAGES; left out when the config's
-    staleness.track_package_versions is false)."""
-    return staleness.stage_version(stage, config["staleness"]["track_package_versions"])
+# Where the jobs run when not in the planner's environment: under `--sdm conda`, the conda
+# environment named in the `conda` directive of all the rules, keyed by its pins
+# (staleness.env_digest: the file and the lock files it names). The `version` params then carry
+# it instead of the planner's installed versions, which are not the job's; None: the jobs run
+# where Snakemake runs (docs/staleness.md).
+CONDA_ENV = f"{workflow.basedir}/envs/eagle3build.yaml"
+JOB_ENV = (
+    {"conda": staleness.env_digest(CONDA_ENV)}
+    if any(m.name == "CONDA" for m in getattr(workflow.deployment_settings, "deployment_method", ()))
+    else None
+)
+
+
+def stage_params(stage):
+    """A stage rule's rerun-trigger params, one per ``Param`` of its contract
+    (eagle3build.contract.CONTRACTS[stage].params), by name: ``params: **stage_params(stage)``.
+    The `version` param is the stage's OUTPUT_VERSION and the installed versions of the packages that
+    shape its output, or the job's conda environment (JOB_ENV); no packages when the config's
+    staleness.track_package_versions is false."""
+    return {p.name: _param_value(stage, p) for p in contract.CONTRACTS[stage].params}
+
+
+def _param_value(stage, param):
+    values = [contract.config_value(config, k) for k in param.keys]
+    if param.how == "value":
+        return values[0]
+    if param.how == "section":
+        return contract.canonical({k.rsplit(".", 1)[-1]: v for k, v in zip(param.keys, values)})
+    if param.how == "requested":
+        return REQUESTED[param.keys[0].rsplit(".", 1)[-1]]
+    if param.how == "version":
+        return staleness.stage_version(stage, values[0] if values else True, JOB_ENV)
+    if param.how == "prepare_sources":  # the regenerated answers replace the sources when enabled
+        return [{"max_samples": None, "path": REGENERATED}] if values[1] else values[0]
+    if param.how in ("num_aux_layers", "require_eval"):
+        return getattr(contract, param.how)(values[0])
+    raise ValueError(f"{stage}: param {param.name} made by unknown {param.how!r} (eagle3build.contract.Param)")
+
+
+def job_settings_param(stage):
+    """A stage job's settings (eagle3build.contract.StageSettings: its trigger and runtime keys' values),
+    as a param made from ``threads``: Snakemake takes it as derived and does not compare it, so the
+    runtime keys in it (resources, sizes for a disk check) plan nothing; the triggers are compared
+    through ``stage_params``."""
+    settings = contract.job_settings(stage, config)
+
+    def job_settings(wildcards, threads):
+        return settings
+
+    return signature_once(job_settings)
+
+
+def check_contracts(rules):
+    """Each stage rule's named inputs are those of its contract (eagle3build.contract.CONTRACTS).
+
+    Raises:
+        ValueError: a rule's inputs differ from its contract's.
+    """
+    for stage, c in contract.CONTRACTS.items():
+        names = set(getattr(rules, stage).input.keys())
+        if names != set(c.inputs):
+            raise ValueError(f"the inputs of {stage}, {sorted(names)}, are not its contract's {sorted(c.inputs)}")
 
 
 # One file target per shard: shard i of a split holds samples [i*S, min((i+1)*S, N)).
@@ -109,25 +166,7 @@ def custom_prompts_input(wildcards):
     return config["data"]["prompts_file"] if "custom" in config["benchmark"]["sets"] else []
 
 
-def canonical(obj):
-    """``obj`` with every mapping's keys sorted. Snakemake compares params by their repr,
-    so a config whose keys come in another order (yaml.safe_dump sorts them) must not
-    read as changed params and rerun the jobs."""
-    if isinstance(obj, dict):
-        return {k: canonical(obj[k]) for k in sorted(obj)}
-    if isinstance(obj, list):
-        return [canonical(v) for v in obj]
-    return obj
-
-
 REGENERATED = f"{RES}/data/regenerated.jsonl"
-
-
-def data_sources():
-    """What prepare_data tokenizes: the configured sources, or their regenerated form."""
-    if config["data"]["regenerate"]["enabled"]:
-        return [{"max_samples": None, "path": REGENERATED}]
-    return canonical(config["data"]["sources"])
 
 
 def local_data_files():

@@ -13,15 +13,10 @@ rule compat_report:
         mem_mb=res("cpu", "mem_mb"),
         runtime=res("cpu", "runtime"),
     params:
+        **stage_params("compat_report"),
         target_dir=target_dir,
         results_dir=lambda w, output: os.path.dirname(output.json),
-        # rerun triggers only: as requested, with a pinned value equal to what `auto` chose
-        # reading `auto` (compat_report.run_for_config reads the config's own values)
-        backend=REQUESTED["backend"],
-        aux_layer_ids=REQUESTED["aux_layer_ids"],
-        version=stage_version("compat_report"),
-        storage_dtype=config["capture"]["storage_dtype"],
-        trust_remote_code=config["target"]["trust_remote_code"],
+        settings=job_settings_param("compat_report"),
     script:
         "../scripts/compat_report.py"
 
@@ -38,6 +33,7 @@ rule compat_markdown:
     conda:
         "../envs/eagle3build.yaml"
     params:
-        version=stage_version("compat_report"),
+        version=stage_params("compat_report")["version"],
+        settings=job_settings_param("compat_report"),
     script:
         "../scripts/compat_markdown.py"

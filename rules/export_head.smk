@@ -22,14 +22,10 @@ rule export_head:
         mem_mb=attempt_mem_mb(export_res("mem_mb")),
         runtime=export_res("runtime"),
     params:
+        **stage_params("export_head"),
         checkpoint_dir=lambda w, input: os.path.dirname(input.checkpoint),
         out_dir=lambda w, output: os.path.dirname(output.config),
-        served_name=config["target"]["served_name"],
-        dtype=config["export"]["dtype"],
         target_dir=target_dir,
-        version=stage_version("export_head"),
-        vllm_load_check=config["export"]["vllm_load_check"],
-        pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
-        trust_remote_code=config["target"]["trust_remote_code"],
+        settings=job_settings_param("export_head"),
     script:
         "../scripts/export_head.py"

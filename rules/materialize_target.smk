@@ -11,7 +11,8 @@ rule materialize_target:
         mem_mb=res("materialize", "mem_mb"),
         runtime=res("materialize", "runtime"),
     params:
+        **stage_params("materialize_target"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
-        version=stage_version("materialize_target"),
+        settings=job_settings_param("materialize_target"),
     script:
         "../scripts/materialize_target.py"

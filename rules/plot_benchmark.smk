@@ -12,6 +12,7 @@ rule plot_benchmark:
     conda:
         "../envs/eagle3build.yaml"
     params:
-        version=stage_version("plot_benchmark"),
+        **stage_params("plot_benchmark"),
+        settings=job_settings_param("plot_benchmark"),
     script:
         "../scripts/plot_benchmark.py"

@@ -19,16 +19,8 @@ rule prepare_data:
         mem_mb=res("cpu", "mem_mb"),
         runtime=res("cpu", "runtime"),
     params:
+        **stage_params("prepare_data"),
         target_dir=target_dir,
-        version=stage_version("prepare_data"),
-        sources=data_sources(),
-        max_seq_len=config["data"]["max_seq_len"],
-        min_supervised_tokens=config["data"]["min_supervised_tokens"],
-        eval_fraction=config["data"]["eval_fraction"],
-        seed=config["data"]["seed"],
-        num_aux_layers=(3 if config["capture"]["aux_layer_ids"] == "auto" else len(config["capture"]["aux_layer_ids"])),
-        trust_remote_code=config["target"]["trust_remote_code"],
-        reasoning=config["data"]["reasoning"],
-        require_eval=config["capture"]["num_eval_samples"] > 0,
+        settings=job_settings_param("prepare_data"),
     script:
         "../scripts/prepare_data.py"

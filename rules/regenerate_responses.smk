@@ -19,17 +19,8 @@ rule regenerate_responses:
         mem_mb=attempt_mem_mb(res("serve", "mem_mb")),
         runtime=res("serve", "runtime"),
     params:
+        **stage_params("regenerate_responses"),
         target_dir=target_dir,
-        version=stage_version("regenerate_responses"),
-        sources=canonical(config["data"]["sources"]),
-        max_seq_len=config["data"]["max_seq_len"],
-        max_tokens=config["data"]["regenerate"]["max_tokens"],
-        served_name=config["target"]["served_name"],
-        dtype=config["benchmark"]["dtype"],
-        seed=config["data"]["seed"],
-        pipeline_parallel_size=config["target"]["pipeline_parallel_size"],
-        backend=config["data"]["regenerate"]["backend"],
-        batch_size=config["data"]["regenerate"]["batch_size"],
-        trust_remote_code=config["target"]["trust_remote_code"],
+        settings=job_settings_param("regenerate_responses"),
     script:
         "../scripts/regenerate_responses.py"

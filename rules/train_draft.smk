@@ -26,11 +26,9 @@ rule train_draft:
         mem_mb=res("train", "mem_mb"),
         runtime=res("train", "runtime"),
     params:
+        **stage_params("train_draft"),
         out_dir=lambda w, output: os.path.dirname(output.config),
-        train=canonical(config["train"]),
-        aux_layer_ids=REQUESTED["aux_layer_ids"],  # rerun trigger only (the job reads decisions.json)
         target_dir=target_dir,
-        version=stage_version("train_draft"),
-        trust_remote_code=config["target"]["trust_remote_code"],
+        settings=job_settings_param("train_draft"),
     script:
         "../scripts/train_draft.py"

@@ -1,26 +1,27 @@
-"""Snakemake adapter for eagle3build.benchmark."""
-from eagle3build.benchmark import benchmark
+"""Snakemake adapter for eagle3build.serve.benchmark."""
 from eagle3build.job import setup
+from eagle3build.serve.benchmark import benchmark
 
 setup(snakemake)
-s = snakemake.params.settings
+p = snakemake.params
+s = p.settings  # eagle3build.contract.StageSettings
 benchmark(
-    target_dir=snakemake.params.target_dir,
-    head_dir=snakemake.params.head_dir,
+    target_dir=p.target_dir,
+    head_dir=p.head_dir,
     prompts_path=snakemake.input.prompts,
     out_json=snakemake.output[0],
-    ks=s["ks"],
-    num_prompts=s["num_prompts"],
-    max_tokens=s["max_tokens"],
-    dtype=s["dtype"],
-    served_name=snakemake.params.served_name,
-    max_model_len=s["max_model_len"],
-    seed=s["seed"],
-    concurrency=s["concurrency"],
+    ks=s["benchmark.ks"],
+    num_prompts=s["benchmark.num_prompts"],
+    max_tokens=s["benchmark.max_tokens"],
+    dtype=s["benchmark.dtype"],
+    served_name=s["target.served_name"],
+    max_model_len=s["benchmark.max_model_len"],
+    seed=s["benchmark.seed"],
+    concurrency=s["benchmark.concurrency"],
     gpus=snakemake.resources.gpu,
-    pipeline_parallel_size=snakemake.params.pipeline_parallel_size,
-    sets=s["sets"],
+    pipeline_parallel_size=s["target.pipeline_parallel_size"],
+    sets=s["benchmark.sets"],
     custom_prompts_path=snakemake.input.custom_prompts or None,
-    near_tie_max_logprob_gap=s["near_tie_max_logprob_gap"],
-    trust_remote_code=snakemake.params.trust_remote_code,
+    near_tie_max_logprob_gap=s["benchmark.near_tie_max_logprob_gap"],
+    trust_remote_code=s["target.trust_remote_code"],
 )

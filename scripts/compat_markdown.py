@@ -1,5 +1,5 @@
-"""Snakemake adapter for eagle3build.compat_report's Markdown summary (rule compat_markdown)."""
-from eagle3build import compat_report
+"""Snakemake adapter for eagle3build.compat.compat_report's Markdown summary (rule compat_markdown)."""
+from eagle3build.compat import compat_report
 from eagle3build.job import setup
 
 setup(snakemake)

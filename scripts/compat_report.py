@@ -1,17 +1,14 @@
-"""Snakemake adapter for eagle3build.compat_report."""
+"""Snakemake adapter for eagle3build.compat.compat_report."""
 
-from eagle3build import compat_report
+from eagle3build.compat import compat_report
 from eagle3build.job import setup
 
 setup(snakemake)
 p = snakemake.params
-# The disk and GPU plans read the config itself, not params (compat_report.run_for_config says why).
-compat_report.run_for_config(
-    config=snakemake.config,
+compat_report.run_for_settings(
+    settings=p.settings,  # eagle3build.contract.StageSettings: the disk and GPU plans read runtime-only keys
     target_dir=p.target_dir,
     results_dir=p.results_dir,
-    storage_dtype=p.storage_dtype,
-    trust_remote_code=p.trust_remote_code,
     out_json=snakemake.output.json,
     out_decisions=snakemake.output.decisions,
 )

@@ -1,23 +1,24 @@
-"""Snakemake adapter for eagle3build.prepare_data."""
+"""Snakemake adapter for eagle3build.data.prepare_data."""
+from eagle3build.data.prepare_data import prepare
 from eagle3build.job import setup
-from eagle3build.prepare_data import prepare
 
 setup(snakemake)
 p = snakemake.params
+s = p.settings  # eagle3build.contract.StageSettings
 out = snakemake.output
 prepare(
-    sources=p.sources,
+    sources=p.sources,  # data.sources, or the regenerated answers (rules/common.smk, prepare_sources)
     target_dir=p.target_dir,
     out_train=out.train,
     out_eval=out.eval,
     out_prompts=out.prompts,
     out_report=out.report,
-    max_seq_len=p.max_seq_len,
-    min_supervised_tokens=p.min_supervised_tokens,
-    eval_fraction=p.eval_fraction,
-    seed=p.seed,
-    num_aux_layers=p.num_aux_layers,
-    trust_remote_code=p.trust_remote_code,
-    reasoning=p.reasoning,
-    require_eval=p.require_eval,
+    max_seq_len=s["data.max_seq_len"],
+    min_supervised_tokens=s["data.min_supervised_tokens"],
+    eval_fraction=s["data.eval_fraction"],
+    seed=s["data.seed"],
+    num_aux_layers=p.num_aux_layers,  # eagle3build.contract.num_aux_layers(capture.aux_layer_ids)
+    trust_remote_code=s["target.trust_remote_code"],
+    reasoning=s["data.reasoning"],
+    require_eval=p.require_eval,  # eagle3build.contract.require_eval(capture.num_eval_samples)
 )

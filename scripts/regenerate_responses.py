@@ -1,22 +1,23 @@
-"""Snakemake adapter for eagle3build.regenerate_responses."""
+"""Snakemake adapter for eagle3build.data.regenerate_responses."""
+from eagle3build.data.regenerate_responses import regenerate
 from eagle3build.job import setup
-from eagle3build.regenerate_responses import regenerate
 
 setup(snakemake)
 p = snakemake.params
+s = p.settings  # eagle3build.contract.StageSettings
 regenerate(
-    sources=p.sources,
+    sources=s["data.sources"],
     target_dir=p.target_dir,
     out_jsonl=snakemake.output.jsonl,
     out_report=snakemake.output.report,
-    max_seq_len=p.max_seq_len,
-    max_tokens=p.max_tokens,
-    served_name=p.served_name,
-    dtype=p.dtype,
-    seed=p.seed,
+    max_seq_len=s["data.max_seq_len"],
+    max_tokens=s["data.regenerate.max_tokens"],
+    served_name=s["target.served_name"],
+    dtype=s["benchmark.dtype"],
+    seed=s["data.seed"],
     gpus=snakemake.resources.gpu,
-    pipeline_parallel_size=p.pipeline_parallel_size,
-    backend=p.backend,
-    batch_size=p.batch_size,
-    trust_remote_code=p.trust_remote_code,
+    pipeline_parallel_size=s["target.pipeline_parallel_size"],
+    backend=s["data.regenerate.backend"],
+    batch_size=s["data.regenerate.batch_size"],
+    trust_remote_code=s["target.trust_remote_code"],
 )

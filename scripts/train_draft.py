@@ -1,10 +1,11 @@
-"""Snakemake adapter for eagle3build.train_draft."""
+"""Snakemake adapter for eagle3build.train.train_draft."""
 
 from eagle3build.job import setup
-from eagle3build.train_draft import run_job
+from eagle3build.train.train_draft import run_job
 
 setup(snakemake)
 i = snakemake.input
+s = snakemake.params.settings  # eagle3build.contract.StageSettings
 run_job(
     gpus=snakemake.resources.gpu,  # > 1: torchrun, one DDP process per GPU of this job's slots
     target_dir=snakemake.params.target_dir,
@@ -15,6 +16,6 @@ run_job(
     vocab_json=i.vocab,
     decisions_json=i.decisions,  # target fingerprint, aux ids, head variant
     out_dir=snakemake.params.out_dir,
-    trust_remote_code=snakemake.params.trust_remote_code,
-    **snakemake.params.train,
+    trust_remote_code=s["target.trust_remote_code"],
+    **s["train"],
 )

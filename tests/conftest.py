@@ -18,7 +18,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 @pytest.fixture(scope="session")
 def smol_target(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct dequantised from the bundled GGUF into an HF directory (~1 min, once)."""
-    from eagle3build.materialize_target import materialize
+    from eagle3build.compat.materialize_target import materialize
 
     out = tmp_path_factory.mktemp("targets") / "smollm2"
     materialize("smollm2-135m-instruct", out)
@@ -72,10 +72,10 @@ def tiny_shards(tmp_path_factory, tiny_target):
 
     import numpy as np
 
-    from eagle3build import build_vocab_map as bv
-    from eagle3build import capture_hidden_states as cap
-    from eagle3build import prepare_data as pd
     from eagle3build.artifacts import minimal_decisions
+    from eagle3build.capture import capture_hidden_states as cap
+    from eagle3build.data import prepare_data as pd
+    from eagle3build.train import build_vocab_map as bv
 
     d = tmp_path_factory.mktemp("pipeline")
     rng = np.random.default_rng(0)

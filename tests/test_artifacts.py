@@ -8,8 +8,9 @@ import json
 import pytest
 from smk import REPO
 
-from eagle3build import artifacts, compat_report
+from eagle3build import artifacts
 from eagle3build.artifacts import ArtifactError, Decisions, HeadMeta, TrainMeta, minimal_decisions
+from eagle3build.compat import compat_report
 
 TRAIN_META = {"target_fingerprint": "1492001c043ec99e", "aux_layer_ids": [2, 15, 27],
               "vocab_fingerprint": "a0b27a73f4a0450c", "draft_vocab_size": 2048, "head_variant": "eagle3.1",

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3build import benchmark, plot_benchmark, prompt_sets, vllm_engine
+from eagle3build import vllm_engine
 from eagle3build.artifacts import ArtifactError
+from eagle3build.serve import benchmark, plot_benchmark, prompt_sets
 
 
 def _out(queued, first, last, n):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3build import capture_hidden_states as cap
-from eagle3build import prepare_data as pd
+from eagle3build.capture import capture_hidden_states as cap
+from eagle3build.data import prepare_data as pd
 from eagle3build.shards import ShardMeta, ShardMismatch, ShardReader, check_meta, write_shard
 from eagle3build.target import find_decoder_layers, load_model
 

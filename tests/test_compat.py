@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from eagle3build import compat_report as cr
+from eagle3build.compat import compat_report as cr
 from eagle3build.target import check_aux_layer_ids, default_aux_layer_ids
 
 

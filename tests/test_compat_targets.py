@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 import torch
 
-from eagle3build import compat_report as cr
+from eagle3build.compat import compat_report as cr
 from eagle3build.target import default_aux_layer_ids, find_decoder_layers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ def test_disk_upper_bound_warns_and_the_capture_refuses_on_real_token_counts(tmp
     a capture job refuses, before loading the target, when its split's missing shards really do not fit."""
     import numpy as np
 
-    from eagle3build.capture_hidden_states import check_disk_for_split
+    from eagle3build.capture.capture_hidden_states import check_disk_for_split
 
     r = cr.build_report(str(KIMI), str(tmp_path / "results"), planned_tokens=10**12, gpu_memory_gb=96, gpus_per_node=8,
                         job_gpus={"capture": 8, "serve": 8})

@@ -212,11 +212,64 @@ RERUN_MATRIX = [
 ]
 
 
+@pytest.fixture(scope="module")
+def rule_graph(tmp_path_factory):
+    """The workflow's rule graph (``snakemake --rulegraph`` in an empty folder: every rule): rule -> the
+    rules whose outputs it reads."""
+    p = run(["--rulegraph", "--configfile", str(REPO / "tests/reduced.yaml")], tmp_path_factory.mktemp("rulegraph"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    names = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)"', p.stdout, re.M))
+    graph = {n: set() for n in names.values()}
+    for a, b in re.findall(r"^\s*(\d+) -> (\d+)", p.stdout, re.M):
+        graph[names[b]].add(names[a])
+    return graph
+
+
+def _changed_keys(change, prefix=""):
+    """The dotted config keys a RERUN_MATRIX change sets (``{"data": {"max_seq_len": 96}}`` -> data.max_seq_len)."""
+    keys = set()
+    for k, v in change.items():
+        key = f"{prefix}.{k}" if prefix else k
+        keys |= _changed_keys(v, key) if isinstance(v, dict) else {key}
+    return keys
+
+
+def _contract_problems(change, planned, graph):
+    """Where a dry-run's plan disagrees with the stage contracts (eagle3build.contract): a planned stage
+    that has none of the changed keys as trigger or file key and reads from no planned rule, or a plan
+    for a change of keys that are no stage's trigger or file key."""
+    from eagle3build.contract import CONTRACTS
+
+    keys = _changed_keys(change)
+    out = []
+    for stage in sorted(set(planned) & set(CONTRACTS)):
+        c = CONTRACTS[stage]
+        if not keys & set(c.triggers + c.files) and not graph[stage] & set(planned):
+            out.append(f"{stage} planned, though {sorted(keys)} are not its triggers and nothing above it is planned")
+    if planned and not any(keys & set(c.triggers + c.files) for c in CONTRACTS.values()):
+        out.append(f"{sorted(keys)} are runtime-only for every stage, yet {planned} is planned")
+    return out
+
+
 @pytest.mark.parametrize("what,change,expected", RERUN_MATRIX, ids=[r[0] for r in RERUN_MATRIX])
-def test_rerun_matrix(built, tmp_path, what, change, expected):
-    """A changed knob plans exactly its downstream jobs: no more (days of GPU time), no less (a stale head)."""
+def test_rerun_matrix(built, rule_graph, tmp_path, what, change, expected):
+    """A changed knob plans exactly its downstream jobs: no more (days of GPU time), no less (a stale head);
+    and what it plans agrees with the stage contracts (a trigger or file key of each planned stage, or
+    a planned stage above it; a runtime-only key plans nothing)."""
     wd, res = built
-    assert planned_jobs(["--configfile", str(_changed_config(wd, tmp_path, change))], wd) == expected
+    planned = planned_jobs(["--configfile", str(_changed_config(wd, tmp_path, change))], wd)
+    assert planned == expected
+    assert _contract_problems(change, planned, rule_graph) == []
+
+
+def test_the_contract_check_finds_a_plan_the_contract_does_not_explain():
+    graph = {"train_draft": {"build_vocab_map"}, "build_vocab_map": set(), "benchmark": {"export_head"}}
+    assert _contract_problems({"train": {"lr": 0.1}}, {"train_draft": 1}, graph) == []
+    assert _contract_problems({"benchmark": {"max_tokens": 16}}, {"train_draft": 1}, graph) == [
+        "train_draft planned, though ['benchmark.max_tokens'] are not its triggers and nothing above it is planned"]
+    assert _contract_problems({"resources": {"serve": {"gpu": 1}}}, {"benchmark": 1}, graph) == [
+        "benchmark planned, though ['resources.serve.gpu'] are not its triggers and nothing above it is planned",
+        "['resources.serve.gpu'] are runtime-only for every stage, yet {'benchmark': 1} is planned"]
 
 
 def _changed_config(wd, tmp_path, change):
@@ -365,18 +418,20 @@ def test_edited_adapter_rebuilds_nothing(built, tmp_path):
     assert planned_jobs(args, wd) == {}
     for script in (wf / "scripts").glob("*.py"):
         script.write_text(script.read_text() + "# a comment\n")
-    (wf / "eagle3build/train_draft.py").touch()
+    (wf / "eagle3build/train/train_draft.py").touch()
     assert planned_jobs(args, wd) == {}
 
 
 def test_output_version_bump_rebuilds_its_stage_and_downstream(built, tmp_path):
     """A stage whose output bytes change bumps OUTPUT_VERSION: that plans exactly it and what follows."""
+    from eagle3build.staleness import STAGE_GROUPS
+
     wd, _ = built
     wf = _workflow_copy(tmp_path)
     args = ["-s", str(wf / "Snakefile"), "--configfile", str(REPO / "tests/reduced.yaml")]
     for stage, expected in (("train_draft", DOWNSTREAM_OF_TRAIN), ("capture_hidden_states", CAPTURE_ON),
                             ("build_vocab_map", {"build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN})):
-        mod = wf / f"eagle3build/{stage}.py"
+        mod = wf / f"eagle3build/{STAGE_GROUPS[stage]}/{stage}.py"
         text = mod.read_text()
         mod.write_text(re.sub(r"^OUTPUT_VERSION = (\d+)", lambda m: f"OUTPUT_VERSION = {int(m.group(1)) + 1}", text,
                               count=1, flags=re.M))
@@ -424,7 +479,7 @@ def test_regenerated_responses(built, tmp_path):
     orig = {json.loads(x)["id"] for x in (res / "data/prompts.jsonl").read_text().splitlines()}
     regen = {json.loads(x)["id"] for x in (wd / "results/regen/data/prompts.jsonl").read_text().splitlines()}
     # The seeded split goes by record id: the regenerated run's eval prompts are eval records there too.
-    from eagle3build.prepare_data import is_eval
+    from eagle3build.data.prepare_data import is_eval
 
     assert regen and all(is_eval(i, cfg["data"]["seed"], cfg["data"]["eval_fraction"]) for i in regen)
     assert len(regen & orig) >= len(regen) // 2
@@ -612,7 +667,7 @@ def test_artifact_digests_change_only_with_a_version(built):
         changed_bytes += [f"{stage}: {f}" for f, d in current[stage]["files"].items()
                           if f not in recorded[stage]["files"] or not _same_digest(recorded[stage]["files"][f], d)]
     assert not changed_bytes, ("output bytes changed while the stage's version did not: bump OUTPUT_VERSION in "
-                               f"eagle3build/<stage>.py (docs/staleness.md): {changed_bytes}")
+                               f"eagle3build/<group>/<stage>.py (docs/staleness.md): {changed_bytes}")
     assert not changed_versions, ("stage versions changed: refresh tests/artifact_digests.json with "
                                   f"EAGLE3BUILD_UPDATE_DIGESTS=1 (docs/staleness.md): {changed_versions}")
 

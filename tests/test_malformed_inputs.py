@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from eagle3build import prepare_data as pd
 from eagle3build import tokens as tk
+from eagle3build.data import prepare_data as pd
 
 GOOD = {"id": "good", "conversations": [{"from": "human", "value": "hi"},
                                         {"from": "gpt", "value": "Hello! How can I help you today?"}]}
@@ -106,7 +106,7 @@ def test_mixed_sources_and_caps(tmp_path, smol_target, sharegpt_sample):
 
 def test_prompts_file(tmp_path):
     """Benchmark set `custom` (data.prompts_file): both line forms, ids kept or derived; a bad line is named."""
-    from eagle3build import prompt_sets
+    from eagle3build.serve import prompt_sets
 
     pf = tmp_path / "p.jsonl"
     pf.write_text('{"prompt": "Tell me a joke."}\n{"id": "x", "messages": [{"role": "user", "content": "Hi"}]}\n')

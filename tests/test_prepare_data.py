@@ -7,10 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
-from eagle3build import chat_masking as cm
 from eagle3build import conversations as cv
-from eagle3build import prepare_data as pd
 from eagle3build import tokens as tk
+from eagle3build.data import chat_masking as cm
+from eagle3build.data import prepare_data as pd
 
 
 def conv(*turns, key="conversations"):
@@ -132,7 +132,7 @@ def test_prepare_writes_splits_and_report(tmp_path, smol_target, sharegpt_sample
     prompts = [json.loads(x) for x in out["prompts"].read_text().splitlines()]
     assert prompts and all(p["messages"][-1]["role"] == "user" for p in prompts)
     # Benchmark set `chat`: held-out prompts only, none from a trained sample (record ids).
-    from eagle3build.prompt_sets import load_sets
+    from eagle3build.serve.prompt_sets import load_sets
 
     chat = load_sets(["chat"], 1000, chat_path=out["prompts"])["chat"]
     assert [p["id"] for p in chat] == [p["id"] for p in prompts]

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from eagle3build import conversations as cv
-from eagle3build import prepare_data as pd
-from eagle3build import regenerate_responses as rr
 from eagle3build import tokens as tk
 from eagle3build import vllm_engine
+from eagle3build.data import prepare_data as pd
+from eagle3build.data import regenerate_responses as rr
 
 CONVS = [
     [{"role": "user", "content": "What is the capital of France? One word."}, {"role": "assistant", "content": "x"},

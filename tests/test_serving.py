@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3build import compat_report as cr
 from eagle3build import serving
+from eagle3build.compat import compat_report as cr
 
 vllm = pytest.importorskip("vllm")
 
@@ -62,9 +62,9 @@ def test_compat_report_refuses_before_capture(tmp_path, tiny_target, monkeypatch
 @pytest.mark.vllm
 def test_head_with_four_aux_ids_loads_and_drafts_in_vllm(tmp_path, smol_target):
     """The exported config's num_aux_hidden_states makes vLLM build a 4H-wide fc (it assumes 3 otherwise)."""
-    from eagle3build import export_head as ex
     from eagle3build.head_format import HEAD_VARIANTS
-    from eagle3build.train_draft import build_model
+    from eagle3build.serve import export_head as ex
+    from eagle3build.train.train_draft import build_model
 
     ids = [1, 10, 20, 28]
     draft, target_vocab = 1024, 49152

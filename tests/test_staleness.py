@@ -20,7 +20,8 @@ def test_every_stage_has_an_output_version(stage):
 
     v = staleness.output_version(stage)
     assert isinstance(v, int) and v >= 1
-    assert importlib.import_module(f"eagle3build.{stage}").OUTPUT_VERSION == v  # the text read = the constant
+    module = importlib.import_module(f"eagle3build.{staleness.STAGE_GROUPS[stage]}.{stage}")
+    assert module.OUTPUT_VERSION == v  # the text read = the constant
     assert set(staleness.STAGE_PACKAGES) == set(STAGES)
 
 
@@ -104,3 +105,67 @@ def test_fingerprint_sees_every_byte_not_unrelated_files_or_times(tmp_path):
     assert fingerprint(tmp_path) == fp
     (tmp_path / "tokenizer.json").write_text("{}")  # the tokenizer decides token ids: it counts
     assert fingerprint(tmp_path) != fp
+
+
+def test_env_digest_covers_the_lock_files_the_environment_names(tmp_path):
+    (tmp_path / "envs").mkdir()
+    env = tmp_path / "envs/e.yaml"
+    env.write_text("dependencies:\n  - pip:\n      - -r ../req.txt\n      - -c ../con.txt\n      - -e ..\n")
+    (tmp_path / "req.txt").write_text("torch\n")
+    (tmp_path / "con.txt").write_text("torch==2.13.0\n")
+    first = staleness.env_digest(env)
+    assert staleness.env_digest(env) == first and len(first) == 64
+    (tmp_path / "con.txt").write_text("torch==2.14.0\n")  # an upgrade in the lock, the environment file unchanged
+    second = staleness.env_digest(env)
+    assert second != first
+    env.write_text(env.read_text() + "  - python=3.11\n")
+    assert staleness.env_digest(env) not in (first, second)
+    (tmp_path / "req.txt").unlink()
+    with pytest.raises(FileNotFoundError):
+        staleness.env_digest(env)
+
+
+def test_a_job_environment_stands_for_the_planners_packages():
+    env = {"conda": "abc"}
+    v = staleness.output_version("capture_hidden_states")
+    assert staleness.stage_version("capture_hidden_states", True, env) == {"output": v, "packages": {"environment": env}}
+    assert staleness.stage_version("capture_hidden_states", False, env) == {"output": v, "packages": {}}
+    assert staleness.stage_version("compat_report", True, env)["packages"] == {}  # no packages shape its output
+
+
+def test_every_rule_runs_in_the_conda_environment_whose_pins_key_the_versions():
+    """rules/common.smk digests envs/eagle3build.yaml (CONDA_ENV) for the `version` params under --sdm conda."""
+    import re
+    from pathlib import Path
+
+    rules = Path(__file__).resolve().parents[1] / "rules"
+    named = {f.name: re.findall(r"conda:\n\s+(.+)\n", f.read_text()) for f in rules.glob("*.smk") if f.name != "common.smk"}
+    assert named and all(envs and set(envs) == {'"../envs/eagle3build.yaml"'} for envs in named.values()), named
+    assert 'CONDA_ENV = f"{workflow.basedir}/envs/eagle3build.yaml"' in (rules / "common.smk").read_text()
+
+
+@pytest.mark.parametrize("sdm", [[], ["--sdm", "conda"]])
+def test_version_params_carry_the_job_environment_under_sdm_conda(tmp_path, sdm):
+    """The rules' parsed `version` params: the planner's installed versions, or under `--sdm conda` the
+    digest of the environment the jobs run in (the rules are parsed, no environment is made)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    for part in ("Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "profiles", "eagle3build",
+                 "report", "requirements.txt", "constraints.txt"):
+        (shutil.copytree if (repo / part).is_dir() else shutil.copy2)(repo / part, tmp_path / part)
+    with open(tmp_path / "Snakefile", "a") as f:  # write each rule's version param once parsed
+        f.write('\nimport json as _j\nopen("versions.json", "w").write(_j.dumps('
+                '{r.name: r.params["version"] for r in workflow.rules if "version" in r.params.keys()}))\n')
+    p = subprocess.run([str(Path(sys.executable).with_name("snakemake")), "-l", *sdm], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    versions = json.loads((tmp_path / "versions.json").read_text())
+    env = {"conda": staleness.env_digest(repo / "envs/eagle3build.yaml")}
+    expected = env if sdm else staleness.package_versions(staleness.STAGE_PACKAGES["train_draft"])
+    assert versions["train_draft"]["packages"] == ({"environment": expected} if sdm else expected)
+    assert versions["compat_report"]["packages"] == {}

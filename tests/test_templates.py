@@ -10,7 +10,7 @@ import copy
 import numpy as np
 import pytest
 
-from eagle3build.chat_masking import tokenize_with_mask
+from eagle3build.data.chat_masking import tokenize_with_mask
 
 LLAMA3 = (
     "{{- bos_token }}"

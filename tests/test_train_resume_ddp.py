@@ -12,7 +12,7 @@ import time
 import torch
 from safetensors.torch import load_file
 
-from eagle3build import train_draft as td
+from eagle3build.train import train_draft as td
 
 
 def kwargs(d, target, out, **over):
@@ -24,7 +24,7 @@ def kwargs(d, target, out, **over):
     return kw
 
 
-TRAIN = ("import json, sys, torch; torch.set_num_threads(1); from eagle3build.train_draft import train; "
+TRAIN = ("import json, sys, torch; torch.set_num_threads(1); from eagle3build.train.train_draft import train; "
          "train(**json.loads(sys.argv[1]))")
 
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3build import capture_hidden_states as cap
-from eagle3build import compat_report as cr
-from eagle3build import prepare_data as pd
 from eagle3build import vllm_capture as vc
 from eagle3build.artifacts import minimal_decisions
+from eagle3build.capture import capture_hidden_states as cap
+from eagle3build.compat import compat_report as cr
+from eagle3build.data import prepare_data as pd
 from eagle3build.shards import ShardMeta, ShardReader
 from eagle3build.vllm_engine import run_child
 
@@ -93,9 +93,9 @@ def _header(path):
 def test_vllm_shard_trains_and_exports_like_a_hooks_shard(smol_vllm, smol_target):
     """bf16 shards of the same samples from both backends: same tensors, dtypes, shapes and metadata; a head
     trained on each (same seed) reaches the same loss and exports the same files."""
-    from eagle3build import build_vocab_map as bv
-    from eagle3build import export_head as ex
-    from eagle3build import train_draft as td
+    from eagle3build.serve import export_head as ex
+    from eagle3build.train import build_vocab_map as bv
+    from eagle3build.train import train_draft as td
 
     d, samples, _ = smol_vllm
     cap.capture_shard(smol_target, d / "train.safetensors", d / "hooks-bfloat16.safetensors", 0, 10, SMOL_AUX, "fp-smol",

@@ -9,8 +9,11 @@ import pytest
 import yaml
 from smk import REPO, planned_resources
 
-from eagle3build import benchmark, compat_report, regenerate_responses, vllm_engine
-from eagle3build import export_head as ex
+from eagle3build import vllm_engine
+from eagle3build.compat import compat_report
+from eagle3build.data import regenerate_responses
+from eagle3build.serve import benchmark
+from eagle3build.serve import export_head as ex
 
 
 def _example_workdir(tmp_path):
@@ -114,7 +117,7 @@ def test_serving_stages_fail_at_once_naming_vllm_and_the_target(no_vllm, tmp_pat
 
 
 def test_export_without_vllm_skips_the_load_check_and_records_why(no_vllm, tiny_shards, tiny_target, tmp_path):
-    from eagle3build import train_draft as td
+    from eagle3build.train import train_draft as td
 
     d, _, _ = tiny_shards
     ck = tmp_path / "checkpoint"
@@ -259,7 +262,7 @@ def _recording_engines(specs):
 
     def fake_run_child(entry, spec, workdir, name):
         specs.append(spec)
-        if entry == "eagle3build.regenerate_responses:run_child":
+        if entry == "eagle3build.data.regenerate_responses:run_child":
             convs = [[*c[:1], {"role": "assistant", "content": "ok"}] for c in spec["conversations"]]
             return {"conversations": convs, "last_turn_unfinished": [False] * len(convs), "turns_regenerated": len(convs),
                     "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "generated_tokens": len(convs),

@@ -9,11 +9,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from eagle3build import build_vocab_map as bv
-from eagle3build import export_head as ex
-from eagle3build import train_draft as td
 from eagle3build import vocab_map as vm
 from eagle3build.artifacts import minimal_decisions
+from eagle3build.serve import export_head as ex
+from eagle3build.train import build_vocab_map as bv
+from eagle3build.train import train_draft as td
 
 AUX = [1, 3, 4]
 
@@ -157,7 +157,7 @@ def test_summarise_known_counts():
     """speculators' summed metrics of a made-up eval: 10 positions; the draft's first token right at 8, its
     first two at 5, all three at 2 (full accuracy: the whole chain so far right). Loss per position, accuracy
     per step and simulated tau = 1 + 0.8 + 0.5 + 0.2 = 2.5 (chain acceptance, EAGLE-3 paper)."""
-    from eagle3build.train_metrics import summarise
+    from eagle3build.train.train_metrics import summarise
 
     acc = {"loss_sum": 30.0, "loss_total": 10.0}
     for k, (full, cond) in enumerate(((8, 8), (5, 5 / 8 * 10), (2, 2 / 5 * 10))):

@@ -1,6 +1,6 @@
 """Training data for the draft head: speculators' dataset, packing and collation over our shards.
 
-A shared module (it imports no stage module). speculators supplies the pieces
+A private module of the train subpackage (it imports no stage module). speculators supplies the pieces
 (speculators/train/data.py: ``BaseDataset``, ``CollateFn``;
 speculators/train/distributed_batch_sampler.py: ``MultipackDistributedBatchSamplerV2``;
 speculators/models/eagle3/data.py: ``shift_batch``, the EAGLE-3 input/target shift,
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .shards import ShardReader
+from ..shards import ShardReader
 
 
 def shard_dataset_class():

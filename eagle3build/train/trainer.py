@@ -1,6 +1,6 @@
 """The draft-head training loop: config, one step, one epoch, evaluation, the run's metrics.
 
-A shared module (it imports no stage module); ``train_draft`` sets a run up
+A private module of the train subpackage (it imports no stage module); ``train_draft`` sets a run up
 (``setup``: model, batches, optimizer) and loops over :func:`train_epoch` and
 :func:`evaluate`, as speculators' ``train/trainer.py`` does for its ``Trainer`` (which needs
 an accelerator, hence this loop). The model is speculators' ``Eagle3DraftModel``: its

@@ -1,4 +1,4 @@
-"""Chat-template rendering -> token ids and an assistant-only loss mask (shared layer).
+"""Chat-template rendering -> token ids and an assistant-only loss mask (private to the data subpackage).
 
 Template-agnostic: the conversation is rendered prefix by prefix and the characters each
 assistant turn adds are masked (see ``assistant_char_spans``): its text, tool calls, reasoning

@@ -1,6 +1,6 @@
 """Distributed data parallel helpers: rank queries, device per rank, DDP wrapping, torchrun launch.
 
-A shared module (it imports no stage module): the stage that trains passes its own entry
+A private module of the train subpackage (it imports no stage module): the stage that trains passes its own entry
 point (``module`` for :func:`launch`, ``fn`` for :func:`main`).
 
 One process per GPU under ``torchrun`` (``torch.distributed.run``), NCCL between GPUs and

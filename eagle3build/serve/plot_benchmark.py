@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from .atomic import atomic_path
+from ..atomic import atomic_path
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
 OUTPUT_VERSION = 1
@@ -37,7 +37,7 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from .artifacts import Benchmark
+    from ..artifacts import Benchmark
 
     b = Benchmark.load(benchmark_json).data  # checked against eagle3build/schemas/benchmark.schema.json
     runs = b.get("eagle3") or []

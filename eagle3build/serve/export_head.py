@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from . import vllm_engine, vocab_map
-from .artifacts import TrainMeta
-from .atomic import atomic_path, write_json
-from .head_format import expected_shapes
-from .serving import head_config_fields
+from .. import vllm_engine, vocab_map
+from ..artifacts import TrainMeta
+from ..atomic import atomic_path, write_json
+from ..head_format import expected_shapes
+from ..serving import head_config_fields
 
 log = logging.getLogger(__name__)
 

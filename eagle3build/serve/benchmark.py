@@ -46,9 +46,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from . import prompt_sets, vllm_engine
-from .atomic import write_json
-from .provenance import BENCHMARK_PACKAGES, hardware, software_versions
+from .. import vllm_engine
+from ..atomic import write_json
+from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
+from . import prompt_sets
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class BenchmarkError(RuntimeError):
     """The head changed greedy outputs beyond numerical near-ties (a real divergence)."""
 
 
-SCHEMA = Path(__file__).resolve().parent / "schemas" / "benchmark.schema.json"  # artifacts.schema_path("benchmark")
+SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "benchmark.schema.json"  # artifacts.schema_path("benchmark")
 
 
 def validate(result: dict) -> None:
@@ -80,7 +81,7 @@ def validate(result: dict) -> None:
     Raises:
         artifacts.ArtifactError: a field is missing or out of range (the message names it).
     """
-    from .artifacts import validate as validate_artifact
+    from ..artifacts import validate as validate_artifact
 
     validate_artifact(result, "benchmark", "benchmark result")
 

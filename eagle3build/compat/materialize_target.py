@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_path
-from .target import bundled_gguf_path
+from ..atomic import atomic_path
+from ..target import bundled_gguf_path
 
 log = logging.getLogger(__name__)
 

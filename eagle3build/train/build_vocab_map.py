@@ -21,8 +21,8 @@ import os
 
 import numpy as np
 
-from .tokens import read_tokens
-from .vocab_map import write_map
+from ..tokens import read_tokens
+from ..vocab_map import write_map
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def build_for_decisions(
         artifacts.ArtifactError: ``decisions_path`` is missing or does not match its schema.
         ValueError: ``draft_vocab_size`` exceeds the target vocabulary.
     """
-    from .artifacts import Decisions
+    from ..artifacts import Decisions
 
     target_vocab_size = Decisions.load(decisions_path).target_vocab_size
     return build(tokens_path, target_vocab_size, draft_vocab_size, out_d2t, out_t2d, out_json, num_samples)

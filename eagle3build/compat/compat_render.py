@@ -1,4 +1,4 @@
-"""compat.md: the compat report rendered as Markdown for people (shared layer).
+"""compat.md: the compat report rendered as Markdown for people (private to the compat subpackage).
 
 Input: the report dict of ``compat_report.build_report`` (schema: schemas/compat.schema.json),
 as built or as read back from compat.json.

@@ -1,6 +1,6 @@
 """The resumable state of a training run, saved and restored in one place.
 
-A shared module (it imports no stage module). The counterpart of speculators'
+A private module of the train subpackage (it imports no stage module). The counterpart of speculators'
 ``train/checkpointer.py``, which saves model, optimizer and scheduler per epoch for its
 ``Trainer``; ours also keeps the data position within the epoch, the RNG states and the
 metrics so far, so that a resumed run ends bit-identical (on CPU) to an uninterrupted one.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_path
+from ..atomic import atomic_path
 
 log = logging.getLogger(__name__)
 

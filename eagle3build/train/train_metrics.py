@@ -1,7 +1,7 @@
 """Training metrics of the draft head: speculators' per-batch metrics summed and summarised,
 FLOPs per token, and the curves plot.
 
-A shared module (it imports no stage module).
+A private module of the train subpackage (it imports no stage module).
 
 Simulated chain acceptance length: speculators' ``full_acc_k`` (speculators/models/eagle3/metrics.py,
 the metrics of ``Eagle3DraftModel.forward``) is the fraction of supervised positions whose draft

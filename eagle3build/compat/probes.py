@@ -1,4 +1,4 @@
-"""The compat report's probes: the fragile dependencies, our capture paths, the target (shared layer).
+"""The compat report's probes: the fragile dependencies, our capture paths, the target (compat, private).
 
 Each probe is a function returning a JSON-able value; ``run_probe`` records its status
 (ok / warn / fail), duration, the Python warnings it emitted (verbatim) and the error.
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from .head_format import HEAD_FLAGS
-from .provenance import base_version, installed_version, safe_version
-from .target import find_decoder_layers, load_config, text_config
+from ..head_format import HEAD_FLAGS
+from ..provenance import base_version, installed_version, safe_version
+from ..target import find_decoder_layers, load_config, text_config
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def probe_hook_capture():
     """Our hook capture on a tiny random Llama, checked against ``output_hidden_states``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from .hooks import HookCapture
+    from ..hooks import HookCapture
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
@@ -238,8 +238,8 @@ def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
             the layer's parameters) is in the message.
         AssertionError: the states differ (the per-sample errors are in the message).
     """
-    from . import vllm_capture
-    from .vllm_engine import require_vllm
+    from .. import vllm_capture
+    from ..vllm_engine import require_vllm
 
     require_vllm("the vllm capture probe")
     expected = tuple(expected_params or vllm_capture.LAYER_PARAMS)
@@ -265,10 +265,10 @@ def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int) -> dict:
     import numpy as np
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from . import vllm_capture
-    from .hooks import HookCapture
-    from .shards import ShardMeta, ShardReader
-    from .tokens import write_tokens
+    from .. import vllm_capture
+    from ..hooks import HookCapture
+    from ..shards import ShardMeta, ShardReader
+    from ..tokens import write_tokens
 
     aux = [1, 2, 4]
     with tempfile.TemporaryDirectory(prefix="eagle3build-vllm-probe-") as d:

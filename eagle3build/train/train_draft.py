@@ -34,11 +34,11 @@ from dataclasses import replace
 
 import torch
 
+from ..artifacts import Decisions
+from ..atomic import atomic_path
+from ..head_format import HEAD_VARIANTS
+from ..shards import ShardReader, check_meta
 from . import ddp
-from .artifacts import Decisions
-from .atomic import atomic_path
-from .head_format import HEAD_VARIANTS
-from .shards import ShardReader, check_meta
 from .train_data import Batches
 from .train_metrics import plot_curves
 from .train_state import TrainState, state_key
@@ -123,7 +123,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     """
     from speculators.losses import resolve_loss_config
 
-    from . import vocab_map
+    from .. import vocab_map
 
     distributed, rank, dist_world = ddp.dist_info()
     world = dist_world if distributed else (world_size or 1)
@@ -284,7 +284,7 @@ def launch(kwargs: dict, nproc: int) -> None:
     Raises:
         RuntimeError: a rank failed (its traceback is in the log above).
     """
-    ddp.launch("eagle3build.train_draft", kwargs, nproc)
+    ddp.launch("eagle3build.train.train_draft", kwargs, nproc)
 
 
 def run_job(gpus: int, **kwargs) -> None:
@@ -303,4 +303,4 @@ def run_job(gpus: int, **kwargs) -> None:
 
 
 if __name__ == "__main__":
-    ddp.main(train, "eagle3build.train_draft")
+    ddp.main(train, "eagle3build.train.train_draft")

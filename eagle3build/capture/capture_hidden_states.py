@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from .hooks import HookCapture
-from .shard_pipeline import WriterPipeline
-from .shards import ShardFileWriter, ShardMeta, encode_states
-from .target import load_model, resolve_dtype, text_config
-from .tokens import read_tokens
+from ..hooks import HookCapture
+from ..shard_pipeline import WriterPipeline
+from ..shards import ShardFileWriter, ShardMeta, encode_states
+from ..target import load_model, resolve_dtype, text_config
+from ..tokens import read_tokens
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, nu
     Raises:
         OSError: the shard needs more bytes than are free (both numbers in the message).
     """
-    from .plans import hidden_state_bytes_per_token, plan_disk
-    from .target import load_config
+    from ..plans import hidden_state_bytes_per_token, plan_disk
+    from ..target import load_config
 
     # ``hidden_size`` where the caller already holds the model (no target directory needed)
     hidden = hidden_size or text_config(load_config(target_dir, trust_remote_code)).hidden_size
@@ -142,7 +142,7 @@ def capture_for_decisions(
         artifacts.ArtifactError: ``decisions_path`` is missing or does not match its schema.
         and whatever ``capture_shard`` raises.
     """
-    from .artifacts import Decisions
+    from ..artifacts import Decisions
 
     d = Decisions.load(decisions_path)
     return capture_shard(target_dir, tokens_path, out_path, start, count, aux_layer_ids=d.aux_layer_ids,
@@ -267,8 +267,8 @@ def _capture_vllm(target_dir, tokens_path, out_path, idx, toks, aux_layer_ids, t
                   compute_dtype, storage_dtype, tokens_per_batch, trust_remote_code, writer_threads, fsync, gpus,
                   pipeline_parallel_size) -> dict:
     """The ``vllm`` backend for ``capture_shard``: same metadata, the engine's worker writes the shard."""
-    from .target import load_config
-    from .vllm_capture import capture_shard_vllm
+    from ..target import load_config
+    from ..vllm_capture import capture_shard_vllm
 
     hidden = text_config(load_config(target_dir, trust_remote_code)).hidden_size
     meta = ShardMeta(target_fingerprint=target_fingerprint, aux_layer_ids=list(aux_layer_ids), dtype=storage_dtype,

@@ -72,9 +72,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .atomic import write_json, write_text
-from .chat_masking import TemplateRaised, open_last_turn, reasoning_key, tokenize_batch
-from .conversations import (
+from ..atomic import write_json, write_text
+from ..conversations import (
     Conversation,
     Counters,
     DataError,
@@ -85,7 +84,8 @@ from .conversations import (
     resolve_source_path,
     template_messages,
 )
-from .tokens import write_tokens
+from ..tokens import write_tokens
+from .chat_masking import TemplateRaised, open_last_turn, reasoning_key, tokenize_batch
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +183,8 @@ def prepare(
     """
     from transformers import AutoTokenizer
 
-    from .plans import hidden_state_bytes_per_token
-    from .target import load_config, text_config
+    from ..plans import hidden_state_bytes_per_token
+    from ..target import load_config, text_config
 
     if reasoning not in ("keep", "drop"):
         raise ValueError(f"data.reasoning {reasoning!r}: expected 'keep' or 'drop'")

@@ -23,10 +23,16 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .atomic import write_json, write_text
+from ..atomic import write_json, write_text
+from ..contract import StageSettings
+from ..head_format import HEAD_FLAGS, HEAD_VARIANTS
+from ..plans import hidden_state_bytes_per_token, plan_disk, plan_gpus
+from ..provenance import COMPAT_PACKAGES, host, software_versions
+from ..serving import check_servable
+from ..serving import probe_vllm as probe_serving_vllm
+from ..staleness import content_files
+from ..target import check_aux_layer_ids, default_aux_layer_ids, fingerprint
 from .compat_render import render_markdown
-from .head_format import HEAD_FLAGS, HEAD_VARIANTS
-from .plans import hidden_state_bytes_per_token, plan_disk, plan_gpus
 from .probes import (
     Probe,
     check_known_good,
@@ -44,11 +50,6 @@ from .probes import (
     probe_vllm_head_flags,
     run_probe,
 )
-from .provenance import COMPAT_PACKAGES, host, software_versions
-from .serving import check_servable
-from .serving import probe_vllm as probe_serving_vllm
-from .staleness import content_files
-from .target import check_aux_layer_ids, default_aux_layer_ids, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -362,39 +363,39 @@ def write_markdown(compat_json: str, out_md: str) -> None:
     Raises:
         artifacts.ArtifactError: compat.json is not JSON or does not match its schema (file and field named).
     """
-    from .artifacts import Compat
+    from ..artifacts import Compat
 
     write_text(out_md, render_markdown(Compat.load(compat_json).data))
 
 
-def run_for_config(config: dict, target_dir: str, results_dir: str, storage_dtype: str, trust_remote_code: bool,
-                   out_json: str, out_decisions: str) -> dict:
-    """Rule ``compat_report``'s entry: ``build_report`` with the capture, data and resources settings of
-    the workflow's ``config`` (the dict Snakemake loaded from config.yaml), then ``write`` compat.json
-    and ``write_decisions`` decisions.json. Returns the report.
+def run_for_settings(settings: StageSettings, target_dir: str, results_dir: str, out_json: str,
+                     out_decisions: str) -> dict:
+    """Rule ``compat_report``'s entry: ``build_report`` with the job's ``settings`` (its contract's
+    keys, eagle3build.contract), then ``write`` compat.json and ``write_decisions`` decisions.json.
+    Returns the report.
 
-    The disk and GPU plans read ``config`` itself, not rule params: growing the sample count or
-    changing resources must not re-run this report and, behind it, every shard (each capture job
-    re-checks the disk for its own shard). Backend and aux ids are the config's own values (the
-    rule's params carry them canonicalised: rules/common.smk, REQUESTED). The planned tokens are an
-    upper bound: (train + eval samples) x ``data.max_seq_len``.
+    The disk and GPU plans read runtime-only keys (sample counts, ``data.max_seq_len``, resources):
+    growing the sample count or changing resources must not re-run this report and, behind it, every
+    shard (each capture job re-checks the disk for its own shard). Backend and aux ids are the
+    config's own values (the rule's params carry them canonicalised: rules/common.smk, REQUESTED).
+    The planned tokens are an upper bound: (train + eval samples) x ``data.max_seq_len``.
 
     Raises:
         CompatError: a hard failure (the one-screen summary); nothing is written then.
     """
-    cap, res = config["capture"], config["resources"]
+    s = settings
     report = build_report(
         target_dir=target_dir,
         results_dir=results_dir,
-        backend=cap["backend"],
-        aux_layer_ids=cap["aux_layer_ids"],
-        storage_dtype=storage_dtype,
-        trust_remote_code=trust_remote_code,
-        planned_tokens=(cap["num_train_samples"] + cap["num_eval_samples"]) * config["data"]["max_seq_len"],
-        gpu_memory_gb=res["gpu_memory_gb"],
-        gpus_per_node=res["gpus_per_node"],
-        job_gpus={"capture": res["capture"]["gpu"], "serve": res["serve"]["gpu"]},
-        head_variant=config["train"]["head_variant"],
+        backend=s["capture.backend"],
+        aux_layer_ids=s["capture.aux_layer_ids"],
+        storage_dtype=s["capture.storage_dtype"],
+        trust_remote_code=s["target.trust_remote_code"],
+        planned_tokens=(s["capture.num_train_samples"] + s["capture.num_eval_samples"]) * s["data.max_seq_len"],
+        gpu_memory_gb=s["resources.gpu_memory_gb"],
+        gpus_per_node=s["resources.gpus_per_node"],
+        job_gpus={"capture": s["resources.capture.gpu"], "serve": s["resources.serve.gpu"]},
+        head_variant=s["train.head_variant"],
     )
     write(report, out_json)
     write_decisions(report, out_decisions)

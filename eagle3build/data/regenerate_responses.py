@@ -50,9 +50,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import vllm_engine
-from .atomic import write_json, write_text
-from .conversations import (
+from .. import vllm_engine
+from ..atomic import write_json, write_text
+from ..conversations import (
     UNFINISHED_KEY,
     Conversation,
     Counters,
@@ -177,7 +177,7 @@ def regenerate(
         spec = {"engine": eng, "conversations": prompts, "max_tokens": max_tokens,
                 "max_seq_len": max_seq_len}
         with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:
-            res = vllm_engine.run_child("eagle3build.regenerate_responses:run_child", spec, tmp, "regenerate")
+            res = vllm_engine.run_child("eagle3build.data.regenerate_responses:run_child", spec, tmp, "regenerate")
     else:
         res = regenerate_with_transformers(target_dir, prompts, max_tokens, max_seq_len,
                                            device="cuda" if gpus > 0 else "cpu", dtype=dtype, batch_size=batch_size,
@@ -365,7 +365,7 @@ def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]
     loaded by ``target.load_model`` (``device="cuda"``: layers over every visible GPU, i.e. the job's)."""
     from transformers import AutoTokenizer
 
-    from .target import load_model, resolve_dtype
+    from ..target import load_model, resolve_dtype
 
     model = load_model(target_dir, resolve_dtype(dtype, device), device, trust_remote_code)
     tok = AutoTokenizer.from_pretrained(os.fspath(target_dir), trust_remote_code=trust_remote_code, local_files_only=True)

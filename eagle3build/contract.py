@@ -1,0 +1,254 @@
+"""One contract per stage: what reaches it, through which channel, and what it makes.
+
+``CONTRACTS[stage]`` (a ``Contract``) declares, for each workflow stage (one Snakemake rule,
+``rules/<stage>.smk``, ``scripts/<stage>.py``, ``eagle3build/<group>/<stage>.py``):
+
+- ``inputs``: the names of the rule's input files (rules/common.smk checks each rule against them
+  when the workflow is parsed);
+- ``params``: the rule's rerun-trigger params (``Param``: a name, the config keys its value is made
+  from, how), which rules/common.smk builds (``stage_params``); their keys are the stage's
+  ``triggers``: a change to one plans the stage again;
+- ``runtime``: the config keys the job reads at run time only (threads, memory, GPUs, the offline
+  switch, sizes for a disk check): never params, so a change plans nothing;
+- ``files``: the config keys that decide which files the stage reads or writes (the run's folder,
+  the target's path, the data files, the number of shards): a change plans it through its files
+  (a key may be a file key and runtime too: capture reads its split's size for a disk check);
+- ``decisions``: the fields of decisions.json it reads (dotted), ``packages``: the libraries whose
+  versions shape its output (the rule's ``version`` param, with ``staleness.output_version``),
+  ``entry``: the library function its adapter calls (``module:function``).
+
+Config keys are dotted paths into config.yaml (``data.regenerate.max_tokens``). A key may be a
+trigger of one stage and read at run time by another (``data.max_seq_len``: prepare_data tokenizes
+to it, the compat report's disk plan multiplies by it), never both for one stage
+(tests/test_contract.py: every key of schemas/config.schema.yaml is in some stage's contract, and
+no stage has a key as trigger and runtime-only).
+
+The job gets its settings as one ``StageSettings`` (``job_settings``): the values, from the workflow's
+config, of its trigger and runtime keys and no others (the adapters read no ``snakemake.config``);
+the trigger params only decide staleness. Planning
+imports this module (no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+# Read by every job: eagle3build.job.setup sets the Hugging Face offline mode from it.
+_JOB = ("target.offline",)
+
+
+def _res(section: str, gpu: bool = False) -> tuple[str, ...]:
+    """The config keys of ``resources.<section>`` (with ``gpu`` and ``resources.gpu_model`` for a GPU job)."""
+    keys = tuple(f"resources.{section}.{k}" for k in ("threads", "mem_mb", "runtime"))
+    return keys + (f"resources.{section}.gpu", "resources.gpu_model") if gpu else keys
+
+
+_TARGET = ("run", "target.path", "target.bundled")  # results/<run>/ and the target's files
+_SHARDS = ("capture.num_train_samples", "capture.num_eval_samples", "capture.samples_per_shard")  # which shards
+_TRAIN = tuple(f"train.{k}" for k in (
+    "head_variant", "epochs", "lr", "weight_decay", "schedule", "warmup_ratio", "ttt_steps", "ttt_step_loss_decay",
+    "total_seq_len", "grad_clip", "noise_std", "seed", "max_steps", "checkpoint_every", "loss_implementation",
+    "select"))
+_BENCHMARK = tuple(f"benchmark.{k}" for k in (
+    "ks", "sets", "num_prompts", "max_tokens", "dtype", "max_model_len", "seed", "concurrency",
+    "near_tie_max_logprob_gap"))
+
+
+@dataclass(frozen=True)
+class Param:
+    """One rerun-trigger param of a rule: ``name``, made from config ``keys`` by ``how``.
+
+    ``how``: ``"value"`` (the one key's value, mappings with sorted keys), ``"section"`` (the keys
+    as one mapping by their last part, sorted), ``"requested"`` (a setting that may be ``auto``, as
+    requested: ``staleness.canonical_request``), ``"version"`` (the stage's ``OUTPUT_VERSION`` and,
+    unless its key ``staleness.track_package_versions`` is false, its packages' versions; no key for a
+    stage without packages), or a derivation of this module
+    (``num_aux_layers``, ``require_eval``) or of rules/common.smk (``prepare_sources``).
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    how: str = "value"
+
+
+def _values(*keys: str) -> tuple[Param, ...]:
+    """A ``"value"`` param per key, named by the key's last part."""
+    return tuple(Param(k.rsplit(".", 1)[-1], (k,)) for k in keys)
+
+
+_VERSION = Param("version", ("staleness.track_package_versions",), "version")
+_OWN_VERSION = Param("version", (), "version")  # a stage without packages: OUTPUT_VERSION alone
+_REQUESTED_AUX = Param("aux_layer_ids", ("capture.aux_layer_ids",), "requested")
+_REQUESTED_BACKEND = Param("backend", ("capture.backend",), "requested")
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A stage's contract (see the module docstring); the tuples of strings are config keys."""
+
+    stage: str
+    group: str
+    inputs: tuple[str, ...]
+    params: tuple[Param, ...]
+    runtime: tuple[str, ...]
+    files: tuple[str, ...]
+    decisions: tuple[str, ...]
+    packages: tuple[str, ...]
+    entry: str
+
+    @property
+    def triggers(self) -> tuple[str, ...]:
+        """The config keys of the params, in order, each once."""
+        return tuple(dict.fromkeys(k for p in self.params for k in p.keys))
+
+
+CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
+    # The bundled target, dequantised once: a build made from it stays consistent with it after an
+    # upgrade, and re-materialising would rewrite 270 MB of weights and replan every stage (no packages).
+    Contract("materialize_target", "compat", inputs=(), params=(_OWN_VERSION,), runtime=_JOB + _res("materialize"),
+             files=("target.bundled",), decisions=(), packages=(),
+             entry="eagle3build.compat.materialize_target:materialize"),
+    # The disk and GPU plans are read at run time: growing the sample count or changing resources must
+    # not re-run the report and, behind it, every shard. Backend and aux ids reach the params as
+    # requested (staleness.canonical_request); the job reads them as configured.
+    Contract("compat_report", "compat", inputs=("target",),
+             params=(_REQUESTED_BACKEND, _REQUESTED_AUX, _OWN_VERSION)
+             + _values("capture.storage_dtype", "target.trust_remote_code"),
+             runtime=_JOB + _res("cpu") + ("capture.num_train_samples", "capture.num_eval_samples",
+                                           "data.max_seq_len", "resources.gpu_memory_gb", "resources.gpus_per_node",
+                                           "resources.capture.gpu", "resources.serve.gpu", "train.head_variant"),
+             files=_TARGET, decisions=(), packages=(),
+             entry="eagle3build.compat.compat_report:run_for_settings"),
+    Contract("regenerate_responses", "data", inputs=("target", "sources"),
+             params=(_VERSION, Param("sources", ("data.sources",)), Param("max_seq_len", ("data.max_seq_len",)),
+                     Param("max_tokens", ("data.regenerate.max_tokens",)),
+                     Param("served_name", ("target.served_name",)),
+                     Param("dtype", ("benchmark.dtype",)), Param("seed", ("data.seed",)),
+                     Param("pipeline_parallel_size", ("target.pipeline_parallel_size",)),
+                     Param("backend", ("data.regenerate.backend",)),
+                     Param("batch_size", ("data.regenerate.batch_size",)),
+                     Param("trust_remote_code", ("target.trust_remote_code",))),
+             runtime=_JOB + _res("serve", gpu=True), files=_TARGET + ("data.regenerate.enabled",), decisions=(),
+             packages=("vllm",), entry="eagle3build.data.regenerate_responses:regenerate"),
+    # Tokenization and chat-template rendering; the regenerated answers replace data.sources when enabled.
+    Contract("prepare_data", "data", inputs=("target", "regenerated", "sources"),
+             params=(_VERSION, Param("sources", ("data.sources", "data.regenerate.enabled"), "prepare_sources"))
+             + _values("data.max_seq_len", "data.min_supervised_tokens", "data.eval_fraction", "data.seed")
+             + (Param("num_aux_layers", ("capture.aux_layer_ids",), "num_aux_layers"),)
+             + _values("target.trust_remote_code", "data.reasoning")
+             + (Param("require_eval", ("capture.num_eval_samples",), "require_eval"),),
+             runtime=_JOB + _res("cpu"), files=_TARGET, decisions=(), packages=("tokenizers", "transformers"),
+             entry="eagle3build.data.prepare_data:prepare"),
+    # One shard per job: the sample counts and the shard size decide which shards exist (a shard's
+    # range is its param), and the job reads the split's size for its disk check. Aux ids and backend
+    # are triggers only: the job reads what the report decided.
+    Contract("capture_hidden_states", "capture", inputs=("decisions", "tokens"),
+             params=(_REQUESTED_AUX, _REQUESTED_BACKEND, _VERSION)
+             + _values("capture.storage_dtype", "capture.tokens_per_batch")
+             + (Param("compute_dtype", ("target.dtype",)), Param("trust_remote_code", ("target.trust_remote_code",))),
+             runtime=_JOB + _res("capture", gpu=True) + ("target.pipeline_parallel_size",) + _SHARDS,
+             files=_TARGET + _SHARDS,
+             decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
+             packages=("torch", "transformers"),
+             entry="eagle3build.capture.capture_hidden_states:capture_for_decisions"),
+    # speculators' build_vocab_mappings_from_distribution runs on torch
+    Contract("build_vocab_map", "train", inputs=("tokens", "decisions"),
+             params=(Param("draft_vocab_size", ("vocab.draft_vocab_size",)),
+                     Param("num_samples", ("capture.num_train_samples",)), _VERSION),
+             runtime=_JOB + _res("cpu"), files=("run",), decisions=("target.vocab_size",),
+             packages=("speculators", "torch"), entry="eagle3build.train.build_vocab_map:build_for_decisions"),
+    Contract("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
+             params=(Param("train", _TRAIN, "section"), _REQUESTED_AUX, _VERSION,
+                     Param("trust_remote_code", ("target.trust_remote_code",))),
+             runtime=_JOB + _res("train", gpu=True), files=_TARGET,
+             decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant"),
+             packages=("speculators", "torch"), entry="eagle3build.train.train_draft:run_job"),
+    Contract("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
+             params=(Param("served_name", ("target.served_name",)), Param("dtype", ("export.dtype",)), _VERSION)
+             + _values("export.vllm_load_check", "target.pipeline_parallel_size", "target.trust_remote_code"),
+             runtime=_JOB + _res("serve", gpu=True), files=_TARGET, decisions=(), packages=("speculators", "torch"),
+             entry="eagle3build.serve.export_head:export"),
+    Contract("benchmark", "serve", inputs=("head", "head_config", "prompts", "custom_prompts", "target"),
+             params=(_VERSION, Param("benchmark", _BENCHMARK, "section"))
+             + _values("target.served_name", "target.pipeline_parallel_size", "target.trust_remote_code"),
+             runtime=_JOB + _res("serve", gpu=True), files=_TARGET + ("data.prompts_file",), decisions=(),
+             packages=("vllm",), entry="eagle3build.serve.benchmark:benchmark"),
+    Contract("plot_benchmark", "serve", inputs=(), params=(_VERSION,), runtime=_JOB, files=("run",), decisions=(),
+             packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:plot"),
+)}
+
+
+def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
+    """How many aux layers the head reads: 3 for ``auto`` (target.default_aux_layer_ids), else the ids' count."""
+    return 3 if aux_layer_ids == "auto" else len(aux_layer_ids)
+
+
+def require_eval(num_eval_samples: int) -> bool:
+    """Whether prepare_data must produce eval samples (capture.num_eval_samples > 0)."""
+    return num_eval_samples > 0
+
+
+def canonical(obj: Any) -> Any:
+    """``obj`` with every mapping's keys sorted (lists and scalars as they are). Snakemake compares
+    params by their repr, so a config whose keys come in another order (yaml.safe_dump sorts them)
+    must not read as changed params; the job's settings come in the same order."""
+    if isinstance(obj, Mapping):
+        return {k: canonical(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, list):
+        return [canonical(v) for v in obj]
+    return obj
+
+
+def config_value(config: Mapping[str, Any], key: str) -> Any:
+    """The value at dotted path ``key`` of ``config`` (``"data.regenerate.max_tokens"``), ``canonical``.
+
+    Raises:
+        KeyError: no such key in ``config``.
+    """
+    value: Any = config
+    for part in key.split("."):
+        value = value[part]
+    return canonical(value)
+
+
+class StageSettings:
+    """A job's settings: the values of its stage's trigger and runtime keys, read from the workflow's config.
+
+    ``settings["train.lr"]`` is one value; ``settings["train"]`` is every declared key directly
+    under a section, as a dict by the keys' last part (``{"lr": 0.001, ...}``). The rule hands it to
+    the job as a param computed from ``threads`` (rules/common.smk, ``job_settings_param``): Snakemake
+    takes such a param as derived and does not compare it, so the runtime keys in it plan nothing.
+    """
+
+    def __init__(self, stage: str, values: Mapping[str, Any]):
+        self.stage = stage
+        self.values = dict(values)
+
+    def __getitem__(self, key: str) -> Any:
+        """The value of config key ``key``, or the section ``key`` as a dict.
+
+        Raises:
+            KeyError: ``key`` is neither a declared key of the stage nor a section holding one: a
+                job reads no setting its contract does not declare.
+        """
+        if key in self.values:
+            return self.values[key]
+        section = {k[len(key) + 1:]: v for k, v in self.values.items()
+                   if k.startswith(key + ".") and "." not in k[len(key) + 1:]}
+        if not section:
+            raise KeyError(f"{key!r} is not a setting of stage {self.stage} (eagle3build.contract.CONTRACTS)")
+        return section
+
+    def __repr__(self) -> str:
+        return f"StageSettings({self.stage!r}, {self.values!r})"
+
+
+def job_settings(stage: str, config: Mapping[str, Any]) -> StageSettings:
+    """The settings of a job of ``stage`` from the workflow's config (the dict Snakemake loaded).
+
+    Raises:
+        KeyError: ``stage`` is not a stage, or ``config`` lacks one of its declared keys.
+    """
+    c = CONTRACTS[stage]
+    return StageSettings(stage, {k: config_value(config, k) for k in c.triggers + c.runtime})

@@ -1,0 +1,3 @@
+"""Training data: stages ``regenerate_responses`` (answers from the target itself) and
+``prepare_data`` (tokens with the assistant-only loss mask), with ``chat_masking`` (chat-template
+tokenization), private to prepare_data."""

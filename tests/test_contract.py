@@ -1,0 +1,141 @@
+"""The stage contracts (eagle3build.contract): every config key classified, adapters that read only
+their stage's settings, entries and groups that exist."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3build.contract import CONTRACTS, Contract, Param, StageSettings, job_settings
+from eagle3build.staleness import STAGE_GROUPS
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
+CONFIG = yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def schema_leaves(node: dict, root: dict, prefix: str = "") -> set[str]:
+    """The dotted paths of the leaf keys of JSON schema ``node`` (local ``$ref`` followed; an
+    object with ``properties`` is a branch, anything else, arrays of objects included, a leaf)."""
+    if "$ref" in node:
+        name = node["$ref"].removeprefix("#/$defs/")
+        node = {**root["$defs"][name], **{k: v for k, v in node.items() if k != "$ref"}}
+    if "properties" not in node:
+        return {prefix}
+    return set().union(*(schema_leaves(sub, root, f"{prefix}.{k}" if prefix else k)
+                         for k, sub in node["properties"].items()))
+
+
+def classification_problems(contracts: dict[str, Contract], leaves: set[str]) -> list[str]:
+    """Each schema leaf in no stage's contract, each stage key that is no schema leaf, and each key
+    that one stage has both as trigger and as runtime-only."""
+    declared = {k for c in contracts.values() for k in c.triggers + c.runtime + c.files}
+    out = [f"{k}: in no stage's contract" for k in sorted(leaves - declared)]
+    out += [f"{k}: not a key of the config schema" for k in sorted(declared - leaves)]
+    for stage, c in sorted(contracts.items()):
+        out += [f"{stage}: {k} is a trigger and runtime-only" for k in sorted(set(c.triggers) & set(c.runtime))]
+    return out
+
+
+LEAVES = schema_leaves(SCHEMA, SCHEMA)
+
+
+def test_the_schema_walk_finds_the_leaves():
+    assert {"run", "data.sources", "data.regenerate.max_tokens", "capture.aux_layer_ids",
+            "resources.capture.gpu", "resources.cpu.threads"} <= LEAVES
+    assert "resources.cpu.gpu" not in LEAVES and "data.regenerate" not in LEAVES and "data.sources.path" not in LEAVES
+
+
+def test_every_config_key_is_classified_once_per_stage():
+    assert classification_problems(CONTRACTS, LEAVES) == []
+
+
+def test_the_classification_check_finds_a_bad_contract():
+    bad = dict(CONTRACTS)
+    c = CONTRACTS["build_vocab_map"]
+    bad["build_vocab_map"] = Contract(c.stage, c.group, c.inputs, (Param("draft_vocab_size", ("vocab.draft_vocab_size",)),
+                                                                   Param("typo", ("vocab.draft_vocab_sise",))),
+                                      c.runtime + ("vocab.draft_vocab_size",), c.files, c.decisions, c.packages, c.entry)
+    bad["benchmark"] = Contract("benchmark", "serve", (), (), (), (), (), (), "")
+    problems = classification_problems(bad, LEAVES)
+    assert "build_vocab_map: vocab.draft_vocab_size is a trigger and runtime-only" in problems
+    assert "vocab.draft_vocab_sise: not a key of the config schema" in problems
+    assert "benchmark.ks: in no stage's contract" in problems
+    assert "benchmark.near_tie_max_logprob_gap: in no stage's contract" in problems
+
+
+def test_every_stage_has_a_contract_its_entry_and_its_group():
+    assert set(CONTRACTS) == set(STAGE_GROUPS) and all(s == c.stage for s, c in CONTRACTS.items())
+    for stage, c in CONTRACTS.items():
+        module, function = c.entry.split(":")
+        assert module == f"eagle3build.{c.group}.{stage}", c.entry
+        tree = ast.parse((REPO / "eagle3build" / c.group / f"{stage}.py").read_text())
+        assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, c.entry
+        assert len({p.name for p in c.params}) == len(c.params), stage
+        assert "settings" not in {p.name for p in c.params}, stage  # the job's settings param (rules/common.smk)
+
+
+def test_job_settings_hold_the_declared_keys_only():
+    s = job_settings("train_draft", CONFIG)
+    assert s["train.lr"] == CONFIG["train"]["lr"] and s["resources.train.gpu"] == CONFIG["resources"]["train"]["gpu"]
+    assert s["train"] == {k: CONFIG["train"][k] for k in sorted(CONFIG["train"])}
+    with pytest.raises(KeyError, match="'benchmark.seed' is not a setting of stage train_draft"):
+        s["benchmark.seed"]
+    with pytest.raises(KeyError, match="'data' is not a setting"):
+        s["data"]
+    assert job_settings("capture_hidden_states", CONFIG)["capture.samples_per_shard"] == \
+        CONFIG["capture"]["samples_per_shard"]
+
+
+def test_settings_come_with_sorted_mapping_keys():
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["data"]["sources"] = [{"path": "x.jsonl", "max_samples": None}]
+    assert list(job_settings("prepare_data", cfg)["data.sources"][0]) == ["max_samples", "path"]
+
+
+def _settings_keys_read(script: Path) -> set[str]:
+    """The constant keys an adapter reads from its settings (``s["..."]``, ``s = ...params.settings``)."""
+    tree = ast.parse(script.read_text())
+    return {n.slice.value for n in ast.walk(tree) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
+            and n.value.id == "s" and isinstance(n.slice, ast.Constant)}
+
+
+@pytest.mark.parametrize("stage", sorted(CONTRACTS))
+def test_an_adapter_reads_its_stage_settings_not_the_config(stage):
+    script = REPO / "scripts" / f"{stage}.py"
+    assert "snakemake.config" not in script.read_text()
+    s = job_settings(stage, CONFIG)
+    assert isinstance(s, StageSettings)
+    for key in _settings_keys_read(script):
+        s[key]  # raises KeyError for a key outside the contract
+
+
+def test_the_adapter_check_reads_subscripts_of_the_settings(tmp_path):
+    script = tmp_path / "x.py"
+    script.write_text('s = snakemake.params.settings\nf(a=s["train.lr"], b=s["benchmark.seed"], c=p["x"])\n')
+    assert _settings_keys_read(script) == {"train.lr", "benchmark.seed"}
+
+
+def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
+    """rules/common.smk's check_contracts, run by the Snakefile at every parse."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    for part in ("Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "profiles", "eagle3build", "report"):
+        src = REPO / part
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp_path / part)
+    contract = tmp_path / "eagle3build/contract.py"
+    text = contract.read_text()
+    edited = text.replace('Contract("build_vocab_map", "train", inputs=("tokens", "decisions"),',
+                          'Contract("build_vocab_map", "train", inputs=("tokens",),')
+    assert edited != text
+    contract.write_text(edited)
+    snakemake = str(Path(sys.executable).with_name("snakemake"))
+    p = subprocess.run([snakemake, "-l"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert p.returncode != 0
+    assert "the inputs of build_vocab_map, ['decisions', 'tokens'], are not its contract's ['tokens']" in p.stderr
