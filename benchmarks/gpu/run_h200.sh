@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One step of the issue-21 benchmark records on a lent H200 (vLLM 0.26.0 carried: docs/gpus.md).
-#   bash benchmarks/gpu/run_h200.sh build|c1|c16 SECONDS
-# build: the h200-8k head up to export; c1 / c16: its benchmark at concurrency 1 / 16.
+#   bash benchmarks/gpu/run_h200.sh build|c1|c16 SECONDS [OVERLAY.yaml ...]
+# build: the h200-8k head up to export; c1 / c16: its benchmark at concurrency 1 / 16; further
+# overlays (e.g. ks13.yaml, ks25.yaml) go last and pick the ks one call serves.
 # Logs and results go to $OUT (the device tool's output folder); a step cut by SECONDS resumes
 # in the next call (--rerun-incomplete).
 set -u
-step=$1; limit=$2
+step=$1; limit=$2; shift 2
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH NCCL_NVLS_ENABLE=0 \
        TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1
 cfg="benchmarks/gpu/h200_8k.yaml benchmarks/gpu/no_load_check.yaml"
@@ -14,6 +15,7 @@ case $step in
   build) extra=(--until export_head) ;;
   c16) cfg="$cfg benchmarks/gpu/c16.yaml" ;;
 esac
+cfg="$cfg $*"
 start=$(date +%s)
 timeout "$limit" python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete \
     --configfile $cfg "${extra[@]}" > "$OUT/snakemake_$step.log" 2>&1
