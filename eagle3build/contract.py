@@ -81,6 +81,9 @@ _VERSION = Param("version", ("staleness.track_package_versions",), "version")
 _OWN_VERSION = Param("version", (), "version")  # a stage without packages: OUTPUT_VERSION alone
 _REQUESTED_AUX = Param("aux_layer_ids", ("capture.aux_layer_ids",), "requested")
 _REQUESTED_BACKEND = Param("backend", ("capture.backend",), "requested")
+_ONLINE_KEYS = ("capture.mode", "capture.num_train_samples", "capture.num_eval_samples", "capture.storage_dtype",
+                "capture.tokens_per_batch", "target.dtype")
+_ONLINE = Param("online", _ONLINE_KEYS, "online_capture")
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,11 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              + _values("capture.storage_dtype", "target.trust_remote_code"),
              runtime=_JOB + _res("cpu") + ("capture.num_train_samples", "capture.num_eval_samples",
                                            "data.max_seq_len", "resources.gpu_memory_gb", "resources.gpus_per_node",
-                                           "resources.capture.gpu", "resources.serve.gpu", "train.head_variant"),
+                                           "resources.capture.gpu", "resources.serve.gpu", "train.head_variant",
+                                           # online training's memory split and its disk (no shards)
+                                           "capture.mode", "capture.online.target_memory_fraction",
+                                           "resources.train.gpu", "train.total_seq_len", "train.ttt_steps",
+                                           "vocab.draft_vocab_size", "capture.tokens_per_batch"),
              files=_TARGET, decisions=(), packages=(),
              entry="eagle3build.compat.compat_report:run_for_settings"),
     Contract("regenerate_responses", "data", inputs=("target", "sources"),
@@ -148,7 +155,7 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              + _values("capture.storage_dtype", "capture.tokens_per_batch")
              + (Param("compute_dtype", ("target.dtype",)), Param("trust_remote_code", ("target.trust_remote_code",))),
              runtime=_JOB + _res("capture", gpu=True) + ("target.pipeline_parallel_size",) + _SHARDS,
-             files=_TARGET + _SHARDS,
+             files=_TARGET + _SHARDS + ("capture.mode",),
              decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
              packages=("torch", "transformers"),
              entry="eagle3build.capture.capture_hidden_states:capture_for_decisions"),
@@ -158,11 +165,16 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
                      Param("num_samples", ("capture.num_train_samples",)), _VERSION),
              runtime=_JOB + _res("cpu"), files=("run",), decisions=("target.vocab_size",),
              packages=("speculators", "torch"), entry="eagle3build.train.build_vocab_map:build_for_decisions"),
+    # Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage
+    # and compute dtypes, batching) becomes its trigger; offline the shards carry them. Its inputs are
+    # then the tokens files instead of the shards (rules/common.smk, states_input).
     Contract("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
              params=(Param("train", _TRAIN, "section"), _REQUESTED_AUX, _VERSION,
-                     Param("trust_remote_code", ("target.trust_remote_code",))),
-             runtime=_JOB + _res("train", gpu=True), files=_TARGET,
-             decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant"),
+                     Param("trust_remote_code", ("target.trust_remote_code",)), _ONLINE),
+             runtime=_JOB + _res("train", gpu=True) + ("capture.online.queue_depth",
+                                                       "capture.online.target_memory_fraction"),
+             files=_TARGET + ("capture.mode",),
+             decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
              packages=("speculators", "torch"), entry="eagle3build.train.train_draft:run_job"),
     Contract("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
              params=(Param("served_name", ("target.served_name",)), Param("dtype", ("export.dtype",)), _VERSION)
@@ -182,6 +194,16 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
 def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
     """How many aux layers the head reads: 3 for ``auto`` (target.default_aux_layer_ids), else the ids' count."""
     return 3 if aux_layer_ids == "auto" else len(aux_layer_ids)
+
+
+def online_capture(mode: str, num_train: int, num_eval: int, storage_dtype: str, tokens_per_batch: int,
+                   compute_dtype: str) -> dict | None:
+    """train_draft's ``online`` param: None offline (the shards carry these settings), else the settings that
+    shape the states it computes (``_ONLINE_KEYS`` by their last part; ``target.dtype`` as ``compute_dtype``)."""
+    if mode != "online":
+        return None
+    return {"num_train_samples": num_train, "num_eval_samples": num_eval, "storage_dtype": storage_dtype,
+            "tokens_per_batch": tokens_per_batch, "compute_dtype": compute_dtype}
 
 
 def require_eval(num_eval_samples: int) -> bool:

@@ -5,11 +5,14 @@ Forward pre-hooks on the aux decoder layers record the residual stream *entering
 ``eagle_aux_hidden_state_layer_ids``), and a forward hook on the last decoder layer records its
 output *before* the final norm, the state speculators' ``Eagle3DraftModel`` feeds through its
 own ``verifier_norm`` (speculators/models/eagle3.py). Used by the ``hooks`` capture backend
-(``capture_hidden_states``) and by the compat report's capture probes.
+(``capture_hidden_states``), by online training's target (``online_states``) and by the compat
+report's capture probes. ``plan_batches`` and ``padded_batch`` are the batching both capture
+paths share, so that a sample's states are computed the same way offline and online.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .target import DecoderStack, find_decoder_layers, text_config
@@ -57,3 +60,46 @@ class HookCapture:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
+
+
+def plan_batches(lengths: list[int], tokens_per_batch: int) -> list[list[int]]:
+    """Group sample indices into batches whose padded size ``B * max(T)`` stays within ``tokens_per_batch``.
+
+    Samples are sorted by length (stable: equal lengths keep their order) so padding stays
+    small; a sample longer than the budget gets a batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[i] > tokens_per_batch:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def padded_batch(ids: list[np.ndarray], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Right-padded ``input_ids`` ``[B, max T]`` int64 on ``device`` from per-sample token ids, and the
+    attention mask ``[B, max T]`` int64 (1 on tokens), or None where no sample is padded (attention can
+    then take its fused causal kernel)."""
+    lengths = [len(x) for x in ids]
+    T = max(lengths)
+    out = torch.zeros(len(ids), T, dtype=torch.long)
+    att = torch.zeros(len(ids), T, dtype=torch.long)
+    for r, x in enumerate(ids):
+        out[r, : lengths[r]] = torch.from_numpy(np.asarray(x).astype("int64"))
+        att[r, : lengths[r]] = 1
+    padded = any(n != T for n in lengths)
+    return out.to(device, non_blocking=True), att.to(device, non_blocking=True) if padded else None
+
+
+def unpad(aux: torch.Tensor, last: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``HookCapture.capture``'s ``[B, T, .]`` states as rows ``[N, .]`` of the batch's tokens, sample after
+    sample (N = the batch's real tokens; ``attention_mask`` as ``padded_batch`` gives it)."""
+    if attention_mask is not None:
+        valid = attention_mask.bool()  # rows of sample r are contiguous and in batch order
+        return aux[valid], last[valid]
+    return aux.reshape(-1, aux.shape[-1]), last.reshape(-1, last.shape[-1])

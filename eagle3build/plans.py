@@ -116,3 +116,63 @@ def kv_cache_bytes_per_token(config, dtype_bytes: int, tensor_parallel_size: int
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     return layers * 2 * max(1, kv_heads // max(1, tensor_parallel_size)) * head_dim * dtype_bytes
+
+
+def draft_training_bytes(hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                         target_vocab: int, draft_vocab: int, num_aux: int, total_seq_len: int, ttt_steps: int) -> dict:
+    """GPU bytes training an EAGLE-3 draft head takes, estimated from its shapes (speculators'
+    ``Eagle3DraftModel``: one llama decoder layer whose attention reads ``2 x hidden`` (token embedding and
+    fused state, EAGLE-3, arXiv:2503.01840 §3.2), the ``fc`` fusing ``num_aux`` aux states, the draft
+    ``lm_head``; frozen: the target's embedding and the verifier's ``lm_head`` rows of the draft vocab).
+
+    ``states``: trainable parameters x 16 B (fp32 weights, gradients, AdamW's two moments) + frozen x 4 B;
+    ``activations``: per TTT step and packed token, the draft and verifier logits over the draft vocab in
+    fp32 with their softmax and gradient (4 x 4 B per entry), and the layer's activations (an allowance of
+    4 B x (16 x hidden + 3 x intermediate)) — an estimate, not a measurement (``benchmarks/`` has the
+    measured peaks). Returns ``{"trainable_parameters", "states_bytes", "activation_bytes", "total_bytes"}``.
+    """
+    H, inter, q, kv = hidden_size, intermediate_size, num_heads * head_dim, num_kv_heads * head_dim
+    trainable = (num_aux * H * H + 2 * H * (q + 2 * kv) + q * H + 3 * H * inter + 4 * H + draft_vocab * H)
+    frozen = target_vocab * H + draft_vocab * H
+    states = trainable * 16 + frozen * 4
+    act = ttt_steps * total_seq_len * (4 * 4 * draft_vocab + 4 * (16 * H + 3 * inter))
+    return {"trainable_parameters": trainable, "states_bytes": states, "activation_bytes": act,
+            "total_bytes": states + act}
+
+
+def plan_online_memory(gpu_memory_bytes: int | None, gpus: int, target_weight_bytes: float, kv_bytes_per_token: int | None,
+                       kv_tokens: int, trainer: dict, target_fraction: float) -> dict:
+    """Online training's split of each GPU between the target and the trainer (``capture.online``).
+
+    The target (a vLLM engine or transformers, over ``gpus`` GPUs) gets ``target_fraction`` of each
+    card: its weights (``target_weight_bytes`` / ``gpus`` x ``GPU_HEADROOM`` for activations) and, for
+    an engine, the KV cache of ``kv_tokens`` tokens (``kv_bytes_per_token`` on one GPU of the group,
+    ``kv_cache_bytes_per_token``; None: not counted). The trainer, on the first GPU, gets the rest for
+    ``trainer["total_bytes"]`` (``draft_training_bytes``). A side that does not fit fails the plan,
+    both numbers named. ``gpu_memory_bytes`` None (no GPU known) or ``gpus`` 0 (a CPU job): skipped.
+    """
+    out = {"target_fraction": target_fraction, "gpus": gpus, "gpu_memory_bytes": gpu_memory_bytes, "status": "ok"}
+    if not gpu_memory_bytes or gpus == 0:
+        out["message"] = "CPU job or no GPU memory known: online memory split not planned"
+        return out
+    target = target_weight_bytes / gpus * GPU_HEADROOM + (kv_bytes_per_token or 0) * kv_tokens
+    t_budget = target_fraction * gpu_memory_bytes
+    tr_budget = (1 - target_fraction) * gpu_memory_bytes
+    out.update(target_bytes_per_gpu=int(target), target_budget_bytes=int(t_budget),
+               trainer_bytes=int(trainer["total_bytes"]), trainer_budget_bytes=int(tr_budget), trainer=trainer)
+    gb = 1e9
+    msgs = []
+    if target > t_budget:
+        msgs.append(f"the target needs {target / gb:.1f} GB per GPU (weights {target_weight_bytes / gpus / gb:.1f} GB "
+                    f"x {GPU_HEADROOM} + KV cache) but capture.online.target_memory_fraction {target_fraction} of "
+                    f"{gpu_memory_bytes / gb:.0f} GB gives it {t_budget / gb:.1f} GB")
+    if trainer["total_bytes"] > tr_budget:
+        msgs.append(f"the trainer needs {trainer['total_bytes'] / gb:.1f} GB (states {trainer['states_bytes'] / gb:.1f}, "
+                    f"activations {trainer['activation_bytes'] / gb:.1f}) but the rest of a {gpu_memory_bytes / gb:.0f} GB "
+                    f"GPU after the target's share is {tr_budget / gb:.1f} GB")
+    if msgs:
+        out.update(status="fail", message="; ".join(msgs))
+    else:
+        out["message"] = (f"target {target / gb:.1f} of {t_budget / gb:.1f} GB per GPU, trainer "
+                          f"{trainer['total_bytes'] / gb:.1f} of {tr_budget / gb:.1f} GB")
+    return out

@@ -122,21 +122,15 @@ def _stream(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor
     return hidden if residual is None else hidden + residual
 
 
-class _ShardCapture:
-    """Per-worker capture state: buffers of samples in flight, the shard writer, step statistics."""
+class _Collector:
+    """Per-worker capture state: buffers of the samples in flight, rows mapped to ``(sample, position)``
+    step by step; a sample whose every position was seen goes to ``_complete``."""
 
-    def __init__(self, runner, aux_layer_ids: list[int], hidden: int, out_path: str, meta: dict, ids: list[list[int]],
-                 masks: list[list[int]], writer_threads: int, fsync: bool, device: torch.device):
-        from .shard_pipeline import WriterPipeline
-
+    def __init__(self, runner, aux_layer_ids: list[int], hidden: int, lengths: list[int], device: torch.device):
         self.runner = runner
-        self.meta = ShardMeta.from_strings(out_path, meta)
         self.A, self.H = len(aux_layer_ids), hidden
         self.slot = {layer: k for k, layer in enumerate(aux_layer_ids)}
-        self.tokens = [(np.asarray(i, np.int32), np.asarray(m, np.uint8)) for i, m in zip(ids, masks, strict=True)]
-        self.lengths = [len(t[0]) for t in self.tokens]
-        self.writer = ShardFileWriter(out_path, self.meta, self.lengths, fsync=fsync)
-        self.pipe = WriterPipeline(self.writer, self.tokens, str(device), threads=writer_threads)
+        self.lengths = list(lengths)
         self.device = device
         self.bufs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # j -> aux, last, filled
         self.done = [False] * len(self.lengths)
@@ -196,11 +190,42 @@ class _ShardCapture:
             if bool(filled.all()):
                 del self.bufs[j]
                 self.done[j] = True
-                self.pipe.submit([j], encode_states(aux, last, self.meta))
+                self._complete(j, aux, last)
         self.step = []
 
+    def _complete(self, j: int, aux: torch.Tensor, last: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def missing(self) -> list[int]:
+        """Samples not fully seen (prefix caching on, or the engine dropped a request)."""
+        return [j for j, d in enumerate(self.done) if not d]
+
+    def stats(self) -> dict:
+        return {"samples": len(self.lengths), "tokens": sum(self.lengths), "engine_steps": self.steps,
+                "max_requests_per_step": self.max_requests_per_step,
+                "max_steps_per_sample": max(self.steps_per_sample, default=0),
+                "samples_over_several_steps": sum(s > 1 for s in self.steps_per_sample),
+                "steps_per_sample": list(self.steps_per_sample)}
+
+
+class _ShardCapture(_Collector):
+    """Samples to one shard file: each completed sample is encoded and written (``WriterPipeline``)."""
+
+    def __init__(self, runner, aux_layer_ids: list[int], hidden: int, out_path: str, meta: dict, ids: list[list[int]],
+                 masks: list[list[int]], writer_threads: int, fsync: bool, device: torch.device):
+        from .shard_pipeline import WriterPipeline
+
+        self.meta = ShardMeta.from_strings(out_path, meta)
+        self.tokens = [(np.asarray(i, np.int32), np.asarray(m, np.uint8)) for i, m in zip(ids, masks, strict=True)]
+        super().__init__(runner, aux_layer_ids, hidden, [len(t[0]) for t in self.tokens], device)
+        self.writer = ShardFileWriter(out_path, self.meta, self.lengths, fsync=fsync)
+        self.pipe = WriterPipeline(self.writer, self.tokens, str(device), threads=writer_threads)
+
+    def _complete(self, j: int, aux: torch.Tensor, last: torch.Tensor) -> None:
+        self.pipe.submit([j], encode_states(aux, last, self.meta))
+
     def finish(self) -> dict:
-        missing = [self.meta.sample_ids[j] for j, d in enumerate(self.done) if not d]
+        missing = [self.meta.sample_ids[j] for j in self.missing()]
         if self.error is None and missing:
             self.error = RuntimeError(f"{self.writer.path}: the engine finished but samples {missing[:5]} were never "
                                       "fully seen by the hooks (prefix caching on?)")
@@ -209,11 +234,7 @@ class _ShardCapture:
             raise self.error
         self.pipe.finish()
         self.writer.close()
-        return {"samples": len(self.lengths), "tokens": sum(self.lengths), "engine_steps": self.steps,
-                "max_requests_per_step": self.max_requests_per_step,
-                "max_steps_per_sample": max(self.steps_per_sample, default=0),
-                "samples_over_several_steps": sum(s > 1 for s in self.steps_per_sample),
-                "steps_per_sample": list(self.steps_per_sample)}
+        return self.stats()
 
     def abort(self) -> None:
         try:
@@ -221,6 +242,29 @@ class _ShardCapture:
         except BaseException:  # noqa: BLE001 - the first error is the one reported
             pass
         self.writer.abort()
+
+
+class _OnlineCapture(_Collector):
+    """Samples kept in memory for online training (``online_states.VllmStates``): each completed
+    sample's ``(aux [T, A*H], last [T, H])`` in the engine's dtype, on the worker's device where the
+    caller shares the worker's process, else on the CPU (they then travel through vLLM's RPC)."""
+
+    def __init__(self, runner, aux_layer_ids: list[int], hidden: int, lengths: list[int], device: torch.device,
+                 to_cpu: bool):
+        super().__init__(runner, aux_layer_ids, hidden, lengths, device)
+        self.to_cpu = to_cpu
+        self.states: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _complete(self, j: int, aux: torch.Tensor, last: torch.Tensor) -> None:
+        self.states[j] = (aux.cpu(), last.cpu()) if self.to_cpu else (aux, last)
+
+    def finish(self) -> dict:
+        if self.error is None and self.missing():
+            self.error = RuntimeError(f"the engine finished but samples {self.missing()[:5]} of the batch were never "
+                                      "fully seen by the hooks (prefix caching on?)")
+        if self.error is not None:
+            raise self.error
+        return {"states": [self.states[j] for j in range(len(self.lengths))], **self.stats()}
 
 
 class CaptureExtension:
@@ -331,6 +375,24 @@ class CaptureExtension:
         cap, self._e3["capture"] = self._e3["capture"], None
         if cap is not None:
             cap.abort()
+
+    def eagle3_begin_online(self, lengths: list[int], caller_pid: int) -> bool:
+        """Collect the next requests' states in memory (online training: ``online_states.VllmStates``);
+        ``lengths``: their prompt lengths in tokens, by the index each request carries."""
+        if not self._e3["handles"]:
+            return False
+        self._e3["capture"] = _OnlineCapture(self.model_runner, self._e3["aux"], self._e3["hidden"], lengths,
+                                             self.model_runner.device, to_cpu=os.getpid() != caller_pid)
+        return True
+
+    def eagle3_take_online(self) -> dict | None:
+        """The collected states (``{"states": [(aux, last)] by request index, ...step statistics}``).
+
+        Raises:
+            the first error a hook met, or RuntimeError when a sample was never fully seen.
+        """
+        cap, self._e3["capture"] = self._e3["capture"], None
+        return cap.finish() if cap is not None else None
 
 
 def _rank0(results: list):

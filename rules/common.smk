@@ -94,6 +94,8 @@ def _param_value(stage, param):
         return [{"max_samples": None, "path": REGENERATED}] if values[1] else values[0]
     if param.how in ("num_aux_layers", "require_eval"):
         return getattr(contract, param.how)(values[0])
+    if param.how == "online_capture":
+        return contract.online_capture(*values)
     raise ValueError(f"{stage}: param {param.name} made by unknown {param.how!r} (eagle3build.contract.Param)")
 
 
@@ -143,6 +145,15 @@ def num_shards(split):
 
 def shard_files(split):
     return [f"{RES}/hidden_states/{split}/shard-{i:05d}.safetensors" for i in range(num_shards(split))]
+
+
+# capture.mode online: no shard is a target; train_draft reads the tokens files and runs the target itself.
+ONLINE = config["capture"]["mode"] == "online"
+
+
+def states_input(split):
+    """train_draft's input for ``split``: its shards (offline) or its tokens file (online)."""
+    return [f"{RES}/data/{split}.safetensors"] if ONLINE else shard_files(split)
 
 
 @signature_once

@@ -1,8 +1,8 @@
 rule train_draft:
     input:
         decisions=DECISIONS,
-        train=shard_files("train"),
-        eval=shard_files("eval"),
+        train=states_input("train"),
+        eval=states_input("eval"),
         d2t=f"{RES}/vocab/d2t.npy",
         t2d=f"{RES}/vocab/t2d.npy",
         vocab=f"{RES}/vocab/vocab.json",

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from safetensors import safe_open
+from safetensors.torch import load_file
 from smk import REPO, SNAKEMAKE, planned_jobs, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -209,6 +210,11 @@ RERUN_MATRIX = [
     ("bundled target named as a path", {"target": {"path": BUNDLED_DIR}}, {}),
     ("ignore package versions", {"staleness": {"track_package_versions": False}},
      {"prepare_data": 1, **FROM_SHARDS_ON}),
+    # Online training: no shards are read, training and what follows replan; its queue and memory split only
+    # shape how the job runs.
+    ("online training", {"capture": {"mode": "online"}}, DOWNSTREAM_OF_TRAIN),
+    ("online queue and memory split only", {"capture": {"online": {"queue_depth": 5, "target_memory_fraction": 0.3}}},
+     {}),
 ]
 
 
@@ -720,6 +726,33 @@ def test_recipe_sweep_script_smoke(built, tmp_path):
     with safe_open(str(tmp_path / "out/lr_1e-3/head/model.safetensors"), "pt") as f:
         assert "embed_tokens.weight" not in f.keys() and f.get_tensor("fc.weight").shape == (576, 1728)
     assert json.loads((tmp_path / "out/sweep.json").read_text())["rows"].keys() == {"base", "lr_1e-3"}
+
+
+def test_online_training_on_a_copy_of_the_reduced_build(built, tmp_path):
+    """capture.mode online through Snakemake on a copy of the reduced build: only train_draft runs (the target beside
+    the trainer, no shard read or written), its weights are the offline checkpoint's within float noise (another
+    forward batching, bf16 storage rounding), and switching back to offline replans training."""
+    wd, res = built
+    copy = tmp_path / "wd"
+    shutil.copytree(wd, copy, ignore=shutil.ignore_patterns(".snakemake"))
+    shutil.copytree(wd / ".snakemake/metadata", copy / ".snakemake/metadata")
+    shards = {f: f.stat().st_mtime_ns for f in (copy / "results/reduced/hidden_states").rglob("*")}
+    online = _changed_config(copy, tmp_path, {"capture": {"mode": "online"}})
+    target = "results/reduced/checkpoint/config.json"
+    assert planned_jobs([target, "--configfile", str(online)], copy) == {"train_draft": 1}
+    p = run([target, "--configfile", str(online)], copy)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ck = copy / "results/reduced/checkpoint"
+    assert json.loads((ck / "train_meta.json").read_text())["capture_mode"] == "online"
+    m = json.loads((ck / "metrics.json").read_text())
+    assert m["online"]["backend"] == "hooks" and m["online"]["target_tokens"] > 0 and m["prefetch"]["steps"] == m["steps"]
+    assert {f: f.stat().st_mtime_ns for f in (copy / "results/reduced/hidden_states").rglob("*")} == shards
+    a, b = load_file(str(res / "checkpoint/model.safetensors")), load_file(str(ck / "model.safetensors"))
+    for k in a:
+        if a[k].is_floating_point():
+            assert (b[k] - a[k]).norm() <= 1e-4 * a[k].norm(), k
+    assert planned_jobs([target, "--configfile", str(online)], copy) == {}
+    assert planned_jobs([target, "--configfile", str(REPO / "tests/reduced.yaml")], copy) == {"train_draft": 1}
 
 
 def test_tau_guard_script_smoke(built, tmp_path):

@@ -39,6 +39,18 @@ def test_single_artifact_plans_only_its_inputs(tmp_path):
     assert jobs == {"materialize_target": 1, "compat_report": 1, "prepare_data": 1, "capture_hidden_states": 1}
 
 
+def test_online_mode_plans_no_shards(tmp_path):
+    """capture.mode online: no capture job; train_draft reads the tokens files (and the dry-run says so)."""
+    cfg = write_config(tmp_path / "c.yaml", capture={"mode": "online"})
+    jobs = planned_jobs(["--configfile", str(cfg)], tmp_path)
+    assert jobs == {k: v for k, v in FULL_PLAN.items() if k != "capture_hidden_states"}
+    p = run(["-n", "results/default/checkpoint/config.json", "--configfile", str(cfg)], tmp_path)
+    block = (p.stdout + p.stderr).split("rule train_draft:", 1)[1].split("\n\n", 1)[0]
+    inputs = block.split("input: ", 1)[1].split("\n", 1)[0].split(", ")
+    assert "results/default/data/train.safetensors" in inputs and "results/default/data/eval.safetensors" in inputs
+    assert not any("hidden_states" in f for f in inputs)
+
+
 def test_user_target_dir_skips_materialize(tmp_path, tiny_target):
     cfg = write_config(tmp_path / "c.yaml", target={"path": str(tiny_target)})
     jobs = planned_jobs(["--configfile", str(cfg)], tmp_path)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..hooks import HookCapture
+from ..hooks import HookCapture, padded_batch, plan_batches, unpad  # noqa: F401 - plan_batches: this stage's API
 from ..shard_pipeline import WriterPipeline
 from ..shards import ShardFileWriter, ShardMeta, encode_states
 from ..target import load_model, resolve_dtype, text_config
@@ -40,25 +40,6 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 1
-
-
-def plan_batches(lengths: list[int], tokens_per_batch: int) -> list[list[int]]:
-    """Group sample indices into batches whose padded size ``B * max(T)`` stays within ``tokens_per_batch``.
-
-    Samples are sorted by length so padding stays small; a sample longer than the budget
-    gets a batch of its own.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        if cur and (len(cur) + 1) * lengths[i] > tokens_per_batch:
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    return batches
 
 
 def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, num_aux: int, storage_dtype: str, tokens: int,
@@ -230,21 +211,8 @@ def capture_shard(
     try:
         pipe = WriterPipeline(writer, samples, str(in_device), threads=writer_threads)
         for batch in plan_batches(lengths, tokens_per_batch):
-            T = max(lengths[j] for j in batch)
-            ids = torch.zeros(len(batch), T, dtype=torch.long)
-            att = torch.zeros(len(batch), T, dtype=torch.long)
-            for r, j in enumerate(batch):
-                ids[r, : lengths[j]] = torch.from_numpy(samples[j][0].astype("int64"))
-                att[r, : lengths[j]] = 1
-            ids, att = ids.to(in_device, non_blocking=True), att.to(in_device, non_blocking=True)
-            padded = any(lengths[j] != T for j in batch)
-            # Without padding no mask is needed, and attention can take its fused causal kernel.
-            aux, last = cap.capture(ids, att if padded else None)
-            if padded:
-                valid = att.bool()  # rows of sample r are contiguous and in batch order
-                aux, last = aux[valid], last[valid]
-            else:
-                aux, last = aux.reshape(-1, aux.shape[-1]), last.reshape(-1, last.shape[-1])
+            ids, att = padded_batch([samples[j][0] for j in batch], in_device)
+            aux, last = unpad(*cap.capture(ids, att), att)
             pipe.submit(batch, encode_states(aux, last, meta))
             bar.update(sum(lengths[j] for j in batch))
         pipe.finish()

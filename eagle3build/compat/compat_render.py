@@ -54,6 +54,9 @@ def render_markdown(r: dict) -> str:
             lines.append(f"- GPUs: **{g['status']}**: weights {g['weight_bytes'] / 1e9:.1f} GB "
                          f"({g['bytes_per_parameter']} B/param); {what}")
             lines += [f"  - {job}: {j['status']}: {j['message']}" for job, j in g["jobs"].items()]
+        o = r["plans"].get("online_memory")
+        if o:
+            lines.append(f"- online training's GPU split: **{o['status']}**: {o['message']}")
     if r["hard_failures"]:
         lines += ["", "## HARD FAILURES", ""]
         for k in r["hard_failures"]:

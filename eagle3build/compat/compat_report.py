@@ -31,7 +31,7 @@ from ..provenance import COMPAT_PACKAGES, host, software_versions
 from ..serving import check_servable
 from ..serving import probe_vllm as probe_serving_vllm
 from ..staleness import content_files
-from ..target import check_aux_layer_ids, default_aux_layer_ids, fingerprint
+from ..target import check_aux_layer_ids, default_aux_layer_ids, fingerprint, load_config, text_config
 from .compat_render import render_markdown
 from .probes import (
     Probe,
@@ -184,9 +184,14 @@ def decide_backend(requested: str, probes: dict[str, Probe], target: dict | None
 def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_layer_ids="auto",
                  storage_dtype: str = "bfloat16", trust_remote_code: bool = False, planned_tokens: int = 0,
                  gpu_memory_gb: float | None = None, gpus_per_node: int = 0,
-                 job_gpus: dict[str, int] | None = None, head_variant: str = "auto") -> dict:
+                 job_gpus: dict[str, int] | None = None, head_variant: str = "auto",
+                 online: dict | None = None) -> dict:
     """Run every probe, inspect the target, decide the backend and plan disk and GPUs.
 
+    ``online`` (``capture.mode: online``): ``target_memory_fraction``, ``gpus`` (the train job's),
+    ``total_seq_len``, ``ttt_steps``, ``draft_vocab_size``, ``tokens_per_batch`` and ``max_seq_len``:
+    no disk plan (no shards), and the train job's GPUs split between target and trainer
+    (``plans.plan_online_memory``; a split that cannot fit is a hard failure naming the numbers).
     ``planned_tokens``: an upper bound of the tokens to capture (samples x max_seq_len).
     ``gpu_memory_gb``: memory per GPU for the plan; None takes it from the first visible
     GPU. ``job_gpus``: GPUs per job from the config, e.g. ``{"capture": 8, "serve": 8}``.
@@ -263,11 +268,14 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
     usage = shutil.disk_usage(results_dir)
     plans = {}
     if target and "bytes_per_token" in capture:
-        plans["disk"] = plan_disk(capture["bytes_per_token"], planned_tokens, usage.free, upper_bound=True)
+        if not online:  # online training writes no shards
+            plans["disk"] = plan_disk(capture["bytes_per_token"], planned_tokens, usage.free, upper_bound=True)
         devices = (probes["torch"].value or {}).get("devices") or []
         mem = int(gpu_memory_gb * 1e9) if gpu_memory_gb else (devices[0]["total_bytes"] if devices else None)
         plans["gpus"] = plan_gpus(target["parameters"], target["weight_bytes_per_parameter"], mem, gpus_per_node,
                                   job_gpus or {})
+        if online:
+            plans["online_memory"] = plan_online(target_dir, target, capture, online, mem, trust_remote_code)
         for name, plan in plans.items():
             log.info("plan %s: %s %s", name, plan["status"], plan.get("message", ""))
     head = recommend_head_variant(probes["vllm_head_flags"])
@@ -289,6 +297,28 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         + [f"plan_{k}" for k, v in plans.items() if v["status"] == "fail"],
     }
     return report
+
+
+def plan_online(target_dir: str, target: dict, capture: dict, online: dict, gpu_memory_bytes: int | None,
+                trust_remote_code: bool = False) -> dict:
+    """``plans.plan_online_memory`` for this target: its stored weight bytes, the KV cache of a capture
+    engine (``vllm`` backend: 2 x (tokens per step + longest sample), as ``vllm_capture.capture_engine_args``
+    sizes it, bf16) and the draft's training need from the target's shapes (``plans.draft_training_bytes``)."""
+    from ..plans import draft_training_bytes, kv_cache_bytes_per_token, plan_online_memory
+
+    tc = text_config(load_config(target_dir, trust_remote_code))
+    gpus = online["gpus"]
+    heads = tc.num_attention_heads
+    trainer = draft_training_bytes(tc.hidden_size, tc.intermediate_size, heads,
+                                   getattr(tc, "num_key_value_heads", None) or heads,
+                                   getattr(tc, "head_dim", None) or tc.hidden_size // heads, tc.vocab_size,
+                                   online["draft_vocab_size"], len(capture.get("aux_layer_ids") or [0, 0, 0]),
+                                   online["total_seq_len"], online["ttt_steps"])
+    engine = capture.get("backend") == "vllm"
+    kv = kv_cache_bytes_per_token(tc, 2, max(1, gpus)) if engine else None
+    return plan_online_memory(gpu_memory_bytes, gpus, target["parameters"] * target["weight_bytes_per_parameter"], kv,
+                              2 * (online["tokens_per_batch"] + online["max_seq_len"]) if engine else 0, trainer,
+                              online["target_memory_fraction"])
 
 
 # What needs vLLM, and what builds without it.
@@ -396,6 +426,11 @@ def run_for_settings(settings: StageSettings, target_dir: str, results_dir: str,
         gpus_per_node=s["resources.gpus_per_node"],
         job_gpus={"capture": s["resources.capture.gpu"], "serve": s["resources.serve.gpu"]},
         head_variant=s["train.head_variant"],
+        online=None if s["capture.mode"] != "online" else {
+            "target_memory_fraction": s["capture.online.target_memory_fraction"], "gpus": s["resources.train.gpu"],
+            "total_seq_len": s["train.total_seq_len"], "ttt_steps": s["train.ttt_steps"],
+            "draft_vocab_size": s["vocab.draft_vocab_size"], "tokens_per_batch": s["capture.tokens_per_batch"],
+            "max_seq_len": s["data.max_seq_len"]},
     )
     write(report, out_json)
     write_decisions(report, out_decisions)

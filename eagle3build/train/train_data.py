@@ -10,6 +10,9 @@ the accelerator on a background thread.
 
 from __future__ import annotations
 
+import time
+from dataclasses import asdict, dataclass
+
 import torch
 
 from ..shards import ShardReader
@@ -50,16 +53,43 @@ def shard_dataset_class():
 
         def _get_raw_data(self, index: int):
             r, i = self.index[index]
-            d = r[i]
-            d["hidden_states"] = d["hidden_states"].to(self.hidden_states_dtype)
-            d["verifier_last_hidden_states"] = d["verifier_last_hidden_states"].to(self.hidden_states_dtype)
-            if self.noise_std > 0:
-                g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_003 + index)
-                noise = torch.randn(d["hidden_states"].shape, generator=g, dtype=torch.float32)
-                d["hidden_states"] = d["hidden_states"] + (self.noise_std * noise).to(d["hidden_states"].dtype)
-            return d
+            return cast_and_noise(r[i], self.hidden_states_dtype, self.noise_std, self.seed, self.epoch, index)
 
     return ShardDataset
+
+
+def cast_and_noise(d: dict, dtype: torch.dtype, noise_std: float, seed: int, epoch: int, index: int) -> dict:
+    """A sample's ``hidden_states`` and ``verifier_last_hidden_states`` cast to ``dtype`` and N(0, ``noise_std``²)
+    added to the aux states, drawn from a generator seeded by (``seed``, ``epoch``, sample ``index``): the
+    same noise whatever the order of reads, for shards and online states alike. Changes ``d`` in place."""
+    d["hidden_states"] = d["hidden_states"].to(dtype)
+    d["verifier_last_hidden_states"] = d["verifier_last_hidden_states"].to(dtype)
+    if noise_std > 0:
+        g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 1_000_003 + index)
+        noise = torch.randn(d["hidden_states"].shape, generator=g, dtype=torch.float32)
+        d["hidden_states"] = d["hidden_states"] + (noise_std * noise).to(d["hidden_states"].dtype)
+    return d
+
+
+@dataclass
+class PrefetchWaits:
+    """Seconds each side of ``Batches.prefetch``'s queue spent, summed over the steps it delivered:
+    ``load_s`` loading (shard reads or the online target's forwards, and collation), ``loader_wait_s``
+    the loader blocked on a full queue (the trainer is the slower side), ``trainer_wait_s`` the trainer
+    blocked on an empty one (the loader is the slower side)."""
+
+    load_s: float = 0.0
+    loader_wait_s: float = 0.0
+    trainer_wait_s: float = 0.0
+    steps: int = 0
+
+    def summary(self, seconds: float) -> dict:
+        """The waits and their shares of ``seconds`` (the run's wall time), rounded: what the training log
+        and ``metrics.json`` report."""
+        out = {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        for k in ("load_s", "loader_wait_s", "trainer_wait_s"):
+            out[k.replace("_s", "_share")] = round(getattr(self, k) / max(seconds, 1e-9), 4)
+        return out
 
 
 class Batches:
@@ -79,12 +109,17 @@ class Batches:
     """
 
     def __init__(self, paths: list[str], total_seq_len: int, hidden_size: int, num_aux: int, dtype: torch.dtype,
-                 seed: int, noise_std: float = 0.0, world_size: int = 1, ranks: list[int] | None = None):
+                 seed: int, noise_std: float = 0.0, world_size: int = 1, ranks: list[int] | None = None,
+                 dataset=None):
         from speculators.models.eagle3.data import shift_batch
         from speculators.train.data import CollateFn
         from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
-        self.dataset = shard_dataset_class()(paths, total_seq_len, dtype, noise_std=noise_std, seed=seed)
+        # ``dataset``: another BaseDataset in place of the shards' (online training: train.online_data)
+        self.dataset = dataset if dataset is not None else shard_dataset_class()(
+            paths, total_seq_len, dtype, noise_std=noise_std, seed=seed)
+        self.waits = PrefetchWaits()
+        self.depth = 2  # steps loaded ahead (prefetch)
         self.ranks = list(ranks if ranks is not None else range(world_size))
         self.samplers = [
             MultipackDistributedBatchSamplerV2(batch_max_length=total_seq_len, lengths=self.dataset.approx_lengths,
@@ -109,27 +144,34 @@ class Batches:
         """One collated row (see the class docstring) from the dataset samples ``indices``."""
         return self.collate([self.dataset[int(i)] for i in indices])
 
-    def prefetch(self, steps: list[list], pin: bool = False, depth: int = 2):
+    def prefetch(self, steps: list[list], pin: bool = False, depth: int | None = None):
         """Yield each step's collated rows, loaded by a background thread ``depth`` steps ahead
-        (shard reads and collation overlap the accelerator's work)."""
+        (``depth``: ``self.depth`` unless given; shard reads, or the online target's forwards, and
+        collation overlap the accelerator's work: a bounded queue). Where each side waited is added
+        to ``self.waits`` (``PrefetchWaits``)."""
         import queue
         import threading
 
-        q: queue.Queue = queue.Queue(maxsize=depth)
+        q: queue.Queue = queue.Queue(maxsize=depth or self.depth)
         stop = threading.Event()
+        waits = self.waits
 
         def work():
             try:
                 for step in steps:
+                    t0 = time.perf_counter()
                     rows = [self.load(ix) for ix in step]
                     if pin:
                         rows = [{k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in r.items()} for r in rows]
+                    t1 = time.perf_counter()
+                    waits.load_s += t1 - t0
                     while not stop.is_set():
                         try:
                             q.put(rows, timeout=0.1)
                             break
                         except queue.Full:
                             continue
+                    waits.loader_wait_s += time.perf_counter() - t1
                     if stop.is_set():
                         return
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
@@ -139,9 +181,15 @@ class Batches:
         t = threading.Thread(target=work, daemon=True, name="batch-prefetch")
         t.start()
         try:
-            while (item := q.get()) is not None:
+            while True:
+                t0 = time.perf_counter()
+                item = q.get()
+                waits.trainer_wait_s += time.perf_counter() - t0
+                if item is None:
+                    break
                 if isinstance(item, BaseException):
                     raise item
+                waits.steps += 1
                 yield item
         finally:
             stop.set()

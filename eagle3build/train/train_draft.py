@@ -38,7 +38,7 @@ from ..artifacts import Decisions
 from ..atomic import atomic_path
 from ..head_format import HEAD_VARIANTS
 from ..shards import ShardReader, check_meta
-from . import ddp
+from . import ddp, online_data
 from .train_data import Batches
 from .train_metrics import plot_curves
 from .train_state import TrainState, state_key
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 2  # 2: train.select (the best epoch's weights by simulated tau)
+OUTPUT_VERSION = 3  # 2: train.select (the best epoch's weights by simulated tau); 3: train_meta.capture_mode
 
 
 
@@ -127,23 +127,38 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
 
     distributed, rank, dist_world = ddp.dist_info()
     world = dist_world if distributed else (world_size or 1)
-    torch.manual_seed(cfg.seed)
     decisions = Decisions.load(inputs.decisions_json)
     fp, aux = decisions.target_fingerprint, decisions.aux_layer_ids
     if cfg.head_variant == "auto":
         cfg = replace(cfg, head_variant=decisions.head_variant)
     if cfg.head_variant not in HEAD_VARIANTS:
         raise ValueError(f"train.head_variant {cfg.head_variant!r} is not one of {['auto', *HEAD_VARIANTS]}")
+    if inputs.online and distributed:
+        raise ValueError("capture.mode online trains in one process (the target over the job's GPUs, the draft on "
+                         "the first): not under torchrun")
     for p in list(inputs.train_shards) + list(inputs.eval_shards):
         check_meta(p, ShardReader(p).meta, fp, aux)
     d2t, t2d, vocab_info = vocab_map.load(inputs.d2t_path, inputs.t2d_path, inputs.vocab_json)
     device = ddp.resolve_device(device, distributed)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    # Online: the target first (a vLLM engine sizes its memory from what is free), then the seed, so the
+    # draft's initial weights are an offline run's (loading a target draws from torch's RNG).
+    target = online_data.open_target(inputs, decisions.backend, aux, trust_remote_code) if inputs.online else None
+    torch.manual_seed(cfg.seed)
     model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device, trust_remote_code)
     hidden = model.config.transformer_layer_config.hidden_size
     ranks = [rank] if distributed else list(range(world))
-    train_b = Batches(inputs.train_shards, cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks)
-    eval_b = Batches(inputs.eval_shards, cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed) if inputs.eval_shards else None
+    if target is not None:
+        on = inputs.online
+        online_data.check_trainer_memory(device, model, cfg, len(aux), int(d2t.shape[0]))
+        train_b = online_data.OnlineBatches(on["train_tokens"], on["num_train"], target, cfg.total_seq_len, hidden,
+                                            len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks, on["queue_depth"])
+        eval_b = (online_data.OnlineBatches(on["eval_tokens"], on["num_eval"], target, cfg.total_seq_len, hidden, len(aux),
+                                            dtype, cfg.seed, depth=on["queue_depth"]) if on["num_eval"] > 0 else None)
+    else:
+        train_b = Batches(inputs.train_shards, cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, cfg.noise_std, world,
+                          ranks)
+        eval_b = Batches(inputs.eval_shards, cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed) if inputs.eval_shards else None
     steps_per_epoch = train_b.steps_per_epoch()
     if steps_per_epoch == 0:
         raise ValueError(f"no training batch can be formed from {inputs.train_shards} for {world} rank(s)")
@@ -156,11 +171,19 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     params, opt, sched = _optimizer(model, cfg, total_steps, device)
     settings = {**cfg.settings(), "world": world, "shards": [(p, os.path.getsize(p)) for p in inputs.train_shards],
                 "vocab": vocab_info["fingerprint"], "target": fp, "aux": aux}
+    if inputs.online:  # what the states are made from: a state saved online resumes only the same online run
+        on = inputs.online
+        settings["online"] = {k: on[k] for k in ("num_train", "num_eval", "storage_dtype", "compute_dtype",
+                                                 "tokens_per_batch")}
+        settings["online"].update(backend=decisions.backend, tokens=[(p, os.path.getsize(p)) for p in
+                                                                      (on["train_tokens"], on["eval_tokens"])])
     meta = {"target_fingerprint": fp, "aux_layer_ids": aux, "vocab_fingerprint": vocab_info["fingerprint"],
             "draft_vocab_size": int(d2t.shape[0]), "head_variant": cfg.head_variant,
-            "head_flags": HEAD_VARIANTS[cfg.head_variant], "ttt_steps": cfg.ttt_steps, "world_size": world}
-    return Trainer(cfg, inputs, device, distributed, rank, ranks, world, model, net, params, opt, sched, call_kwargs,
-                   train_b, eval_b, total_steps, state_key(settings), meta)
+            "head_flags": HEAD_VARIANTS[cfg.head_variant], "ttt_steps": cfg.ttt_steps, "world_size": world,
+            "capture_mode": inputs.mode, "capture_backend": decisions.backend}
+    t = Trainer(cfg, inputs, device, distributed, rank, ranks, world, model, net, params, opt, sched, call_kwargs,
+                train_b, eval_b, total_steps, state_key(settings), meta, target)
+    return t
 
 
 def _optimizer(model, cfg: TrainConfig, total_steps: int, device: str):
@@ -225,6 +248,15 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
                 state.save(t.inputs.state_dir, t.key)
     metrics = run_metrics(t, state, speed)
     metrics["selection"] = select_epoch(t.cfg.select, state)
+    metrics["capture_mode"] = t.inputs.mode
+    metrics["prefetch"] = t.train_b.waits.summary(metrics["seconds"])
+    log.info("training batches: loader %.1f s (%s), loader waited %.1f s, trainer waited %.1f s (%.1f %% of %.1f s)",
+             t.train_b.waits.load_s, "the online target's forwards" if t.target else "shard reads",
+             t.train_b.waits.loader_wait_s, t.train_b.waits.trainer_wait_s,
+             100 * metrics["prefetch"]["trainer_wait_share"], metrics["seconds"])
+    if t.target is not None:
+        metrics["online"] = online_data.online_summary(t, metrics["seconds"])
+        t.target.close()
     if t.rank == 0:
         write_outputs(t, state, metrics)
     return metrics
@@ -250,7 +282,7 @@ def select_epoch(rule: str, state: TrainState) -> dict:
 
 def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_path: str, t2d_path: str,
           vocab_json: str, decisions_json: str, out_dir: str, *, world_size: int | None = None, device: str = "auto",
-          trust_remote_code: bool = False, **settings) -> dict:
+          trust_remote_code: bool = False, online: dict | None = None, **settings) -> dict:
     """Train a draft head on the shards and write ``out_dir`` (atomically, as one directory).
 
     ``settings`` are the config's ``train:`` keys (:class:`TrainConfig`, its defaults for
@@ -267,14 +299,26 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
     ranks' rows in one process (the same global batch). ``device``: ``auto``, ``cpu`` or
     ``cuda``. Returns ``metrics.json``'s content.
 
+    ``online`` (``capture.mode: online``, ``trainer.TrainInputs.online`` lists its keys): no shards
+    (``train_shards`` and ``eval_shards`` empty); the target (the compat report's backend) runs in
+    this process beside the trainer and computes each step's states while the draft trains on the
+    step before (``online_data.OnlineBatches``: a queue ``queue_depth`` steps deep). Each epoch runs
+    the target again over its samples. With the same seeds, data and dtypes an online run ends with
+    an offline run's weights (bit-identical where both compute each sample's states the same way,
+    tests/test_online.py), and it resumes as an offline run does. ``metrics.json`` gets ``online``
+    (the target's start and tokens/s) and, in both modes, ``prefetch``: where the loader and the
+    trainer waited on each other (``train_data.PrefetchWaits``).
+
     Raises:
         TypeError: a key of ``settings`` is not a ``TrainConfig`` field.
         artifacts.ArtifactError: ``decisions_json`` is missing or does not match its schema.
         ShardMismatch: a shard's target fingerprint or aux ids differ from the compat report.
-        ValueError: the vocab map files are inconsistent, there is nothing to train on, or a
-            setting is not one of its choices.
+        ValueError: the vocab map files are inconsistent, there is nothing to train on, a
+            setting is not one of its choices, or an online run under torchrun.
+        MemoryError: online on CUDA, the trainer's estimated need exceeds what the target left free.
     """
-    inputs = TrainInputs(target_dir, train_shards, eval_shards, d2t_path, t2d_path, vocab_json, decisions_json, out_dir)
+    inputs = TrainInputs(target_dir, train_shards, eval_shards, d2t_path, t2d_path, vocab_json, decisions_json, out_dir,
+                         online)
     return fit(TrainConfig(**settings), inputs, device, world_size, trust_remote_code)
 
 
@@ -287,16 +331,33 @@ def launch(kwargs: dict, nproc: int) -> None:
     ddp.launch("eagle3build.train.train_draft", kwargs, nproc)
 
 
+def online_inputs(settings, train_files: list[str], eval_files: list[str]) -> dict | None:
+    """``train``'s ``online`` argument from a train_draft job's settings (``contract.StageSettings``) and its
+    ``train``/``eval`` input files (online: the one tokens file of each split), or None where
+    ``capture.mode`` is ``offline`` (the inputs are then shards)."""
+    if settings["capture.mode"] != "online":
+        return None
+    return {"train_tokens": str(train_files[0]), "eval_tokens": str(eval_files[0]),
+            "num_train": settings["capture.num_train_samples"], "num_eval": settings["capture.num_eval_samples"],
+            "storage_dtype": settings["capture.storage_dtype"], "compute_dtype": settings["target.dtype"],
+            "tokens_per_batch": settings["capture.tokens_per_batch"], **settings["capture.online"]}
+
+
 def run_job(gpus: int, **kwargs) -> None:
     """Rule ``train_draft``'s entry: ``train(**kwargs)`` on the CPU (``gpus`` 0), on one GPU, or with
     ``launch`` on ``gpus`` > 1 GPUs (one DDP process per GPU of the job's slots). ``kwargs``: ``train``'s
-    arguments without ``device``.
+    arguments without ``device``. Online (``kwargs["online"]``) always one process: the target over the
+    ``gpus`` GPUs, the draft on the first.
 
     Raises:
         RuntimeError: a rank of a distributed run failed.
     """
     kwargs["device"] = "cuda" if gpus > 0 else "cpu"
-    if gpus > 1:
+    if kwargs.get("online"):
+        # the target over the job's GPUs, the draft on the first: one process (train's docstring)
+        kwargs["online"] = {**kwargs["online"], "gpus": gpus}
+        train(**kwargs)
+    elif gpus > 1:
         launch(kwargs, nproc=gpus)
     else:
         train(**kwargs)

@@ -82,7 +82,13 @@ class TrainInputs:
     """What a run reads and where it writes: the target's HF directory, the train and eval
     shards (capture_hidden_states), the vocab map (build_vocab_map: ``d2t.npy``, ``t2d.npy``,
     ``vocab.json``), the compat report's decisions (target fingerprint, aux layer ids, head
-    variant) and ``out_dir``, the checkpoint directory to write."""
+    variant, capture backend) and ``out_dir``, the checkpoint directory to write.
+
+    ``online`` (``capture.mode: online``; no shards then): ``train_tokens``, ``eval_tokens`` (the
+    tokens files), ``num_train``, ``num_eval`` (their first samples used), ``storage_dtype`` (the
+    rounding of the states, as a shard would store them), ``compute_dtype`` (``target.dtype``),
+    ``tokens_per_batch``, ``gpus`` (the job's: the target's), ``queue_depth`` (steps computed ahead)
+    and ``target_memory_fraction`` (the target's share of each GPU)."""
 
     target_dir: str
     train_shards: list[str]
@@ -92,6 +98,12 @@ class TrainInputs:
     vocab_json: str
     decisions_json: str
     out_dir: str
+    online: dict | None = None
+
+    @property
+    def mode(self) -> str:
+        """``capture.mode``: ``online`` (the target runs beside the trainer) or ``offline`` (shards)."""
+        return "online" if self.online else "offline"
 
     @property
     def state_dir(self) -> Path:
@@ -106,7 +118,8 @@ class Trainer:
 
     ``ranks``: the rank rows this process computes each step (its own under torchrun, all
     ``world`` of them in one process otherwise). ``key``: the settings hash a saved state
-    must match (``train_state.state_key``). ``meta``: ``train_meta.json``.
+    must match (``train_state.state_key``). ``meta``: ``train_meta.json``. ``target``: online,
+    the target computing the states (``online_states.HooksStates`` or ``VllmStates``).
     """
 
     cfg: TrainConfig
@@ -127,6 +140,7 @@ class Trainer:
     total_steps: int
     key: str
     meta: dict
+    target: object = None  # online: the target computing the states (online_states), else None
 
     @property
     def cuda(self) -> bool:

