@@ -5,7 +5,7 @@ Forward pre-hooks on the aux decoder layers record the residual stream *entering
 ``eagle_aux_hidden_state_layer_ids``), and a forward hook on the last decoder layer records its
 output *before* the final norm, the state speculators' ``Eagle3DraftModel`` feeds through its
 own ``verifier_norm`` (speculators/models/eagle3.py). Used by the ``hooks`` capture backend
-(``capture_hidden_states``), by online training's target (``online_states``) and by the compat
+(``capture_hidden_states``), by online training's target (``train.online_states``) and by the compat
 report's capture probes. ``plan_batches`` and ``padded_batch`` are the batching both capture
 paths share, so that a sample's states are computed the same way offline and online.
 """

@@ -87,7 +87,7 @@ def open_target(inputs, backend: str, aux_layer_ids: list[int], trust_remote_cod
     """The online target for a run's ``inputs`` (``trainer.TrainInputs`` with ``online``): the compat report's
     ``backend`` (``online_states.open_states``) on the job's GPUs (none: the CPU); a vLLM engine's longest
     prompt is the longest sample of either split."""
-    from ..online_states import open_states
+    from .online_states import open_states
 
     on = inputs.online
     longest = 1

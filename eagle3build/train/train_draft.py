@@ -331,31 +331,37 @@ def launch(kwargs: dict, nproc: int) -> None:
     ddp.launch("eagle3build.train.train_draft", kwargs, nproc)
 
 
-def online_inputs(settings, train_files: list[str], eval_files: list[str]) -> dict | None:
-    """``train``'s ``online`` argument from a train_draft job's settings (``contract.StageSettings``) and its
-    ``train``/``eval`` input files (online: the one tokens file of each split), or None where
-    ``capture.mode`` is ``offline`` (the inputs are then shards)."""
-    if settings["capture.mode"] != "online":
+def online_inputs(capture: dict, capture_online: dict, compute_dtype: str, train_files: list[str],
+                  eval_files: list[str]) -> dict | None:
+    """``train``'s ``online`` argument from a train_draft job's settings (``capture``: its ``capture.*`` keys,
+    ``capture_online``: ``capture.online.*``, ``compute_dtype``: ``target.dtype``) and its ``train``/``eval``
+    input files (online: the one tokens file of each split), or None where ``capture.mode`` is ``offline``
+    (the inputs are then shards)."""
+    if capture["mode"] != "online":
         return None
     return {"train_tokens": str(train_files[0]), "eval_tokens": str(eval_files[0]),
-            "num_train": settings["capture.num_train_samples"], "num_eval": settings["capture.num_eval_samples"],
-            "storage_dtype": settings["capture.storage_dtype"], "compute_dtype": settings["target.dtype"],
-            "tokens_per_batch": settings["capture.tokens_per_batch"], **settings["capture.online"]}
+            "num_train": capture["num_train_samples"], "num_eval": capture["num_eval_samples"],
+            "storage_dtype": capture["storage_dtype"], "compute_dtype": compute_dtype,
+            "tokens_per_batch": capture["tokens_per_batch"], **capture_online}
 
 
-def run_job(gpus: int, **kwargs) -> None:
+def run_job(gpus: int, capture: dict, capture_online: dict, compute_dtype: str, **kwargs) -> None:
     """Rule ``train_draft``'s entry: ``train(**kwargs)`` on the CPU (``gpus`` 0), on one GPU, or with
     ``launch`` on ``gpus`` > 1 GPUs (one DDP process per GPU of the job's slots). ``kwargs``: ``train``'s
-    arguments without ``device``. Online (``kwargs["online"]``) always one process: the target over the
-    ``gpus`` GPUs, the draft on the first.
+    arguments without ``device`` and ``online``; ``train_shards`` and ``eval_shards`` are the rule's
+    ``train`` and ``eval`` inputs. ``capture``, ``capture_online`` and ``compute_dtype`` are the job's
+    ``capture.*``, ``capture.online.*`` and ``target.dtype`` settings: with ``capture.mode`` online
+    (``online_inputs``) the inputs are the tokens files and the run is always one process: the target
+    over the ``gpus`` GPUs, the draft on the first.
 
     Raises:
         RuntimeError: a rank of a distributed run failed.
     """
     kwargs["device"] = "cuda" if gpus > 0 else "cpu"
-    if kwargs.get("online"):
+    online = online_inputs(capture, capture_online, compute_dtype, kwargs["train_shards"], kwargs["eval_shards"])
+    if online:
         # the target over the job's GPUs, the draft on the first: one process (train's docstring)
-        kwargs["online"] = {**kwargs["online"], "gpus": gpus}
+        kwargs.update(train_shards=[], eval_shards=[], online={**online, "gpus": gpus})
         train(**kwargs)
     elif gpus > 1:
         launch(kwargs, nproc=gpus)

@@ -1,10 +1,10 @@
-"""The target's hidden states computed when training asks for them: online training's target side (shared layer).
+"""The target's hidden states computed when training asks for them: online training's target side.
 
 ``capture.mode: online`` trains the draft head without shards: each training batch's samples
 are run through the target as the batch is formed, by the backend the compat report chose,
 and their states are rounded to ``capture.storage_dtype`` exactly as a shard would store them
 (``shard_rounding``), so an online run sees the numbers an offline run reads back from its
-shards. Used by the train stage (``train.online_data``); nothing here is written to disk.
+shards. A private module of the train subpackage (``online_data`` uses it); nothing here is written to disk.
 
 - ``HooksStates``: the target in this process (transformers), the forward hooks of ``hooks``, batched
   as the ``hooks`` capture backend batches (``hooks.plan_batches``, ``capture.tokens_per_batch``).
@@ -29,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from .shards import ShardMeta, dequantize_fp8, encode_states
+from ..shards import ShardMeta, dequantize_fp8, encode_states
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ class HooksStates:
     def __init__(self, target_dir: str, aux_layer_ids: list[int], storage_dtype: str, device: str = "cpu",
                  compute_dtype: str = "auto", tokens_per_batch: int = 4096, trust_remote_code: bool = False,
                  model: torch.nn.Module | None = None):
-        from .hooks import HookCapture
-        from .target import load_model, resolve_dtype
+        from ..hooks import HookCapture
+        from ..target import load_model, resolve_dtype
 
         t0 = time.perf_counter()
         self.model = model if model is not None else load_model(
@@ -77,7 +77,7 @@ class HooksStates:
     def states(self, ids: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per sample of ``ids`` (token ids, int), ``(aux [T, A*H], last [T, H])`` on the CPU, rounded as stored
         (``shard_rounding``), in the order given."""
-        from .hooks import padded_batch, plan_batches, unpad
+        from ..hooks import padded_batch, plan_batches, unpad
 
         out: list = [None] * len(ids)
         lengths = [len(x) for x in ids]
@@ -115,8 +115,8 @@ class VllmStates:
     def __init__(self, target_dir: str, aux_layer_ids: list[int], storage_dtype: str, gpus: int = 0,
                  compute_dtype: str = "auto", tokens_per_batch: int = 4096, max_model_len: int = 2049,
                  trust_remote_code: bool = False, memory_fraction: float | None = None):
-        from .vllm_capture import capture_engine_args, start_capture_engine
-        from .vllm_engine import child_env, require_vllm
+        from ..vllm_capture import capture_engine_args, start_capture_engine
+        from ..vllm_engine import child_env, require_vllm
 
         require_vllm(target_dir)
         # The engine's environment as its own child process would get it (offline, vLLM's CPU
@@ -147,7 +147,7 @@ class VllmStates:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from .vllm_capture import SAMPLE_KEY, _rank0
+        from ..vllm_capture import SAMPLE_KEY, _rank0
 
         lengths = [len(x) for x in ids]
         self.llm.collective_rpc("eagle3_begin_online", args=(lengths, os.getpid()))
