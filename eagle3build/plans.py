@@ -176,3 +176,26 @@ def plan_online_memory(gpu_memory_bytes: int | None, gpus: int, target_weight_by
         out["message"] = (f"target {target / gb:.1f} of {t_budget / gb:.1f} GB per GPU, trainer "
                           f"{trainer['total_bytes'] / gb:.1f} of {tr_budget / gb:.1f} GB")
     return out
+
+
+def plan_online_for_target(text_cfg, weight_bytes: float, backend: str | None, num_aux: int, online: dict,
+                           gpu_memory_bytes: int | None) -> dict:
+    """``plan_online_memory`` for a target with (text) transformers config ``text_cfg`` and ``weight_bytes``
+    of weights: the KV cache of a capture engine where ``backend`` is ``vllm`` (2 x (tokens per step +
+    longest sample) tokens, as ``vllm_capture.capture_engine_args`` sizes it, bf16) and the draft's
+    training need from the target's shapes (``draft_training_bytes``). ``online``: ``gpus``,
+    ``target_memory_fraction``, ``total_seq_len``, ``ttt_steps``, ``draft_vocab_size``,
+    ``tokens_per_batch`` and ``max_seq_len`` (tokens). Used by the compat report (from the config) and by
+    ``train_draft`` online before it loads the target (from its own inputs)."""
+    tc = text_cfg
+    gpus = online["gpus"]
+    heads = tc.num_attention_heads
+    trainer = draft_training_bytes(tc.hidden_size, tc.intermediate_size, heads,
+                                   getattr(tc, "num_key_value_heads", None) or heads,
+                                   getattr(tc, "head_dim", None) or tc.hidden_size // heads, tc.vocab_size,
+                                   online["draft_vocab_size"], num_aux, online["total_seq_len"], online["ttt_steps"])
+    engine = backend == "vllm"
+    kv = kv_cache_bytes_per_token(tc, 2, max(1, gpus)) if engine else None
+    return plan_online_memory(gpu_memory_bytes, gpus, weight_bytes, kv,
+                              2 * (online["tokens_per_batch"] + online["max_seq_len"]) if engine else 0, trainer,
+                              online["target_memory_fraction"])

@@ -135,9 +135,23 @@ def test_online_under_torchrun_is_refused(tiny_shards, tiny_target, tmp_path, mo
         td.setup(td.TrainConfig(), _inputs(kw), "cpu")
 
 
-def test_online_memory_split_is_planned_and_refused_with_its_numbers(tiny_target):
+def test_online_memory_split_is_planned_and_refused_with_its_numbers(tiny_shards, tiny_target, tmp_path):
     """The compat report's plan for online training: a split that fits, one whose target share is too small and one
-    whose trainer share is too small, each failure naming both numbers; CPU jobs are not planned."""
+    whose trainer share is too small, each failure naming both numbers; CPU jobs are not planned. train_draft makes
+    the same plan from its own inputs before it loads the target (a run switched to online after its report)."""
+    from eagle3build.train import online_data
+
+    d, _, _ = tiny_shards
+    kw = online_kwargs(d, tiny_target, tmp_path / "o")
+    kw["online"].update(gpus=1, target_memory_fraction=0.001)
+    weights = (tiny_target / "model.safetensors").stat().st_size
+    with pytest.raises(MemoryError, match=r"the target needs 0\.0 GB per GPU .* gives it 0\.0 GB"):
+        online_data.check_memory_split(_inputs(kw), "hooks", 3, td.TrainConfig(), 256, gpu_memory_bytes=int(1e9))
+    kw["online"].update(target_memory_fraction=0.5)
+    plan = online_data.check_memory_split(_inputs(kw), "hooks", 3, td.TrainConfig(), 256, gpu_memory_bytes=int(1e9))
+    assert plan["status"] == "ok" and plan["target_bytes_per_gpu"] == int(weights * 1.2)
+    kw["online"].update(gpus=0)
+    assert online_data.check_memory_split(_inputs(kw), "hooks", 3, td.TrainConfig(), 256)["status"] == "ok"
     trainer = plans.draft_training_bytes(576, 1536, 9, 3, 64, 49152, 32000, 3, 8192, 3)
     assert trainer["trainable_parameters"] == 3 * 576 * 576 + 2 * 576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 * 1536 \
         + 4 * 576 + 32000 * 576

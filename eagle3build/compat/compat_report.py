@@ -301,24 +301,15 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
 
 def plan_online(target_dir: str, target: dict, capture: dict, online: dict, gpu_memory_bytes: int | None,
                 trust_remote_code: bool = False) -> dict:
-    """``plans.plan_online_memory`` for this target: its stored weight bytes, the KV cache of a capture
-    engine (``vllm`` backend: 2 x (tokens per step + longest sample), as ``vllm_capture.capture_engine_args``
-    sizes it, bf16) and the draft's training need from the target's shapes (``plans.draft_training_bytes``)."""
-    from ..plans import draft_training_bytes, kv_cache_bytes_per_token, plan_online_memory
+    """``plans.plan_online_for_target`` for this target: its stored weight bytes (parameters x bytes per
+    parameter, as inspected) and the decided backend and aux ids (``capture``); ``online`` as
+    ``build_report`` takes it."""
+    from ..plans import plan_online_for_target
 
     tc = text_config(load_config(target_dir, trust_remote_code))
-    gpus = online["gpus"]
-    heads = tc.num_attention_heads
-    trainer = draft_training_bytes(tc.hidden_size, tc.intermediate_size, heads,
-                                   getattr(tc, "num_key_value_heads", None) or heads,
-                                   getattr(tc, "head_dim", None) or tc.hidden_size // heads, tc.vocab_size,
-                                   online["draft_vocab_size"], len(capture.get("aux_layer_ids") or [0, 0, 0]),
-                                   online["total_seq_len"], online["ttt_steps"])
-    engine = capture.get("backend") == "vllm"
-    kv = kv_cache_bytes_per_token(tc, 2, max(1, gpus)) if engine else None
-    return plan_online_memory(gpu_memory_bytes, gpus, target["parameters"] * target["weight_bytes_per_parameter"], kv,
-                              2 * (online["tokens_per_batch"] + online["max_seq_len"]) if engine else 0, trainer,
-                              online["target_memory_fraction"])
+    return plan_online_for_target(tc, target["parameters"] * target["weight_bytes_per_parameter"],
+                                  capture.get("backend"), len(capture.get("aux_layer_ids") or [0, 0, 0]), online,
+                                  gpu_memory_bytes)
 
 
 # What needs vLLM, and what builds without it.

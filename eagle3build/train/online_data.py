@@ -11,6 +11,8 @@ either side waits (``train_data.PrefetchWaits``).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..tokens import read_tokens
@@ -83,6 +85,49 @@ class OnlineBatches(Batches):
         return super().load(indices)
 
 
+def longest_sample(online: dict) -> int:
+    """The longest sample, in tokens, of the samples an online run uses (both splits; at least 1)."""
+    longest = 1
+    for path, n in ((online["train_tokens"], online["num_train"]), (online["eval_tokens"], online["num_eval"])):
+        if n > 0:
+            off = read_tokens(path).offsets
+            m = min(n, len(off) - 1)
+            if m:
+                longest = max(longest, int((off[1:m + 1] - off[:m]).max()))
+    return longest
+
+
+def check_memory_split(inputs, backend: str, num_aux: int, cfg, draft_vocab: int, trust_remote_code: bool = False,
+                       gpu_memory_bytes: int | None = None) -> dict:
+    """Before the target is loaded: the compat report's plan of the GPU split (``plans.plan_online_for_target``)
+    made again from this run's own inputs — the target's weight files' bytes, the longest sample, the draft
+    vocab — so a run switched to online after its report was written is checked too. ``gpu_memory_bytes``:
+    one card's (None: the first visible GPU's). Returns the plan; skipped (``ok``) on a CPU job.
+
+    Raises:
+        MemoryError: the plan fails; its message names both sides' bytes.
+    """
+    from ..plans import plan_online_for_target
+    from ..staleness import content_files
+    from ..target import load_config, text_config
+
+    on = inputs.online
+    if on["gpus"] == 0:
+        return {"status": "ok", "message": "CPU job"}
+    if gpu_memory_bytes is None:
+        gpu_memory_bytes = torch.cuda.get_device_properties(0).total_memory
+    weights = sum(os.path.getsize(f) for f in content_files(inputs.target_dir)
+                  if str(f).endswith((".safetensors", ".bin", ".pt", ".pth")))
+    plan = plan_online_for_target(
+        text_config(load_config(inputs.target_dir, trust_remote_code)), weights, backend, num_aux,
+        {"gpus": on["gpus"], "target_memory_fraction": on.get("target_memory_fraction") or 0.5,
+         "total_seq_len": cfg.total_seq_len, "ttt_steps": cfg.ttt_steps, "draft_vocab_size": draft_vocab,
+         "tokens_per_batch": on["tokens_per_batch"], "max_seq_len": longest_sample(on)}, gpu_memory_bytes)
+    if plan["status"] == "fail":
+        raise MemoryError(f"capture.mode online: {plan['message']}")
+    return plan
+
+
 def open_target(inputs, backend: str, aux_layer_ids: list[int], trust_remote_code: bool = False):
     """The online target for a run's ``inputs`` (``trainer.TrainInputs`` with ``online``): the compat report's
     ``backend`` (``online_states.open_states``) on the job's GPUs (none: the CPU); a vLLM engine's longest
@@ -90,13 +135,7 @@ def open_target(inputs, backend: str, aux_layer_ids: list[int], trust_remote_cod
     from .online_states import open_states
 
     on = inputs.online
-    longest = 1
-    for path, n in ((on["train_tokens"], on["num_train"]), (on["eval_tokens"], on["num_eval"])):
-        if n > 0:
-            off = read_tokens(path).offsets
-            m = min(n, len(off) - 1)
-            if m:
-                longest = max(longest, int((off[1:m + 1] - off[:m]).max()))
+    longest = longest_sample(on)
     return open_states(backend, inputs.target_dir, aux_layer_ids, on["storage_dtype"], gpus=on["gpus"],
                        compute_dtype=on["compute_dtype"], tokens_per_batch=on["tokens_per_batch"],
                        max_model_len=longest + 1, trust_remote_code=trust_remote_code,

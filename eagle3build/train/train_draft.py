@@ -143,7 +143,12 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     # Online: the target first (a vLLM engine sizes its memory from what is free), then the seed, so the
     # draft's initial weights are an offline run's (loading a target draws from torch's RNG).
-    target = online_data.open_target(inputs, decisions.backend, aux, trust_remote_code) if inputs.online else None
+    target = None
+    if inputs.online:
+        if device.startswith("cuda"):
+            log.info("online GPU split: %s", online_data.check_memory_split(
+                inputs, decisions.backend, len(aux), cfg, int(d2t.shape[0]), trust_remote_code)["message"])
+        target = online_data.open_target(inputs, decisions.backend, aux, trust_remote_code)
     torch.manual_seed(cfg.seed)
     model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device, trust_remote_code)
     hidden = model.config.transformer_layer_config.hidden_size
@@ -315,7 +320,8 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
         ShardMismatch: a shard's target fingerprint or aux ids differ from the compat report.
         ValueError: the vocab map files are inconsistent, there is nothing to train on, a
             setting is not one of its choices, or an online run under torchrun.
-        MemoryError: online on CUDA, the trainer's estimated need exceeds what the target left free.
+        MemoryError: online on CUDA, the planned split of the GPUs cannot fit (``online_data.check_memory_split``),
+            or the trainer's estimated need exceeds what the target left free.
     """
     inputs = TrainInputs(target_dir, train_shards, eval_shards, d2t_path, t2d_path, vocab_json, decisions_json, out_dir,
                          online)
