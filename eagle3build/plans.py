@@ -122,8 +122,9 @@ def draft_training_bytes(hidden_size: int, intermediate_size: int, num_heads: in
                          target_vocab: int, draft_vocab: int, num_aux: int, total_seq_len: int, ttt_steps: int) -> dict:
     """GPU bytes training an EAGLE-3 draft head takes, estimated from its shapes (speculators'
     ``Eagle3DraftModel``: one llama decoder layer whose attention reads ``2 x hidden`` (token embedding and
-    fused state, EAGLE-3, arXiv:2503.01840 §3.2), the ``fc`` fusing ``num_aux`` aux states, the draft
-    ``lm_head``; frozen: the target's embedding and the verifier's ``lm_head`` rows of the draft vocab).
+    fused state, EAGLE-3, arXiv:2503.01840 §3.2) and the ``fc`` fusing ``num_aux`` aux states; frozen: the
+    target's embedding, the draft ``lm_head`` and the verifier's ``lm_head`` rows of the draft vocab; the
+    count equals speculators 0.9's trainable parameters for ``eagle3.1``, tests/test_online.py).
 
     ``states``: trainable parameters x 16 B (fp32 weights, gradients, AdamW's two moments) + frozen x 4 B;
     ``activations``: per TTT step and packed token, the draft and verifier logits over the draft vocab in
@@ -132,12 +133,32 @@ def draft_training_bytes(hidden_size: int, intermediate_size: int, num_heads: in
     measured peaks). Returns ``{"trainable_parameters", "states_bytes", "activation_bytes", "total_bytes"}``.
     """
     H, inter, q, kv = hidden_size, intermediate_size, num_heads * head_dim, num_kv_heads * head_dim
-    trainable = (num_aux * H * H + 2 * H * (q + 2 * kv) + q * H + 3 * H * inter + 4 * H + draft_vocab * H)
-    frozen = target_vocab * H + draft_vocab * H
+    # trained: fc, attention over 2 x hidden, o_proj, MLP, norms (four of hidden, the fc input's of num_aux x
+    # hidden); frozen: the embedding, the draft lm_head (speculators 0.9 copies it from the verifier's rows and
+    # does not train it), the verifier's lm_head rows and norm
+    trainable = num_aux * H * H + 2 * H * (q + 2 * kv) + q * H + 3 * H * inter + (4 + num_aux) * H
+    frozen = target_vocab * H + 2 * draft_vocab * H + H
     states = trainable * 16 + frozen * 4
     act = ttt_steps * total_seq_len * (4 * 4 * draft_vocab + 4 * (16 * H + 3 * inter))
     return {"trainable_parameters": trainable, "states_bytes": states, "activation_bytes": act,
             "total_bytes": states + act}
+
+
+def draft_training_bytes_for(config, draft_vocab: int, num_aux: int, total_seq_len: int, ttt_steps: int) -> dict:
+    """``draft_training_bytes`` from a transformers config (the target's text config, or the draft layer's:
+    the draft layer takes the target's shapes): hidden and intermediate sizes, heads, KV heads, head dim
+    (hidden / heads where unset) and vocab."""
+    heads = config.num_attention_heads
+    return draft_training_bytes(config.hidden_size, config.intermediate_size, heads,
+                                getattr(config, "num_key_value_heads", None) or heads,
+                                getattr(config, "head_dim", None) or config.hidden_size // heads, config.vocab_size,
+                                draft_vocab, num_aux, total_seq_len, ttt_steps)
+
+
+def capture_kv_cache_tokens(tokens_per_step: int, max_model_len: int) -> int:
+    """KV cache tokens of a capture engine: one step's prompts plus a prompt split over steps, twice over for
+    the scheduler's look-ahead (requests finish after their prefill, so more would sit idle)."""
+    return 2 * (tokens_per_step + max_model_len)
 
 
 def plan_online_memory(gpu_memory_bytes: int | None, gpus: int, target_weight_bytes: float, kv_bytes_per_token: int | None,
@@ -187,15 +208,11 @@ def plan_online_for_target(text_cfg, weight_bytes: float, backend: str | None, n
     ``target_memory_fraction``, ``total_seq_len``, ``ttt_steps``, ``draft_vocab_size``,
     ``tokens_per_batch`` and ``max_seq_len`` (tokens). Used by the compat report (from the config) and by
     ``train_draft`` online before it loads the target (from its own inputs)."""
-    tc = text_cfg
     gpus = online["gpus"]
-    heads = tc.num_attention_heads
-    trainer = draft_training_bytes(tc.hidden_size, tc.intermediate_size, heads,
-                                   getattr(tc, "num_key_value_heads", None) or heads,
-                                   getattr(tc, "head_dim", None) or tc.hidden_size // heads, tc.vocab_size,
-                                   online["draft_vocab_size"], num_aux, online["total_seq_len"], online["ttt_steps"])
+    trainer = draft_training_bytes_for(text_cfg, online["draft_vocab_size"], num_aux, online["total_seq_len"],
+                                       online["ttt_steps"])
     engine = backend == "vllm"
-    kv = kv_cache_bytes_per_token(tc, 2, max(1, gpus)) if engine else None
+    kv = kv_cache_bytes_per_token(text_cfg, 2, max(1, gpus)) if engine else None
     return plan_online_memory(gpu_memory_bytes, gpus, weight_bytes, kv,
-                              2 * (online["tokens_per_batch"] + online["max_seq_len"]) if engine else 0, trainer,
-                              online["target_memory_fraction"])
+                              capture_kv_cache_tokens(online["tokens_per_batch"], online["max_seq_len"]) if engine
+                              else 0, trainer, online["target_memory_fraction"])

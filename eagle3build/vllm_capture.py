@@ -385,14 +385,9 @@ class CaptureExtension:
                                              self.model_runner.device, to_cpu=os.getpid() != caller_pid)
         return True
 
-    def eagle3_take_online(self) -> dict | None:
-        """The collected states (``{"states": [(aux, last)] by request index, ...step statistics}``).
-
-        Raises:
-            the first error a hook met, or RuntimeError when a sample was never fully seen.
-        """
-        cap, self._e3["capture"] = self._e3["capture"], None
-        return cap.finish() if cap is not None else None
+    # The end of an online batch is the end of a shard's capture: the open collector's finish() (its
+    # states, with the step statistics), or the first error a hook met.
+    eagle3_take_online = eagle3_finish_shard
 
 
 def _rank0(results: list):
@@ -481,6 +476,7 @@ def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, token
     Raises:
         ParallelismError: ``pipeline_parallel_size > 1``.
     """
+    from .plans import capture_kv_cache_tokens
     from .vllm_engine import engine_args
 
     check_parallelism(max(1, gpus), pipeline_parallel_size)
@@ -490,7 +486,7 @@ def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, token
     # look-ahead: requests finish after their prefill, so more cache would sit idle (vLLM's
     # default of 92 % of an H200, 127 GiB, took most of a 132 s start for a 135M target).
     kw = dict(worker_extension_cls=EXTENSION, enable_prefix_caching=False, eager=True,
-              kv_cache_tokens=2 * (step + max_model_len), skip_tokenizer_init=True, max_num_batched_tokens=step,
+              kv_cache_tokens=capture_kv_cache_tokens(step, max_model_len), skip_tokenizer_init=True, max_num_batched_tokens=step,
               trust_remote_code=trust_remote_code)
     if _is_multimodal(target_dir):
         # Text samples only: vLLM then skips the vision tower and its processor (which needs the tokenizer).

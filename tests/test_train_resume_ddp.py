@@ -33,6 +33,21 @@ def run_train(kw, **popen):
     return subprocess.Popen([sys.executable, "-c", TRAIN, json.dumps(kw)], env=env, **popen)
 
 
+def kill_at_step(p: subprocess.Popen, state, step: int) -> None:
+    """SIGKILL the training process ``p`` once its saved state ``state`` (state.pt) holds ``step`` steps."""
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if state.exists():
+            try:
+                if torch.load(state, weights_only=True)["step"] >= step:
+                    break
+            except Exception:  # noqa: BLE001 - racing the atomic rename; try again
+                pass
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    assert p.wait(timeout=60) == -signal.SIGKILL
+
+
 def weights(out):
     return load_file(str(out / "model.safetensors"))
 
@@ -47,18 +62,8 @@ def test_sigkill_then_resume_is_bit_identical(tiny_shards, tiny_target, tmp_path
     out = tmp_path / "killed"
     state = tmp_path / "killed.state" / "state.pt"
     kill_after = random.Random().randint(2, steps - 2)  # a random step
-    p = run_train(kwargs(d, tiny_target, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if state.exists():
-            try:
-                if torch.load(state, weights_only=True)["step"] >= kill_after:
-                    break
-            except Exception:  # noqa: BLE001 - racing the atomic rename; try again
-                pass
-        time.sleep(0.05)
-    p.send_signal(signal.SIGKILL)
-    assert p.wait(timeout=60) == -signal.SIGKILL
+    kill_at_step(run_train(kwargs(d, tiny_target, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), state,
+                 kill_after)
     assert not out.exists() and state.exists()
     killed_at = torch.load(state, weights_only=True)["step"]
     assert 1 <= killed_at < steps

@@ -142,23 +142,19 @@ def open_target(inputs, backend: str, aux_layer_ids: list[int], trust_remote_cod
                        memory_fraction=on.get("target_memory_fraction"))
 
 
-def check_trainer_memory(device: str, model, cfg, num_aux: int, draft_vocab: int) -> dict | None:
-    """On CUDA, with the online target already on the cards: refuse to train when the trainer's estimated
-    need (``plans.draft_training_bytes`` from the draft's shapes) exceeds the memory left free on the
-    trainer's GPU. Returns the figures (None on CPU).
+def check_trainer_memory(device: str, text_cfg, cfg, num_aux: int, draft_vocab: int) -> dict | None:
+    """On CUDA, with the online target already on the cards and before the draft is built: refuse to train
+    when the trainer's estimated need (``plans.draft_training_bytes_for`` the target's shapes, which the
+    draft layer takes) exceeds the memory left free on the trainer's GPU. Returns the figures (None on CPU).
 
     Raises:
         MemoryError: the need and the free bytes, both named.
     """
     if not device.startswith("cuda"):
         return None
-    from ..plans import draft_training_bytes
+    from ..plans import draft_training_bytes_for
 
-    c = model.config.transformer_layer_config
-    need = draft_training_bytes(c.hidden_size, c.intermediate_size, c.num_attention_heads,
-                                getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-                                getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-                                c.vocab_size, draft_vocab, num_aux, cfg.total_seq_len, cfg.ttt_steps)
+    need = draft_training_bytes_for(text_cfg, draft_vocab, num_aux, cfg.total_seq_len, cfg.ttt_steps)
     free, total = torch.cuda.mem_get_info(torch.device(device))
     if need["total_bytes"] > free:
         raise MemoryError(f"capture.mode online: the trainer needs about {need['total_bytes'] / 1e9:.1f} GB "

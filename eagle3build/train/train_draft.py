@@ -149,13 +149,17 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
             log.info("online GPU split: %s", online_data.check_memory_split(
                 inputs, decisions.backend, len(aux), cfg, int(d2t.shape[0]), trust_remote_code)["message"])
         target = online_data.open_target(inputs, decisions.backend, aux, trust_remote_code)
+        if device.startswith("cuda"):  # before the draft takes its own memory
+            from ..target import load_config, text_config
+
+            online_data.check_trainer_memory(device, text_config(load_config(inputs.target_dir, trust_remote_code)),
+                                             cfg, len(aux), int(d2t.shape[0]))
     torch.manual_seed(cfg.seed)
     model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device, trust_remote_code)
     hidden = model.config.transformer_layer_config.hidden_size
     ranks = [rank] if distributed else list(range(world))
     if target is not None:
         on = inputs.online
-        online_data.check_trainer_memory(device, model, cfg, len(aux), int(d2t.shape[0]))
         train_b = online_data.OnlineBatches(on["train_tokens"], on["num_train"], target, cfg.total_seq_len, hidden,
                                             len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks, on["queue_depth"])
         eval_b = (online_data.OnlineBatches(on["eval_tokens"], on["num_eval"], target, cfg.total_seq_len, hidden, len(aux),
