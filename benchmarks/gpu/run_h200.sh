@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # One step of the issue-21 benchmark records on a lent H200 (vLLM 0.26.0 carried: docs/gpus.md).
-#   bash benchmarks/gpu/run_h200.sh build|c1|c16 SECONDS [OVERLAY.yaml ...]
+#   [RECIPE=OVERLAY.yaml] bash benchmarks/gpu/run_h200.sh build|c1|c16 SECONDS [OVERLAY.yaml ...]
 # build: the h200-8k head up to export; c1 / c16: its benchmark at concurrency 1 / 16; further
-# overlays (e.g. ks13.yaml, ks25.yaml) go last and pick the ks one call serves.
+# overlays (e.g. ks13.yaml, ks25.yaml) go last and pick the ks one call serves. RECIPE: an overlay
+# of h200_8k.yaml with its own `run:` (e.g. h200_8k_regen.yaml), applied before the step's.
 # Logs and results go to $OUT (the device tool's output folder); a step cut by SECONDS resumes
 # in the next call (--rerun-incomplete).
 set -u
 step=$1; limit=$2; shift 2
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH NCCL_NVLS_ENABLE=0 \
        TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1
-cfg="benchmarks/gpu/h200_8k.yaml benchmarks/gpu/no_load_check.yaml"
+cfg="benchmarks/gpu/h200_8k.yaml ${RECIPE:-} benchmarks/gpu/no_load_check.yaml"
+run=$(grep -h '^run:' $cfg | tail -1 | awk '{print $2}')
 extra=()
 case $step in
   build) extra=(--until export_head) ;;
@@ -20,9 +22,10 @@ start=$(date +%s)
 timeout "$limit" python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete \
     --configfile $cfg "${extra[@]}" > "$OUT/snakemake_$step.log" 2>&1
 echo "rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/snakemake_$step.log"
-mkdir -p "$OUT/r" && cp -r logs/h200-8k "$OUT/r/logs_$step" 2>/dev/null
-for f in results/h200-8k/benchmark.json results/h200-8k/checkpoint/metrics.json results/h200-8k/checkpoint/train_meta.json results/h200-8k/head/head_meta.json; do
+mkdir -p "$OUT/r" && cp -r logs/$run "$OUT/r/logs_$step" 2>/dev/null
+for f in results/$run/benchmark.json results/$run/checkpoint/metrics.json results/$run/checkpoint/train_meta.json results/$run/head/head_meta.json results/$run/data/regenerate_report.json results/$run/data/data_report.json; do
   [ -f "$f" ] && cp "$f" "$OUT/r/${step}_$(basename "$f")"
 done
+[ -f results/$run/data/regenerated.jsonl ] && head -n 300 results/$run/data/regenerated.jsonl > "$OUT/r/regenerated_first300.jsonl"
 tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r"
 tail -5 "$OUT/snakemake_$step.log"
