@@ -130,6 +130,7 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
     Contract("regenerate_responses", "data", inputs=("target", "sources"),
              params=(_VERSION, Param("sources", ("data.sources",)), Param("max_seq_len", ("data.max_seq_len",)),
                      Param("max_tokens", ("data.regenerate.max_tokens",)),
+                     Param("unfinished", ("data.regenerate.unfinished",)),
                      Param("served_name", ("target.served_name",)),
                      Param("dtype", ("benchmark.dtype",)), Param("seed", ("data.seed",)),
                      Param("pipeline_parallel_size", ("target.pipeline_parallel_size",)),

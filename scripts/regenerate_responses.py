@@ -12,6 +12,7 @@ regenerate(
     out_report=snakemake.output.report,
     max_seq_len=s["data.max_seq_len"],
     max_tokens=s["data.regenerate.max_tokens"],
+    unfinished=s["data.regenerate.unfinished"],
     served_name=s["target.served_name"],
     dtype=s["benchmark.dtype"],
     seed=s["data.seed"],

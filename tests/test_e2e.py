@@ -467,7 +467,8 @@ def test_regenerated_responses(built, tmp_path):
     wd, res = built
     cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
     cfg["run"] = "regen"
-    cfg["data"]["regenerate"] = {"enabled": True, "max_tokens": 16, "backend": "auto", "batch_size": 8}
+    cfg["data"]["regenerate"] = {"enabled": True, "max_tokens": 16, "unfinished": "keep", "backend": "auto",
+                                 "batch_size": 8}
     (tmp_path / "regen.yaml").write_text(yaml.safe_dump(cfg))
     p = run(["results/regen/data/data_report.json", "--configfile", str(tmp_path / "regen.yaml")], wd, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]

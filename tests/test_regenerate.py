@@ -147,3 +147,76 @@ def test_backend_choice(monkeypatch):
         rr.choose_backend("vllm")
     with pytest.raises(ValueError, match="data.regenerate.backend"):
         rr.choose_backend("sglang")
+
+
+LOOP = "The dragon is revealed to be a goblin king. " * 20  # 880 characters, one sentence over and over
+
+
+def test_ends_in_loop():
+    """The report's loop count: a verbatim repeat at the end is a loop; varied text, a loop that stopped
+    before the end, and a short answer are not."""
+    assert rr.ends_in_loop(LOOP) and rr.ends_in_loop("Intro. " + LOOP)
+    varied = " ".join(f"Step {i}: add {i * 7 % 13} apples to basket {i % 5}." for i in range(40))
+    assert len(varied) > rr.LOOP_WINDOW and not rr.ends_in_loop(varied)
+    assert not rr.ends_in_loop(LOOP + varied)  # the loop ended; the answer went on
+    assert not rr.ends_in_loop(LOOP[:200])  # shorter than half the window
+
+
+def _scripted(cut: set[tuple[int, int]]):
+    """A generator answering prompt p of round r (its number of user turns) with a finished answer, or with a cut
+    loop of 9 tokens where (conversation index, round) is in ``cut``; the conversation is told by its first text."""
+    def generate(prompts):
+        out = []
+        for p in prompts:
+            i, r = int(p[0]["content"][1:]), sum(m["role"] == "user" for m in p)
+            out.append(rr.Answer(LOOP, 9, False, list(range(9))) if (i, r) in cut
+                       else rr.Answer(f"a{i}.{r}", 3, True, [i, r, 0]))
+        return out
+    return generate
+
+
+def test_unfinished_keep_or_drop():
+    """data.regenerate.unfinished: a cut answer ends its conversation either way; keep trains it (flagged), drop
+    leaves it out so the conversation ends at the answer before (or holds no answer at all); the counts of cut and
+    looping answers and the generated tokens are the same in both."""
+    convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "old"},
+              {"role": "user", "content": "more"}, {"role": "assistant", "content": "old"},
+              {"role": "user", "content": "again"}, {"role": "assistant", "content": "old"}] for i in range(3)]
+    gen = _scripted({(0, 2), (1, 1)})  # conversation 0 cut at its 2nd answer, 1 at its 1st, 2 never
+
+    def run(mode):
+        return rr.regenerate_turns(convs, gen, lambda msgs: 4 * len(msgs), max_seq_len=1000, unfinished=mode)
+
+    keep, drop = run("keep"), run("drop")
+    k0, k1, k2 = keep["conversations"]
+    assert [m["content"] for m in k0 if m["role"] == "assistant"] == ["a0.1", LOOP]
+    assert [m["content"] for m in k1 if m["role"] == "assistant"] == [LOOP]
+    assert [m["content"] for m in k2 if m["role"] == "assistant"] == ["a2.1", "a2.2", "a2.3"]
+    assert keep["last_turn_unfinished"] == [True, True, False] and keep["turns_regenerated"] == 6
+    d0, d1, d2 = drop["conversations"]
+    assert d0 == k0[:2] and d1 == [] and d2 == k2  # ends on the answer before; conversation 1 holds none
+    assert drop["last_turn_unfinished"] == [False, False, False] and drop["turns_regenerated"] == 4
+    for res in (keep, drop):
+        assert res["answers_at_max_tokens"] == 2 and res["answers_at_max_tokens_looping"] == 2
+        assert res["generated_tokens"] == 2 * 9 + 4 * 3
+    with pytest.raises(ValueError, match="unfinished"):
+        run("truncate")
+
+
+def test_regenerate_drop_writes_no_cut_answer(tmp_path, smol_target):
+    """regenerate(unfinished="drop"): the story conversation, cut at its first answer, is not written; no record
+    is flagged; the report names the rule and still counts the cut answer."""
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "messages": c}) + "\n" for i, c in enumerate(CONVS)))
+    out, rep_path = tmp_path / "regen.jsonl", tmp_path / "rep.json"
+    rep = rr.regenerate([{"path": str(src), "max_samples": None}], str(smol_target), out, rep_path, max_seq_len=256,
+                        max_tokens=12, served_name="m", unfinished="drop", dtype="float32", backend="transformers",
+                        batch_size=4)
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert "r2" not in [r["id"] for r in recs] and not any(r[cv.UNFINISHED_KEY] for r in recs)
+    assert rep["unfinished"] == "drop" and rep["answers_at_max_tokens"] >= 1
+    assert rep["conversations_out"] == len(recs) >= 1 and all(r["messages"][-1]["role"] == "assistant" for r in recs)
+    assert 1 <= 3 - len(recs) <= rep["answers_at_max_tokens"]  # a conversation is gone only where its first answer was cut
+    with pytest.raises(ValueError, match="unfinished"):
+        rr.regenerate([], str(smol_target), out, rep_path, max_seq_len=256, max_tokens=12, served_name="m",
+                      unfinished="cut")

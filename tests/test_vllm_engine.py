@@ -265,7 +265,8 @@ def _recording_engines(specs):
         if entry == "eagle3build.data.regenerate_responses:run_child":
             convs = [[*c[:1], {"role": "assistant", "content": "ok"}] for c in spec["conversations"]]
             return {"conversations": convs, "last_turn_unfinished": [False] * len(convs), "turns_regenerated": len(convs),
-                    "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "generated_tokens": len(convs),
+                    "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "answers_at_max_tokens_looping": 0,
+                    "generated_tokens": len(convs),
                     "generate_seconds": 0.5}
         speculative = bool(spec.get("speculative_config"))
         res = {**figures(len(spec["prompts"]), speculative), "engine_start_s": 1.0, "process_s": 2.0}

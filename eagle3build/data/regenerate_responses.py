@@ -21,11 +21,16 @@ are written unchanged (counted as ``conversations_with_tools_kept``): a regenera
 no longer match the recorded tool results. Reasoning fields of the input are not shown to the
 target when it answers.
 
-An answer cut at ``max_tokens`` (no end-of-turn token generated) ends its conversation: it
-is kept as the last turn and the record gets ``"last_turn_unfinished": true``, so that
-``prepare_data`` trains its text but not the end-of-turn token the chat template appends
-(``chat_masking.open_last_turn``); the turns after it are dropped (the rest of the original
-conversation answers a reply the target never finished). The report counts these answers.
+An answer cut at ``max_tokens`` (no end-of-turn token generated) ends its conversation; the
+turns after it are dropped (the rest of the original conversation answers a reply the target
+never finished). With ``data.regenerate.unfinished: keep`` it is kept as the last turn and the
+record gets ``"last_turn_unfinished": true``, so that ``prepare_data`` trains its text but not
+the end-of-turn token the chat template appends (``chat_masking.open_last_turn``); with ``drop``
+it is left out too and the conversation ends at the answer before (none left: the conversation
+is not written). Greedy decoding of a small target often ends in a repetition loop that only the
+cap stops (44 % of SmolLM2-135M's answers at a 512-token cap, most of them loops:
+``benchmarks/gpu/h200_regen.md``); ``drop`` keeps those loops out of training. The report counts
+the cut answers and how many of them end in a verbatim loop (``ends_in_loop``).
 
 Two backends, the same rounds, output format and ids (``data.regenerate.backend``):
 
@@ -68,7 +73,13 @@ log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 2  # 2: token_ids of each regenerated answer; tool conversations kept
+OUTPUT_VERSION = 3  # 2: token_ids of each regenerated answer; tool conversations kept. 3: data.regenerate.unfinished,
+#                    answers_at_max_tokens_looping in the report
+
+UNFINISHED = ("keep", "drop")
+# A verbatim repetition loop (ends_in_loop): the answer's last LOOP_TAIL characters occur at least
+# LOOP_REPEATS times in its last LOOP_WINDOW characters.
+LOOP_TAIL, LOOP_WINDOW, LOOP_REPEATS = 60, 600, 3
 
 BACKENDS = ("auto", "vllm", "transformers")
 
@@ -133,6 +144,7 @@ def regenerate(
     max_seq_len: int,
     max_tokens: int,
     served_name: str,
+    unfinished: str = "keep",
     dtype: str = "auto",
     seed: int = 0,
     gpus: int = 0,
@@ -144,9 +156,11 @@ def regenerate(
     """Replace every assistant turn with the target's greedy answer; write ``out_jsonl`` and a report.
 
     ``max_tokens``: cap of one regenerated answer (tokens); an answer that reaches it is kept
-    as its conversation's last turn, flagged ``last_turn_unfinished`` (module docstring).
-    Report: the backend used and why, conversations in and out, assistant turns regenerated,
-    conversations cut at ``max_seq_len``, answers that hit ``max_tokens``, generated tokens and
+    as its conversation's last turn, flagged ``last_turn_unfinished`` (``unfinished`` ``keep``), or
+    left out (``drop``) (module docstring).
+    Report: the backend used and why, conversations in and out, assistant turns regenerated (kept),
+    conversations cut at ``max_seq_len``, answers that hit ``max_tokens`` and how many of them end
+    in a repetition loop (``ends_in_loop``), the ``unfinished`` rule, generated tokens and
     tokens/s, skip counts of normalisation.
 
     ``gpus``: GPUs the job holds (vLLM's tensor parallel size, or the devices transformers
@@ -155,10 +169,13 @@ def regenerate(
     per ``generate`` call of the transformers backend.
 
     Raises:
+        ValueError: ``unfinished`` is not ``keep`` or ``drop`` (checked first).
         vllm_engine.VLLMUnavailable: ``backend="vllm"`` and vLLM cannot be imported (checked first).
         DataError: no conversation in the sources.
         RuntimeError: the vLLM child failed.
     """
+    if unfinished not in UNFINISHED:
+        raise ValueError(f"data.regenerate.unfinished must be one of {UNFINISHED}, got {unfinished!r}")
     choice = choose_backend(backend, needed_by=os.fspath(out_jsonl))
     log.info("regeneration backend: %s (%s)", choice["used"], choice["reason"])
     t0 = time.perf_counter()
@@ -168,26 +185,27 @@ def regenerate(
     prompts = [template_messages(c.messages, None) for c in convs]
     if not convs:
         res = {"conversations": [], "last_turn_unfinished": [], "turns_regenerated": 0,
-               "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "generated_tokens": 0,
+               "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "answers_at_max_tokens_looping": 0,
+               "generated_tokens": 0,
                "generate_seconds": 0.0}
     elif choice["used"] == "vllm":
         eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name,
                                       max_model_len=max_seq_len + max_tokens, seed=seed, dtype=dtype,
                                       pipeline_parallel_size=pipeline_parallel_size, trust_remote_code=trust_remote_code)
         spec = {"engine": eng, "conversations": prompts, "max_tokens": max_tokens,
-                "max_seq_len": max_seq_len}
+                "max_seq_len": max_seq_len, "unfinished": unfinished}
         with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:
             res = vllm_engine.run_child("eagle3build.data.regenerate_responses:run_child", spec, tmp, "regenerate")
     else:
         res = regenerate_with_transformers(target_dir, prompts, max_tokens, max_seq_len,
                                            device="cuda" if gpus > 0 else "cpu", dtype=dtype, batch_size=batch_size,
-                                           trust_remote_code=trust_remote_code)
+                                           trust_remote_code=trust_remote_code, unfinished=unfinished)
     lines, n_out = [], 0
-    for conv, msgs, unfinished in zip(convs, res["conversations"], res["last_turn_unfinished"], strict=True):
+    for conv, msgs, cut_last in zip(convs, res["conversations"], res["last_turn_unfinished"], strict=True):
         if any(m["role"] == "assistant" for m in msgs):
             for m in msgs[:-1]:
                 m.pop("token_ids", None)  # prepare_data trains the last answer from its ids, the rest from text
-            lines.append(json.dumps({"id": conv.id, "messages": msgs, UNFINISHED_KEY: unfinished}, ensure_ascii=False))
+            lines.append(json.dumps({"id": conv.id, "messages": msgs, UNFINISHED_KEY: cut_last}, ensure_ascii=False))
             n_out += 1
     for conv in kept:
         rec = {"id": conv.id, "messages": template_messages(conv.messages, "reasoning_content")}
@@ -203,17 +221,30 @@ def regenerate(
         "conversations_in": len(convs) + len(kept),
         "conversations_out": n_out,
         "conversations_with_tools_kept": len(kept),
+        "unfinished": unfinished,
         **{k: res[k] for k in ("turns_regenerated", "conversations_cut_at_max_seq_len", "answers_at_max_tokens",
-                               "generated_tokens", "generate_seconds")},
+                               "answers_at_max_tokens_looping", "generated_tokens", "generate_seconds")},
         "generated_tokens_per_s": round(res["generated_tokens"] / max(res["generate_seconds"], 1e-9), 1),
         "seconds": round(time.perf_counter() - t0, 1),
     }
     write_text(out_jsonl, "\n".join(lines) + "\n")
     write_json(out_report, report)
     log.info("regenerated %d assistant turns of %d conversations with %s (%d tokens, %.0f tokens/s; %d answers cut at "
-             "max_tokens)", report["turns_regenerated"], n_out, choice["used"], report["generated_tokens"],
-             report["generated_tokens_per_s"], report["answers_at_max_tokens"])
+             "max_tokens, %d of them ending in a repetition loop, %s)", report["turns_regenerated"], n_out, choice["used"],
+             report["generated_tokens"], report["generated_tokens_per_s"], report["answers_at_max_tokens"],
+             report["answers_at_max_tokens_looping"], "kept" if unfinished == "keep" else "dropped")
     return report
+
+
+def ends_in_loop(text: str) -> bool:
+    """Whether an answer ends in a verbatim repetition loop: its last ``LOOP_TAIL`` (60)
+    characters occur at least ``LOOP_REPEATS`` (3) times, without overlap, in its last
+    ``LOOP_WINDOW`` (600) characters; an answer shorter than half the window never does.
+    A diagnostic for the degenerate repetition of greedy decoding (Holtzman et al. 2020, "The
+    Curious Case of Neural Text Degeneration", section 3), counted in the regeneration report.
+    """
+    window = text[-LOOP_WINDOW:]
+    return len(window) >= LOOP_WINDOW // 2 and window.count(window[-LOOP_TAIL:]) >= LOOP_REPEATS
 
 
 @dataclass
@@ -229,25 +260,32 @@ class Answer:
 
 
 def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[list[dict]]], list[Answer]],
-                     prompt_tokens: Callable[[list[dict]], int], max_seq_len: int) -> dict:
+                     prompt_tokens: Callable[[list[dict]], int], max_seq_len: int, unfinished: str = "keep") -> dict:
     """The backend-independent rounds: turn position by turn position over all conversations.
 
     ``generate``: greedy answers to a batch of chat prompts (each ending on a user turn), in
     order; ``prompt_tokens``: tokens of a chat prompt rendered with the generation prompt.
     A conversation stops at a turn whose prompt reaches ``max_seq_len`` tokens (that turn and
-    the rest dropped) or after an answer cut at ``max_tokens`` (kept, flagged; the rest dropped).
-    Conversations end on an assistant turn (trailing user turns removed).
+    the rest dropped) or at an answer cut at ``max_tokens`` (``unfinished`` ``keep``: kept as the
+    last turn, flagged; ``drop``: left out; the rest dropped either way). Conversations end on an
+    assistant turn (trailing user turns removed).
 
     Returns ``conversations`` (messages per input conversation, possibly without any assistant
-    turn), ``last_turn_unfinished`` (bool per conversation), ``turns_regenerated``,
-    ``conversations_cut_at_max_seq_len``, ``answers_at_max_tokens``, ``generated_tokens``,
-    ``generate_seconds``.
+    turn), ``last_turn_unfinished`` (bool per conversation), ``turns_regenerated`` (answers kept),
+    ``conversations_cut_at_max_seq_len``, ``answers_at_max_tokens`` (answers that reached the cap,
+    kept or not), ``answers_at_max_tokens_looping`` (of those, the ones that ``ends_in_loop``),
+    ``generated_tokens`` (all answers), ``generate_seconds``.
+
+    Raises:
+        ValueError: ``unfinished`` is not ``keep`` or ``drop``.
     """
+    if unfinished not in UNFINISHED:
+        raise ValueError(f"data.regenerate.unfinished must be one of {UNFINISHED}, got {unfinished!r}")
     todo = [list(m) for m in conversations]
     done: list[list[dict]] = [[] for _ in todo]
-    unfinished = [False] * len(todo)
+    flagged = [False] * len(todo)
     active = list(range(len(todo)))
-    turns = cut = at_max = gen_tokens = 0
+    turns = cut = at_max = looping = gen_tokens = 0
     gen_s = 0.0
     while active:
         prompts, ids = [], []
@@ -269,23 +307,26 @@ def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[l
         answers = generate(prompts)
         gen_s += time.perf_counter() - t
         for i, a in zip(ids, answers, strict=True):
-            done[i].append({"role": "assistant", "content": a.text, "token_ids": list(a.token_ids)})
             gen_tokens += a.tokens
-            turns += 1
             if not a.finished:
                 at_max += 1
-                unfinished[i] = True
+                looping += ends_in_loop(a.text)
                 todo[i] = []
+                if unfinished == "drop":
+                    continue
+                flagged[i] = True
+            done[i].append({"role": "assistant", "content": a.text, "token_ids": list(a.token_ids)})
+            turns += 1
         active = [i for i in ids if todo[i]]
-        print(f"regenerate: round done, {turns} turns, {gen_tokens} tokens, {gen_tokens / max(gen_s, 1e-9):.0f} tok/s",
-              file=sys.stderr, flush=True)
+        print(f"regenerate: round done, {turns} turns kept, {at_max} cut at max_tokens ({looping} of them looping), "
+              f"{gen_tokens} tokens, {gen_tokens / max(gen_s, 1e-9):.0f} tok/s", file=sys.stderr, flush=True)
     # A conversation ends on an assistant turn (prepare_data's rule): drop trailing user turns.
     for d in done:
         while d and d[-1]["role"] != "assistant":
             d.pop()
-    return {"conversations": done, "last_turn_unfinished": unfinished, "turns_regenerated": turns,
-            "conversations_cut_at_max_seq_len": cut, "answers_at_max_tokens": at_max, "generated_tokens": gen_tokens,
-            "generate_seconds": round(gen_s, 2)}
+    return {"conversations": done, "last_turn_unfinished": flagged, "turns_regenerated": turns,
+            "conversations_cut_at_max_seq_len": cut, "answers_at_max_tokens": at_max,
+            "answers_at_max_tokens_looping": looping, "generated_tokens": gen_tokens, "generate_seconds": round(gen_s, 2)}
 
 
 def run_child(spec: dict) -> dict:
@@ -305,7 +346,8 @@ def run_child(spec: dict) -> dict:
         return len(tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
                               add_special_tokens=False))
 
-    return regenerate_turns(spec["conversations"], generate, prompt_tokens, spec["max_seq_len"])
+    return regenerate_turns(spec["conversations"], generate, prompt_tokens, spec["max_seq_len"],
+                            spec.get("unfinished", "keep"))
 
 
 class TransformersGenerator:
@@ -360,7 +402,7 @@ class TransformersGenerator:
 
 def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]], max_tokens: int, max_seq_len: int,
                                  device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
-                                 trust_remote_code: bool = False) -> dict:
+                                 trust_remote_code: bool = False, unfinished: str = "keep") -> dict:
     """``regenerate_turns`` on transformers' ``generate`` (``TransformersGenerator``); the target is
     loaded by ``target.load_model`` (``device="cuda"``: layers over every visible GPU, i.e. the job's)."""
     from transformers import AutoTokenizer
@@ -370,4 +412,4 @@ def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]
     model = load_model(target_dir, resolve_dtype(dtype, device), device, trust_remote_code)
     tok = AutoTokenizer.from_pretrained(os.fspath(target_dir), trust_remote_code=trust_remote_code, local_files_only=True)
     gen = TransformersGenerator(model, tok, max_tokens, batch_size)
-    return regenerate_turns(conversations, gen, gen.prompt_tokens, max_seq_len)
+    return regenerate_turns(conversations, gen, gen.prompt_tokens, max_seq_len, unfinished)
