@@ -137,7 +137,8 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
                      Param("backend", ("data.regenerate.backend",)),
                      Param("batch_size", ("data.regenerate.batch_size",)),
                      Param("trust_remote_code", ("target.trust_remote_code",))),
-             runtime=_JOB + _res("serve", gpu=True), files=_TARGET + ("data.regenerate.enabled",), decisions=(),
+             runtime=_JOB + _res("serve", gpu=True) + ("data.regenerate.checkpoint_every",),
+             files=_TARGET + ("data.regenerate.enabled",), decisions=(),
              packages=("vllm",), entry="eagle3build.data.regenerate_responses:regenerate"),
     # Tokenization and chat-template rendering; the regenerated answers replace data.sources when enabled.
     Contract("prepare_data", "data", inputs=("target", "regenerated", "sources"),

@@ -13,6 +13,7 @@ regenerate(
     max_seq_len=s["data.max_seq_len"],
     max_tokens=s["data.regenerate.max_tokens"],
     unfinished=s["data.regenerate.unfinished"],
+    checkpoint_every=s["data.regenerate.checkpoint_every"],
     served_name=s["target.served_name"],
     dtype=s["benchmark.dtype"],
     seed=s["data.seed"],

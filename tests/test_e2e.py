@@ -467,8 +467,10 @@ def test_regenerated_responses(built, tmp_path):
     wd, res = built
     cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
     cfg["run"] = "regen"
+    # checkpoint_every 16: the 40 conversations' first round goes to vLLM in three calls, each followed by a
+    # saved state (removed once the outputs are written).
     cfg["data"]["regenerate"] = {"enabled": True, "max_tokens": 16, "unfinished": "keep", "backend": "auto",
-                                 "batch_size": 8}
+                                 "checkpoint_every": 16, "batch_size": 8}
     (tmp_path / "regen.yaml").write_text(yaml.safe_dump(cfg))
     p = run(["results/regen/data/data_report.json", "--configfile", str(tmp_path / "regen.yaml")], wd, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -476,6 +478,8 @@ def test_regenerated_responses(built, tmp_path):
     assert rep["conversations_in"] == 40 and 0 < rep["conversations_out"] <= 40
     assert rep["turns_regenerated"] >= rep["conversations_out"] and rep["generated_tokens"] > 0
     assert rep["backend"]["used"] == "vllm" and rep["backend"]["requested"] == "auto"
+    assert rep["resumed_from_answers"] == 0 and not (wd / "results/regen/data/regenerated.jsonl.state").exists()
+    assert "batch done" in (wd / "logs/regen/regenerate_responses.log").read_text()
     recs = [json.loads(x) for x in (wd / "results/regen/data/regenerated.jsonl").read_text().splitlines()]
     assert len(recs) == rep["conversations_out"] and all(r["messages"][-1]["role"] == "assistant" for r in recs)
     # 16 tokens cut most answers: each such answer ends its conversation, flagged for prepare_data's loss mask.

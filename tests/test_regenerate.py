@@ -220,3 +220,47 @@ def test_regenerate_drop_writes_no_cut_answer(tmp_path, smol_target):
     with pytest.raises(ValueError, match="unfinished"):
         rr.regenerate([], str(smol_target), out, rep_path, max_seq_len=256, max_tokens=12, served_name="m",
                       unfinished="cut")
+
+
+def test_resume_after_a_kill(tmp_path):
+    """checkpoint_every: answers go to the generator that many at a time and the loop state is saved after each
+    call; a run killed mid-way and started again with the same key generates only the answers it had not, and
+    ends with what an uninterrupted run gives. A state of another key is ignored."""
+    convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "old"},
+              {"role": "user", "content": "more"}, {"role": "assistant", "content": "old"},
+              {"role": "user", "content": "again"}, {"role": "assistant", "content": "old"}] for i in range(7)]
+    gen = _scripted({(0, 2), (3, 1), (5, 3)})
+
+    def run(generate, **kw):
+        return rr.regenerate_turns(convs, generate, lambda msgs: 4 * len(msgs), max_seq_len=1000, **kw)
+
+    ref = run(gen)  # one call per round, nothing saved
+    total = ref["turns_regenerated"]  # unfinished "keep": every answer is kept
+    assert total == 7 * 3 - 2 - 1 and ref["resumed_from_answers"] == 0
+    state = tmp_path / "regen.jsonl.state" / "state.json"
+    calls: list[int] = []
+
+    def dies_at_call_6(prompts):
+        if len(calls) == 5:
+            raise RuntimeError("killed")
+        calls.append(len(prompts))
+        return gen(prompts)
+
+    with pytest.raises(RuntimeError, match="killed"):
+        run(dies_at_call_6, checkpoint_every=2, state_path=state, key="k")
+    assert max(calls) == 2 and json.loads(state.read_text())["state"]["counts"]["answers"] == sum(calls) == 9
+    seen: list = []
+
+    def counting(prompts):
+        seen.extend(prompts)
+        return gen(prompts)
+
+    res = run(counting, checkpoint_every=2, state_path=state, key="k")
+    assert res["resumed_from_answers"] == 9 and len(seen) == total - 9
+    drop = ("generate_seconds", "resumed_from_answers")
+    assert {k: v for k, v in res.items() if k not in drop} == {k: v for k, v in ref.items() if k not in drop}
+    seen.clear()
+    assert run(counting, checkpoint_every=2, state_path=state, key="other")["resumed_from_answers"] == 0
+    assert len(seen) == total
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        run(gen, checkpoint_every=-1)

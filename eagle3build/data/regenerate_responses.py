@@ -46,17 +46,20 @@ Two backends, the same rounds, output format and ids (``data.regenerate.backend`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import vllm_engine
-from ..atomic import write_json, write_text
+from ..atomic import atomic_path, write_json, write_text
 from ..conversations import (
     UNFINISHED_KEY,
     Conversation,
@@ -145,6 +148,7 @@ def regenerate(
     max_tokens: int,
     served_name: str,
     unfinished: str = "keep",
+    checkpoint_every: int = 0,
     dtype: str = "auto",
     seed: int = 0,
     gpus: int = 0,
@@ -163,6 +167,9 @@ def regenerate(
     in a repetition loop (``ends_in_loop``), the ``unfinished`` rule, generated tokens and
     tokens/s, skip counts of normalisation.
 
+    ``checkpoint_every``: answers per ``generate`` call between saved states, in
+    ``<out_jsonl>.state/state.json`` (``regenerate_turns``); a rerun of the same job with the same
+    inputs and settings resumes from it; removed once the outputs are written. 0: none.
     ``gpus``: GPUs the job holds (vLLM's tensor parallel size, or the devices transformers
     spreads the layers over; 0 = CPU); ``dtype`` ``auto`` = bf16 on GPUs, float32 on CPU.
     ``backend``: auto | vllm | transformers (``choose_backend``); ``batch_size``: conversations
@@ -183,6 +190,9 @@ def regenerate(
     kept = [c for c in convs if any(m["role"] == "tool" or m.get("tool_calls") for m in c.messages)]
     convs = [c for c in convs if c not in kept]
     prompts = [template_messages(c.messages, None) for c in convs]
+    state_dir = Path(f"{os.fspath(out_jsonl)}.state")
+    resume = {"checkpoint_every": checkpoint_every, "state_path": os.fspath(state_dir / "state.json"),
+              "key": _state_key(prompts, target_dir, choice["used"], max_tokens, max_seq_len, unfinished, dtype, seed)}
     if not convs:
         res = {"conversations": [], "last_turn_unfinished": [], "turns_regenerated": 0,
                "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "answers_at_max_tokens_looping": 0,
@@ -193,13 +203,13 @@ def regenerate(
                                       max_model_len=max_seq_len + max_tokens, seed=seed, dtype=dtype,
                                       pipeline_parallel_size=pipeline_parallel_size, trust_remote_code=trust_remote_code)
         spec = {"engine": eng, "conversations": prompts, "max_tokens": max_tokens,
-                "max_seq_len": max_seq_len, "unfinished": unfinished}
+                "max_seq_len": max_seq_len, "unfinished": unfinished, **resume}
         with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:
             res = vllm_engine.run_child("eagle3build.data.regenerate_responses:run_child", spec, tmp, "regenerate")
     else:
         res = regenerate_with_transformers(target_dir, prompts, max_tokens, max_seq_len,
                                            device="cuda" if gpus > 0 else "cpu", dtype=dtype, batch_size=batch_size,
-                                           trust_remote_code=trust_remote_code, unfinished=unfinished)
+                                           trust_remote_code=trust_remote_code, unfinished=unfinished, **resume)
     lines, n_out = [], 0
     for conv, msgs, cut_last in zip(convs, res["conversations"], res["last_turn_unfinished"], strict=True):
         if any(m["role"] == "assistant" for m in msgs):
@@ -225,10 +235,12 @@ def regenerate(
         **{k: res[k] for k in ("turns_regenerated", "conversations_cut_at_max_seq_len", "answers_at_max_tokens",
                                "answers_at_max_tokens_looping", "generated_tokens", "generate_seconds")},
         "generated_tokens_per_s": round(res["generated_tokens"] / max(res["generate_seconds"], 1e-9), 1),
+        "resumed_from_answers": res.get("resumed_from_answers", 0),
         "seconds": round(time.perf_counter() - t0, 1),
     }
     write_text(out_jsonl, "\n".join(lines) + "\n")
     write_json(out_report, report)
+    shutil.rmtree(state_dir, ignore_errors=True)
     log.info("regenerated %d assistant turns of %d conversations with %s (%d tokens, %.0f tokens/s; %d answers cut at "
              "max_tokens, %d of them ending in a repetition loop, %s)", report["turns_regenerated"], n_out, choice["used"],
              report["generated_tokens"], report["generated_tokens_per_s"], report["answers_at_max_tokens"],
@@ -260,7 +272,8 @@ class Answer:
 
 
 def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[list[dict]]], list[Answer]],
-                     prompt_tokens: Callable[[list[dict]], int], max_seq_len: int, unfinished: str = "keep") -> dict:
+                     prompt_tokens: Callable[[list[dict]], int], max_seq_len: int, unfinished: str = "keep",
+                     checkpoint_every: int = 0, state_path: str | os.PathLike | None = None, key: str = "") -> dict:
     """The backend-independent rounds: turn position by turn position over all conversations.
 
     ``generate``: greedy answers to a batch of chat prompts (each ending on a user turn), in
@@ -270,63 +283,114 @@ def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[l
     last turn, flagged; ``drop``: left out; the rest dropped either way). Conversations end on an
     assistant turn (trailing user turns removed).
 
+    Resuming (``data.regenerate.checkpoint_every``): with ``checkpoint_every`` > 0 a round's
+    prompts go to ``generate`` that many at a time, and after each call the whole loop state (the
+    conversations so far, what is left of the round, the counts) is written atomically as JSON
+    to ``state_path`` with ``key``. A call that finds a state of the same ``key`` there goes on
+    from it: a job killed mid-way (a preempted cluster job, a device call's time limit) loses at
+    most one call's answers. 0: one ``generate`` call per round, nothing written (the answers are
+    the same; with a GPU engine bf16 batch composition may flip near-ties either way).
+
     Returns ``conversations`` (messages per input conversation, possibly without any assistant
     turn), ``last_turn_unfinished`` (bool per conversation), ``turns_regenerated`` (answers kept),
     ``conversations_cut_at_max_seq_len``, ``answers_at_max_tokens`` (answers that reached the cap,
     kept or not), ``answers_at_max_tokens_looping`` (of those, the ones that ``ends_in_loop``),
-    ``generated_tokens`` (all answers), ``generate_seconds``.
+    ``generated_tokens`` (all answers), ``generate_seconds``, ``resumed_from_answers`` (answers
+    generated before this call resumed; 0 when it started afresh).
 
     Raises:
-        ValueError: ``unfinished`` is not ``keep`` or ``drop``.
+        ValueError: ``unfinished`` is not ``keep`` or ``drop``; ``checkpoint_every`` < 0.
     """
     if unfinished not in UNFINISHED:
         raise ValueError(f"data.regenerate.unfinished must be one of {UNFINISHED}, got {unfinished!r}")
-    todo = [list(m) for m in conversations]
-    done: list[list[dict]] = [[] for _ in todo]
-    flagged = [False] * len(todo)
-    active = list(range(len(todo)))
-    turns = cut = at_max = looping = gen_tokens = 0
-    gen_s = 0.0
-    while active:
-        prompts, ids = [], []
-        for i in active:
-            while todo[i] and todo[i][0]["role"] != "assistant":
-                done[i].append(todo[i].pop(0))
-            if not todo[i]:
-                continue
-            todo[i].pop(0)  # the original answer, replaced below
-            if prompt_tokens(done[i]) >= max_seq_len:
-                cut += 1
-                todo[i] = []
-                continue
-            prompts.append(done[i])
-            ids.append(i)
-        if not prompts:
-            break
+    if checkpoint_every < 0:
+        raise ValueError(f"data.regenerate.checkpoint_every must be >= 0, got {checkpoint_every}")
+    st = _load_state(state_path, key) if checkpoint_every and state_path else None
+    resumed = 0 if st is None else st["counts"]["answers"]
+    if st is None:
+        st = {"todo": [list(m) for m in conversations], "done": [[] for _ in conversations],
+              "flagged": [False] * len(conversations), "active": list(range(len(conversations))), "pending": [],
+              "next": [], "counts": dict.fromkeys(("answers", "turns", "cut", "at_max", "looping", "gen_tokens"), 0)
+              | {"gen_s": 0.0}}
+    todo, done, c = st["todo"], st["done"], st["counts"]
+    while True:
+        if not st["pending"]:  # start the next round: one prompt per conversation that has an answer to replace
+            for i in st["active"]:
+                while todo[i] and todo[i][0]["role"] != "assistant":
+                    done[i].append(todo[i].pop(0))
+                if not todo[i]:
+                    continue
+                todo[i].pop(0)  # the original answer, replaced below
+                if prompt_tokens(done[i]) >= max_seq_len:
+                    c["cut"] += 1
+                    todo[i] = []
+                    continue
+                st["pending"].append(i)
+            st["active"] = []
+            if not st["pending"]:
+                break
+        ids = st["pending"][:checkpoint_every] if checkpoint_every else st["pending"]
         t = time.perf_counter()
-        answers = generate(prompts)
-        gen_s += time.perf_counter() - t
+        answers = generate([done[i] for i in ids])
+        c["gen_s"] += time.perf_counter() - t
         for i, a in zip(ids, answers, strict=True):
-            gen_tokens += a.tokens
+            c["gen_tokens"] += a.tokens
+            c["answers"] += 1
             if not a.finished:
-                at_max += 1
-                looping += ends_in_loop(a.text)
+                c["at_max"] += 1
+                c["looping"] += ends_in_loop(a.text)
                 todo[i] = []
                 if unfinished == "drop":
                     continue
-                flagged[i] = True
+                st["flagged"][i] = True
             done[i].append({"role": "assistant", "content": a.text, "token_ids": list(a.token_ids)})
-            turns += 1
-        active = [i for i in ids if todo[i]]
-        print(f"regenerate: round done, {turns} turns kept, {at_max} cut at max_tokens ({looping} of them looping), "
-              f"{gen_tokens} tokens, {gen_tokens / max(gen_s, 1e-9):.0f} tok/s", file=sys.stderr, flush=True)
+            c["turns"] += 1
+            if todo[i]:
+                st["next"].append(i)
+        st["pending"] = st["pending"][len(ids):]
+        if not st["pending"]:
+            st["active"], st["next"] = st["next"], []
+        if checkpoint_every and state_path:
+            _save_state(state_path, key, st)
+        print(f"regenerate: {'round done' if not st['pending'] else 'batch done'}, {c['turns']} turns kept, "
+              f"{c['at_max']} cut at max_tokens ({c['looping']} of them looping), {c['gen_tokens']} tokens, "
+              f"{c['gen_tokens'] / max(c['gen_s'], 1e-9):.0f} tok/s", file=sys.stderr, flush=True)
     # A conversation ends on an assistant turn (prepare_data's rule): drop trailing user turns.
     for d in done:
         while d and d[-1]["role"] != "assistant":
             d.pop()
-    return {"conversations": done, "last_turn_unfinished": flagged, "turns_regenerated": turns,
-            "conversations_cut_at_max_seq_len": cut, "answers_at_max_tokens": at_max,
-            "answers_at_max_tokens_looping": looping, "generated_tokens": gen_tokens, "generate_seconds": round(gen_s, 2)}
+    return {"conversations": done, "last_turn_unfinished": st["flagged"], "turns_regenerated": c["turns"],
+            "conversations_cut_at_max_seq_len": c["cut"], "answers_at_max_tokens": c["at_max"],
+            "answers_at_max_tokens_looping": c["looping"], "generated_tokens": c["gen_tokens"],
+            "generate_seconds": round(c["gen_s"], 2), "resumed_from_answers": resumed}
+
+
+def _state_key(prompts: list, target_dir: str, backend: str, *settings) -> str:
+    """16 hex digits of sha256 over what the answers depend on: the prompts, the target's files
+    (name, size, mtime), the backend and the settings. A saved state resumes only the same job."""
+    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(target_dir).iterdir() if f.is_file())
+    blob = json.dumps([prompts, files, backend, settings], sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _load_state(path: str | os.PathLike, key: str) -> dict | None:
+    """The loop state saved at ``path`` under ``key``, or None (no file, or another run's)."""
+    try:
+        saved = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    if saved.get("key") != key:
+        log.info("regeneration state %s belongs to other inputs or settings: starting afresh", path)
+        return None
+    log.info("resuming regeneration from %s after %d answers", path, saved["state"]["counts"]["answers"])
+    print(f"regenerate: resumed after {saved['state']['counts']['answers']} answers", file=sys.stderr, flush=True)
+    return saved["state"]
+
+
+def _save_state(path: str | os.PathLike, key: str, st: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps({"key": key, "state": st}, ensure_ascii=False))
 
 
 def run_child(spec: dict) -> dict:
@@ -347,7 +411,8 @@ def run_child(spec: dict) -> dict:
                               add_special_tokens=False))
 
     return regenerate_turns(spec["conversations"], generate, prompt_tokens, spec["max_seq_len"],
-                            spec.get("unfinished", "keep"))
+                            spec.get("unfinished", "keep"), spec.get("checkpoint_every", 0), spec.get("state_path"),
+                            spec.get("key", ""))
 
 
 class TransformersGenerator:
@@ -402,7 +467,8 @@ class TransformersGenerator:
 
 def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]], max_tokens: int, max_seq_len: int,
                                  device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
-                                 trust_remote_code: bool = False, unfinished: str = "keep") -> dict:
+                                 trust_remote_code: bool = False, unfinished: str = "keep", checkpoint_every: int = 0,
+                                 state_path: str | None = None, key: str = "") -> dict:
     """``regenerate_turns`` on transformers' ``generate`` (``TransformersGenerator``); the target is
     loaded by ``target.load_model`` (``device="cuda"``: layers over every visible GPU, i.e. the job's)."""
     from transformers import AutoTokenizer
@@ -412,4 +478,5 @@ def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]
     model = load_model(target_dir, resolve_dtype(dtype, device), device, trust_remote_code)
     tok = AutoTokenizer.from_pretrained(os.fspath(target_dir), trust_remote_code=trust_remote_code, local_files_only=True)
     gen = TransformersGenerator(model, tok, max_tokens, batch_size)
-    return regenerate_turns(conversations, gen, gen.prompt_tokens, max_seq_len, unfinished)
+    return regenerate_turns(conversations, gen, gen.prompt_tokens, max_seq_len, unfinished, checkpoint_every,
+                            state_path, key)
