@@ -222,21 +222,26 @@ def test_regenerate_drop_writes_no_cut_answer(tmp_path, smol_target):
                       unfinished="cut")
 
 
-def test_resume_after_a_kill(tmp_path):
+@pytest.mark.parametrize("mode", ["keep", "drop"])
+def test_resume_after_a_kill(tmp_path, mode):
     """checkpoint_every: answers go to the generator that many at a time and the loop state is saved after each
     call; a run killed mid-way and started again with the same key generates only the answers it had not, and
-    ends with what an uninterrupted run gives. A state of another key is ignored."""
+    ends with what an uninterrupted run gives (keep or drop, with a conversation stopped at max_seq_len). A state
+    of another key, or an unreadable one, is ignored."""
     convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "old"},
               {"role": "user", "content": "more"}, {"role": "assistant", "content": "old"},
               {"role": "user", "content": "again"}, {"role": "assistant", "content": "old"}] for i in range(7)]
+    convs[6][4]["content"] = "x" * 50  # conversation 6's third prompt reaches max_seq_len: it stops there
     gen = _scripted({(0, 2), (3, 1), (5, 3)})
 
     def run(generate, **kw):
-        return rr.regenerate_turns(convs, generate, lambda msgs: 4 * len(msgs), max_seq_len=1000, **kw)
+        return rr.regenerate_turns(convs, generate, lambda msgs: sum(len(m["content"]) for m in msgs),
+                                   max_seq_len=60, unfinished=mode, **kw)
 
     ref = run(gen)  # one call per round, nothing saved
-    total = ref["turns_regenerated"]  # unfinished "keep": every answer is kept
-    assert total == 7 * 3 - 2 - 1 and ref["resumed_from_answers"] == 0
+    total = 7 * 3 - 2 - 1 - 1  # answers generated: 0 and 3 end at their cut answer, 6 at its long prompt
+    assert ref["turns_regenerated"] == (total if mode == "keep" else total - 3)
+    assert ref["conversations_cut_at_max_seq_len"] == 1 and ref["resumed_from_answers"] == 0
     state = tmp_path / "regen.jsonl.state" / "state.json"
     calls: list[int] = []
 
@@ -262,5 +267,23 @@ def test_resume_after_a_kill(tmp_path):
     seen.clear()
     assert run(counting, checkpoint_every=2, state_path=state, key="other")["resumed_from_answers"] == 0
     assert len(seen) == total
+    state.write_text("{not json")
+    assert run(gen, checkpoint_every=2, state_path=state, key="other")["resumed_from_answers"] == 0
     with pytest.raises(ValueError, match="checkpoint_every"):
         run(gen, checkpoint_every=-1)
+
+
+def test_state_key_names_what_the_answers_depend_on(tmp_path):
+    """A saved state resumes only the same job: the key changes with the prompts, a target file, the backend and
+    any setting, and stays put for an identical call."""
+    (tmp_path / "config.json").write_text("{}")
+    prompts = [[{"role": "user", "content": "hi"}]]
+    tf = {"used": "transformers", "requested": "transformers", "reason": "r"}
+    key = rr._state_key(prompts, str(tmp_path), tf, 16, 256, "keep")
+    assert key == rr._state_key(prompts, str(tmp_path), tf, 16, 256, "keep") and len(key) == 16
+    assert key != rr._state_key([[{"role": "user", "content": "ho"}]], str(tmp_path), tf, 16, 256, "keep")
+    assert key != rr._state_key(prompts, str(tmp_path), tf, 32, 256, "keep")
+    assert key != rr._state_key(prompts, str(tmp_path), tf, 16, 256, "drop")
+    assert key != rr._state_key(prompts, str(tmp_path), {**tf, "used": "other"}, 16, 256, "keep")
+    (tmp_path / "config.json").write_text("{ }")
+    assert key != rr._state_key(prompts, str(tmp_path), tf, 16, 256, "keep")

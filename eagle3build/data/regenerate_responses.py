@@ -167,22 +167,27 @@ def regenerate(
     in a repetition loop (``ends_in_loop``), the ``unfinished`` rule, generated tokens and
     tokens/s, skip counts of normalisation.
 
-    ``checkpoint_every``: answers per ``generate`` call between saved states, in
-    ``<out_jsonl>.state/state.json`` (``regenerate_turns``); a rerun of the same job with the same
-    inputs and settings resumes from it; removed once the outputs are written. 0: none.
+    ``checkpoint_every``: answers per engine call (one ``generate`` of ``regenerate_turns``; not
+    the transformers backend's ``batch_size``) between saved states, in
+    ``<out_jsonl>.state/state.json``; a rerun of the same job with the same inputs and settings
+    resumes from it; removed once the outputs are written (left behind by a job that never
+    finishes). 0: none. After a resume the report's ``generate_seconds`` and tokens/s add up
+    the answers of every process, ``seconds`` counts the last process only.
     ``gpus``: GPUs the job holds (vLLM's tensor parallel size, or the devices transformers
     spreads the layers over; 0 = CPU); ``dtype`` ``auto`` = bf16 on GPUs, float32 on CPU.
     ``backend``: auto | vllm | transformers (``choose_backend``); ``batch_size``: conversations
     per ``generate`` call of the transformers backend.
 
     Raises:
-        ValueError: ``unfinished`` is not ``keep`` or ``drop`` (checked first).
+        ValueError: ``unfinished`` is not ``keep`` or ``drop``, or ``checkpoint_every`` < 0 (checked first).
         vllm_engine.VLLMUnavailable: ``backend="vllm"`` and vLLM cannot be imported (checked first).
         DataError: no conversation in the sources.
         RuntimeError: the vLLM child failed.
     """
     if unfinished not in UNFINISHED:
         raise ValueError(f"data.regenerate.unfinished must be one of {UNFINISHED}, got {unfinished!r}")
+    if checkpoint_every < 0:
+        raise ValueError(f"data.regenerate.checkpoint_every must be >= 0, got {checkpoint_every}")
     choice = choose_backend(backend, needed_by=os.fspath(out_jsonl))
     log.info("regeneration backend: %s (%s)", choice["used"], choice["reason"])
     t0 = time.perf_counter()
@@ -192,7 +197,8 @@ def regenerate(
     prompts = [template_messages(c.messages, None) for c in convs]
     state_dir = Path(f"{os.fspath(out_jsonl)}.state")
     resume = {"checkpoint_every": checkpoint_every, "state_path": os.fspath(state_dir / "state.json"),
-              "key": _state_key(prompts, target_dir, choice["used"], max_tokens, max_seq_len, unfinished, dtype, seed)}
+              "key": _state_key(prompts, target_dir, choice, max_tokens, max_seq_len, unfinished, dtype, seed, gpus,
+                                pipeline_parallel_size, batch_size, trust_remote_code)}
     if not convs:
         res = {"conversations": [], "last_turn_unfinished": [], "turns_regenerated": 0,
                "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "answers_at_max_tokens_looping": 0,
@@ -365,11 +371,18 @@ def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[l
             "generate_seconds": round(c["gen_s"], 2), "resumed_from_answers": resumed}
 
 
-def _state_key(prompts: list, target_dir: str, backend: str, *settings) -> str:
+STATE_FORMAT = 1  # of <out>.state/state.json (regenerate_turns); part of its key
+
+
+def _state_key(prompts: list, target_dir: str, backend: dict, *settings) -> str:
     """16 hex digits of sha256 over what the answers depend on: the prompts, the target's files
-    (name, size, mtime), the backend and the settings. A saved state resumes only the same job."""
+    (name, size, mtime), the backend choice, the stage's ``OUTPUT_VERSION``, the state format, the
+    installed vLLM's version (where the backend is vLLM) and the settings. A saved state resumes
+    only the same job."""
     files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(target_dir).iterdir() if f.is_file())
-    blob = json.dumps([prompts, files, backend, settings], sort_keys=True, default=str).encode()
+    engine = vllm_engine.require_vllm("a regeneration state") if backend.get("used") == "vllm" else None
+    blob = json.dumps([prompts, files, backend, OUTPUT_VERSION, STATE_FORMAT, engine, settings], sort_keys=True,
+                      default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -377,7 +390,11 @@ def _load_state(path: str | os.PathLike, key: str) -> dict | None:
     """The loop state saved at ``path`` under ``key``, or None (no file, or another run's)."""
     try:
         saved = json.loads(Path(path).read_text())
+        saved["state"]["counts"]["answers"]
     except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as e:  # unreadable or of another format: start afresh
+        log.warning("regeneration state %s is unreadable (%s: %s): starting afresh", path, type(e).__name__, e)
         return None
     if saved.get("key") != key:
         log.info("regeneration state %s belongs to other inputs or settings: starting afresh", path)
