@@ -1,4 +1,5 @@
-"""Shared fixtures: the materialised SmolLM2 target (built once per session) and tiny random targets."""
+"""Shared fixtures: the materialised SmolLM2 target (built once per session), tiny random targets, and the
+reduced build (tests/reduced.yaml through snakemake, once per session: test_e2e.py and test_slurm.py)."""
 from __future__ import annotations
 
 import os
@@ -95,3 +96,20 @@ def tiny_shards(tmp_path_factory, tiny_target):
     (d / "decisions.json").write_text(json.dumps(minimal_decisions("fp-tiny", TINY_AUX, 49152)))
     info = bv.build(d / "train.safetensors", 49152, 256, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     return d, samples, info
+
+
+@pytest.fixture(scope="session")
+def reduced_build(tmp_path_factory):
+    """tests/reduced.yaml built by snakemake in a workdir of its own (~7 min on 2 cores), once per session:
+    ``(workdir, workdir / "results/reduced")``. test_e2e.py checks it and replans or rebuilds parts of it in
+    place (each such test leaves it up to date); test_slurm.py runs a change of it through SLURM on a copy."""
+    from smk import run
+
+    wd = tmp_path_factory.mktemp("e2e")
+    p = run(["--configfile", str(REPO / "tests/reduced.yaml")], wd, timeout=2400)
+    if p.returncode != 0:
+        logs = "\n".join(f"== {f}\n{f.read_text()[-3000:]}" for f in sorted((wd / "logs").rglob("*.log")))
+        pytest.fail(f"workflow failed:\n{p.stderr[-4000:]}\n{logs}")
+    return wd, wd / "results/reduced"
+
+

@@ -12,19 +12,15 @@ import torch
 import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file
-from smk import REPO, SNAKEMAKE, planned_jobs, run
+from smk import REPO, SNAKEMAKE, copy_build, planned_jobs, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    wd = tmp_path_factory.mktemp("e2e")
-    p = run(["--configfile", str(REPO / "tests/reduced.yaml")], wd, timeout=2400)
-    if p.returncode != 0:
-        logs = "\n".join(f"== {f}\n{f.read_text()[-3000:]}" for f in sorted((wd / "logs").rglob("*.log")))
-        pytest.fail(f"workflow failed:\n{p.stderr[-4000:]}\n{logs}")
-    return wd, wd / "results/reduced"
+@pytest.fixture
+def built(reduced_build):
+    """The session's reduced build (tests/conftest.py): ``(workdir, workdir / "results/reduced")``."""
+    return reduced_build
 
 
 def test_compat_report(built):
@@ -710,9 +706,7 @@ def test_recipe_sweep_script_smoke(built, tmp_path):
     import recipe_sweep
 
     wd, _ = built
-    copy = tmp_path / "wd"
-    shutil.copytree(wd, copy, ignore=shutil.ignore_patterns(".snakemake"))
-    shutil.copytree(wd / ".snakemake/metadata", copy / ".snakemake/metadata")
+    copy = copy_build(wd, tmp_path / "wd")
     (tmp_path / "variants.yaml").write_text("base: {}\nlr_1e-3: {train: {lr: 0.001}}\n")
     sweep = recipe_sweep.main(["--configfile", str(REPO / "tests/reduced.yaml"), "--variants",
                                str(tmp_path / "variants.yaml"), "--workdir", str(copy), "--out", str(tmp_path / "out"),
@@ -733,9 +727,7 @@ def test_online_training_on_a_copy_of_the_reduced_build(built, tmp_path):
     the trainer, no shard read or written), its weights are the offline checkpoint's within float noise (another
     forward batching, bf16 storage rounding), and switching back to offline replans training."""
     wd, res = built
-    copy = tmp_path / "wd"
-    shutil.copytree(wd, copy, ignore=shutil.ignore_patterns(".snakemake"))
-    shutil.copytree(wd / ".snakemake/metadata", copy / ".snakemake/metadata")
+    copy = copy_build(wd, tmp_path / "wd")
     shards = {f: f.stat().st_mtime_ns for f in (copy / "results/reduced/hidden_states").rglob("*")}
     online = _changed_config(copy, tmp_path, {"capture": {"mode": "online"}})
     target = "results/reduced/checkpoint/config.json"
