@@ -494,21 +494,26 @@ def _digests(res) -> dict[str, str]:
 
 
 def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
-    """A fresh build whose snakemake process group is SIGKILLed while a shard is being written;
+    """A build whose snakemake process group is SIGKILLed while a shard is being written;
     `--unlock` then `--rerun-incomplete` ends with byte-identical shards, vocab map, checkpoint and
-    head to the uninterrupted build (CPU runs are deterministic)."""
+    head to the uninterrupted build (CPU runs are deterministic). It starts from the shared build's
+    target, compat report and token files (the stages before the shards) and skips export's vLLM
+    load check, which writes only head_meta.json (not compared): the head's files are the same."""
     import signal
     import time
 
     wd0, res0 = built
     before = _digests(res0)
     wd = tmp_path / "wd"
-    wd.mkdir()
-    (wd / "resources").symlink_to(wd0 / "resources", target_is_directory=True)  # the materialised target
     res = wd / "results/reduced"
+    res.mkdir(parents=True)
+    (wd / "resources").symlink_to(wd0 / "resources", target_is_directory=True)  # the materialised target
+    for f in ("compat.json", "decisions.json", "data"):  # with their times
+        (shutil.copytree if (res0 / f).is_dir() else shutil.copy2)(res0 / f, res / f)
+    shutil.copytree(wd0 / ".snakemake/metadata", wd / ".snakemake/metadata")
+    cfg = str(_changed_config(wd, tmp_path, {"export": {"vllm_load_check": "never"}}))
     target = "results/reduced/head/model.safetensors"
-    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "2", "-d", str(wd), target,
-           "--configfile", str(REPO / "tests/reduced.yaml")]
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "2", "-d", str(wd), target, "--configfile", cfg]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 900
     partial = []
@@ -523,8 +528,8 @@ def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
     killed = partial[0].name.split(".tmp-")[0].lstrip(".")
     assert not (partial[0].parent / killed).exists()  # never a half shard under the real name
     # A killed snakemake leaves its directory lock; the documented recovery is --unlock, then --rerun-incomplete.
-    assert run(["--configfile", str(REPO / "tests/reduced.yaml"), "--unlock"], wd).returncode == 0
-    p = run([target, "--configfile", str(REPO / "tests/reduced.yaml"), "--rerun-incomplete"], wd, timeout=1800)
+    assert run(["--configfile", cfg, "--unlock"], wd).returncode == 0
+    p = run([target, "--configfile", cfg, "--rerun-incomplete"], wd, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
     assert not list(res.glob("hidden_states/*/.shard-*.tmp-*"))  # the killed job's temporary is gone too
     assert _digests(res) == before
