@@ -704,7 +704,8 @@ def test_gpu_build_script_smoke(built, tmp_path):
 
 def test_recipe_sweep_script_smoke(built, tmp_path):
     """benchmarks/recipe_sweep.py at tiny size on a copy of the reduced build: the base row plans nothing,
-    a learning-rate row reruns training and export only, and each row holds that run's own figures."""
+    a learning-rate row reruns training and export only, and each row holds that run's own figures. (The
+    row's export skips the vLLM load check, a minute here, which the reduced build itself proves.)"""
     import sys
 
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -712,7 +713,7 @@ def test_recipe_sweep_script_smoke(built, tmp_path):
 
     wd, _ = built
     copy = copy_build(wd, tmp_path / "wd")
-    (tmp_path / "variants.yaml").write_text("base: {}\nlr_1e-3: {train: {lr: 0.001}}\n")
+    (tmp_path / "variants.yaml").write_text("base: {}\nlr_1e-3: {train: {lr: 0.001}, export: {vllm_load_check: never}}\n")
     sweep = recipe_sweep.main(["--configfile", str(REPO / "tests/reduced.yaml"), "--variants",
                                str(tmp_path / "variants.yaml"), "--workdir", str(copy), "--out", str(tmp_path / "out"),
                                "--keep-heads"])
@@ -720,7 +721,8 @@ def test_recipe_sweep_script_smoke(built, tmp_path):
     assert rows["base"]["planned_jobs"] == {} and rows["lr_1e-3"]["planned_jobs"] == {"train_draft": 1, "export_head": 1}
     m = json.loads((copy / "results/reduced/checkpoint/metrics.json").read_text())
     assert rows["lr_1e-3"]["simulated_tau"] == round(m["final_eval"]["simulated_acceptance_length"], 4) >= 1.0
-    assert rows["lr_1e-3"]["steps"] == m["steps"] > 0 and rows["lr_1e-3"]["overrides"] == {"train": {"lr": 0.001}}
+    assert rows["lr_1e-3"]["steps"] == m["steps"] > 0 and rows["lr_1e-3"]["overrides"] == {
+        "train": {"lr": 0.001}, "export": {"vllm_load_check": "never"}}
     assert rows["lr_1e-3"]["gpu_stage_seconds"]["train_draft"] > 0
     with safe_open(str(tmp_path / "out/lr_1e-3/head/model.safetensors"), "pt") as f:
         assert "embed_tokens.weight" not in f.keys() and f.get_tensor("fc.weight").shape == (576, 1728)
