@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,28 @@ def reduced_build(tmp_path_factory):
     return wd, wd / "results/reduced"
 
 
+
+SLURM_PARTITION = "e3test"
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_start() -> subprocess.CompletedProcess:
+    """tests/slurm/start_cluster.sh run once a session (it installs SLURM where root and apt-get can, starts the
+    one-node cluster or finds it up): its exit status names the step that failed; the last word it prints on
+    success is the partition. test_slurm.py skips on a failure."""
+    return subprocess.run(["bash", str(REPO / "tests/slurm/start_cluster.sh")], capture_output=True, text=True,
+                          timeout=1200, env={**os.environ, "SLURM_TEST_PARTITION": SLURM_PARTITION})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _our_slurm_cluster_up_first(request):
+    """Where an earlier session's one-node cluster is configured (its slurm.conf written by start_cluster.sh) but
+    down (its daemons went with that session), every snakemake start waits ~9 s: the SLURM executor plugin runs
+    `scontrol show config` when it is imported, whatever the executor, and scontrol waits that long for the
+    controller. A session that runs the SLURM tests (which start the cluster anyway) starts it first, so that the
+    ~100 snakemake starts before them do not wait. Nothing changes where SLURM is not installed: test_slurm.py
+    installs it when its turn comes, as before."""
+    ours = SLURM_CONF.is_file() and SLURM_CONF.read_text().startswith("# written by tests/slurm/start_cluster.sh")
+    if ours and shutil.which("scontrol") and any(item.get_closest_marker("slurm") for item in request.session.items):
+        request.getfixturevalue("slurm_cluster_start")

@@ -24,7 +24,6 @@ pytestmark = pytest.mark.slurm
 pytest.importorskip("snakemake_executor_plugin_slurm",
                     reason="the SLURM executor plugin is not installed (requirements-executors.txt)")
 
-PARTITION = "e3test"
 RUN = "results/reduced"
 # What a job's files need before it can be submitted on its own (empty stand-ins, oldest first).
 UPSTREAM = [
@@ -109,10 +108,10 @@ def test_sbatch_call_of_the_profile(tmp_path, target, expect):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """Start (or find) the one-node cluster; skip naming the step and error line when it cannot run."""
-    p = subprocess.run(["bash", str(REPO / "tests/slurm/start_cluster.sh")], capture_output=True, text=True,
-                       timeout=1200, env={**os.environ, "SLURM_TEST_PARTITION": PARTITION})
+def cluster(slurm_cluster_start):
+    """The one-node cluster (started once a session, tests/conftest.py): its partition; skip naming the step and
+    error line when it cannot run."""
+    p = slurm_cluster_start
     if p.returncode != 0:
         pytest.skip(f"no SLURM cluster here (start_cluster.sh exit {p.returncode}): "
                     f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
