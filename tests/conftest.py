@@ -1,5 +1,6 @@
-"""Shared fixtures: the materialised SmolLM2 target (built once per session), tiny random targets, and the
-reduced build (tests/reduced.yaml through snakemake, once per session: test_e2e.py and test_slurm.py)."""
+"""Shared fixtures: the materialised SmolLM2 target (built once per session, by the reduced build's
+materialize_target job), tiny random targets, and the reduced build (tests/reduced.yaml through snakemake,
+once per session: test_e2e.py and test_slurm.py)."""
 from __future__ import annotations
 
 import os
@@ -15,15 +16,34 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+BUNDLED_TARGET = "resources/targets/smollm2-135m-instruct"  # tests/reduced.yaml's target, materialised
+
+
+def _fail_with_logs(what: str, p: subprocess.CompletedProcess, wd: Path) -> None:
+    logs = "\n".join(f"== {f}\n{f.read_text()[-3000:]}" for f in sorted((wd / "logs").rglob("*.log")))
+    pytest.fail(f"{what} failed:\n{p.stderr[-4000:]}\n{logs}")
 
 
 @pytest.fixture(scope="session")
-def smol_target(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct dequantised from the bundled GGUF into an HF directory (~1 min, once)."""
-    from eagle3build.compat.materialize_target import materialize
+def reduced_workdir(tmp_path_factory) -> Path:
+    """The reduced build's workdir with its first job done: the bundled target materialised by the
+    materialize_target rule through snakemake (~1 min). smol_target is a copy of that target, and
+    reduced_build builds the rest here: the dequantisation runs once a session."""
+    from smk import run
 
+    wd = tmp_path_factory.mktemp("e2e")
+    p = run(["--configfile", str(REPO / "tests/reduced.yaml"), "--until", "materialize_target"], wd, timeout=1200)
+    if p.returncode != 0:
+        _fail_with_logs("materialize_target", p, wd)
+    return wd
+
+
+@pytest.fixture(scope="session")
+def smol_target(tmp_path_factory, reduced_workdir) -> Path:
+    """SmolLM2-135M-Instruct dequantised from the bundled GGUF into an HF directory: a copy (the tests' own)
+    of what the reduced build's materialize_target job wrote (eagle3build.compat.materialize_target)."""
     out = tmp_path_factory.mktemp("targets") / "smollm2"
-    materialize("smollm2-135m-instruct", out)
+    shutil.copytree(reduced_workdir / BUNDLED_TARGET, out)
     return out
 
 
@@ -100,17 +120,17 @@ def tiny_shards(tmp_path_factory, tiny_target):
 
 
 @pytest.fixture(scope="session")
-def reduced_build(tmp_path_factory):
-    """tests/reduced.yaml built by snakemake in a workdir of its own (~7 min on 2 cores), once per session:
-    ``(workdir, workdir / "results/reduced")``. test_e2e.py checks it and replans or rebuilds parts of it in
-    place (each such test leaves it up to date); test_slurm.py runs a change of it through SLURM on a copy."""
+def reduced_build(reduced_workdir):
+    """tests/reduced.yaml built by snakemake in a workdir of its own (~6 min on 2 cores after the target),
+    once per session: ``(workdir, workdir / "results/reduced")``. test_e2e.py checks it and replans or
+    rebuilds parts of it in place (each such test leaves it up to date); test_slurm.py runs a change of it
+    through SLURM on a copy."""
     from smk import run
 
-    wd = tmp_path_factory.mktemp("e2e")
+    wd = reduced_workdir
     p = run(["--configfile", str(REPO / "tests/reduced.yaml")], wd, timeout=2400)
     if p.returncode != 0:
-        logs = "\n".join(f"== {f}\n{f.read_text()[-3000:]}" for f in sorted((wd / "logs").rglob("*.log")))
-        pytest.fail(f"workflow failed:\n{p.stderr[-4000:]}\n{logs}")
+        _fail_with_logs("workflow", p, wd)
     return wd, wd / "results/reduced"
 
 
