@@ -135,6 +135,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--shards", type=int, default=N, help="shard jobs to plan (tests: a few)")
+    ap.add_argument("--reps", type=int, default=2, help="runs of each of the four plans, alternating; the best counts")
     ap.add_argument("--out", default=str(REPO / "benchmarks/plan_10k.txt"))
     args = ap.parse_args()
     n = args.shards
@@ -156,7 +157,7 @@ def main() -> None:
         (tmp / "bare_dag/shard.py").write_text("open(snakemake.output[0], 'w').write('x')\n")
         (tmp / "ours").mkdir()
         rows = []
-        for rep in range(2):  # alternate, keep the faster of two
+        for rep in range(args.reps):  # alternate, keep the fastest
             *bare, out_bare = dry_run(tmp / "bare/Snakefile", tmp / "bare")
             *bare_s, out_bare_s = dry_run(tmp / "bare_script/Snakefile", tmp / "bare_script")
             *bare_d, out_bare_d = dry_run(tmp / "bare_dag/Snakefile", tmp / "bare_dag")

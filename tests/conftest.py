@@ -1,8 +1,11 @@
-"""Shared fixtures: the materialised SmolLM2 target (built once per session) and tiny random targets."""
+"""Shared fixtures: the materialised SmolLM2 target (built once per session, by the reduced build's
+materialize_target job), tiny random targets, and the reduced build (tests/reduced.yaml through snakemake,
+once per session: test_e2e.py and test_slurm.py)."""
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,15 +16,34 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+BUNDLED_TARGET = "resources/targets/smollm2-135m-instruct"  # tests/reduced.yaml's target, materialised
+
+
+def _fail_with_logs(what: str, p: subprocess.CompletedProcess, wd: Path) -> None:
+    logs = "\n".join(f"== {f}\n{f.read_text()[-3000:]}" for f in sorted((wd / "logs").rglob("*.log")))
+    pytest.fail(f"{what} failed:\n{p.stderr[-4000:]}\n{logs}")
 
 
 @pytest.fixture(scope="session")
-def smol_target(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct dequantised from the bundled GGUF into an HF directory (~1 min, once)."""
-    from eagle3build.compat.materialize_target import materialize
+def reduced_workdir(tmp_path_factory) -> Path:
+    """The reduced build's workdir with its first job done: the bundled target materialised by the
+    materialize_target rule through snakemake (~1 min). smol_target is a copy of that target, and
+    reduced_build builds the rest here: the dequantisation runs once a session."""
+    from smk import run
 
+    wd = tmp_path_factory.mktemp("e2e")
+    p = run(["--configfile", str(REPO / "tests/reduced.yaml"), "--until", "materialize_target"], wd, timeout=1200)
+    if p.returncode != 0:
+        _fail_with_logs("materialize_target", p, wd)
+    return wd
+
+
+@pytest.fixture(scope="session")
+def smol_target(tmp_path_factory, reduced_workdir) -> Path:
+    """SmolLM2-135M-Instruct dequantised from the bundled GGUF into an HF directory: a copy (the tests' own)
+    of what the reduced build's materialize_target job wrote (eagle3build.compat.materialize_target)."""
     out = tmp_path_factory.mktemp("targets") / "smollm2"
-    materialize("smollm2-135m-instruct", out)
+    shutil.copytree(reduced_workdir / BUNDLED_TARGET, out)
     return out
 
 
@@ -95,3 +117,45 @@ def tiny_shards(tmp_path_factory, tiny_target):
     (d / "decisions.json").write_text(json.dumps(minimal_decisions("fp-tiny", TINY_AUX, 49152)))
     info = bv.build(d / "train.safetensors", 49152, 256, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     return d, samples, info
+
+
+@pytest.fixture(scope="session")
+def reduced_build(reduced_workdir):
+    """tests/reduced.yaml built by snakemake in a workdir of its own (~6 min on 2 cores after the target),
+    once per session: ``(workdir, workdir / "results/reduced")``. test_e2e.py checks it and replans or
+    rebuilds parts of it in place (each such test leaves it up to date); test_slurm.py runs a change of it
+    through SLURM on a copy."""
+    from smk import run
+
+    wd = reduced_workdir
+    p = run(["--configfile", str(REPO / "tests/reduced.yaml")], wd, timeout=2400)
+    if p.returncode != 0:
+        _fail_with_logs("workflow", p, wd)
+    return wd, wd / "results/reduced"
+
+
+
+SLURM_PARTITION = "e3test"
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_start() -> subprocess.CompletedProcess:
+    """tests/slurm/start_cluster.sh run once a session (it installs SLURM where root and apt-get can, starts the
+    one-node cluster or finds it up): its exit status names the step that failed; the last word it prints on
+    success is the partition. test_slurm.py skips on a failure."""
+    return subprocess.run(["bash", str(REPO / "tests/slurm/start_cluster.sh")], capture_output=True, text=True,
+                          timeout=1200, env={**os.environ, "SLURM_TEST_PARTITION": SLURM_PARTITION})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _our_slurm_cluster_up_first(request):
+    """Where an earlier session's one-node cluster is configured (its slurm.conf written by start_cluster.sh) but
+    down (its daemons went with that session), every snakemake start waits ~9 s: the SLURM executor plugin runs
+    `scontrol show config` when it is imported, whatever the executor, and scontrol waits that long for the
+    controller. A session that runs the SLURM tests (which start the cluster anyway) starts it first, so that the
+    ~100 snakemake starts before them do not wait. Nothing changes where SLURM is not installed: test_slurm.py
+    installs it when its turn comes, as before."""
+    ours = SLURM_CONF.is_file() and SLURM_CONF.read_text().startswith("# written by tests/slurm/start_cluster.sh")
+    if ours and shutil.which("scontrol") and any(item.get_closest_marker("slurm") for item in request.session.items):
+        request.getfixturevalue("slurm_cluster_start")

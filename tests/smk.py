@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,12 @@ def planned_resources(args: list[str], workdir: Path | None = None) -> dict[str,
             res["threads"] = t.group(1)  # printed apart from the resources
         jobs.setdefault(m.group(1), []).append(res)
     return jobs
+
+
+def copy_build(wd: Path, dest: Path) -> Path:
+    """A copy of a build's workdir that Snakemake sees as built: the files with their times, and the
+    metadata (.snakemake/metadata: the params, versions and checksums the rerun triggers compare)
+    without the original's locks, logs and incomplete markers."""
+    shutil.copytree(wd, dest, ignore=shutil.ignore_patterns(".snakemake"))
+    shutil.copytree(wd / ".snakemake/metadata", dest / ".snakemake/metadata")
+    return dest

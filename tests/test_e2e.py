@@ -12,19 +12,15 @@ import torch
 import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file
-from smk import REPO, SNAKEMAKE, planned_jobs, run
+from smk import REPO, SNAKEMAKE, copy_build, planned_jobs, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    wd = tmp_path_factory.mktemp("e2e")
-    p = run(["--configfile", str(REPO / "tests/reduced.yaml")], wd, timeout=2400)
-    if p.returncode != 0:
-        logs = "\n".join(f"== {f}\n{f.read_text()[-3000:]}" for f in sorted((wd / "logs").rglob("*.log")))
-        pytest.fail(f"workflow failed:\n{p.stderr[-4000:]}\n{logs}")
-    return wd, wd / "results/reduced"
+@pytest.fixture
+def built(reduced_build):
+    """The session's reduced build (tests/conftest.py): ``(workdir, workdir / "results/reduced")``."""
+    return reduced_build
 
 
 def test_compat_report(built):
@@ -503,21 +499,26 @@ def _digests(res) -> dict[str, str]:
 
 
 def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
-    """A fresh build whose snakemake process group is SIGKILLed while a shard is being written;
+    """A build whose snakemake process group is SIGKILLed while a shard is being written;
     `--unlock` then `--rerun-incomplete` ends with byte-identical shards, vocab map, checkpoint and
-    head to the uninterrupted build (CPU runs are deterministic)."""
+    head to the uninterrupted build (CPU runs are deterministic). It starts from the shared build's
+    target, compat report and token files (the stages before the shards) and skips export's vLLM
+    load check, which writes only head_meta.json (not compared): the head's files are the same."""
     import signal
     import time
 
     wd0, res0 = built
     before = _digests(res0)
     wd = tmp_path / "wd"
-    wd.mkdir()
-    (wd / "resources").symlink_to(wd0 / "resources", target_is_directory=True)  # the materialised target
     res = wd / "results/reduced"
+    res.mkdir(parents=True)
+    (wd / "resources").symlink_to(wd0 / "resources", target_is_directory=True)  # the materialised target
+    for f in ("compat.json", "decisions.json", "data"):  # with their times
+        (shutil.copytree if (res0 / f).is_dir() else shutil.copy2)(res0 / f, res / f)
+    shutil.copytree(wd0 / ".snakemake/metadata", wd / ".snakemake/metadata")
+    cfg = str(_changed_config(wd, tmp_path, {"export": {"vllm_load_check": "never"}}))
     target = "results/reduced/head/model.safetensors"
-    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "2", "-d", str(wd), target,
-           "--configfile", str(REPO / "tests/reduced.yaml")]
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "2", "-d", str(wd), target, "--configfile", cfg]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 900
     partial = []
@@ -532,8 +533,8 @@ def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
     killed = partial[0].name.split(".tmp-")[0].lstrip(".")
     assert not (partial[0].parent / killed).exists()  # never a half shard under the real name
     # A killed snakemake leaves its directory lock; the documented recovery is --unlock, then --rerun-incomplete.
-    assert run(["--configfile", str(REPO / "tests/reduced.yaml"), "--unlock"], wd).returncode == 0
-    p = run([target, "--configfile", str(REPO / "tests/reduced.yaml"), "--rerun-incomplete"], wd, timeout=1800)
+    assert run(["--configfile", cfg, "--unlock"], wd).returncode == 0
+    p = run([target, "--configfile", cfg, "--rerun-incomplete"], wd, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
     assert not list(res.glob("hidden_states/*/.shard-*.tmp-*"))  # the killed job's temporary is gone too
     assert _digests(res) == before
@@ -708,17 +709,16 @@ def test_gpu_build_script_smoke(built, tmp_path):
 
 def test_recipe_sweep_script_smoke(built, tmp_path):
     """benchmarks/recipe_sweep.py at tiny size on a copy of the reduced build: the base row plans nothing,
-    a learning-rate row reruns training and export only, and each row holds that run's own figures."""
+    a learning-rate row reruns training and export only, and each row holds that run's own figures. (The
+    row's export skips the vLLM load check, a minute here, which the reduced build itself proves.)"""
     import sys
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     import recipe_sweep
 
     wd, _ = built
-    copy = tmp_path / "wd"
-    shutil.copytree(wd, copy, ignore=shutil.ignore_patterns(".snakemake"))
-    shutil.copytree(wd / ".snakemake/metadata", copy / ".snakemake/metadata")
-    (tmp_path / "variants.yaml").write_text("base: {}\nlr_1e-3: {train: {lr: 0.001}}\n")
+    copy = copy_build(wd, tmp_path / "wd")
+    (tmp_path / "variants.yaml").write_text("base: {}\nlr_1e-3: {train: {lr: 0.001}, export: {vllm_load_check: never}}\n")
     sweep = recipe_sweep.main(["--configfile", str(REPO / "tests/reduced.yaml"), "--variants",
                                str(tmp_path / "variants.yaml"), "--workdir", str(copy), "--out", str(tmp_path / "out"),
                                "--keep-heads"])
@@ -726,7 +726,8 @@ def test_recipe_sweep_script_smoke(built, tmp_path):
     assert rows["base"]["planned_jobs"] == {} and rows["lr_1e-3"]["planned_jobs"] == {"train_draft": 1, "export_head": 1}
     m = json.loads((copy / "results/reduced/checkpoint/metrics.json").read_text())
     assert rows["lr_1e-3"]["simulated_tau"] == round(m["final_eval"]["simulated_acceptance_length"], 4) >= 1.0
-    assert rows["lr_1e-3"]["steps"] == m["steps"] > 0 and rows["lr_1e-3"]["overrides"] == {"train": {"lr": 0.001}}
+    assert rows["lr_1e-3"]["steps"] == m["steps"] > 0 and rows["lr_1e-3"]["overrides"] == {
+        "train": {"lr": 0.001}, "export": {"vllm_load_check": "never"}}
     assert rows["lr_1e-3"]["gpu_stage_seconds"]["train_draft"] > 0
     with safe_open(str(tmp_path / "out/lr_1e-3/head/model.safetensors"), "pt") as f:
         assert "embed_tokens.weight" not in f.keys() and f.get_tensor("fc.weight").shape == (576, 1728)
@@ -738,9 +739,7 @@ def test_online_training_on_a_copy_of_the_reduced_build(built, tmp_path):
     the trainer, no shard read or written), its weights are the offline checkpoint's within float noise (another
     forward batching, bf16 storage rounding), and switching back to offline replans training."""
     wd, res = built
-    copy = tmp_path / "wd"
-    shutil.copytree(wd, copy, ignore=shutil.ignore_patterns(".snakemake"))
-    shutil.copytree(wd / ".snakemake/metadata", copy / ".snakemake/metadata")
+    copy = copy_build(wd, tmp_path / "wd")
     shards = {f: f.stat().st_mtime_ns for f in (copy / "results/reduced/hidden_states").rglob("*")}
     online = _changed_config(copy, tmp_path, {"capture": {"mode": "online"}})
     target = "results/reduced/checkpoint/config.json"

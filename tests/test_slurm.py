@@ -1,6 +1,13 @@
-"""The slurm profile against SLURM: the sbatch calls it makes (always), and the reduced config
-end to end on a one-node cluster started here (tests/slurm/start_cluster.sh; needs root and
-apt-get on Debian/Ubuntu, or SLURM already installed; skipped with the failing step otherwise)."""
+"""The slurm profile against SLURM: the sbatch calls it makes (always), and jobs of the reduced config
+through sbatch on a one-node cluster started here (tests/slurm/start_cluster.sh; needs root and
+apt-get on Debian/Ubuntu, or SLURM already installed; skipped with the failing step otherwise).
+
+The cluster run works on a copy of the session's reduced build (tests/conftest.py; test_e2e.py checks
+that build): 8 more training samples replan one new shard, the vocab map, training and export (its vLLM
+load check serves the head), each an sbatch job, and a deleted compat.md is rendered by Snakemake itself
+(a localrule). The benchmark, the other vLLM job, is left out: its sbatch call is checked against the stub,
+and on this cluster each job costs its run time rounded up to the plugin's status checks (5 s, then 10 s
+more each time), several minutes for the benchmark's two engines."""
 from __future__ import annotations
 
 import json
@@ -11,13 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
-from smk import REPO, SNAKEMAKE
+from smk import REPO, SNAKEMAKE, copy_build
 
 pytestmark = pytest.mark.slurm
 pytest.importorskip("snakemake_executor_plugin_slurm",
                     reason="the SLURM executor plugin is not installed (requirements-executors.txt)")
 
-PARTITION = "e3test"
 RUN = "results/reduced"
 # What a job's files need before it can be submitted on its own (empty stand-ins, oldest first).
 UPSTREAM = [
@@ -102,56 +108,80 @@ def test_sbatch_call_of_the_profile(tmp_path, target, expect):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """Start (or find) the one-node cluster; skip naming the step and error line when it cannot run."""
-    p = subprocess.run(["bash", str(REPO / "tests/slurm/start_cluster.sh")], capture_output=True, text=True,
-                       timeout=1200, env={**os.environ, "SLURM_TEST_PARTITION": PARTITION})
+def cluster(slurm_cluster_start):
+    """The one-node cluster (started once a session, tests/conftest.py): its partition; skip naming the step and
+    error line when it cannot run."""
+    p = slurm_cluster_start
     if p.returncode != 0:
         pytest.skip(f"no SLURM cluster here (start_cluster.sh exit {p.returncode}): "
                     f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
     return p.stdout.split()[-1]
 
 
+# The change and the jobs it plans (the rerun matrix's "more samples", test_e2e.py, up to the head), and the
+# ones submitted: the Snakefile's localrules (all, compat_markdown, plot_benchmark) run in Snakemake's own
+# process, no sbatch.
+MORE_SAMPLES = "capture: {num_train_samples: 24}\n"
+TARGETS = [f"{RUN}/head/config.json", f"{RUN}/compat.md"]
+SUBMITTED = {"capture_hidden_states": 1, "build_vocab_map": 1, "train_draft": 1, "export_head": 1}
+PLANNED = {**SUBMITTED, "compat_markdown": 1}
+
+
 @pytest.fixture(scope="module")
-def built(cluster, tmp_path_factory):
-    wd = tmp_path_factory.mktemp("slurm")
-    args = ["--jobs", "2", "--slurm-status-command", "squeue", "--slurm-no-account",
+def built(cluster, reduced_build, tmp_path_factory):
+    """The change built through the slurm profile on a copy of the reduced build: ``(workdir, process, start)``."""
+    d = tmp_path_factory.mktemp("slurm")
+    wd = copy_build(reduced_build[0], d / "wd")
+    (wd / RUN / "compat.md").unlink()
+    (d / "more.yaml").write_text(MORE_SAMPLES)
+    start = time.time()
+    args = [*TARGETS, "--jobs", "2", "--slurm-status-command", "squeue", "--slurm-no-account",
             "--slurm-keep-successful-logs", "--slurm-init-seconds-before-status-checks", "5",
             # the test node's partition; the jobs' CPUs, memory and time are the config's (no GPUs)
             "--default-resources", f"slurm_partition={cluster}"]
-    p = smk(args, wd, timeout=3000)
+    p = smk(args, wd, timeout=3000, configs=[d / "more.yaml"])
     if p.returncode != 0:
         logs = "\n".join(f"== {f}\n{f.read_text()[-2000:]}" for f in sorted(wd.rglob("*.log")))
         pytest.fail(f"workflow through SLURM failed:\n{p.stderr[-4000:]}\n{logs[-12000:]}")
-    return wd, p
+    return wd, p, start
 
 
 def test_reduced_run_through_slurm(built):
-    wd, p = built
+    """The copy counts as built (the plan holds the change's jobs only), and the SLURM jobs wrote the change's
+    outputs: a third training shard, the vocab map and checkpoint of 24 samples, a head vLLM loaded and drafted
+    with inside its job."""
+    wd, p, start = built
+    out = p.stdout + p.stderr
+    table = out.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    assert {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
+            if m.group(1) != "total"} == PLANNED, out[-3000:]
     res = wd / RUN
-    b = json.loads((res / "benchmark.json").read_text())
-    assert b["baseline"]["output_tokens"] > 0 and b["eagle3"][0]["num_speculative_tokens"] == 2
-    assert b["eagle3"][0]["drafts"] > 0
+    assert sorted(f.name for f in (res / "hidden_states/train").glob("shard-*.safetensors")) == [
+        "shard-00000.safetensors", "shard-00001.safetensors", "shard-00002.safetensors"]
+    vocab = json.loads((res / "vocab/vocab.json").read_text())
+    assert vocab["num_samples"] == 24 and vocab["draft_vocab_size"] == 2048
+    assert json.loads((res / "checkpoint/train_meta.json").read_text())["vocab_fingerprint"] == vocab["fingerprint"]
+    assert json.loads((res / "head/head_meta.json").read_text())["vllm_load_check"]["drafts"] > 0
     assert json.loads((res / "head/config.json").read_text())["speculators_model_type"] == "eagle3"
-    assert len(list((res / "hidden_states/train").glob("shard-*.safetensors"))) == 2
+    for f in ("hidden_states/train/shard-00002.safetensors", "vocab/vocab.json", "checkpoint/model.safetensors",
+              "head/model.safetensors", "compat.md"):
+        assert (res / f).stat().st_mtime > start, f
+    assert "backend: **hooks**" in (res / "compat.md").read_text()
 
 
 def test_every_job_went_through_sbatch(built):
-    """One kept SLURM log per job (the plugin writes .snakemake/slurm_logs/rule_<rule>/.../<jobid>.log),
-    and SLURM's job-completion log lists those job ids as COMPLETED in this workdir. The Snakefile's
-    localrules (all, compat_markdown, plot_benchmark) run in Snakemake's own process: no sbatch."""
-    wd, p = built
+    """One kept SLURM log per submitted job (the plugin writes .snakemake/slurm_logs/rule_<rule>/.../<jobid>.log),
+    and SLURM's job-completion log lists those job ids as COMPLETED in this workdir. compat.md, a localrule's
+    output, was written without one."""
+    wd, _, _ = built
     logs = sorted((wd / ".snakemake/slurm_logs").rglob("*.log"))
     by_rule = {}
     for f in logs:
         rule = next(part for part in f.relative_to(wd / ".snakemake/slurm_logs").parts if part.startswith("rule_"))
         by_rule[rule[5:]] = by_rule.get(rule[5:], 0) + 1
-    assert by_rule == {"materialize_target": 1, "compat_report": 1, "prepare_data": 1,
-                       "capture_hidden_states": 3, "build_vocab_map": 1, "train_draft": 1, "export_head": 1,
-                       "benchmark": 1}
+    assert by_rule == SUBMITTED
     ids = {f.stem for f in logs}
     comp = Path("/var/log/slurm/jobcomp.log").read_text()
     done = {m.group(1) for m in re.finditer(r"JobId=(\d+) .*?JobState=COMPLETED .*?WorkDir=(\S+)", comp)
             if Path(m.group(2)).resolve() == wd.resolve()}
-    assert ids <= done and len(ids) == 10, (ids, done)
-    assert (wd / "results/reduced/compat.md").exists() and (wd / "results/reduced/report/benchmark.png").exists()
+    assert ids <= done and len(ids) == 4, (ids, done)
