@@ -198,7 +198,7 @@ def regenerate(
     state_dir = Path(f"{os.fspath(out_jsonl)}.state")
     resume = {"checkpoint_every": checkpoint_every, "state_path": os.fspath(state_dir / "state.json"),
               "key": _state_key(prompts, target_dir, choice, max_tokens, max_seq_len, unfinished, dtype, seed, gpus,
-                                pipeline_parallel_size, batch_size, trust_remote_code)}
+                                pipeline_parallel_size, batch_size, trust_remote_code) if checkpoint_every else ""}
     if not convs:
         res = {"conversations": [], "last_turn_unfinished": [], "turns_regenerated": 0,
                "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "answers_at_max_tokens_looping": 0,
