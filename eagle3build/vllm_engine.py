@@ -208,6 +208,13 @@ def child_env(base: dict | None = None) -> dict:
     # instead, as vLLM's own matmuls (VLLM_FLOAT32_MATMUL_PRECISION "highest"). No effect on
     # 16-bit engines (their dots take 16-bit inputs) or on CPU.
     env.setdefault("TRITON_F32_DEFAULT", "ieee")
+    # vLLM samples top-k/top-p with FlashInfer on CUDA by default. flashinfer-python without its
+    # prebuilt jit-cache wheel compiles that kernel with nvcc on first use: the first engine on
+    # a fresh H200 (vLLM 0.26.0, flashinfer 0.6.14) spent 102-141 s in it (inside the profile run
+    # or after graph capture, benchmarks/gpu/h200_vllm.md section 2). Every engine here decodes
+    # greedily or with plain temperature, where vLLM's PyTorch sampler does the same work. A user
+    # who wants FlashInfer's sets VLLM_USE_FLASHINFER_SAMPLER=1 (vllm/envs.py).
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env["PYTHONUNBUFFERED"] = "1"  # the child's lines reach the job's log (and run_child's scan) as written
     # Where the package is not installed (a checkout on PYTHONPATH), the child must still find it.
     pkg_root = str(Path(__file__).resolve().parents[1])

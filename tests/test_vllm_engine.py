@@ -59,6 +59,8 @@ def test_child_env_keeps_the_jobs_gpus_and_drops_blas_caps():
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and "MKL_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in env
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     assert env["PYTHONPATH"].split(":") == ["/x", str(REPO)]
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and env["TRITON_F32_DEFAULT"] == "ieee"
+    assert vllm_engine.child_env({"VLLM_USE_FLASHINFER_SAMPLER": "1"})["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
 
 
 def test_run_child_protocol(tmp_path):
