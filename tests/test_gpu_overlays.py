@@ -1,0 +1,40 @@
+"""The GPU record overlays under benchmarks/gpu/ validate against the config schema, merged as
+benchmarks/gpu/run_h200.sh merges them (config.yaml, then h200_8k.yaml, then the overlay), so that a
+lent device's minutes are not spent on a typo'd key (the schema refuses unknown keys)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from smk import REPO
+from snakemake.utils import update_config, validate
+
+GPU = REPO / "benchmarks/gpu"
+BASES = ("h200_8k.yaml", "h200_online.yaml")  # records of their own; every other overlay goes over h200_8k.yaml
+
+
+def merged(*names: str) -> dict:
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    for n in names:
+        update_config(cfg, yaml.safe_load((GPU / n).read_text()))
+    return cfg
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in GPU.glob("*.yaml")))
+def test_overlay_validates(name):
+    names = (name,) if name in BASES else ("h200_8k.yaml", name)
+    cfg = merged(*names)
+    validate(copy.deepcopy(cfg), str(REPO / "schemas/config.schema.yaml"))
+    assert cfg["run"]
+
+
+def test_overlays_set_what_their_records_say():
+    b = merged("h200_8k.yaml", "c16_64.yaml")["benchmark"]
+    assert (b["concurrency"], b["num_prompts"], b["ks"]) == (16, 64, [1, 2, 3, 5])
+    assert merged("h200_8k.yaml", "c16.yaml")["benchmark"]["num_prompts"] == 16
+    assert merged("h200_8k.yaml", "ks25.yaml")["benchmark"]["ks"] == [2, 5]
+    with pytest.raises(Exception, match="concurrenc"):
+        bad = merged("h200_8k.yaml")
+        bad["benchmark"]["concurrencyy"] = 16
+        validate(bad, str(REPO / "schemas/config.schema.yaml"))
