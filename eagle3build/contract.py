@@ -131,6 +131,8 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              params=(_VERSION, Param("sources", ("data.sources",)), Param("max_seq_len", ("data.max_seq_len",)),
                      Param("max_tokens", ("data.regenerate.max_tokens",)),
                      Param("unfinished", ("data.regenerate.unfinished",)),
+                     Param("temperature", ("data.regenerate.temperature",)),
+                     Param("top_p", ("data.regenerate.top_p",)),
                      Param("served_name", ("target.served_name",)),
                      Param("dtype", ("benchmark.dtype",)), Param("seed", ("data.seed",)),
                      Param("pipeline_parallel_size", ("target.pipeline_parallel_size",)),

@@ -212,8 +212,10 @@ def child_env(base: dict | None = None) -> dict:
     # prebuilt jit-cache wheel compiles that kernel with nvcc on first use: the first engine on
     # a fresh H200 (vLLM 0.26.0, flashinfer 0.6.14) spent 102-141 s in it (inside the profile run
     # or after graph capture, benchmarks/gpu/h200_vllm.md section 2). Every engine here decodes
-    # greedily or with plain temperature, where vLLM's PyTorch sampler does the same work. A user
-    # who wants FlashInfer's sets VLLM_USE_FLASHINFER_SAMPLER=1 (vllm/envs.py).
+    # greedily or with plain temperature, where vLLM's PyTorch sampler does the same work; sampled
+    # regeneration with top_p < 1 (data.regenerate.top_p) gets the PyTorch top-p (a sort over the
+    # vocabulary, its cost not measured here). A user who wants FlashInfer's sets
+    # VLLM_USE_FLASHINFER_SAMPLER=1 (vllm/envs.py).
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env["PYTHONUNBUFFERED"] = "1"  # the child's lines reach the job's log (and run_child's scan) as written
     # Where the package is not installed (a checkout on PYTHONPATH), the child must still find it.

@@ -13,6 +13,8 @@ regenerate(
     max_seq_len=s["data.max_seq_len"],
     max_tokens=s["data.regenerate.max_tokens"],
     unfinished=s["data.regenerate.unfinished"],
+    temperature=s["data.regenerate.temperature"],
+    top_p=s["data.regenerate.top_p"],
     checkpoint_every=s["data.regenerate.checkpoint_every"],
     served_name=s["target.served_name"],
     dtype=s["benchmark.dtype"],

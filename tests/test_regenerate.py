@@ -3,6 +3,7 @@ rule for answers cut at max_tokens (kept, flagged, their end-of-turn token not t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from eagle3build import vllm_engine
 from eagle3build.data import prepare_data as pd
 from eagle3build.data import regenerate_responses as rr
 
+REPO = Path(__file__).resolve().parents[1]
 CONVS = [
     [{"role": "user", "content": "What is the capital of France? One word."}, {"role": "assistant", "content": "x"},
      {"role": "user", "content": "And of Italy?"}, {"role": "assistant", "content": "y"}],
@@ -287,3 +289,143 @@ def test_state_key_names_what_the_answers_depend_on(tmp_path):
     assert key != rr._state_key(prompts, str(tmp_path), {**tf, "used": "other"}, 16, 256, "keep")
     (tmp_path / "config.json").write_text("{ }")
     assert key != rr._state_key(prompts, str(tmp_path), tf, 16, 256, "keep")
+
+
+# --- data.regenerate.temperature / top_p: sampled answers -------------------------------------------------------------
+
+PROMPTS = [c[: next(i for i, m in enumerate(c) if m["role"] == "assistant")] for c in CONVS]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_target):
+    from transformers import AutoTokenizer
+
+    from eagle3build.target import load_model
+
+    return load_model(tiny_target, torch.float32, "cpu"), AutoTokenizer.from_pretrained(tiny_target)
+
+
+def test_sampled_answers_repeat_with_the_seed_and_differ_from_greedy(tiny):
+    """transformers backend on CPU (the tiny random target: fast): temperature 1.0 with the same seed gives the same
+    answers twice (a fresh generator each time: the seed is set when it is made), another seed other answers, and
+    they are not the greedy ones; temperature 0 stays greedy whatever top_p and seed say; a nucleus of one token
+    (top_p near 0) samples the greedy answers."""
+    model, tok = tiny
+
+    def answers(**kw):
+        return [(a.text, a.tokens, a.finished, a.token_ids)
+                for a in rr.TransformersGenerator(model, tok, max_tokens=8, batch_size=2, **kw)(PROMPTS)]
+
+    sampled = answers(temperature=1.0, top_p=1.0, seed=7)
+    assert answers(temperature=1.0, top_p=1.0, seed=7) == sampled
+    assert answers(temperature=1.0, top_p=1.0, seed=8) != sampled
+    greedy = answers()
+    assert all(s[3] != g[3] for s, g in zip(sampled, greedy, strict=True))
+    assert answers(temperature=0.0, top_p=0.3, seed=123) == greedy
+    assert answers(temperature=1.0, top_p=1e-6, seed=7) == greedy
+
+
+def test_regenerate_sampled_transformers_is_seeded_and_reported(tmp_path, tiny_target, caplog):
+    """regenerate(backend=transformers, temperature > 0): the same seed writes the same file twice, another seed
+    another; the report records temperature and top_p and the log says sampled (greedy: greedy)."""
+    import logging
+
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "messages": c}) + "\n" for i, c in enumerate(CONVS)))
+
+    def run(name, **kw):
+        out = tmp_path / f"{name}.jsonl"
+        rep = rr.regenerate([{"path": str(src), "max_samples": None}], str(tiny_target), out, tmp_path / f"{name}.json",
+                            max_seq_len=256, max_tokens=8, served_name="m", dtype="float32", backend="transformers",
+                            batch_size=2, **kw)
+        return out.read_text(), rep
+
+    with caplog.at_level(logging.INFO, logger=rr.__name__):
+        a, rep = run("a", temperature=1.0, top_p=0.95, seed=3)
+    assert rep["temperature"] == 1.0 and rep["top_p"] == 0.95
+    assert any("sampled (temperature 1, top_p 0.95)" in r.getMessage() for r in caplog.records)
+    assert run("b", temperature=1.0, top_p=0.95, seed=3)[0] == a
+    assert run("c", temperature=1.0, top_p=0.95, seed=4)[0] != a
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=rr.__name__):
+        greedy, rep = run("g")
+    assert rep["temperature"] == 0.0 and rep["top_p"] == 1.0 and greedy != a
+    assert any("with transformers, greedy (" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("kw, key", [({"temperature": -1.0}, "data.regenerate.temperature"),
+                                     ({"temperature": float("nan")}, "data.regenerate.temperature"),
+                                     ({"top_p": 0.0}, "data.regenerate.top_p"),
+                                     ({"top_p": 1.5}, "data.regenerate.top_p")])
+def test_a_bad_sampling_setting_is_named(tmp_path, kw, key):
+    """Out of range: the stage stops before reading anything (ValueError naming the key), and the config schema that
+    Snakemake validates at parse time rejects the value (WorkflowError naming the key)."""
+    import copy
+
+    import yaml
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        rr.regenerate([], "unused", tmp_path / "o.jsonl", tmp_path / "r.json", max_seq_len=256, max_tokens=12,
+                      served_name="m", backend="transformers", **kw)
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        rr.check_sampling(kw.get("temperature", 0.0), kw.get("top_p", 1.0))
+    schema = str(REPO / "schemas/config.schema.yaml")
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    validate(copy.deepcopy(cfg), schema)  # the defaults are valid
+    if all(v == v for v in kw.values()):  # NaN: no value a YAML config would hold
+        cfg["data"]["regenerate"].update(kw)
+        with pytest.raises(WorkflowError, match=rf"\['{key.rsplit('.', 1)[1]}'\]"):
+            validate(cfg, schema)
+
+
+def test_the_state_key_holds_temperature_and_top_p(tmp_path, monkeypatch):
+    """A saved state resumes only the same decoding: regenerate's key changes with temperature and top_p."""
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text("{}")
+    src = tmp_path / "src.jsonl"
+    src.write_text(json.dumps({"id": "r0", "messages": CONVS[1]}) + "\n")
+    keys = []
+
+    def fake(target, prompts, *a, key="", **k):
+        keys.append(key)
+        return rr.regenerate_turns(prompts, lambda ps: [rr.Answer("new", 2, True, [7, 2]) for _ in ps], lambda m: 3, 100)
+
+    monkeypatch.setattr(rr, "regenerate_with_transformers", fake)
+    for t, p in ((0.0, 1.0), (0.0, 1.0), (0.7, 1.0), (0.7, 0.9)):
+        rr.regenerate([{"path": str(src), "max_samples": None}], str(tmp_path / "target"), tmp_path / "o.jsonl",
+                      tmp_path / "r.json", max_seq_len=256, max_tokens=12, served_name="m", backend="transformers",
+                      checkpoint_every=4, temperature=t, top_p=p)
+    assert keys[0] == keys[1] and len(set(keys)) == 3 and all(len(k) == 16 for k in keys)
+
+
+def test_vllm_child_samples_from_the_engine_seed(monkeypatch):
+    """run_child (vLLM) without an engine: temperature 0 asks for greedy SamplingParams as before; temperature > 0
+    passes temperature and top_p and no per-request seed (the engine's seed, data.seed, seeds the sampler)."""
+    import sys
+    import types
+
+    made = []
+
+    class SamplingParams:
+        def __init__(self, **kw):
+            made.append(kw)
+
+    class LLM:
+        def get_tokenizer(self):
+            return types.SimpleNamespace(apply_chat_template=lambda m, **k: "x" * len(m), encode=lambda s, **k: list(s))
+
+        def chat(self, prompts, sp, use_tqdm):
+            out = types.SimpleNamespace(text="ok", token_ids=[5, 2], finish_reason="stop")
+            return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=SamplingParams))
+    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine: (LLM(), 0.0))
+    spec = {"engine": {"seed": 5}, "conversations": CONVS, "max_tokens": 12, "max_seq_len": 256}
+    res = rr.run_child(spec)
+    assert res["turns_regenerated"] == 5 and made == [{"temperature": 0.0, "max_tokens": 12}]
+    rr.run_child({**spec, "temperature": 0.8, "top_p": 0.9})
+    assert made[1] == {"temperature": 0.8, "top_p": 0.9, "max_tokens": 12} and "seed" not in made[1]
+    with pytest.raises(ValueError, match="top_p"):
+        rr.run_child({**spec, "temperature": 0.8, "top_p": 0.0})

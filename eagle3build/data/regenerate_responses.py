@@ -1,10 +1,10 @@
 """Stage ``regenerate_responses`` (opt-in, ``data.regenerate.enabled``): the target answers the conversations itself.
 
-A draft head is served against the target's own greedy outputs, so it learns best from
-them (EAGLE-3 paper §4 and speculators' response-regeneration scripts do the same).
+A draft head is served against the target's own outputs, so it learns best from them
+(EAGLE-3 paper §4 and speculators' response-regeneration scripts do the same).
 Between ingest and tokenization: the conversations of ``data.sources`` are normalised by
 ``prepare_data``'s rules (``conversations.normalise``: same skip counts), then turn by turn
-every assistant turn is replaced by the target's greedy answer to the conversation so far (earlier turns already
+every assistant turn is replaced by the target's answer to the conversation so far (earlier turns already
 regenerated), in batches — one round per turn position over all conversations
 (``regenerate_turns``). A conversation stops at the first turn whose prompt reaches
 ``max_seq_len`` tokens: what follows would be truncated away by tokenization anyway. The
@@ -32,11 +32,26 @@ cap stops (44 % of SmolLM2-135M's answers at a 512-token cap, most of them loops
 ``benchmarks/gpu/h200_regen.md``); ``drop`` keeps those loops out of training. The report counts
 the cut answers and how many of them end in a verbatim loop (``ends_in_loop``).
 
+Decoding (``data.regenerate.temperature``, ``top_p``): temperature 0 (the default, the path
+measured on the H200) is greedy; temperature > 0 samples each answer from the target's
+distribution at that temperature, from the smallest set of tokens whose probability reaches
+``top_p`` (nucleus sampling, Holtzman et al. 2020; no top-k cut): that paper's remedy for the
+degenerate repetition of greedy decoding (its effect on the loops counted here, and on the head's
+acceptance, is not measured in this repository). Peers sample by default (SpecForge's
+``scripts/regenerate_train_data.py``: ``--temperature 0.7``). Sampled answers are reproducible
+in part only: vLLM samples from its engine's generator, seeded by ``data.seed`` (no per-request
+seed, whose per-request generators cost 6x in tokens/s: ``vllm_engine.decode_greedy``), so an
+answer depends on vLLM's batch schedule and a rerun is not bit-equal; transformers seeds torch's
+generator with ``data.seed`` once per job, so the same seed, prompts, ``batch_size`` and
+``checkpoint_every`` (they group the prompts into ``generate`` calls) on CPU give the same answers.
+A resumed job (``checkpoint_every``) does not restore the generator: its answers after the resume
+differ from an uninterrupted run's (greedy ones do not).
+
 Two backends, the same rounds, output format and ids (``data.regenerate.backend``):
 
 - ``vllm``: ``LLM.chat`` in a child process started by ``vllm_engine.run_child``
   (tensor-parallel over the job's GPUs);
-- ``transformers``: ``model.generate`` (greedy, left padding, ``batch_size`` conversations per
+- ``transformers``: ``model.generate`` (greedy or sampled, left padding, ``batch_size`` conversations per
   call, sorted by prompt length) on the target loaded by ``target.load_model`` (layers spread
   over the job's GPUs; CPU without GPUs) — for GPU nodes without a working vLLM.
 - ``auto``: vLLM where ``import vllm`` works in this job (the check of the compat report's
@@ -49,6 +64,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -85,6 +101,24 @@ UNFINISHED = ("keep", "drop")
 LOOP_TAIL, LOOP_WINDOW, LOOP_REPEATS = 60, 600, 3
 
 BACKENDS = ("auto", "vllm", "transformers")
+
+
+def check_sampling(temperature: float, top_p: float) -> None:
+    """Check ``data.regenerate.temperature`` (>= 0, finite; 0 = greedy) and ``top_p`` (in (0, 1]).
+
+    Raises:
+        ValueError: either is out of range (or not a number); the message names the key.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+            math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"data.regenerate.temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"data.regenerate.top_p must be in (0, 1], got {top_p!r}")
+
+
+def decoding(temperature: float, top_p: float) -> str:
+    """``greedy`` (temperature 0) or ``sampled (temperature T, top_p P)``: the log's words for it."""
+    return "greedy" if temperature == 0 else f"sampled (temperature {temperature:g}, top_p {top_p:g})"
 
 
 def collect(sources: list[dict]) -> tuple[list[Conversation], Counters, list[SourceStats]]:
@@ -156,30 +190,39 @@ def regenerate(
     backend: str = "auto",
     batch_size: int = 32,
     trust_remote_code: bool = False,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
 ) -> dict:
-    """Replace every assistant turn with the target's greedy answer; write ``out_jsonl`` and a report.
+    """Replace every assistant turn with the target's own answer; write ``out_jsonl`` and a report.
 
     ``max_tokens``: cap of one regenerated answer (tokens); an answer that reaches it is kept
     as its conversation's last turn, flagged ``last_turn_unfinished`` (``unfinished`` ``keep``), or
     left out (``drop``) (module docstring).
     Report: the backend used and why, conversations in and out, assistant turns regenerated (kept),
     conversations cut at ``max_seq_len``, answers that hit ``max_tokens`` and how many of them end
-    in a repetition loop (``ends_in_loop``), the ``unfinished`` rule, generated tokens and
-    tokens/s, skip counts of normalisation.
+    in a repetition loop (``ends_in_loop``), the ``unfinished`` rule, ``temperature`` and ``top_p``,
+    generated tokens and tokens/s, skip counts of normalisation.
+
+    ``temperature``: 0 = greedy; > 0 = answers sampled at that temperature from the nucleus of
+    probability ``top_p`` (module docstring: what is reproducible then). ``seed``: ``data.seed``,
+    vLLM's engine seed, or torch's generator's for the transformers backend.
 
     ``checkpoint_every``: answers per engine call (one ``generate`` of ``regenerate_turns``; not
     the transformers backend's ``batch_size``) between saved states, in
     ``<out_jsonl>.state/state.json``; a rerun of the same job with the same inputs and settings
     resumes from it; removed once the outputs are written (left behind by a job that never
     finishes). 0: none. After a resume the report's ``generate_seconds`` and tokens/s add up
-    the answers of every process, ``seconds`` counts the last process only.
+    the answers of every process, ``seconds`` counts the last process only. With temperature > 0
+    the answers generated after a resume differ from those of an uninterrupted run (the sampler's
+    random state is not saved); the key holds ``temperature`` and ``top_p``.
     ``gpus``: GPUs the job holds (vLLM's tensor parallel size, or the devices transformers
     spreads the layers over; 0 = CPU); ``dtype`` ``auto`` = bf16 on GPUs, float32 on CPU.
     ``backend``: auto | vllm | transformers (``choose_backend``); ``batch_size``: conversations
     per ``generate`` call of the transformers backend.
 
     Raises:
-        ValueError: ``unfinished`` is not ``keep`` or ``drop``, or ``checkpoint_every`` < 0 (checked first).
+        ValueError: ``unfinished`` is not ``keep`` or ``drop``, ``checkpoint_every`` < 0, ``temperature``
+            < 0 or ``top_p`` outside (0, 1] (checked first).
         vllm_engine.VLLMUnavailable: ``backend="vllm"`` and vLLM cannot be imported (checked first).
         DataError: no conversation in the sources.
         RuntimeError: the vLLM child failed.
@@ -188,8 +231,9 @@ def regenerate(
         raise ValueError(f"data.regenerate.unfinished must be one of {UNFINISHED}, got {unfinished!r}")
     if checkpoint_every < 0:
         raise ValueError(f"data.regenerate.checkpoint_every must be >= 0, got {checkpoint_every}")
+    check_sampling(temperature, top_p)
     choice = choose_backend(backend, needed_by=os.fspath(out_jsonl))
-    log.info("regeneration backend: %s (%s)", choice["used"], choice["reason"])
+    log.info("regeneration backend: %s (%s), %s decoding", choice["used"], choice["reason"], decoding(temperature, top_p))
     t0 = time.perf_counter()
     convs, counters, stats = collect(sources)
     kept = [c for c in convs if any(m["role"] == "tool" or m.get("tool_calls") for m in c.messages)]
@@ -198,7 +242,8 @@ def regenerate(
     state_dir = Path(f"{os.fspath(out_jsonl)}.state")
     resume = {"checkpoint_every": checkpoint_every, "state_path": os.fspath(state_dir / "state.json"),
               "key": _state_key(prompts, target_dir, choice, max_tokens, max_seq_len, unfinished, dtype, seed, gpus,
-                                pipeline_parallel_size, batch_size, trust_remote_code) if checkpoint_every else ""}
+                                pipeline_parallel_size, batch_size, trust_remote_code, temperature, top_p)
+              if checkpoint_every else ""}
     if not convs:
         res = {"conversations": [], "last_turn_unfinished": [], "turns_regenerated": 0,
                "conversations_cut_at_max_seq_len": 0, "answers_at_max_tokens": 0, "answers_at_max_tokens_looping": 0,
@@ -209,13 +254,15 @@ def regenerate(
                                       max_model_len=max_seq_len + max_tokens, seed=seed, dtype=dtype,
                                       pipeline_parallel_size=pipeline_parallel_size, trust_remote_code=trust_remote_code)
         spec = {"engine": eng, "conversations": prompts, "max_tokens": max_tokens,
-                "max_seq_len": max_seq_len, "unfinished": unfinished, **resume}
+                "max_seq_len": max_seq_len, "unfinished": unfinished, "temperature": temperature, "top_p": top_p,
+                **resume}
         with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:
             res = vllm_engine.run_child("eagle3build.data.regenerate_responses:run_child", spec, tmp, "regenerate")
     else:
         res = regenerate_with_transformers(target_dir, prompts, max_tokens, max_seq_len,
                                            device="cuda" if gpus > 0 else "cpu", dtype=dtype, batch_size=batch_size,
-                                           trust_remote_code=trust_remote_code, unfinished=unfinished, **resume)
+                                           trust_remote_code=trust_remote_code, unfinished=unfinished,
+                                           temperature=temperature, top_p=top_p, seed=seed, **resume)
     lines, n_out = [], 0
     for conv, msgs, cut_last in zip(convs, res["conversations"], res["last_turn_unfinished"], strict=True):
         if any(m["role"] == "assistant" for m in msgs):
@@ -238,6 +285,8 @@ def regenerate(
         "conversations_out": n_out,
         "conversations_with_tools_kept": len(kept),
         "unfinished": unfinished,
+        "temperature": temperature,
+        "top_p": top_p,
         **{k: res[k] for k in ("turns_regenerated", "conversations_cut_at_max_seq_len", "answers_at_max_tokens",
                                "answers_at_max_tokens_looping", "generated_tokens", "generate_seconds")},
         "generated_tokens_per_s": round(res["generated_tokens"] / max(res["generate_seconds"], 1e-9), 1),
@@ -247,10 +296,11 @@ def regenerate(
     write_text(out_jsonl, "\n".join(lines) + "\n")
     write_json(out_report, report)
     shutil.rmtree(state_dir, ignore_errors=True)
-    log.info("regenerated %d assistant turns of %d conversations with %s (%d tokens, %.0f tokens/s; %d answers cut at "
-             "max_tokens, %d of them ending in a repetition loop, %s)", report["turns_regenerated"], n_out, choice["used"],
-             report["generated_tokens"], report["generated_tokens_per_s"], report["answers_at_max_tokens"],
-             report["answers_at_max_tokens_looping"], "kept" if unfinished == "keep" else "dropped")
+    log.info("regenerated %d assistant turns of %d conversations with %s, %s (%d tokens, %.0f tokens/s; %d answers cut "
+             "at max_tokens, %d of them ending in a repetition loop, %s)", report["turns_regenerated"], n_out,
+             choice["used"], decoding(temperature, top_p), report["generated_tokens"], report["generated_tokens_per_s"],
+             report["answers_at_max_tokens"], report["answers_at_max_tokens_looping"],
+             "kept" if unfinished == "keep" else "dropped")
     return report
 
 
@@ -282,8 +332,8 @@ def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[l
                      checkpoint_every: int = 0, state_path: str | os.PathLike | None = None, key: str = "") -> dict:
     """The backend-independent rounds: turn position by turn position over all conversations.
 
-    ``generate``: greedy answers to a batch of chat prompts (each ending on a user turn), in
-    order; ``prompt_tokens``: tokens of a chat prompt rendered with the generation prompt.
+    ``generate``: the target's answers (greedy or sampled) to a batch of chat prompts (each ending
+    on a user turn), in order; ``prompt_tokens``: tokens of a chat prompt rendered with the generation prompt.
     A conversation stops at a turn whose prompt reaches ``max_seq_len`` tokens (that turn and
     the rest dropped) or at an answer cut at ``max_tokens`` (``unfinished`` ``keep``: kept as the
     last turn, flagged; ``drop``: left out; the rest dropped either way). Conversations end on an
@@ -295,7 +345,9 @@ def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[l
     to ``state_path`` with ``key``. A call that finds a state of the same ``key`` there goes on
     from it: a job killed mid-way (a preempted cluster job, a device call's time limit) loses at
     most one call's answers. 0: one ``generate`` call per round, nothing written (the answers are
-    the same; with a GPU engine bf16 batch composition may flip near-ties either way).
+    the same; with a GPU engine bf16 batch composition may flip near-ties either way). With a
+    sampling ``generate`` the answers after a resume differ from an uninterrupted run's: its
+    random state is not part of the saved state.
 
     Returns ``conversations`` (messages per input conversation, possibly without any assistant
     turn), ``last_turn_unfinished`` (bool per conversation), ``turns_regenerated`` (answers kept),
@@ -411,12 +463,20 @@ def _save_state(path: str | os.PathLike, key: str, st: dict) -> None:
 
 
 def run_child(spec: dict) -> dict:
-    """Inside the vLLM child: ``regenerate_turns`` with ``LLM.chat`` (greedy) as the generator."""
+    """Inside the vLLM child: ``regenerate_turns`` with ``LLM.chat`` as the generator, greedy
+    (``temperature`` 0) or sampled at ``temperature`` and ``top_p``."""
     from vllm import SamplingParams
 
+    temperature, top_p = spec.get("temperature", 0.0), spec.get("top_p", 1.0)
+    check_sampling(temperature, top_p)
     llm, _ = vllm_engine.start_engine(spec["engine"])
     tok = llm.get_tokenizer()
-    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
+    # No per-request seed: sampled requests draw from the engine's generator, seeded by the engine
+    # args' seed (data.seed); a seeded request would take vLLM's per-request-generator path (6x fewer
+    # tokens/s: vllm_engine.decode_greedy). So a sampled answer depends on its batch: not bit-equal
+    # across reruns.
+    sp = (SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"]) if temperature == 0
+          else SamplingParams(temperature=temperature, top_p=top_p, max_tokens=spec["max_tokens"]))
 
     def generate(prompts):
         outs = llm.chat(prompts, sp, use_tqdm=False)
@@ -433,7 +493,9 @@ def run_child(spec: dict) -> dict:
 
 
 class TransformersGenerator:
-    """Greedy chat answers from ``model.generate``, batched with left padding.
+    """Chat answers from ``model.generate``, batched with left padding: greedy (``temperature`` 0)
+    or sampled at ``temperature`` from the nucleus of probability ``top_p`` (no top-k cut, as vLLM's
+    defaults; transformers would otherwise keep its default top_k of 50).
 
     Prompts are rendered with the tokenizer's chat template (generation prompt on) and
     tokenized without added special tokens, as vLLM's ``LLM.chat`` does. Within a call,
@@ -441,10 +503,22 @@ class TransformersGenerator:
     answers come back in input order. Generation stops at the model's
     ``generation_config.eos_token_id`` (all of them where it is a list); an answer without one
     within ``max_tokens`` is unfinished.
+
+    Sampling draws from torch's default generators, seeded here with ``seed`` (``torch.manual_seed``,
+    every device): the same seed, model, prompts and ``batch_size`` give the same answers on CPU,
+    call after call of a fresh generator (a batch's rows share the generator, so an answer also
+    depends on the batch it is in). Greedy decoding does not touch the generators.
+
+    Raises:
+        ValueError: ``temperature`` or ``top_p`` out of range (``check_sampling``); the target has no
+            end-of-sequence token.
     """
 
-    def __init__(self, model, tokenizer, max_tokens: int, batch_size: int):
+    def __init__(self, model, tokenizer, max_tokens: int, batch_size: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0):
+        check_sampling(temperature, top_p)
         self.model, self.tok, self.max_tokens, self.batch_size = model, tokenizer, max_tokens, batch_size
+        self.temperature, self.top_p = temperature, top_p
         self.tok.padding_side = "left"
         eos = model.generation_config.eos_token_id
         if eos is None:
@@ -453,6 +527,10 @@ class TransformersGenerator:
         if not self.eos:
             raise ValueError("the target has no eos_token_id (generation_config or tokenizer): answers would never end")
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos)
+        if temperature > 0:
+            import torch
+
+            torch.manual_seed(seed)
 
     def render(self, msgs: list[dict]) -> str:
         return self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
@@ -467,11 +545,13 @@ class TransformersGenerator:
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
         out: list[Answer | None] = [None] * len(texts)
         device = next(self.model.parameters()).device
+        decode = ({"do_sample": False} if self.temperature == 0
+                  else {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, "top_k": 0})
         for b in range(0, len(order), self.batch_size):
             idx = order[b:b + self.batch_size]
             enc = self.tok([texts[i] for i in idx], add_special_tokens=False, padding=True, return_tensors="pt").to(device)
             with torch.inference_mode():
-                gen = self.model.generate(**enc, max_new_tokens=self.max_tokens, do_sample=False,
+                gen = self.model.generate(**enc, max_new_tokens=self.max_tokens, **decode,
                                           eos_token_id=sorted(self.eos), pad_token_id=self.pad)
             new = gen[:, enc["input_ids"].shape[1]:].tolist()
             for i, row in zip(idx, new, strict=True):
@@ -485,15 +565,22 @@ class TransformersGenerator:
 def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]], max_tokens: int, max_seq_len: int,
                                  device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
                                  trust_remote_code: bool = False, unfinished: str = "keep", checkpoint_every: int = 0,
-                                 state_path: str | None = None, key: str = "") -> dict:
-    """``regenerate_turns`` on transformers' ``generate`` (``TransformersGenerator``); the target is
-    loaded by ``target.load_model`` (``device="cuda"``: layers over every visible GPU, i.e. the job's)."""
+                                 state_path: str | None = None, key: str = "", temperature: float = 0.0,
+                                 top_p: float = 1.0, seed: int = 0) -> dict:
+    """``regenerate_turns`` on transformers' ``generate`` (``TransformersGenerator``: greedy at
+    ``temperature`` 0, else sampled with torch seeded by ``seed``); the target is loaded by
+    ``target.load_model`` (``device="cuda"``: layers over every visible GPU, i.e. the job's).
+
+    Raises:
+        ValueError: ``temperature`` or ``top_p`` out of range, checked before the target is loaded.
+    """
+    check_sampling(temperature, top_p)
     from transformers import AutoTokenizer
 
     from ..target import load_model, resolve_dtype
 
     model = load_model(target_dir, resolve_dtype(dtype, device), device, trust_remote_code)
     tok = AutoTokenizer.from_pretrained(os.fspath(target_dir), trust_remote_code=trust_remote_code, local_files_only=True)
-    gen = TransformersGenerator(model, tok, max_tokens, batch_size)
+    gen = TransformersGenerator(model, tok, max_tokens, batch_size, temperature, top_p, seed)
     return regenerate_turns(conversations, gen, gen.prompt_tokens, max_seq_len, unfinished, checkpoint_every,
                             state_path, key)
