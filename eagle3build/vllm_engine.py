@@ -209,9 +209,11 @@ def child_env(base: dict | None = None) -> dict:
     # 16-bit engines (their dots take 16-bit inputs) or on CPU.
     env.setdefault("TRITON_F32_DEFAULT", "ieee")
     # vLLM samples top-k/top-p with FlashInfer on CUDA by default. flashinfer-python without its
-    # prebuilt jit-cache wheel compiles that kernel with nvcc on first use: the first engine on
-    # a fresh H200 (vLLM 0.26.0, flashinfer 0.6.14) spent 102-141 s in it (inside the profile run
-    # or after graph capture, benchmarks/gpu/h200_vllm.md section 2). Every engine here decodes
+    # prebuilt jit-cache wheel builds that kernel on first use (inferred: no log line names it):
+    # the first engine on a fresh H200 (vLLM 0.26.0, flashinfer 0.6.14) spent 111-121 s in vLLM's
+    # sampler warm-up after graph capture, and a capture engine 102 s in its profile run, which ends
+    # with the same warm-up; with this setting the first engine started in 77.6 s against 170-174 s
+    # (benchmarks/gpu/h200_vllm.md sections 2 and 4.2). Every engine here decodes
     # greedily or with plain temperature, where vLLM's PyTorch sampler does the same work; sampled
     # regeneration with top_p < 1 (data.regenerate.top_p) gets the PyTorch top-p (a sort over the
     # vocabulary, its cost not measured here). A user who wants FlashInfer's sets
