@@ -4,21 +4,24 @@ lent device's minutes are not spent on a typo'd key (the schema refuses unknown 
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import yaml
 from smk import REPO
-from snakemake.utils import update_config, validate
+from snakemake.utils import validate
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from recipe_sweep import merged_config  # noqa: E402  (config.yaml, a base, overrides: Snakemake's own merge)
 
 GPU = REPO / "benchmarks/gpu"
 BASES = ("h200_8k.yaml", "h200_online.yaml")  # records of their own; every other overlay goes over h200_8k.yaml
 
 
 def merged(*names: str) -> dict:
-    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
-    for n in names:
-        update_config(cfg, yaml.safe_load((GPU / n).read_text()))
-    return cfg
+    """config.yaml, then ``names[0]``, then ``names[1]`` if given (at most one overlay over a base)."""
+    base, *over = names
+    return merged_config(GPU / base, yaml.safe_load((GPU / over[0]).read_text()) if over else {})
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in GPU.glob("*.yaml")))
