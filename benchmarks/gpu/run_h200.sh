@@ -2,7 +2,8 @@
 # One step of the issue-21 benchmark records on a lent H200 (vLLM 0.26.0 carried: docs/gpus.md).
 #   [RECIPE=OVERLAY.yaml] bash benchmarks/gpu/run_h200.sh build|c1|c16 SECONDS [OVERLAY.yaml ...]
 # build: the h200-8k head up to export; c1 / c16: its benchmark at concurrency 1 / 16; further
-# overlays (e.g. ks13.yaml, ks25.yaml) go last and pick the ks one call serves. RECIPE: an overlay
+# overlays (e.g. ks13.yaml, ks25.yaml) go last and pick the ks one call serves. UNTIL=RULE stops a
+# build earlier than export_head (e.g. capture_hidden_states, so that training starts in a fresh call). RECIPE: an overlay
 # of h200_8k.yaml with its own `run:` (e.g. h200_8k_regen.yaml), applied before the step's.
 # Logs and results go to $OUT (the device tool's output folder); a step cut by SECONDS resumes
 # in the next call (--rerun-incomplete).
@@ -14,7 +15,7 @@ cfg="benchmarks/gpu/h200_8k.yaml ${RECIPE:-} benchmarks/gpu/no_load_check.yaml"
 run=$(grep -h '^run:' $cfg | tail -1 | awk '{print $2}')
 extra=()
 case $step in
-  build) extra=(--until export_head) ;;
+  build) extra=(--until "${UNTIL:-export_head}") ;;
   c16) cfg="$cfg benchmarks/gpu/c16.yaml" ;;
 esac
 cfg="$cfg $*"
