@@ -97,3 +97,32 @@ def test_speedup_split_tiny(tmp_path):
     overall = json.loads((tmp_path / "s.json").read_text())[0]
     assert overall["rows"][2] == {"k": 3, "tau": 2.3, "tpot_ms": round(3.5 / 2.3, 3), "step_ms": 3.5,
                                   "speedup": round(2.3 * 2 / 3.5, 3), "ceiling_speedup": round(4 * 2 / 3.5, 3)}
+
+
+def test_vocab_coverage_tiny(tmp_path, smol_target):
+    """Train counts 3, 2, 1 of a served text's first three tokens (its fourth never seen): a draft vocab
+    of n tokens covers the n most frequent, so n/4 of the served tokens and (3, 5, 6)/6 of the train ones."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from eagle3build.tokens import write_tokens
+
+    text = " apple banana cherry dragonfruit"
+    ids = AutoTokenizer.from_pretrained(smol_target)(text, add_special_tokens=False).input_ids
+    assert len(ids) == len(set(ids)) >= 4
+    a, b, c = ids[:3]
+    train = np.array([a, a, a, b, b, c], dtype=np.int32)
+    write_tokens(tmp_path / "train.safetensors", [("s0", train, np.ones(6, np.uint8)),
+                                                 ("s1", np.array([ids[-1]] * 4, np.int32), np.ones(4, np.uint8))])
+    bench = {"baseline": {"sets": {"chat": {"texts": [text]}, "empty": {"texts": [""]}}}}
+    (tmp_path / "b.json").write_text(json.dumps(bench))
+    p = _run("vocab_coverage.py", "--tokens", str(tmp_path / "train.safetensors"), "--num-samples", "1",
+             "--target", str(smol_target), "--benchmark", str(tmp_path / "b.json"), "--sizes", "1", "2", "3",
+             "--json", str(tmp_path / "c.json"))
+    out = json.loads((tmp_path / "c.json").read_text())
+    assert (out["tokens_counted"], out["distinct_tokens_seen"]) == (6, 3)  # sample s1 is past --num-samples
+    n_served = len(ids)
+    assert [(r["draft_vocab_size"], r["train"], r["sets"]) for r in out["rows"]] == [
+        (n, round(t / 6, 4), {"chat": {"tokens": n_served, "coverage": round(n / n_served, 4)}})
+        for n, t in ((1, 3), (2, 5), (3, 6))]
+    assert f"draft vocab 2: train {5 / 6:.2%}; served chat {2 / n_served:.2%} of {n_served}" in p.stdout

@@ -30,6 +30,16 @@ def test_example_plans_gpus_per_job(tmp_path, name):
     assert all("gpu" not in j for r in ("prepare_data", "build_vocab_map") for j in jobs[r])
 
 
+@pytest.mark.parametrize("name, captures, gpus", [
+    ("smollm2-8k-gpu", 4 + 1, dict.fromkeys(GPU_RULES, "1")),
+    ("smollm2-full-gpu", 24 + 1, {**dict.fromkeys(GPU_RULES, "1"), "train_draft": "2"})])
+def test_smollm2_gpu_examples_plan(tmp_path, name, captures, gpus):
+    """The bundled target's GPU recipes (8,000 samples in shards of 2,000; 12,000 in shards of 500), one eval
+    shard each, the GPUs each job asks for, the bundled target materialised first."""
+    jobs = planned_resources(["--configfile", str(REPO / f"examples/configs/{name}.yaml")], workdir(tmp_path))
+    assert len(jobs["capture_hidden_states"]) == captures and len(jobs["materialize_target"]) == 1
+    assert {rule: {j["gpu"] for j in jobs[rule]} for rule in GPU_RULES} == {r: {g} for r, g in gpus.items()}
+
 def test_kimi_with_blackwell_profile(tmp_path):
     """The 8-GPU profile over the Kimi config: every GPU job asks for the machine's 8 cards."""
     args = ["--profile", str(REPO / "profiles/blackwell-8x"),

@@ -41,3 +41,18 @@ def test_overlays_set_what_their_records_say():
         bad = merged("h200_8k.yaml")
         bad["benchmark"]["concurrencyy"] = 16
         validate(bad, str(REPO / "schemas/config.schema.yaml"))
+
+
+def test_best_recipe_example_is_the_recorded_overlays():
+    """examples/configs/smollm2-8k-gpu.yaml is what h200_8k.yaml + row_vocab32k.yaml built and served on the
+    H200 (h200_8k_vocab32k_benchmark_c1.json): every key that shapes the head, and the benchmark's settings."""
+    example = merged_config(REPO / "examples/configs/smollm2-8k-gpu.yaml", {})
+    record = merged("h200_8k.yaml", "row_vocab32k.yaml")
+    validate(copy.deepcopy(example), str(REPO / "schemas/config.schema.yaml"))
+    for key in ("target", "data", "capture", "vocab", "train", "export"):
+        assert example[key] == record[key], key
+    assert example["vocab"]["draft_vocab_size"] == 32000
+    served = merged("h200_8k.yaml", "ks3.yaml")["benchmark"]
+    assert example["benchmark"] == served
+    assert {r: example["resources"][r]["gpu"] for r in ("capture", "train", "serve")} == {
+        "capture": 1, "train": 1, "serve": 1}
