@@ -11,6 +11,36 @@ from eagle3build.artifacts import ArtifactError
 from eagle3build.serve import benchmark, plot_benchmark, prompt_sets
 
 
+def _head(tmp_path, draft_ids):
+    """A head directory whose model.safetensors holds only ``d2t`` (int64 [D]) for the sorted target ids ``draft_ids``."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    head = tmp_path / "head"
+    head.mkdir(exist_ok=True)
+    ids = np.array(sorted(draft_ids), dtype=np.int64)
+    save_file({"d2t": ids - np.arange(len(ids))}, str(head / "model.safetensors"))
+    return str(head)
+
+
+def test_draft_vocab_ids_and_coverage(tmp_path):
+    """The draft vocab is arange(D) + d2t; coverage counts output tokens (not distinct ids) inside it; a head
+    without its weights or without d2t is named."""
+    draft = benchmark.draft_vocab_ids(_head(tmp_path, [0, 3, 4, 9]))
+    assert draft == {0, 3, 4, 9}
+    assert benchmark.draft_vocab_coverage([[3, 3, 5], [9, 1, 1, 0, 8]], draft) == 4 / 8
+    assert benchmark.draft_vocab_coverage([[5]], draft) == 0.0 and benchmark.draft_vocab_coverage([[]], draft) is None
+    with pytest.raises(FileNotFoundError, match=r"nohead/model.safetensors: the head's weights"):
+        benchmark.draft_vocab_ids(tmp_path / "nohead")
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    (tmp_path / "bad").mkdir()
+    save_file({"fc.weight": np.zeros((2, 2), np.float32)}, str(tmp_path / "bad/model.safetensors"))
+    with pytest.raises(KeyError, match="no d2t tensor"):
+        benchmark.draft_vocab_ids(tmp_path / "bad")
+
+
 def _out(queued, first, last, n):
     return SimpleNamespace(metrics=SimpleNamespace(queued_ts=queued, first_token_ts=first, last_token_ts=last),
                            outputs=[SimpleNamespace(token_ids=list(range(n)))])
@@ -196,7 +226,7 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(vllm_engine, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
     out = tmp_path / "b.json"
-    r = benchmark._benchmark(tmp_path, _engine, BY_SET, "head", out, [2], 8, "m", 512, 1, 2, 0.25,
+    r = benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [2, 5]), out, [2], 8, "m", 512, 1, 2, 0.25,
                              {"chat": 1, "humaneval": 0})
     # the baseline's top log-probabilities are asked once, at b's first differing position, given its prompt
     assert calls == [("baseline", [2, 2], 4), ("eagle3_k2", [2, 2], 4),
@@ -215,6 +245,9 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     assert r["settings"]["sets"] == {"chat": {"num_prompts": 2, "prompt_ids": ["a", "b"], "skipped_too_long": 1},
                                      "humaneval": {"num_prompts": 2, "prompt_ids": ["HumanEval/0", "HumanEval/1"],
                                                    "skipped_too_long": 0}}
+    # the baseline answered [1, 2] to every prompt; the draft vocab {2, 5} holds half its tokens
+    assert [e["draft_vocab_coverage"], e["sets"]["chat"]["draft_vocab_coverage"],
+            e["sets"]["humaneval"]["draft_vocab_coverage"]] == [0.5, 0.5, 0.5]
     assert json.loads(out.read_text()) == json.loads(json.dumps(r))
     assert "token_ids" not in r["baseline"]["sets"]["chat"] and "prompt_token_ids" not in r["eagle3"][0]
 
@@ -227,7 +260,7 @@ def test_benchmark_fails_on_a_real_divergence(tmp_path, monkeypatch, top, why):
     out = tmp_path / "b.json"
     with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b \(chat\) at output token 1: baseline 2, with "
                                                         r"the head 3"):
-        benchmark._benchmark(tmp_path, _engine, BY_SET, "head", out, [2], 8, "m", 512, 1, 2, 0.25,
+        benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [1, 2]), out, [2], 8, "m", 512, 1, 2, 0.25,
                              {"chat": 0, "humaneval": 0})
     assert not out.exists(), why
 
@@ -266,12 +299,13 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
     monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
 
     def run(max_model_len):
-        return benchmark.benchmark(str(tiny_target), str(tmp_path / "head"), str(tmp_path / "unused.jsonl"),
+        return benchmark.benchmark(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
                                    str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=max_model_len,
                                    sets=["custom"], custom_prompts_path=str(pf))
 
     r = run(fits + 16)
     assert [[p["id"] for p in s["prompts"]] for s in specs] == [["short"], ["short"]]  # baseline, k=2
+    assert r["eagle3"][0]["draft_vocab_coverage"] == 0.5  # the echo engines' [1, 2] against the draft vocab {1}
     assert r["settings"]["sets"] == {"custom": {"num_prompts": 1, "prompt_ids": ["short"], "skipped_too_long": 2}}
     specs.clear()
     with pytest.raises(prompt_sets.PromptSetError, match=rf"benchmark set 'custom': all 3 prompts are longer than "

@@ -107,6 +107,9 @@ def test_benchmark(built):
     for n in sets:
         tps = r["sets"][n]["output_tokens_per_s"] / base["sets"][n]["output_tokens_per_s"]
         assert r["sets"][n]["speedup"] == pytest.approx(tps)
+        # outputs identical: each accepted draft token is a baseline token the draft vocab holds
+        cov = r["sets"][n]["draft_vocab_coverage"]
+        assert 0 < cov <= 1 and r["sets"][n]["accepted_tokens"] <= cov * base["sets"][n]["output_tokens"] + 1e-9
     assert "Using auxiliary layers" in (wd / "logs/reduced/benchmark.log").read_text()
     assert b["settings"]["concurrency"] == 1
 

@@ -10,6 +10,11 @@ Mean acceptance length τ = 1 + accepted / drafts (tokens emitted per target for
 EAGLE-3 paper). Acceptance rate at position i = accepted_per_pos[i] / drafts; overall
 acceptance rate = accepted / draft tokens.
 
+Draft vocab coverage = the share of the baseline's output tokens (the target's own greedy
+answers) that the head's draft vocab holds (``d2t`` of its ``model.safetensors``): the head can
+propose no other token, so every position's acceptance is bounded by it, and with lossless
+greedy decoding accepted tokens <= coverage x baseline output tokens.
+
 Per request, from vLLM's ``RequestOutput.metrics`` (engine-core timestamps, seconds):
 latency = last token - queued; time to first token = first token - queued; time per
 output token (TPOT) = (last token - first token) / (output tokens - 1), as in vLLM's
@@ -56,7 +61,8 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 # 2: near-ties told from divergences (differences, near_ties, divergences, lossless); over-long prompts skipped
-OUTPUT_VERSION = 2
+# 3: draft_vocab_coverage per EAGLE-3 run and set
+OUTPUT_VERSION = 3
 
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 TOP_ENTRY = "eagle3build.vllm_engine:top_logprobs"
@@ -122,7 +128,9 @@ def benchmark(
     latencies; per EAGLE-3 run also drafts, draft tokens, accepted tokens, τ, acceptance rate
     per position, speed-up against the baseline (the same set's tokens/s) and the lossless
     check (prompts whose greedy token ids differ from the baseline's, each classified as a
-    numerical near-tie or a divergence: ``classify_difference``). Engine start seconds and
+    numerical near-tie or a divergence: ``classify_difference``), and ``draft_vocab_coverage``, the
+    share of the baseline's output tokens inside the head's draft vocab (the same for every k).
+    Engine start seconds and
     their breakdown (``vllm_engine.startup_breakdown``) per run. ``gpus``: GPUs the job holds
     (the engines' tensor parallel size; 0 = CPU); ``dtype`` ``auto`` = bf16 on GPUs, float32 on
     CPU. ``near_tie_max_logprob_gap``: nats, or ``auto`` (``NEAR_TIE_GAP`` of the dtype).
@@ -135,6 +143,7 @@ def benchmark(
             no chat template (transformers' errors, before any engine starts).
         ValueError: ``max_tokens`` >= ``max_model_len``.
         RuntimeError: an engine run failed.
+        FileNotFoundError, KeyError: ``head_dir`` has no ``model.safetensors`` holding ``d2t``.
         BenchmarkError: a prompt's output differs from the baseline's beyond a near-tie (the
             message names the prompt ids, k, the position and both tokens; nothing is written).
     """
@@ -193,6 +202,7 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     """``benchmark`` once the prompts are chosen: ``by_set`` (the prompts that run, per set),
     ``skipped_too_long`` (prompts skipped per set, written to ``settings.sets``), ``engine`` (k, eager,
     seqs -> ``engine_args``), ``gap`` (near-tie threshold, nats); engines' files under ``tmp``."""
+    draft = draft_vocab_ids(head_dir)  # before any engine starts: a head without d2t fails here
     prompts = [p for ps in by_set.values() for p in ps]
     set_of = [name for name, ps in by_set.items() for _ in ps]
     groups = [{"name": name, "count": len(ps)} for name, ps in by_set.items()]
@@ -209,17 +219,20 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     tops = baseline_top_logprobs(tmp, engine, base, runs)
     for r in runs:
         k = r["num_speculative_tokens"]
+        r["draft_vocab_coverage"] = draft_vocab_coverage(base["token_ids"], draft)
         diffs = [dict(classify_difference(base["token_ids"][i], r["token_ids"][i], tops.get(i), gap),
                       prompt_id=p["id"], set=set_of[i])
                  for i, p in enumerate(prompts) if base["token_ids"][i] != r["token_ids"][i]]
         r.update(num_speculative_tokens=k, **compare(base, r, prompts, diffs))
         for name, ps in by_set.items():
             r["sets"][name].update(compare(base["sets"][name], r["sets"][name], ps,
-                                           [d for d in diffs if d["set"] == name]))
-            log.info("k=%d %s: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties)", k, name,
-                     r["sets"][name]["mean_acceptance_length"], r["sets"][name]["output_tokens_per_s"],
-                     r["sets"][name]["speedup"], r["sets"][name]["prompts_differing_from_baseline"],
-                     r["sets"][name]["near_ties"])
+                                           [d for d in diffs if d["set"] == name]),
+                                   draft_vocab_coverage=draft_vocab_coverage(base["sets"][name]["token_ids"], draft))
+            log.info("k=%d %s: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties), draft vocab "
+                     "coverage %s", k, name, r["sets"][name]["mean_acceptance_length"],
+                     r["sets"][name]["output_tokens_per_s"], r["sets"][name]["speedup"],
+                     r["sets"][name]["prompts_differing_from_baseline"], r["sets"][name]["near_ties"],
+                     r["sets"][name]["draft_vocab_coverage"])
         log.info("k=%d overall: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties)", k,
                  r["mean_acceptance_length"], r["output_tokens_per_s"], r["speedup"],
                  r["prompts_differing_from_baseline"], r["near_ties"])
@@ -257,6 +270,34 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     validate(result)
     write_json(out_json, result)
     return result
+
+
+def draft_vocab_ids(head_dir: str | os.PathLike) -> frozenset[int]:
+    """The target token ids of the head's draft vocab: ``arange(D) + d2t`` (``d2t`` int64 [D] of the exported
+    ``model.safetensors``, the tensor vLLM maps draft ids with: vllm/model_executor/models/llama_eagle3.py).
+
+    Raises:
+        FileNotFoundError: ``head_dir`` has no ``model.safetensors``.
+        KeyError: it holds no ``d2t``.
+    """
+    import numpy as np
+    from safetensors import safe_open
+
+    path = Path(head_dir) / "model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the head's weights (with d2t) are missing")
+    with safe_open(str(path), framework="numpy") as f:
+        if "d2t" not in f.keys():
+            raise KeyError(f"{path}: no d2t tensor (the draft vocab map)")
+        d2t = f.get_tensor("d2t")
+    return frozenset((np.arange(len(d2t)) + d2t).tolist())
+
+
+def draft_vocab_coverage(token_ids: list[list[int]], draft: frozenset[int]) -> float | None:
+    """Share of the output tokens ``token_ids`` (per prompt, target ids) inside ``draft`` (``draft_vocab_ids``),
+    in [0, 1]; None without output tokens."""
+    ids = [t for seq in token_ids for t in seq]
+    return sum(t in draft for t in ids) / len(ids) if ids else None
 
 
 def compare(base: dict, run: dict, prompts: list[dict], differences: list[dict] | None = None) -> dict:
