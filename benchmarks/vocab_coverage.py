@@ -1,8 +1,8 @@
 """How much of what the target actually emits a draft vocabulary of each size can propose.
 
 A draft head proposes only tokens of its draft vocab (d2t), so a target token outside it is a
-rejection at that position whatever the head learned: the share of the target's served output
-tokens inside the draft vocab bounds the acceptance rate of every position from above. The draft
+rejection at that position whatever the head learned: with lossless greedy decoding, accepted
+tokens <= (share of the target's served output tokens inside the draft vocab) x output tokens. The draft
 vocab is built exactly as the ``build_vocab_map`` stage builds it (speculators'
 ``build_vocab_mappings_from_distribution`` over the assistant-token counts of the run's first
 ``--num-samples`` train samples); the served output is the baseline texts of the project's own

@@ -12,8 +12,8 @@ acceptance rate = accepted / draft tokens.
 
 Draft vocab coverage = the share of the baseline's output tokens (the target's own greedy
 answers) that the head's draft vocab holds (``d2t`` of its ``model.safetensors``): the head can
-propose no other token, so every position's acceptance is bounded by it, and with lossless
-greedy decoding accepted tokens <= coverage x baseline output tokens.
+propose no other token, so with lossless greedy decoding accepted tokens <= coverage x baseline
+output tokens (a bound on the tokens, not on each position's rate).
 
 Per request, from vLLM's ``RequestOutput.metrics`` (engine-core timestamps, seconds):
 latency = last token - queued; time to first token = first token - queued; time per
