@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 import yaml
+from safetensors.numpy import save_file
 from smk import REPO, planned_resources
 
 from eagle3build import vllm_engine
@@ -291,6 +293,8 @@ def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypa
     monkeypatch.setattr(benchmark, "chat_token_counter", lambda target_dir, trust_remote_code: lambda msgs: 10)
 
     ex.check_loads_with_vllm(tmp_path / "head", target, "org/tiny", gpus=1, trust_remote_code=trust)
+    (tmp_path / "head").mkdir()  # the benchmark reads the head's draft vocab (d2t) before any engine starts
+    save_file({"d2t": np.zeros(1, dtype=np.int64)}, str(tmp_path / "head/model.safetensors"))
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "hi"}\n{"prompt": "there"}\n')
     r = benchmark.benchmark(target, str(tmp_path / "head"), str(tmp_path / "unused.jsonl"), str(tmp_path / "b.json"),
