@@ -33,11 +33,14 @@ def coverage(tokens_path: str, target_dir: str, benchmark_path: str, sizes: list
         KeyError: the benchmark JSON has no ``baseline.sets.<set>.texts``.
         ValueError: a size exceeds the target vocabulary.
     """
-    import torch
+    from collections import Counter
+
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
     from transformers import AutoTokenizer
 
     from eagle3build.train.build_vocab_map import count_assistant_tokens
+    from eagle3build.vocab_map import coverage as share
+    from eagle3build.vocab_map import draft_target_ids
 
     freq = count_assistant_tokens(tokens_path, num_samples)
     tok = AutoTokenizer.from_pretrained(target_dir)
@@ -51,9 +54,9 @@ def coverage(tokens_path: str, target_dir: str, benchmark_path: str, sizes: list
         if n > target_vocab:
             raise ValueError(f"draft vocab size {n} exceeds the target vocabulary ({target_vocab})")
         d2t, _ = build_vocab_mappings_from_distribution(freq, n, target_vocab)
-        draft = set((torch.arange(n) + d2t).tolist())
-        row = {"draft_vocab_size": n, "train": round(sum(c for t, c in freq.items() if t in draft) / total, 4)}
-        row["sets"] = {name: {"tokens": len(ids), "coverage": round(sum(i in draft for i in ids) / len(ids), 4)}
+        draft = set(draft_target_ids(d2t).tolist())
+        row = {"draft_vocab_size": n, "train": round(share(freq, draft), 4)}
+        row["sets"] = {name: {"tokens": len(ids), "coverage": round(share(Counter(ids), draft), 4)}
                        for name, ids in served.items() if ids}
         rows.append(row)
     return {"tokens": str(tokens_path), "num_samples": num_samples, "benchmark": str(benchmark_path),

@@ -45,6 +45,20 @@ def load(d2t_path: str | os.PathLike, t2d_path: str | os.PathLike, json_path: st
     return d2t, t2d, info
 
 
+def draft_target_ids(d2t) -> np.ndarray:
+    """The target ids of the draft vocabulary, ``arange(draft) + d2t``: int64 [draft], from ``d2t`` int64 [draft]
+    (numpy or CPU torch; speculators/train/vocab_mapping.py, vLLM's llama_eagle3.py map draft ids this way)."""
+    d2t = np.asarray(d2t, dtype=np.int64)
+    return np.arange(d2t.shape[0], dtype=np.int64) + d2t
+
+
+def coverage(counts: dict[int, int], draft_ids) -> float | None:
+    """Share of the counted tokens (``counts``: target id -> occurrences) whose id is in ``draft_ids`` (a set of
+    target ids, e.g. ``set(draft_target_ids(d2t).tolist())``), in [0, 1]; None when nothing was counted."""
+    total = sum(counts.values())
+    return sum(c for t, c in counts.items() if t in draft_ids) / total if total else None
+
+
 def check_consistent(d2t, t2d) -> None:
     """``t2d`` must be True exactly at the target ids ``arange(draft) + d2t``, which must be increasing.
 
@@ -53,7 +67,7 @@ def check_consistent(d2t, t2d) -> None:
     """
     import torch
 
-    targets = torch.arange(d2t.shape[0]) + d2t.to(torch.int64)
+    targets = torch.from_numpy(draft_target_ids(d2t))
     if targets.min() < 0 or targets.max() >= t2d.shape[0]:
         raise ValueError(f"d2t maps outside the target vocabulary [0, {t2d.shape[0]})")
     if not bool((targets[1:] > targets[:-1]).all()):

@@ -100,8 +100,8 @@ def test_speedup_split_tiny(tmp_path):
 
 
 def test_vocab_coverage_tiny(tmp_path, smol_target):
-    """Train counts 3, 2, 1 of a served text's first three tokens (its fourth never seen): a draft vocab
-    of n tokens covers the n most frequent, so n/4 of the served tokens and (3, 5, 6)/6 of the train ones."""
+    """Train counts 3, 2, 1 of a served text's first three tokens (the rest never counted): a draft vocab of
+    n tokens covers the n most frequent, so n of the served tokens and (3, 5, 6)/6 of the train ones."""
     import numpy as np
     from transformers import AutoTokenizer
 

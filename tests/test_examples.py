@@ -40,6 +40,7 @@ def test_smollm2_gpu_examples_plan(tmp_path, name, captures, gpus):
     assert len(jobs["capture_hidden_states"]) == captures and len(jobs["materialize_target"]) == 1
     assert {rule: {j["gpu"] for j in jobs[rule]} for rule in GPU_RULES} == {r: {g} for r, g in gpus.items()}
 
+
 def test_kimi_with_blackwell_profile(tmp_path):
     """The 8-GPU profile over the Kimi config: every GPU job asks for the machine's 8 cards."""
     args = ["--profile", str(REPO / "profiles/blackwell-8x"),

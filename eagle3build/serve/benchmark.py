@@ -51,7 +51,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import vllm_engine
+from .. import vllm_engine, vocab_map
 from ..atomic import write_json
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
 from . import prompt_sets
@@ -217,9 +217,12 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
         r["num_speculative_tokens"] = k
         runs.append(r)
     tops = baseline_top_logprobs(tmp, engine, base, runs)
+    # the baseline's tokens inside the head's draft vocab: one figure per set, the same for every k
+    cover = {name: draft_vocab_coverage(base["sets"][name]["token_ids"], draft) for name in by_set}
+    cover_all = draft_vocab_coverage(base["token_ids"], draft)
     for r in runs:
         k = r["num_speculative_tokens"]
-        r["draft_vocab_coverage"] = draft_vocab_coverage(base["token_ids"], draft)
+        r["draft_vocab_coverage"] = cover_all
         diffs = [dict(classify_difference(base["token_ids"][i], r["token_ids"][i], tops.get(i), gap),
                       prompt_id=p["id"], set=set_of[i])
                  for i, p in enumerate(prompts) if base["token_ids"][i] != r["token_ids"][i]]
@@ -227,7 +230,7 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
         for name, ps in by_set.items():
             r["sets"][name].update(compare(base["sets"][name], r["sets"][name], ps,
                                            [d for d in diffs if d["set"] == name]),
-                                   draft_vocab_coverage=draft_vocab_coverage(base["sets"][name]["token_ids"], draft))
+                                   draft_vocab_coverage=cover[name])
             log.info("k=%d %s: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties), draft vocab "
                      "coverage %s", k, name, r["sets"][name]["mean_acceptance_length"],
                      r["sets"][name]["output_tokens_per_s"], r["sets"][name]["speedup"],
@@ -280,7 +283,6 @@ def draft_vocab_ids(head_dir: str | os.PathLike) -> frozenset[int]:
         FileNotFoundError: ``head_dir`` has no ``model.safetensors``.
         KeyError: it holds no ``d2t``.
     """
-    import numpy as np
     from safetensors import safe_open
 
     path = Path(head_dir) / "model.safetensors"
@@ -290,14 +292,15 @@ def draft_vocab_ids(head_dir: str | os.PathLike) -> frozenset[int]:
         if "d2t" not in f.keys():
             raise KeyError(f"{path}: no d2t tensor (the draft vocab map)")
         d2t = f.get_tensor("d2t")
-    return frozenset((np.arange(len(d2t)) + d2t).tolist())
+    return frozenset(vocab_map.draft_target_ids(d2t).tolist())
 
 
 def draft_vocab_coverage(token_ids: list[list[int]], draft: frozenset[int]) -> float | None:
     """Share of the output tokens ``token_ids`` (per prompt, target ids) inside ``draft`` (``draft_vocab_ids``),
     in [0, 1]; None without output tokens."""
-    ids = [t for seq in token_ids for t in seq]
-    return sum(t in draft for t in ids) / len(ids) if ids else None
+    from collections import Counter
+
+    return vocab_map.coverage(Counter(t for seq in token_ids for t in seq), draft)
 
 
 def compare(base: dict, run: dict, prompts: list[dict], differences: list[dict] | None = None) -> dict:

@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from ..tokens import read_tokens
-from ..vocab_map import write_map
+from ..vocab_map import coverage, draft_target_ids, write_map
 
 log = logging.getLogger(__name__)
 
@@ -92,15 +92,13 @@ def build(
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
     assert isinstance(d2t, torch.Tensor)
     total = sum(freq.values())
-    selected = set((torch.arange(draft_vocab_size) + d2t).tolist())
-    covered = sum(c for t, c in freq.items() if t in selected)
     info = {
         "fingerprint": vocab_fingerprint(freq, draft_vocab_size),
         "draft_vocab_size": draft_vocab_size,
         "target_vocab_size": target_vocab_size,
         "distinct_tokens_seen": len(freq),
         "tokens_counted": total,
-        "coverage": covered / total if total else 0.0,
+        "coverage": coverage(freq, set(draft_target_ids(d2t).tolist())) or 0.0,
         "num_samples": num_samples,
     }
     write_map(d2t, t2d, info, out_d2t, out_t2d, out_json)
