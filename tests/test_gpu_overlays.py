@@ -4,6 +4,7 @@ lent device's minutes are not spent on a typo'd key (the schema refuses unknown 
 from __future__ import annotations
 
 import copy
+import json
 import sys
 
 import pytest
@@ -19,9 +20,14 @@ BASES = ("h200_8k.yaml", "h200_online.yaml")  # records of their own; every othe
 
 
 def merged(*names: str) -> dict:
-    """config.yaml, then ``names[0]``, then ``names[1]`` if given (at most one overlay over a base)."""
+    """config.yaml, then ``names[0]``, then each further overlay in order (run_h200.sh's --configfile order)."""
+    from snakemake.utils import update_config
+
     base, *over = names
-    return merged_config(GPU / base, yaml.safe_load((GPU / over[0]).read_text()) if over else {})
+    cfg = merged_config(GPU / base, {})
+    for name in over:
+        update_config(cfg, yaml.safe_load((GPU / name).read_text()))
+    return cfg
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in GPU.glob("*.yaml")))
@@ -44,15 +50,25 @@ def test_overlays_set_what_their_records_say():
 
 
 def test_best_recipe_example_is_the_recorded_overlays():
-    """examples/configs/smollm2-8k-gpu.yaml is what h200_8k.yaml + row_vocab32k.yaml built and served on the
-    H200 (h200_8k_vocab32k_benchmark_c1.json): every key that shapes the head, and the benchmark's settings."""
+    """examples/configs/smollm2-8k-gpu.yaml is what h200_8k.yaml + row_vocab32k.yaml + row_ttt5.yaml +
+    row_epochs4.yaml (+ resumable.yaml, which does not change the head) built on the H200 and tau_guard.py
+    served (h200_8k_vocab32k_ttt5_epochs4_tau_guard.json): every key that shapes the head, and the
+    benchmark's settings; its tau reference is that run's."""
     example = merged_config(REPO / "examples/configs/smollm2-8k-gpu.yaml", {})
-    record = merged("h200_8k.yaml", "row_vocab32k.yaml")
+    record = merged("h200_8k.yaml", "row_vocab32k.yaml", "row_ttt5.yaml", "row_epochs4.yaml", "resumable.yaml")
     validate(copy.deepcopy(example), str(REPO / "schemas/config.schema.yaml"))
     for key in ("target", "data", "capture", "vocab", "train", "export"):
         assert example[key] == record[key], key
-    assert example["vocab"]["draft_vocab_size"] == 32000
+    t = example["train"]
+    assert (example["vocab"]["draft_vocab_size"], t["ttt_steps"], t["ttt_step_loss_decay"], t["epochs"]) == (
+        32000, 5, 0.8, 4)
     served = merged("h200_8k.yaml", "ks3.yaml")["benchmark"]
     assert example["benchmark"] == served
     assert {r: example["resources"][r]["gpu"] for r in ("capture", "train", "serve")} == {
         "capture": 1, "train": 1, "serve": 1}
+    guard = json.loads((GPU / "h200_8k_vocab32k_ttt5_epochs4_tau_guard.json").read_text())
+    reference = json.loads((GPU / "h200_8k_vocab32k_ttt5_epochs4_tau_reference.json").read_text())
+    assert (guard["run"]["k"], guard["run"]["num_prompts"], guard["run"]["max_tokens"]) == (
+        served["ks"][0], served["num_prompts"], served["max_tokens"])
+    assert reference["tau"] == {s: round(v, 4) for s, v in guard["run"]["tau"].items()}
+    assert min(reference["tau"].values()) >= 2.6  # issue 23's goal, on both sets

@@ -6,7 +6,8 @@
 # build earlier than export_head (e.g. capture_hidden_states, so that training starts in a fresh call). RECIPE: an overlay
 # of h200_8k.yaml with its own `run:` (e.g. h200_8k_regen.yaml), applied before the step's.
 # Logs and results go to $OUT (the device tool's output folder); a step cut by SECONDS resumes
-# in the next call (--rerun-incomplete).
+# in the next call (--rerun-incomplete); training resumes from its saved state only with
+# resumable.yaml (train.checkpoint_every) among the overlays, named in every call of the row.
 set -u
 step=$1; limit=$2; shift 2
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH NCCL_NVLS_ENABLE=0 \
