@@ -20,6 +20,10 @@ case $step in
   c16) cfg="$cfg benchmarks/gpu/c16.yaml" ;;
 esac
 cfg="$cfg $*"
+# A call killed from outside (the device tool's own limit, as when the unpack ate into it) leaves
+# Snakemake's lock behind, and the next call would refuse to start: one Snakemake at a time runs
+# here, so unlock first.
+python3 -m snakemake --unlock --configfile $cfg > /dev/null 2>&1
 start=$(date +%s)
 timeout "$limit" python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete \
     --configfile $cfg "${extra[@]}" > "$OUT/snakemake_$step.log" 2>&1
