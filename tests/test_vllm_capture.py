@@ -268,3 +268,22 @@ def test_benchmark_script_smoke(moe_target, tmp_path):
     assert e["aux_all_layers"]["n"] == 3 and e["aux_all_layers"]["max"] < 1e-4 and e["last"]["max"] < 1e-4
     assert e["several_steps"]["n"] + e["one_step"]["n"] == 3 and e["several_steps"]["n"] >= 1  # 16-token steps
     assert set(e["aux_per_layer"]) == {"1", "3", "4"} and e["by_position"]["0-1"] < 1e-4
+
+
+def test_benchmark_script_hooks_only(moe_target, tmp_path):
+    """capture_backends.py --hooks-only at tiny size: no engine, float32 and bf16 hooks captures of the same
+    samples, the bf16 one measured against the float32 one (bf16 rounding: small, not zero) and its speed ratio."""
+    out = tmp_path / "bench.json"
+    subprocess.run([sys.executable, str(REPO / "benchmarks/capture_backends.py"), "--target", str(moe_target),
+                    "--hooks-only", "--dtypes", "float32,bfloat16", "--samples", "3", "--min-len", "8",
+                    "--max-len", "40", "--aux", "1,3,4", "--json", str(out), "--workdir", str(tmp_path / "w")],
+                   check=True, cwd=REPO)
+    r = json.loads(out.read_text())
+    assert r["engines"] == {}
+    d = r["data"]["random"]["dtypes"]
+    assert list(d) == ["float32", "bfloat16"] and set(d["float32"]) == {"hooks"}
+    b = d["bfloat16"]
+    assert b["hooks"]["tokens_per_s"] > 0 and "vllm" not in b["against_float32_hooks"]
+    e = b["against_float32_hooks"]["hooks"]
+    assert e["aux_all_layers"]["n"] == 3 and 1e-5 < e["aux_all_layers"]["max"] < 0.1 and e["last"]["max"] < 0.1
+    assert b["hooks_speed_vs_float32"] == round(b["hooks"]["tokens_per_s"] / d["float32"]["hooks"]["tokens_per_s"], 3)
