@@ -242,6 +242,7 @@ def main(argv=None) -> dict:
                 r["against_float32_hooks"] = {"hooks": compare(hooks_shards[name, dtype], ref, aux, hidden)}
                 if v_out is not None:
                     r["against_float32_hooks"]["vllm"] = compare(v_out, ref, aux, hidden, steps)
+            if dtype != "float32" and "float32" in dtypes:  # the speed ratio needs no reference shards
                 r["hooks_speed_vs_float32"] = round(
                     r["hooks"]["tokens_per_s"] / results[name]["dtypes"]["float32"]["hooks"]["tokens_per_s"], 3)
 
