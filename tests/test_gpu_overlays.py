@@ -49,6 +49,18 @@ def test_overlays_set_what_their_records_say():
         validate(bad, str(REPO / "schemas/config.schema.yaml"))
 
 
+def test_gpu_records_keep_ttt_steps_3():
+    """The GPU records and sweeps were made with 3 TTT steps, config.yaml's default then; the CPU default is
+    1 since (served at k = 1: benchmarks/cpu_default_ttt_steps.json), so each pins 3 and a rerun trains the
+    recorded head, while the CPU default itself trains 1."""
+    assert merged_config(REPO / "config.yaml", {})["train"]["ttt_steps"] == 1
+    assert merged("h200_8k.yaml")["train"]["ttt_steps"] == 3
+    assert merged("h200_online.yaml")["train"]["ttt_steps"] == 3
+    assert merged("h200_8k.yaml", "row_vocab32k.yaml")["train"]["ttt_steps"] == 3
+    for sweep in ("base_4k.yaml", "full_16k.yaml"):
+        assert merged_config(REPO / "benchmarks/sweep" / sweep, {})["train"]["ttt_steps"] == 3
+
+
 def test_best_recipe_example_is_the_recorded_overlays():
     """examples/configs/smollm2-8k-gpu.yaml is what h200_8k.yaml + row_vocab32k.yaml + row_ttt5.yaml +
     row_epochs4.yaml (+ resumable.yaml, which does not change the head) built on the H200 and tau_guard.py
