@@ -53,3 +53,4 @@ rule all:
         f"{RES}/head/config.json",
         f"{RES}/benchmark.json",
         f"{RES}/report/benchmark.png",
+        preflight_input,

@@ -185,11 +185,21 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              + _values("export.vllm_load_check", "target.pipeline_parallel_size", "target.trust_remote_code"),
              runtime=_JOB + _res("serve", gpu=True), files=_TARGET, decisions=(), packages=("speculators", "torch"),
              entry="eagle3build.serve.export_head:export"),
-    Contract("benchmark", "serve", inputs=("head", "head_config", "prompts", "custom_prompts", "target"),
+    Contract("benchmark", "serve", inputs=("head", "head_config", "prompts", "custom_prompts", "preflight", "target"),
              params=(_VERSION, Param("benchmark", _BENCHMARK, "section"))
              + _values("target.served_name", "target.pipeline_parallel_size", "target.trust_remote_code"),
-             runtime=_JOB + _res("serve", gpu=True), files=_TARGET + ("data.prompts_file",), decisions=(),
-             packages=("vllm",), entry="eagle3build.serve.benchmark:benchmark"),
+             runtime=_JOB + _res("serve", gpu=True), files=_TARGET + ("data.prompts_file", "preflight.enabled"),
+             decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:benchmark"),
+    # Before training: one vLLM engine on the serve job's GPUs times the target's verification steps; the
+    # decisions.json input only orders it after the report that gates every GPU job.
+    Contract("preflight_bound", "compat", inputs=("target", "decisions"),
+             params=(_VERSION, Param("preflight", ("preflight.max_k", "preflight.concurrencies",
+                                                   "preflight.context_tokens", "preflight.repeats"), "section"))
+             + _values("benchmark.ks", "benchmark.dtype", "vocab.draft_vocab_size", "target.pipeline_parallel_size",
+                       "target.trust_remote_code"),
+             runtime=_JOB + _res("serve", gpu=True) + ("target.served_name",),
+             files=_TARGET + ("preflight.enabled",), decisions=(), packages=("vllm", "torch"),
+             entry="eagle3build.compat.preflight_bound:preflight"),
     Contract("plot_benchmark", "serve", inputs=(), params=(_VERSION,), runtime=_JOB, files=("run",), decisions=(),
              packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:plot"),
 )}

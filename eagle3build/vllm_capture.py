@@ -488,23 +488,9 @@ def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, token
     kw = dict(worker_extension_cls=EXTENSION, enable_prefix_caching=False, eager=True,
               kv_cache_tokens=capture_kv_cache_tokens(step, max_model_len), skip_tokenizer_init=True, max_num_batched_tokens=step,
               trust_remote_code=trust_remote_code)
-    if _is_multimodal(target_dir):
-        # Text samples only: vLLM then skips the vision tower and its processor (which needs the tokenizer).
-        kw["language_model_only"] = True
-    kw.update(extra)
+    kw.update(extra)  # a multimodal wrapper gets language_model_only from engine_args, as every engine does
     return engine_args(target_dir, gpus=gpus, served_name=Path(target_dir).name, max_model_len=max_model_len, seed=seed,
                        dtype=dtype, pipeline_parallel_size=pipeline_parallel_size, **kw)
-
-
-def _is_multimodal(target_dir: str) -> bool:
-    """A multimodal wrapper's config nests its text model (``text_config``) beside a vision part."""
-    import json
-
-    try:
-        cfg = json.loads((Path(target_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg.get("text_config"), dict) and any(k.startswith("vision") for k in cfg)
 
 
 def capture_shard_vllm(target_dir: str, tokens_path: str, out_path: str, indices: list[int], lengths: list[int],

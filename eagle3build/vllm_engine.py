@@ -144,8 +144,30 @@ def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: 
             kw["max_cudagraph_capture_size"] = cudagraph_capture_size_at_least(int(graph_batch_tokens))
     if pipeline_parallel_size > 1:
         kw["distributed_executor_backend"] = "ray"
+    if multimodal_wrapper(target_dir):
+        kw["language_model_only"] = True
     kw.update(extra)
     return kw
+
+
+# Config keys of a multimodal wrapper's towers (transformers' LLaVA, Qwen-VL, Kimi-K2.5 configs).
+TOWER_CONFIG_KEYS = ("vision_config", "audio_config")
+
+
+def multimodal_wrapper(target_dir: str | os.PathLike) -> bool:
+    """Whether the target's ``config.json`` holds a vision or audio tower config (a multimodal wrapper around a
+    text model, e.g. Kimi-K2.5's ``KimiK25ForConditionalGeneration``).
+
+    Every engine here serves text, so such a target gets vLLM's ``language_model_only``
+    (vllm/config/multimodal.py, ``MultiModalConfig``): the towers are neither built nor loaded
+    (vllm/model_executor/models/interfaces.py, ``_mark_tower_model``), which saves their memory and
+    lets a checkpoint without tower weights load. False where config.json is missing or not JSON.
+    """
+    try:
+        cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and any(cfg.get(k) for k in TOWER_CONFIG_KEYS)
 
 
 def cudagraph_capture_size_at_least(tokens: int) -> int:

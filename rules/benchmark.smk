@@ -4,6 +4,7 @@ rule benchmark:
         head_config=f"{RES}/head/config.json",
         prompts=f"{RES}/data/prompts.jsonl",
         custom_prompts=custom_prompts_input,
+        preflight=preflight_input,
         target=TARGET_FILES,
     output:
         report(f"{RES}/benchmark.json", category="4. Benchmark"),

@@ -177,6 +177,19 @@ def custom_prompts_input(wildcards):
     return config["data"]["prompts_file"] if "custom" in config["benchmark"]["sets"] else []
 
 
+# The pre-flight speed-up bound (eagle3build.compat.preflight_bound): a GPU job, so `auto` runs it where
+# the serve jobs get GPUs; the benchmark then checks its measured steps against it.
+PREFLIGHT = f"{RES}/preflight.json"
+PREFLIGHT_ENABLED = config["preflight"]["enabled"] == "always" or (
+    config["preflight"]["enabled"] == "auto" and config["resources"]["serve"]["gpu"] > 0
+)
+
+
+def preflight_input(wildcards):
+    """preflight.json where the pre-flight bound is enabled, else nothing."""
+    return PREFLIGHT if PREFLIGHT_ENABLED else []
+
+
 REGENERATED = f"{RES}/data/regenerated.jsonl"
 
 

@@ -26,6 +26,7 @@ rule compat_report:
 rule compat_markdown:
     input:
         json=f"{RES}/compat.json",
+        preflight=preflight_input,
     output:
         md=report(f"{RES}/compat.md", category="1. Compatibility"),
     log:
@@ -37,3 +38,30 @@ rule compat_markdown:
         settings=job_settings_param("compat_report"),
     script:
         "../scripts/compat_markdown.py"
+
+
+# Before any training: the target's verification-step cost on the serve job's GPUs (one vLLM engine),
+# and per k the tau speculation needs to break even and to reach 1.5x.
+rule preflight_bound:
+    input:
+        target=TARGET_FILES,
+        decisions=DECISIONS,
+    output:
+        PREFLIGHT,
+    log:
+        f"{LOGS}/preflight_bound.log",
+    retries: VLLM_RETRIES
+    conda:
+        "../envs/eagle3build.yaml"
+    threads: config["resources"]["serve"]["threads"]
+    resources:
+        **gpu_model_res("serve"),
+        gpu=res("serve", "gpu"),
+        mem_mb=attempt_mem_mb(res("serve", "mem_mb")),
+        runtime=res("serve", "runtime"),
+    params:
+        **stage_params("preflight_bound"),
+        target_dir=target_dir,
+        settings=job_settings_param("preflight_bound"),
+    script:
+        "../scripts/preflight_bound.py"

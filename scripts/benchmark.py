@@ -24,4 +24,5 @@ benchmark(
     custom_prompts_path=snakemake.input.custom_prompts or None,
     near_tie_max_logprob_gap=s["benchmark.near_tie_max_logprob_gap"],
     trust_remote_code=s["target.trust_remote_code"],
+    preflight_path=snakemake.input.preflight or None,
 )

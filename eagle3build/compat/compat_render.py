@@ -9,8 +9,26 @@ from __future__ import annotations
 import json
 
 
-def render_markdown(r: dict) -> str:
-    """The human-readable compat.md."""
+def render_preflight(p: dict) -> list[str]:
+    """compat.md's section for a preflight.json (``preflight_bound.preflight``'s result): per concurrency
+    and k, the step's cost in baseline decode steps and the τ needed to break even and for 1.5x."""
+    s = p["settings"]
+    lines = ["", "## Pre-flight speed-up bound", "",
+             f"Measured before training on {', '.join(p['hardware'].get('gpus') or [p['hardware']['processor']])} "
+             f"({s['dtype']}, TP {s['tensor_parallel_size']}, {s['context_tokens']} cached context tokens per "
+             f"sequence; draft cost: {p['draft_estimate']['method']}). tau above k + 1 cannot be reached.", "",
+             "| concurrency | k | decode step ms | target verify / decode | draft ms/token | step / decode "
+             "| tau to break even | tau for 1.5x |", "|---|---|---|---|---|---|---|---|"]
+    for r in p["table"]:
+        mark = "" if r["speedup_1_5x_reachable"] else " (unreachable)"
+        lines.append(f"| {r['concurrency']} | {r['k']} | {r['decode_step_ms']:.3f} | {r['target_verify_ratio']:.2f} | "
+                     f"{r['draft_ms_per_token']:.3f} | {r['step_cost_ratio']:.2f} | {r['tau_break_even']:.2f} | "
+                     f"{r['tau_for_1_5x']:.2f}{mark} |")
+    return lines
+
+
+def render_markdown(r: dict, preflight: dict | None = None) -> str:
+    """The human-readable compat.md (with ``preflight``, a preflight.json, its table)."""
     lines = ["# Compatibility report", ""]
     lines += ["## Versions", "", "| package | version |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in r["versions"].items() if v]
@@ -57,6 +75,8 @@ def render_markdown(r: dict) -> str:
         o = r["plans"].get("online_memory")
         if o:
             lines.append(f"- online training's GPU split: **{o['status']}**: {o['message']}")
+    if preflight:
+        lines += render_preflight(preflight)
     if r["hard_failures"]:
         lines += ["", "## HARD FAILURES", ""]
         for k in r["hard_failures"]:

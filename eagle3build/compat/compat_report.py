@@ -378,15 +378,20 @@ def write(report: dict, out_json: str, out_md: str | None = None) -> None:
         write_text(out_md, md)
 
 
-def write_markdown(compat_json: str, out_md: str) -> None:
-    """Render compat.md from a written compat.json (rule ``compat_markdown``).
+def write_markdown(compat_json: str, out_md: str, preflight_json: str | None = None) -> None:
+    """Render compat.md from a written compat.json (rule ``compat_markdown``), with the pre-flight bound's
+    table where ``preflight_json`` (preflight_bound's output) is given.
 
     Raises:
         artifacts.ArtifactError: compat.json is not JSON or does not match its schema (file and field named).
+        OSError, ValueError: ``preflight_json`` cannot be read as JSON.
     """
+    import json
+
     from ..artifacts import Compat
 
-    write_text(out_md, render_markdown(Compat.load(compat_json).data))
+    pre = json.loads(Path(preflight_json).read_text()) if preflight_json else None
+    write_text(out_md, render_markdown(Compat.load(compat_json).data, pre))
 
 
 def run_for_settings(settings: StageSettings, target_dir: str, results_dir: str, out_json: str,

@@ -111,6 +111,7 @@ def benchmark(
     custom_prompts_path: str | None = None,
     near_tie_max_logprob_gap: float | str = "auto",
     trust_remote_code: bool = False,
+    preflight_path: str | None = None,
 ) -> dict:
     """Baseline run plus one EAGLE-3 run per k over every prompt set; write ``out_json``
     (eagle3build/schemas/benchmark.schema.json).
@@ -134,6 +135,8 @@ def benchmark(
     their breakdown (``vllm_engine.startup_breakdown``) per run. ``gpus``: GPUs the job holds
     (the engines' tensor parallel size; 0 = CPU); ``dtype`` ``auto`` = bf16 on GPUs, float32 on
     CPU. ``near_tie_max_logprob_gap``: nats, or ``auto`` (``NEAR_TIE_GAP`` of the dtype).
+    ``preflight_path``: the run's preflight.json (compat stage's pre-flight bound): the result then gets
+    ``preflight``, each run's measured step cost against the table's (``step_costs.compare_benchmark``), logged.
 
     Raises:
         vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
@@ -176,7 +179,7 @@ def benchmark(
     gap = NEAR_TIE_GAP[engine()["dtype"]] if near_tie_max_logprob_gap == "auto" else float(near_tie_max_logprob_gap)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
         return _benchmark(Path(tmpdir), engine, by_set, head_dir, out_json, ks, max_tokens, served_name, max_model_len,
-                          concurrency, num_prompts, gap, skipped)
+                          concurrency, num_prompts, gap, skipped, preflight_path)
 
 
 def chat_token_counter(target_dir: str, trust_remote_code: bool = False) -> Callable[[list[dict]], int]:
@@ -198,7 +201,7 @@ def chat_token_counter(target_dir: str, trust_remote_code: bool = False) -> Call
 
 def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, out_json: str, ks: list[int],
                max_tokens: int, served_name: str, max_model_len: int, concurrency: int, num_prompts: int,
-               gap: float, skipped_too_long: dict[str, int]) -> dict:
+               gap: float, skipped_too_long: dict[str, int], preflight_path: str | None = None) -> dict:
     """``benchmark`` once the prompts are chosen: ``by_set`` (the prompts that run, per set),
     ``skipped_too_long`` (prompts skipped per set, written to ``settings.sets``), ``engine`` (k, eager,
     seqs -> ``engine_args``), ``gap`` (near-tie threshold, nats); engines' files under ``tmp``."""
@@ -270,6 +273,12 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
         "baseline": base,
         "eagle3": runs,
     }
+    if preflight_path:
+        import json
+
+        from ..step_costs import compare_benchmark
+
+        result["preflight"] = compare_benchmark(result, json.loads(Path(preflight_path).read_text()))
     validate(result)
     write_json(out_json, result)
     return result

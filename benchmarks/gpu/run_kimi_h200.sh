@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 37 on a lent H200 (vLLM 0.26.0 carried: docs/gpus.md), steps in order within one device call:
+#   bash benchmarks/gpu/run_kimi_h200.sh SECONDS STEP [STEP ...]
+# STEP: target (write the Kimi-K2.5-shaped checkpoint, examples/targets/kimi_k25_shaped.py --preset card --seed 0,
+# under resources/targets/kimi-k25-card) | dense (the bundled target's pre-flight bound, dense_preflight.yaml) |
+# build (kimi_k25_card.yaml end to end) | online (kimi_k25_card_online.yaml up to train_draft). The steps share
+# SECONDS; a step cut by the limit resumes in the next call (--rerun-incomplete). Logs and results go to $OUT.
+set -u
+limit=$1; shift
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH NCCL_NVLS_ENABLE=0 \
+       TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1
+G=benchmarks/gpu
+deadline=$(( $(date +%s) + limit ))
+nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --format=csv -l 2 > "$OUT/gpu_mem.csv" 2>/dev/null &
+smi=$!
+mkdir -p "$OUT/r"
+for step in "$@"; do
+  left=$(( deadline - $(date +%s) ))
+  [ "$left" -lt 20 ] && { echo "no time left for $step"; break; }
+  start=$(date +%s)
+  echo "== $step at $(date +%T), $left s left" | tee -a "$OUT/steps.log"
+  case $step in
+    target)
+      [ -d resources/targets/kimi-k25-card ] || timeout "$left" python3 examples/targets/kimi_k25_shaped.py \
+          resources/targets/kimi-k25-card --preset card > "$OUT/r/target.log" 2>&1
+      echo "target rc $? after $(( $(date +%s) - start )) s: $(du -sh resources/targets/kimi-k25-card)" | tee -a "$OUT/steps.log"
+      continue ;;
+    dense) cfg="$G/dense_preflight.yaml"; extra=(results/smollm2-preflight/preflight.json results/smollm2-preflight/compat.md) ;;
+    build) cfg="$G/kimi_k25_card.yaml"; extra=() ;;
+    online) cfg="$G/kimi_k25_card.yaml $G/kimi_k25_card_online.yaml"; extra=(--until train_draft) ;;
+    *) echo "unknown step $step"; continue ;;
+  esac
+  run=$(grep -h '^run:' $cfg | tail -1 | awk '{print $2}')
+  python3 -m snakemake --unlock --configfile $cfg > /dev/null 2>&1
+  timeout "$left" python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete --keep-going \
+      "${extra[@]}" --configfile $cfg >> "$OUT/r/snakemake_$step.log" 2>&1
+  echo "$step rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
+  cp -r logs/$run "$OUT/r/logs_$run" 2>/dev/null
+  for f in results/$run/*.json results/$run/*.md results/$run/checkpoint/*.json results/$run/head/*.json \
+           results/$run/data/data_report.json results/$run/vocab/vocab.json results/$run/benchmarks/*.tsv; do
+    [ -f "$f" ] && cp "$f" "$OUT/r/${run}_$(basename "$f")"
+  done
+  du -sb results/$run/hidden_states/*/* > "$OUT/r/${run}_shard_bytes.txt" 2>/dev/null
+  grep -h "Finished jobid\|Error in rule" "$OUT/r/snakemake_$step.log" | tail -20
+done
+kill $smi 2>/dev/null
+cp "$OUT/gpu_mem.csv" "$OUT/r/" 2>/dev/null
+tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r"
+cat "$OUT/steps.log"
