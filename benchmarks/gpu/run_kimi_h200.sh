@@ -32,7 +32,7 @@ for step in "$@"; do
   esac
   run=$(grep -h '^run:' $cfg | tail -1 | awk '{print $2}')
   python3 -m snakemake --unlock --configfile $cfg > /dev/null 2>&1
-  timeout "$left" python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete --keep-going \
+  timeout -k 15 "$left" python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete --keep-going \
       "${extra[@]}" --configfile $cfg >> "$OUT/r/snakemake_$step.log" 2>&1
   echo "$step rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
   cp -r logs/$run "$OUT/r/logs_$run" 2>/dev/null
