@@ -1,8 +1,9 @@
 """Stage ``prepare_data``: conversation files -> tokenized train/eval splits with an assistant-only loss mask.
 
-Pipeline: ingest (JSON array or JSONL; a JSON array cut off mid-record keeps every
-complete record) -> normalise (roles and turn order, one documented rule per defect,
-every skip counted by reason) -> tokenize with the target's own chat template ->
+Pipeline: ingest (JSON array, JSONL, one JSON document with the records under a key, Parquet;
+JSON optionally gzip/bz2/xz-compressed; a JSON array cut off mid-record keeps every complete
+record) -> normalise (roles and turn order, one documented rule per defect, every skip counted
+by reason) -> tokenize with the target's own chat template ->
 loss mask by rendering the conversation prefix by prefix (works for any template) ->
 seeded train/eval split -> files + a data report.
 
@@ -15,7 +16,9 @@ record is not an object    skip   ``not_an_object``
 no turn list               skip   ``missing_key`` (neither ``conversations`` nor ``messages``)
 turn lacks role or text    skip   ``missing_key``
 unknown role               skip   ``unknown_role``
-text not a string          skip   ``non_string_text``
+text not a string          skip   ``non_string_text`` (nor a list of OpenAI text parts, which are joined)
+image/audio/file part      skip   ``non_text_part`` (the part's type named)
+lone UTF-16 surrogate      skip   ``bad_unicode`` (``"\\ud800"`` in JSON; the field named)
 empty / blank text         skip   ``empty_text``
 system turn not first      skip   ``system_not_first``
 leading assistant turns    fix    dropped (``fixed_leading_assistant``)
@@ -34,7 +37,7 @@ template raises            skip   ``template_error`` (e.g. a template that refus
 too few supervised tokens  skip   ``too_few_supervised_tokens`` (after truncation)
 =========================  =====  ==========================================================
 
-Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system;
+Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system/developer;
 tool/function/ipython/observation -> tool; ShareGPT's function_call -> an assistant tool call.
 Tool calls, tool results, the record's ``tools`` and assistant reasoning (``reasoning_content``
 or ``reasoning``) are rendered by the target's own chat template (``apply_chat_template(tools=...)``,
