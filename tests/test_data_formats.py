@@ -188,3 +188,36 @@ def test_prepare_trains_content_parts_and_skips_surrogates(tmp_path, smol_target
     assert data["kept"] == 11
     ids = tk.read_tokens(out[0]).sample_ids + tk.read_tokens(out[1]).sample_ids
     assert sorted(ids) == sorted(f"p{i}" for i in range(12) if i != 3)
+
+
+def test_prepare_checks_every_benchmark_prompt_against_the_template(tmp_path, smol_target, sharegpt_sample):
+    """Issue 38.5: where the prompt files are written (prepare_data, before any GPU stage), every prompt of the
+    configured benchmark sets is rendered with the target's template: a refused one is a counted skip naming the
+    prompt, a set refused whole stops the stage there."""
+    from test_benchmark_unit import refusing_target
+
+    from eagle3build import prompt_sets
+
+    target = refusing_target(smol_target, tmp_path / "refusing")
+    pf = tmp_path / "mine.jsonl"
+    pf.write_text(json.dumps({"id": "plain", "prompt": "Hi"}) + "\n" + json.dumps(
+        {"id": "sys", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}) + "\n")
+    out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
+
+    def run():
+        return pd.prepare([{"path": str(sharegpt_sample), "max_samples": 20}], target, *out, max_seq_len=128,
+                          min_supervised_tokens=1, eval_fraction=0.25, seed=0,
+                          benchmark_sets=["chat", "humaneval", "custom"], prompts_file=str(pf))
+
+    rep = run()
+    check = rep["benchmark_prompt_check"]
+    assert check["custom"] == {"prompts": 2, "refused": 1, "examples": [
+        {"id": "sys", "detail": "TemplateError: System role not supported"}]}
+    assert check["humaneval"] == {"prompts": 164, "refused": 0, "examples": []}
+    assert check["chat"]["refused"] == 0 and check["chat"]["prompts"] == rep["benchmark_prompts"] > 0
+    assert json.loads(out[3].read_text())["benchmark_prompt_check"] == check
+    pf.write_text(pf.read_text().splitlines()[1] + "\n")
+    out[3].unlink()
+    with pytest.raises(prompt_sets.PromptSetError, match=r"'custom'.*refuses all 1 prompts \(prompt sys: "):
+        run()
+    assert not out[3].exists()

@@ -75,8 +75,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .. import prompt_sets
 from ..atomic import write_json, write_text
 from ..conversations import (
+    EXAMPLES_PER_REASON,
     Conversation,
     Counters,
     DataError,
@@ -147,6 +149,40 @@ def _count_turns(extra: dict, conv: Conversation, tok, ids: np.ndarray, rendered
             extra["reasoning_turns_rendered"] += words in " ".join(rendered.split())
 
 
+def check_benchmark_prompts(tok, chat: list[dict], sets: list[str] | None, prompts_file: str | os.PathLike | None
+                            ) -> tuple[list[dict], dict]:
+    """Render every prompt of the benchmark ``sets`` (default ``["chat"]``: ``chat``, the eval prompts
+    about to be written; ``humaneval``; ``custom``, ``prompts_file``) with ``tok``'s chat template and
+    the generation prompt, as the benchmark's vLLM will. Returns ``(chat prompts the template renders,
+    {set: {"prompts", "refused", "examples": [{"id", "detail"}] (the first three)}})``.
+
+    Raises:
+        PromptSetError: a set whose every prompt the template refuses; an unreadable ``prompts_file``.
+    """
+    by_set: dict[str, list[dict]] = {}
+    for name in sets or ["chat"]:
+        if name == "chat":
+            by_set[name] = chat
+        elif name == "humaneval":
+            by_set[name] = prompt_sets.humaneval_prompts()
+        elif name == "custom" and prompts_file and os.path.exists(prompts_file):
+            by_set[name] = prompt_sets.read_prompts(prompts_file)
+        elif name == "custom":
+            log.info("benchmark set custom: %s is not here; the benchmark checks its prompts", prompts_file)
+    kept, refused = prompt_sets.drop_refused(
+        by_set, lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False))
+    for name, bad in refused.items():
+        for r in bad[:EXAMPLES_PER_REASON]:
+            log.warning("benchmark set %s: prompt %s skipped, the target's chat template refuses it (%s)", name, r["id"],
+                        r["detail"])
+        if bad:
+            log.warning("benchmark set %s: %d of %d prompts refused by the chat template", name, len(bad),
+                        len(by_set[name]))
+    report = {name: {"prompts": len(ps), "refused": len(refused[name]), "examples": refused[name][:EXAMPLES_PER_REASON]}
+              for name, ps in by_set.items()}
+    return kept.get("chat", chat), report
+
+
 def _percentile(values: list[int], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
@@ -166,6 +202,8 @@ def prepare(
     trust_remote_code: bool = False,
     reasoning: str = "keep",
     require_eval: bool = False,
+    benchmark_sets: list[str] | None = None,
+    prompts_file: str | os.PathLike | None = None,
 ) -> dict:
     """Run the whole stage; returns the data report (also written to ``out_report``).
 
@@ -177,11 +215,19 @@ def prepare(
     ``keep`` (assistant reasoning rendered where the template reads it) or ``drop``.
     ``require_eval``: an empty eval split is an error (the rule sets it when the run captures
     eval samples, ``capture.num_eval_samples`` > 0, whose shard jobs would fail on it later).
+    ``benchmark_sets`` (``benchmark.sets``, default ``["chat"]``) and ``prompts_file``
+    (``data.prompts_file``, set ``custom``): every prompt of those sets is rendered with the target's
+    chat template and generation prompt before any GPU stage; one it refuses is a counted skip naming
+    the prompt (report ``benchmark_prompt_check``; a refused chat prompt is not written), and a set
+    it refuses whole stops the stage (``prompt_sets.drop_refused``). A custom file absent here (a
+    job on another machine) is left to the benchmark, which checks again.
 
     Raises:
         DataError: a source file cannot be read at all; no sample survives; the eval split is
             empty while ``require_eval``; a token id is at or beyond the
             target's ``vocab_size`` (file, record, token id and text named).
+        PromptSetError: a benchmark set whose every prompt the chat template refuses (set, prompt id and the
+            template's message named); an unreadable ``prompts_file`` (file and line named).
         ValueError: ``reasoning`` is neither ``keep`` nor ``drop``.
     """
     from transformers import AutoTokenizer
@@ -298,6 +344,7 @@ def prepare(
                     "the target's chat template reads no reasoning field (reasoning_content, thinking, reasoning)")
     seen_in_train = sum(o in train_openings for o, _ in prompts)
     prompts = [p for o, p in prompts if o not in train_openings]
+    prompts, prompt_check = check_benchmark_prompts(tok, prompts, benchmark_sets, prompts_file)
 
     write_tokens(out_train, train)
     write_tokens(out_eval, evals)
@@ -317,6 +364,7 @@ def prepare(
         "fixed": dict(counters.fixed),
         "duplicates_removed": counters.skipped.get("duplicate_conversation", 0),
         "benchmark_prompts_seen_in_train": seen_in_train,
+        "benchmark_prompt_check": prompt_check,
         "truncated_to_max_seq_len": truncated,
         "last_turn_unfinished": unfinished,
         "reasoning": {"template_field": rkey, "setting": reasoning, "turns": extra["reasoning_turns"],
