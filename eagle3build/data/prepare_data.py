@@ -96,7 +96,7 @@ log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 2  # 2: repeated conversations dropped, content ids for records without one
+OUTPUT_VERSION = 3  # 2: repeated conversations dropped, content ids for records without one; 3: tokens/2 (ids a tensor)
 
 
 # ---------------------------------------------------------------- split + files
