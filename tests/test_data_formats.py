@@ -221,3 +221,16 @@ def test_prepare_checks_every_benchmark_prompt_against_the_template(tmp_path, sm
     with pytest.raises(prompt_sets.PromptSetError, match=r"'custom'.*refuses all 1 prompts \(prompt sys: "):
         run()
     assert not out[3].exists()
+
+
+def test_exported_files_are_inputs_of_prepare_data(tmp_path):
+    """A Parquet or .jsonl.gz source is a file input of prepare_data like a JSONL one: planning names it when it
+    is missing, and an edit replans the stage (Snakemake's mtime and checksum triggers on inputs)."""
+    from smk import run, write_config
+
+    srcs = [{"path": str(tmp_path / "chats.parquet"), "max_samples": None},
+            {"path": str(tmp_path / "more.jsonl.gz"), "max_samples": None}]
+    cfg = write_config(tmp_path / "c.yaml", data={"sources": srcs})
+    p = run(["-n", "results/default/data/data_report.json", "--configfile", str(cfg)], tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "MissingInputException" in out and "chats.parquet" in out and "more.jsonl.gz" in out
