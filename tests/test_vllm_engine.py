@@ -363,3 +363,38 @@ def test_no_engine_outlives_its_job(tmp_path, sig):
     for p in left.values():
         os.kill(p, signal.SIGKILL)
     assert not left, f"outlived the job: {left}"
+
+
+@pytest.mark.vllm
+def test_no_real_engine_outlives_its_job(tmp_path, tiny_target):
+    """Issue 38.6 with vLLM itself: an export or benchmark job SIGKILLed while its engine is up leaves no engine
+    process behind (the child and vLLM's engine core are gone within seconds), so a retry starts on a free device."""
+    import signal
+    import subprocess
+    import time
+
+    pytest.importorskip("vllm")
+    pids = tmp_path / "pids.json"
+    eng = vllm_engine.engine_args(str(tiny_target), gpus=0, served_name="m", max_model_len=256, max_num_seqs=1)
+    job = subprocess.Popen([sys.executable, "-c", (
+        "import json, sys; from eagle3build import vllm_engine; "
+        "vllm_engine.run_child('tests_child_entry:real_engine', json.loads(sys.argv[1]), sys.argv[2], 'e')"),
+        json.dumps({"engine": eng, "pids": str(pids)}), str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 400
+    while not pids.exists() and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.5)
+    assert pids.exists(), "the engine did not start"
+    got = json.loads(pids.read_text())
+    started = [got["child"], *got["engine"]]
+    assert len(started) >= 2 and all(_alive(p) for p in started)  # the child and vLLM's engine core
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in started if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"outlived the job: {left}"

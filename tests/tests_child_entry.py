@@ -21,3 +21,29 @@ def engine_like(spec: dict) -> dict:
     os.replace(spec["pids"] + ".tmp", spec["pids"])
     while True:
         time.sleep(1)
+
+
+def real_engine(spec: dict) -> dict:
+    """A real vLLM engine (``vllm_engine.start_engine``); once it is up, records this process's pid and those of
+    its descendants (the engine core), then waits forever."""
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    from eagle3build import vllm_engine
+
+    llm, _ = vllm_engine.start_engine(spec["engine"])
+
+    def descendants(pid):
+        out = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for c in (task / "children").read_text().split():
+                out += [int(c), *descendants(int(c))]
+        return out
+
+    with open(spec["pids"] + ".tmp", "w") as f:
+        json.dump({"child": os.getpid(), "engine": descendants(os.getpid())}, f)
+    os.replace(spec["pids"] + ".tmp", spec["pids"])
+    while llm is not None:
+        time.sleep(1)
