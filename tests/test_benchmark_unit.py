@@ -242,9 +242,10 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
         ("b", "chat", 1, 2, 3, "near_tie")
     assert d["gap"] == pytest.approx(0.05) and d["top2_gap"] == pytest.approx(0.05)
     assert r["settings"]["near_tie_max_logprob_gap"] == 0.25 and r["settings"]["dtype"] == "bfloat16"
-    assert r["settings"]["sets"] == {"chat": {"num_prompts": 2, "prompt_ids": ["a", "b"], "skipped_too_long": 1},
+    assert r["settings"]["sets"] == {"chat": {"num_prompts": 2, "prompt_ids": ["a", "b"], "skipped_too_long": 1,
+                                              "skipped_template_error": 0},
                                      "humaneval": {"num_prompts": 2, "prompt_ids": ["HumanEval/0", "HumanEval/1"],
-                                                   "skipped_too_long": 0}}
+                                                   "skipped_too_long": 0, "skipped_template_error": 0}}
     # the baseline answered [1, 2] to every prompt; the draft vocab {2, 5} holds half its tokens
     assert [e["draft_vocab_coverage"], e["sets"]["chat"]["draft_vocab_coverage"],
             e["sets"]["humaneval"]["draft_vocab_coverage"]] == [0.5, 0.5, 0.5]
