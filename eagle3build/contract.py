@@ -149,8 +149,10 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              + (Param("num_aux_layers", ("capture.aux_layer_ids",), "num_aux_layers"),)
              + _values("target.trust_remote_code", "data.reasoning")
              + (Param("require_eval", ("capture.num_eval_samples",), "require_eval"),),
-             runtime=_JOB + _res("cpu"), files=_TARGET, decisions=(), packages=("tokenizers", "transformers"),
-             entry="eagle3build.data.prepare_data:prepare"),
+             # the benchmark's prompts are checked against the chat template here, before any GPU stage; a
+             # change of the sets or the prompts file is the benchmark's (it checks again), not a reason to re-run
+             runtime=_JOB + _res("cpu") + ("benchmark.sets", "data.prompts_file"), files=_TARGET, decisions=(),
+             packages=("tokenizers", "transformers"), entry="eagle3build.data.prepare_data:prepare"),
     # One shard per job: the sample counts and the shard size decide which shards exist (a shard's
     # range is its param), and the job reads the split's size for its disk check. Aux ids and backend
     # are triggers only: the job reads what the report decided.

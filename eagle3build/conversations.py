@@ -1,16 +1,20 @@
 """Conversation files -> normalised conversations (shared by ``prepare_data`` and ``regenerate_responses``).
 
-Ingest: a JSON array or JSONL of records (a JSON array cut off mid-record keeps every
-complete record). Normalise: roles and turn order, one documented rule per defect, every
-skip counted by reason; the rules are tabled in ``eagle3build/data/prepare_data.py``'s
-docstring (the stage's data report counts them).
+Ingest: a JSON array, JSONL, one JSON document holding the records under one key
+(``{"data": [...]}``) or Parquet, the JSON forms optionally gzip/bz2/xz-compressed; the format is
+told by the content (``read_records``). A JSON array cut off mid-record keeps every complete record.
+Normalise: roles and turn order, one documented rule per defect, every skip counted by reason;
+the rules are tabled in ``eagle3build/data/prepare_data.py``'s docstring (the stage's data report
+counts them).
 
-Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system;
+Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system/developer;
 tool/function/ipython/observation -> tool (a tool's result); ShareGPT's function_call -> an
 assistant turn that calls a tool.
 Record formats: ShareGPT (``conversations`` of ``{"from", "value"}``, optional ``tools``) and
-OpenAI chat (``messages`` of ``{"role", "content"}``, optional ``tools``). An assistant message
-may carry ``tool_calls`` (OpenAI form; its content may then be empty or null) and reasoning
+OpenAI chat (``messages`` of ``{"role", "content"}``, optional ``tools``); ``content`` may be a list
+of OpenAI content parts, whose text parts are joined (``_content_parts``; a non-text part skips the
+record, ``non_text_part``). A string with a lone UTF-16 surrogate skips the record (``bad_unicode``).
+An assistant message may carry ``tool_calls`` (OpenAI form; its content may then be empty or null) and reasoning
 (``reasoning_content`` or ``reasoning``); a tool message may carry ``tool_call_id`` and ``name``.
 Normalised messages are OpenAI/transformers chat messages: ``role``, ``content`` (str), and where
 present ``tool_calls`` (``[{"type": "function", "function": {"name", "arguments": dict}}]``,
@@ -25,11 +29,15 @@ splits (``content_key``).
 
 from __future__ import annotations
 
+import bz2
 import collections
 import hashlib
 import json
 import logging
+import lzma
 import os
+import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +54,7 @@ ROLE_MAP = {
     "assistant": "assistant",
     "model": "assistant",
     "system": "system",
+    "developer": "system",  # OpenAI's newer name for the system turn
     "tool": "tool",
     "function": "tool",
     "ipython": "tool",
@@ -53,6 +62,10 @@ ROLE_MAP = {
     "function_call": "assistant",  # ShareGPT: the assistant calls a tool (value: {"name", "arguments"})
 }
 REASONING_FIELDS = ("reasoning_content", "reasoning")  # an assistant message's reasoning, first found wins
+# OpenAI content parts: the types whose text is joined (Chat Completions' text/refusal, Responses' input/output_text)
+TEXT_PART_TYPES = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
+# Joined as vLLM's OpenAI server joins a message's text parts for a text-only model.
+PART_SEPARATOR = "\n"
 
 
 class DataError(ValueError):
@@ -77,6 +90,12 @@ class SourceStats:
     bad_lines: int = 0
     kept: int = 0
     byte_order_mark: bool = False  # the file began with a UTF-8 BOM, skipped
+    # how the file was read: "json" (an array), "jsonl", "json_object" (one document: a record, or records
+    # under one key, e.g. {"data": [...]}) or "parquet"
+    format: str | None = None
+    compression: str | None = None  # "gzip", "bz2" or "xz": the file was decompressed first
+    compressed_stream_cut: bool = False  # the compressed stream ends early; what decompressed is kept
+    records_lost: int = 0  # Parquet: rows of row groups that could not be read
 
 
 def bundled_sharegpt_path() -> Path:
@@ -101,23 +120,57 @@ def resolve_source_path(path: str) -> Path:
     return Path(path)
 
 
-def read_records(path: str | os.PathLike, stats: SourceStats) -> Iterator[tuple[int, object]]:
-    """Yield ``(record_index, record)`` from a JSON array or JSONL file.
+# magic bytes -> (name, decompressor factory); the factories' objects have .eof and .unused_data
+_COMPRESSIONS = {
+    b"\x1f\x8b": ("gzip", lambda: zlib.decompressobj(wbits=31)),
+    b"BZh": ("bz2", lambda: bz2.BZ2Decompressor()),
+    b"\xfd7zXZ\x00": ("xz", lambda: lzma.LZMADecompressor()),
+}
+PARQUET_MAGIC = b"PAR1"
+_KEYED_ARRAY = re.compile(r'\{\s*"((?:[^"\\]|\\.)*)"\s*:\s*\[')  # {"data": [ ... : a record list under a key
 
-    A JSON array that ends mid-record (or is damaged part-way) yields every complete
-    record before the damage; ``stats.truncated_at_byte`` and ``stats.bytes_lost`` say
-    where and how much was lost. JSONL lines that do not parse are counted in
-    ``stats.bad_lines`` and logged with their line number.
+
+def read_records(path: str | os.PathLike, stats: SourceStats) -> Iterator[tuple[int, object]]:
+    """Yield ``(record_index, record)`` from a conversation file, its format told by its content.
+
+    Formats: a JSON array; JSONL; one JSON document holding one record or a list of records under
+    one key (``{"data": [...]}``, ``stats.format`` ``json_object``); Parquet (``Dataset.to_parquet``
+    of Hugging Face ``datasets``, read with pyarrow row group by row group). A gzip, bz2 or xz
+    file (``.jsonl.gz``, ``Dataset.to_json(..., compression="gzip")``) is decompressed first
+    (``stats.compression``); a compressed stream cut short keeps what decompressed
+    (``stats.compressed_stream_cut``) and the salvage below applies to it.
+
+    Salvage: a JSON array (also one under a key) that ends mid-record (or is damaged part-way)
+    yields every complete record before the damage; ``stats.truncated_at_byte`` and
+    ``stats.bytes_lost`` say where and how much was lost (offsets in the decompressed text of a
+    compressed file). JSONL lines that do not parse are counted in ``stats.bad_lines`` and logged
+    with their line number. A Parquet row group that cannot be read is skipped, its rows counted
+    in ``stats.records_lost``.
 
     Raises:
-        DataError: the file is missing, not UTF-8, empty, or neither a JSON array nor JSONL
-            of objects (message names the file and the byte offset).
+        DataError: the file is missing, not UTF-8, empty, a damaged compressed stream with nothing
+            readable, a Parquet file whose footer cannot be read, or neither of the formats above
+            (message names the file and the byte offset).
     """
     path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from e
+    if magic.startswith(PARQUET_MAGIC):
+        yield from _read_parquet(path, stats)
+        return
     try:
         raw = path.read_bytes()
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from e
+    for sig, (name, factory) in _COMPRESSIONS.items():
+        if raw.startswith(sig):
+            raw = _decompress(path, raw, name, factory, stats)
+            break
+    if raw.startswith(PARQUET_MAGIC):
+        raise DataError(f"{path}: a compressed Parquet file; decompress it first (Parquet compresses its own pages)")
     if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (Windows editors write one): not content
         stats.byte_order_mark = True
         log.info("%s: starts with a UTF-8 byte-order mark; read past it", path)
@@ -125,16 +178,119 @@ def read_records(path: str | os.PathLike, stats: SourceStats) -> Iterator[tuple[
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (bad byte at offset {e.start + 3 * stats.byte_order_mark})") from e
+        where = " of the decompressed text" if stats.compression else ""
+        raise DataError(f"{path}: not UTF-8 text (bad byte at offset {e.start + 3 * stats.byte_order_mark}{where}); "
+                        "conversation files are JSON, JSONL or Parquet, optionally gzip/bz2/xz-compressed") from e
     start = len(text) - len(text.lstrip())
     if start == len(text):
         raise DataError(f"{path}: file is empty")
     if text[start] == "[":
+        stats.format = "json"
         yield from _read_json_array(path, text, start, len(raw), stats)
     elif text[start] == "{":
-        yield from _read_jsonl(path, text, stats)
+        yield from _read_object_or_jsonl(path, text, start, len(raw), stats)
     else:
         raise DataError(f"{path}: expected a JSON array or JSON lines of objects, found {text[start]!r} at byte {start}")
+
+
+def _decompress(path: Path, raw: bytes, name: str, factory, stats: SourceStats) -> bytes:
+    """The decompressed bytes of ``raw`` (every concatenated member); a stream cut short or damaged
+    keeps what decompressed before the damage.
+
+    Raises:
+        DataError: nothing decompressed.
+    """
+    stats.compression = name
+    out: list[bytes] = []
+    data = raw
+    err = None
+    while data:
+        d = factory()
+        try:
+            out.append(d.decompress(data))
+        except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError) as e:
+            err = str(e)
+            break
+        if not d.eof:
+            err = "the stream ends early"
+            break
+        data = d.unused_data.lstrip(b"\x00")
+    if err is not None:
+        stats.compressed_stream_cut = True
+        if not any(out):
+            raise DataError(f"{path}: {name} data cannot be decompressed ({err})")
+        log.warning("%s: %s data damaged or cut off (%s); reading the %d bytes that decompressed",
+                    path, name, err, sum(map(len, out)))
+    return b"".join(out)
+
+
+def _read_object_or_jsonl(path: Path, text: str, start: int, nbytes: int, stats: SourceStats
+                          ) -> Iterator[tuple[int, object]]:
+    """Text starting with ``{``: one JSON document (a record, or records under one key), or JSONL."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        doc, err = None, e
+    if isinstance(doc, dict):
+        stats.format = "json_object"
+        if isinstance(doc.get("conversations"), list) or isinstance(doc.get("messages"), list):
+            stats.records_read += 1
+            yield 0, doc
+            return
+        lists = {k: v for k, v in doc.items() if isinstance(v, list)}
+        key = "data" if "data" in lists else next(iter(lists)) if len(lists) == 1 else None
+        if key is None:
+            raise DataError(f"{path}: one JSON object that is no conversation record (keys {sorted(doc)[:8]}) and holds "
+                            "no single list of records (such as {\"data\": [...]})")
+        for i, rec in enumerate(lists[key]):
+            stats.records_read += 1
+            yield i, rec
+        return
+    m = _KEYED_ARRAY.match(text, start)
+    first = text[start:].split("\n", 1)[0]
+    if m and m.group(1) not in ("conversations", "messages") and err.msg != "Extra data" and not _parses(first):
+        # one document with a record list under a key, damaged or cut off: keep the complete records
+        stats.format = "json_object"
+        yield from _read_json_array(path, text, m.end() - 1, nbytes, stats)
+        return
+    stats.format = "jsonl"
+    yield from _read_jsonl(path, text, stats)
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _read_parquet(path: Path, stats: SourceStats) -> Iterator[tuple[int, object]]:
+    """Rows of a Parquet file as dicts, row group by row group (a group that cannot be read is
+    skipped and its rows counted in ``stats.records_lost``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stats.format = "parquet"
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: a Parquet file whose metadata cannot be read ({e})") from e
+    index = 0
+    for g in range(pf.num_row_groups):
+        try:
+            rows = pf.read_row_group(g).to_pylist()
+        except (pa.ArrowException, OSError) as e:
+            lost = pf.metadata.row_group(g).num_rows
+            stats.records_lost += lost
+            log.warning("%s: Parquet row group %d (%d rows, records %d-%d) cannot be read (%s); skipped",
+                        path, g, lost, index, index + lost - 1, e)
+            index += lost
+            continue
+        for rec in rows:
+            stats.records_read += 1
+            yield index, rec
+            index += 1
 
 
 def _read_json_array(path: Path, text: str, start: int, nbytes: int, stats: SourceStats) -> Iterator[tuple[int, object]]:
@@ -266,21 +422,48 @@ def _tool_call(c) -> dict:
     return out
 
 
-def _turn(t: dict, role_key: str, text_key: str) -> dict:
-    """One raw turn -> a normalised message (before turn-order rules)."""
+def _content_parts(parts: list, where: str) -> str:
+    """OpenAI content parts (``[{"type": "text", "text": ...}, ...]``) -> one text, the text parts
+    joined by ``PART_SEPARATOR``. Fields a
+    columnar export (Parquet, ``datasets``) fills with null for the other part types are ignored.
+
+    Raises:
+        _Skip: ``non_text_part`` for an image, audio, file or other non-text part (its type named:
+            a text-only draft cannot train on it); ``non_string_text`` for a part without a type or
+            whose text is not a string.
+    """
+    texts = []
+    for i, p in enumerate(parts):
+        if not isinstance(p, dict) or not isinstance(p.get("type"), str):
+            raise _Skip("non_string_text", f"{where}: content part {i} is {type(p).__name__}, not a {{'type': ...}} object")
+        key = TEXT_PART_TYPES.get(p["type"])
+        if key is None:
+            raise _Skip("non_text_part", f"{where}: content part {i} has type {p['type']!r}; only text parts "
+                        f"({', '.join(sorted(TEXT_PART_TYPES))}) can be trained")
+        if not isinstance(p.get(key), str):
+            raise _Skip("non_string_text", f"{where}: content part {i} ({p['type']!r}) has no string {key!r}")
+        texts.append(p[key])
+    return PART_SEPARATOR.join(texts)
+
+
+def _turn(t: dict, role_key: str, text_key: str, pos: int = 0) -> dict:
+    """One raw turn (``pos``: its index in the record's turn list) -> a normalised message (before turn-order rules)."""
     raw_role = str(t.get(role_key, "")).strip().lower()
     role = ROLE_MAP.get(raw_role)
     if role is None:
-        raise _Skip("unknown_role", repr(t.get(role_key)))
+        raise _Skip("unknown_role", f"turn {pos}: {role_key} {t.get(role_key)!r}")
     text = t.get(text_key)
+    where = f"turn {pos} ({raw_role}) {text_key}"
     if raw_role == "function_call":  # ShareGPT: the value is the call itself
         return {"role": "assistant", "content": "", "tool_calls": [_tool_call(text)]}
     calls = t.get("tool_calls") if role == "assistant" else None
     calls = [_tool_call(c) for c in _json_value(calls, "tool_calls")] if calls else []
     if text is None and calls:
         text = ""
+    if isinstance(text, list):
+        text = _content_parts(text, where)
     if not isinstance(text, str):
-        return _raise("non_string_text")
+        raise _Skip("non_string_text", f"{where} is {type(text).__name__}, not a string or a list of content parts")
     if not text.strip() and not calls:
         return _raise("empty_text")
     msg = {"role": role, "content": text}
@@ -351,7 +534,7 @@ def _normalise(record: object, counters: Counters) -> Conversation:
     for t in turns:
         if not isinstance(t, dict) or role_key not in t or (text_key not in t and not t.get("tool_calls")):
             raise _Skip("missing_key", f"turn lacks {role_key!r}/{text_key!r}")
-        m = _turn(t, role_key, text_key)
+        m = _turn(t, role_key, text_key, len(msgs))
         if m["role"] == "system" and msgs:
             raise _Skip("system_not_first")
         msgs.append(m)
@@ -383,8 +566,33 @@ def _normalise(record: object, counters: Counters) -> Conversation:
     unfinished = record.get(UNFINISHED_KEY) is True and last_kept
     messages = system + merged
     rid = record.get("id")
+    _check_encodable({"id": rid, "messages": messages, "tools": tools})
     rid = str(rid) if rid is not None and str(rid).strip() else f"sha256:{content_key(messages, tools)}"
     return Conversation(id=rid, messages=messages, last_turn_unfinished=unfinished, tools=tools)
+
+
+def _check_encodable(value, where: str = "") -> None:
+    """Every string in ``value`` (nested dicts and lists, keys included) encodes as UTF-8.
+
+    JSON's ``\\ud800`` escapes decode to lone UTF-16 surrogates (scraped text has them), which no
+    tokenizer or file writer can encode; such a record is skipped, the field and position named.
+
+    Raises:
+        _Skip: ``bad_unicode``, naming the field (``messages[1].content``) and the character.
+    """
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise _Skip("bad_unicode", f"{where or 'text'}: lone surrogate {value[e.start]!r} at character {e.start} "
+                        "(not encodable as UTF-8)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_encodable(k, f"{where} key" if where else "key")
+            _check_encodable(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_encodable(v, f"{where}[{i}]")
 
 
 def template_messages(messages: list[dict], reasoning_key: str | None) -> list[dict]:

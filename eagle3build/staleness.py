@@ -163,6 +163,48 @@ _CONTENT_NAMES = frozenset({
 _CONTENT_SUFFIXES = WEIGHT_SUFFIXES + (".index.json", ".py", ".tiktoken")
 
 
+def target_dir_problem(path: str | os.PathLike) -> str | None:
+    """What keeps existing folder ``path`` from being a target, or None; checked at planning.
+
+    A target folder holds ``config.json`` (a weightless one plans: the examples' shape-only
+    targets). Refused: no ``config.json`` (a Hugging Face cache folder ``models--org--name``,
+    whose files live in ``snapshots/<hash>/``: the message names the snapshot; the cache root;
+    an empty or unrelated folder), and an unfinished download: weight files the
+    ``*.index.json`` names that are absent, a link whose file is gone (a snapshot whose blob was
+    deleted), or ``*.incomplete`` files. A missing ``path`` is None here: ``content_files`` makes
+    Snakemake name its ``config.json`` as the missing input.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    if not (path / "config.json").is_file():
+        found = sorted(path.glob("snapshots/*/config.json"), key=lambda f: f.stat().st_mtime)
+        ref = path / "refs" / "main"
+        if ref.is_file() and (path / "snapshots" / ref.read_text().strip() / "config.json").is_file():
+            found.append(path / "snapshots" / ref.read_text().strip() / "config.json")
+        if found:
+            return (f"target.path {path} has no config.json: it is a Hugging Face cache folder; its model files are "
+                    f"in a snapshot: set target.path to {found[-1].parent}")
+        models = sorted(p.name for p in path.glob("models--*"))[:3]
+        if models:
+            return (f"target.path {path} has no config.json: it is a Hugging Face cache root ({', '.join(models)}, ...); "
+                    f"set target.path to <model folder>/snapshots/<hash> of one of them")
+        return f"target.path {path} has no config.json: not a Hugging Face model folder (an unfinished download?)"
+    missing = sorted(f.name for f in path.iterdir() if f.is_symlink() and not f.exists())
+    missing += sorted(f.name for f in path.rglob("*.incomplete"))
+    for index in sorted(path.glob("*.index.json")):
+        try:
+            names = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        except (ValueError, AttributeError, OSError):
+            return f"target.path {path}: {index.name} is not a readable weight index (an unfinished download?)"
+        missing += sorted(n for n in names if not (path / n).is_file())
+    if missing:
+        shown = ", ".join(dict.fromkeys(missing[:5]))
+        return (f"target.path {path}: an unfinished download: {len(set(missing))} model file(s) missing or incomplete "
+                f"({shown}{', ...' if len(missing) > 5 else ''}); finish the download (huggingface-cli download resumes)")
+    return None
+
+
 def content_files(path: str | os.PathLike) -> list[str]:
     """The files of target directory ``path`` that decide the build's outputs, sorted.
 

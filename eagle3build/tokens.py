@@ -1,8 +1,11 @@
 """The tokens file format (``data/{train,eval}.tokens.safetensors``), written by ``prepare_data``.
 
 One safetensors file: ``input_ids`` int32 [sum T_i], ``loss_mask`` uint8 [sum T_i],
-``offsets`` int64 [n+1] (sample i is ``[offsets[i], offsets[i+1])``); metadata ``schema``
-(``TOKENS_SCHEMA``) and ``sample_ids`` (JSON list). Read by ``capture_hidden_states``,
+``offsets`` int64 [n+1] (sample i is ``[offsets[i], offsets[i+1])``), ``sample_ids`` uint8
+[bytes]: the UTF-8 bytes of the JSON list of the n sample ids; metadata ``schema``
+(``TOKENS_SCHEMA``). The ids are a tensor, not metadata: safetensors caps the JSON header at
+100 MB, which ids in the header filled at about 1.8 M samples (schema ``eagle3build.tokens/1``
+kept them there; ``read_tokens`` still reads such files). Read by ``capture_hidden_states``,
 ``build_vocab_map``, ``vllm_capture`` and the compat report's capture probe.
 """
 
@@ -19,15 +22,17 @@ import numpy as np
 from .atomic import atomic_path
 from .conversations import DataError
 
-TOKENS_SCHEMA = "eagle3build.tokens/1"
+TOKENS_SCHEMA = "eagle3build.tokens/2"
+OLD_SCHEMAS = ("eagle3build.tokens/1",)  # read too: sample ids in the header's metadata
 
 
 def write_tokens(path: str | os.PathLike, samples: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
     """Write samples ``(id, input_ids int32 [T_i], loss_mask uint8 [T_i])`` as one safetensors file.
 
     Tensors: ``input_ids`` int32 [sum T_i], ``loss_mask`` uint8 [sum T_i], ``offsets``
-    int64 [n+1] (sample i is ``[offsets[i], offsets[i+1])``). Metadata: ``schema``,
-    ``sample_ids`` (JSON list). Equal samples give equal bytes (the header's keys sorted).
+    int64 [n+1] (sample i is ``[offsets[i], offsets[i+1])``), ``sample_ids`` uint8 (the JSON list
+    of ids, UTF-8; outside the header, whose size safetensors caps). Metadata: ``schema``. Equal
+    samples give equal bytes (the header's keys sorted). Written to a temporary and renamed.
     """
     from safetensors.numpy import save
 
@@ -38,8 +43,9 @@ def write_tokens(path: str | os.PathLike, samples: list[tuple[str, np.ndarray, n
         "input_ids": np.concatenate([s[1] for s in samples]) if samples else np.zeros(0, np.int32),
         "loss_mask": np.concatenate([s[2] for s in samples]) if samples else np.zeros(0, np.uint8),
         "offsets": offsets,
+        "sample_ids": np.frombuffer(json.dumps([s[0] for s in samples]).encode("utf-8"), dtype=np.uint8),
     }
-    meta = {"schema": TOKENS_SCHEMA, "sample_ids": json.dumps([s[0] for s in samples])}
+    meta = {"schema": TOKENS_SCHEMA}
     raw = save(tensors, metadata=meta)
     # safetensors' writer keeps the metadata in a Rust HashMap (safetensors/src/tensor.rs) and
     # writes its keys in a random order: equal tokens would be other bytes, and Snakemake's
@@ -72,17 +78,23 @@ class TokenFile:
 
 
 def read_tokens(path: str | os.PathLike) -> TokenFile:
-    """Read a file written by ``write_tokens``.
+    """Read a file written by ``write_tokens`` (schema ``TOKENS_SCHEMA``, or an older one of
+    ``OLD_SCHEMAS``, whose sample ids are in the header's metadata).
 
     Raises:
-        DataError: not a tokens file of this schema.
+        DataError: not a tokens file of these schemas, or its ids do not match its offsets.
     """
     from safetensors import safe_open
     from safetensors.numpy import load_file
 
     with safe_open(os.fspath(path), framework="np") as f:
         meta = f.metadata() or {}
-    if meta.get("schema") != TOKENS_SCHEMA:
-        raise DataError(f"{path}: schema {meta.get('schema')!r}, expected {TOKENS_SCHEMA!r}")
+    schema = meta.get("schema")
+    if schema != TOKENS_SCHEMA and schema not in OLD_SCHEMAS:
+        raise DataError(f"{path}: schema {schema!r}, expected {TOKENS_SCHEMA!r}")
     t = load_file(os.fspath(path))
-    return TokenFile(t["input_ids"], t["loss_mask"], t["offsets"], json.loads(meta["sample_ids"]))
+    ids = json.loads(t.pop("sample_ids").tobytes().decode("utf-8")) if schema == TOKENS_SCHEMA \
+        else json.loads(meta["sample_ids"])
+    if len(ids) != len(t["offsets"]) - 1:
+        raise DataError(f"{path}: {len(ids)} sample ids for {len(t['offsets']) - 1} samples")
+    return TokenFile(t["input_ids"], t["loss_mask"], t["offsets"], ids)

@@ -16,6 +16,11 @@ parallelism, dtype and environment rules live in one place:
   ENTRY SPEC OUT``): counters and engine state cannot leak between runs, and a crash in
   one is reported, not hidden. ``ENTRY`` is ``module:function``; the function takes the
   spec dict (JSON) and returns a JSON-able dict, which the parent reads back.
+- No engine outlives its job: the child leads a process group of its own, which vLLM's engine
+  core and workers join, and a thread in it polls its parent (``_die_with_parent``); when the job
+  dies, SIGKILL included, the whole group is killed within ``PARENT_POLL_S``, so a retry never
+  starts a second engine beside an orphaned one. ``run_child`` also kills the group when it
+  leaves early (an exception, Ctrl-C).
 
 vLLM is optional for the build: ``require_vllm`` fails at once, naming the missing package
 and the artifact that needs it, in the stages that cannot work without it.
@@ -35,6 +40,9 @@ import time
 from pathlib import Path
 
 from .job import OFFLINE_VARS
+
+PARENT_ENV = "EAGLE3BUILD_ENGINE_PARENT"  # the job's pid, for the engine child's parent watch
+PARENT_POLL_S = 0.2
 
 BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -271,9 +279,29 @@ def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str) -> 
     t0 = time.perf_counter()
     sys.stdout.flush()
     sys.stderr.flush()
+    # process_group=0: the child leads a group of its own, which its engine processes join; it kills
+    # that group when this process dies (_die_with_parent), and so does this one when it leaves early
     proc = subprocess.Popen([sys.executable, "-m", "eagle3build.vllm_engine", "run", entry, str(spec_path),
-                             str(out_path)], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", bufsize=1)
+                             str(out_path)], env={**child_env(), PARENT_ENV: str(os.getpid())}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, process_group=0)
+    try:
+        return _wait_child(proc, entry, name, out_path, t0)
+    finally:
+        _kill_group(proc.pid)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL process group ``pgid`` (an engine child's: its engine core and workers), if any is left."""
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_child(proc: subprocess.Popen, entry: str, name: str, out_path: Path, t0: float) -> dict:
+    """``run_child`` once the child runs: copy its output, wait, read its result."""
     startup_lines: list[str] = []
 
     def copy_lines():
@@ -524,9 +552,29 @@ def _spec_counters(metrics) -> dict:
     return out
 
 
+def _die_with_parent(parent: int, poll_s: float = PARENT_POLL_S) -> None:
+    """In an engine child: kill this process's group (itself, vLLM's engine core and workers) as soon
+    as ``parent`` (the job) is gone, whatever killed it. A daemon thread polls the parent pid every
+    ``poll_s`` seconds (a thread, not a signal handler: it runs while the main thread sits in C code;
+    Linux's parent-death signal would kill this process alone, not the engine processes it started).
+    Where this process leads no group of its own (run by hand), it kills only itself."""
+    import signal
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        if os.getpgid(0) == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
+
+
 def _main(argv: list[str]) -> int:
     if len(argv) != 5 or argv[1] != "run" or ":" not in argv[2]:
         sys.exit("usage: python -m eagle3build.vllm_engine run MODULE:FUNCTION SPEC.json OUT.json")
+    if os.environ.get(PARENT_ENV):
+        _die_with_parent(int(os.environ[PARENT_ENV]))
     module, func = argv[2].split(":", 1)
     fn = getattr(importlib.import_module(module), func)
     try:

@@ -19,6 +19,10 @@ TARGET = config["target"]["path"] or f"resources/targets/{config['target']['bund
 # template, remote code and weight files (eagle3build.staleness.content_files). A new unrelated
 # file in the folder changes nothing; weights rewritten in place are newer than every output.
 # A bundled target's files are the outputs of materialize_target.
+# A folder that is no model folder (a Hugging Face cache's models--org--name, an unfinished
+# download) is refused here, naming what is missing, not in an input function later.
+if config["target"]["path"] and staleness.target_dir_problem(TARGET):
+    raise ValueError(staleness.target_dir_problem(TARGET))
 TARGET_FILES = (
     staleness.content_files(TARGET)
     if config["target"]["path"]

@@ -21,4 +21,6 @@ prepare(
     trust_remote_code=s["target.trust_remote_code"],
     reasoning=s["data.reasoning"],
     require_eval=p.require_eval,  # eagle3build.contract.require_eval(capture.num_eval_samples)
+    benchmark_sets=s["benchmark.sets"],  # every benchmark prompt is checked against the chat template here
+    prompts_file=s["data.prompts_file"],
 )

@@ -242,9 +242,10 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
         ("b", "chat", 1, 2, 3, "near_tie")
     assert d["gap"] == pytest.approx(0.05) and d["top2_gap"] == pytest.approx(0.05)
     assert r["settings"]["near_tie_max_logprob_gap"] == 0.25 and r["settings"]["dtype"] == "bfloat16"
-    assert r["settings"]["sets"] == {"chat": {"num_prompts": 2, "prompt_ids": ["a", "b"], "skipped_too_long": 1},
+    assert r["settings"]["sets"] == {"chat": {"num_prompts": 2, "prompt_ids": ["a", "b"], "skipped_too_long": 1,
+                                              "skipped_template_error": 0},
                                      "humaneval": {"num_prompts": 2, "prompt_ids": ["HumanEval/0", "HumanEval/1"],
-                                                   "skipped_too_long": 0}}
+                                                   "skipped_too_long": 0, "skipped_template_error": 0}}
     # the baseline answered [1, 2] to every prompt; the draft vocab {2, 5} holds half its tokens
     assert [e["draft_vocab_coverage"], e["sets"]["chat"]["draft_vocab_coverage"],
             e["sets"]["humaneval"]["draft_vocab_coverage"]] == [0.5, 0.5, 0.5]
@@ -306,11 +307,57 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
     r = run(fits + 16)
     assert [[p["id"] for p in s["prompts"]] for s in specs] == [["short"], ["short"]]  # baseline, k=2
     assert r["eagle3"][0]["draft_vocab_coverage"] == 0.5  # the echo engines' [1, 2] against the draft vocab {1}
-    assert r["settings"]["sets"] == {"custom": {"num_prompts": 1, "prompt_ids": ["short"], "skipped_too_long": 2}}
+    assert r["settings"]["sets"] == {"custom": {"num_prompts": 1, "prompt_ids": ["short"], "skipped_too_long": 2,
+                                                "skipped_template_error": 0}}
     specs.clear()
     with pytest.raises(prompt_sets.PromptSetError, match=rf"benchmark set 'custom': all 3 prompts are longer than "
                                                          rf"{fits - 1} tokens"):
         run(fits + 15)
+    assert specs == []
+
+
+def refusing_target(src, dest):
+    """A copy of target ``src`` whose chat template raises on a system turn (as Gemma's and others do)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(src, dest)
+    tok = AutoTokenizer.from_pretrained(dest)
+    tok.chat_template = ("{%- for m in messages %}{%- if m['role'] == 'system' %}"
+                         "{{ raise_exception('System role not supported') }}{%- endif %}{%- endfor %}") + tok.chat_template
+    tok.save_pretrained(dest)
+    (dest / "chat_template.jinja").write_text(tok.chat_template)
+    return dest
+
+
+def test_benchmark_skips_prompts_the_template_refuses(tiny_target, tmp_path, monkeypatch):
+    """Issue 38.5: a prompt the chat template refuses (a system turn) is skipped and counted per set before any
+    engine starts, not a bare TemplateError; a set it refuses whole fails naming the set, prompt and message."""
+    target = refusing_target(tiny_target, tmp_path / "refusing")
+    pf = tmp_path / "mine.jsonl"
+    pf.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "plain", "prompt": "Hi"},
+        {"id": "system", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
+    ]) + "\n")
+    monkeypatch.setattr(vllm_engine, "require_vllm", lambda needed_by: "test")
+    specs = []
+    monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
+
+    def run():
+        return benchmark.benchmark(str(target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
+                                   str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=512,
+                                   sets=["custom"], custom_prompts_path=str(pf))
+
+    r = run()
+    assert [[p["id"] for p in s["prompts"]] for s in specs] == [["plain"], ["plain"]]
+    assert r["settings"]["sets"]["custom"] == {"num_prompts": 1, "prompt_ids": ["plain"], "skipped_too_long": 0,
+                                               "skipped_template_error": 1}
+    specs.clear()
+    pf.write_text(pf.read_text().splitlines()[1] + "\n")
+    with pytest.raises(prompt_sets.PromptSetError, match=r"set 'custom': the target's chat template refuses all 1 "
+                                                         r"prompts \(prompt system: .*System role not supported"):
+        run()
     assert specs == []
 
 

@@ -123,3 +123,25 @@ def weights_init(tiny_shards, tiny_target, k):
         torch.manual_seed(0)
         _INIT.update(td.build_model(str(tiny_target), [1, 3, 4], d2t, t2d, 3, "eagle3.1", "cpu").state_dict())
     return _INIT[k]
+
+
+def test_state_of_another_world_size_is_refused_and_kept(tiny_shards, tiny_target, tmp_path):
+    """Issue 38.8: a run saved on 2 ranks and restarted on 1 neither starts over nor deletes the state: it is
+    refused, naming both world sizes, and the state stays for a restart on 2, which resumes it."""
+    import pytest
+
+    from eagle3build.train.train_state import ResumeAcrossWorldSizes
+
+    d, _, _ = tiny_shards
+    out = tmp_path / "ck"
+    state = tmp_path / "ck.state" / "state.pt"
+    kill_at_step(run_train(kwargs(d, tiny_target, out, world_size=2), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL), state, 1)
+    saved = torch.load(state, weights_only=True)
+    assert saved["world"] == 2
+    with pytest.raises(ResumeAcrossWorldSizes, match=r"world size 2 .*this run has world size 1") as e:
+        td.train(**kwargs(d, tiny_target, out, world_size=1))
+    assert str(state) in str(e.value)
+    assert torch.load(state, weights_only=True)["step"] == saved["step"] and not out.exists()
+    m = td.train(**kwargs(d, tiny_target, out, world_size=2))
+    assert m["resumed_from_step"] == saved["step"]

@@ -3,6 +3,7 @@ optional dependency: the head builds without it, the stages that serve fail at o
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -324,3 +325,76 @@ def test_kv_cache_sizing_loads_a_remote_code_config(remote_code_target):
     assert vllm_engine.kv_cache_memory_bytes(str(remote_code_target), "bfloat16", 1, 1_000_000, trust_remote_code=True) \
         == int(per_token * 1_000_000 * vllm_engine.KV_CACHE_MARGIN)
     assert vllm_engine.kv_cache_memory_bytes(str(remote_code_target), "bfloat16", 1, 1_000_000) is None  # not trusted
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is no zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_no_engine_outlives_its_job(tmp_path, sig):
+    """Issue 38.6: a job killed (SIGKILL: no cleanup can run in it) while its engine child runs takes the child and
+    the engine processes the child started with it, within seconds, instead of leaving them to init."""
+    import signal
+    import subprocess
+    import time
+
+    pids = tmp_path / "pids.json"
+    job = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from eagle3build import vllm_engine; "
+        f"vllm_engine.run_child('tests_child_entry:engine_like', {{'pids': {str(pids)!r}}}, {str(tmp_path)!r}, 'e')")],
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not pids.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    started = json.loads(pids.read_text())
+    assert all(_alive(p) for p in started.values())
+    job.send_signal(getattr(signal, sig))
+    job.wait()
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = {k: p for k, p in started.items() if _alive(p)}
+    for p in left.values():
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"outlived the job: {left}"
+
+
+@pytest.mark.vllm
+def test_no_real_engine_outlives_its_job(tmp_path, tiny_target):
+    """Issue 38.6 with vLLM itself: an export or benchmark job SIGKILLed while its engine is up leaves no engine
+    process behind (the child and vLLM's engine core are gone within seconds), so a retry starts on a free device."""
+    import signal
+    import subprocess
+    import time
+
+    pytest.importorskip("vllm")
+    pids = tmp_path / "pids.json"
+    eng = vllm_engine.engine_args(str(tiny_target), gpus=0, served_name="m", max_model_len=256, max_num_seqs=1)
+    job = subprocess.Popen([sys.executable, "-c", (
+        "import json, sys; from eagle3build import vllm_engine; "
+        "vllm_engine.run_child('tests_child_entry:real_engine', json.loads(sys.argv[1]), sys.argv[2], 'e')"),
+        json.dumps({"engine": eng, "pids": str(pids)}), str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 400
+    while not pids.exists() and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.5)
+    assert pids.exists(), "the engine did not start"
+    got = json.loads(pids.read_text())
+    started = [got["child"], *got["engine"]]
+    assert len(started) >= 2 and all(_alive(p) for p in started)  # the child and vLLM's engine core
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in started if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"outlived the job: {left}"

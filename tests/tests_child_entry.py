@@ -5,3 +5,45 @@ import sys
 def entry(spec: dict) -> dict:
     print("INFO Model loading took 0.1 GiB and 2.5 seconds", file=sys.stderr)
     return {"y": 2 * spec["x"], "engine_start_s": 4.0}
+
+
+def engine_like(spec: dict) -> dict:
+    """Starts a grandchild as vLLM starts its engine core (a process of its own), records both pids, then waits
+    forever: a job killed meanwhile must take both with it."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(spec["pids"] + ".tmp", "w") as f:
+        json.dump({"child": os.getpid(), "engine": grandchild.pid}, f)
+    os.replace(spec["pids"] + ".tmp", spec["pids"])
+    while True:
+        time.sleep(1)
+
+
+def real_engine(spec: dict) -> dict:
+    """A real vLLM engine (``vllm_engine.start_engine``); once it is up, records this process's pid and those of
+    its descendants (the engine core), then waits forever."""
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    from eagle3build import vllm_engine
+
+    llm, _ = vllm_engine.start_engine(spec["engine"])
+
+    def descendants(pid):
+        out = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for c in (task / "children").read_text().split():
+                out += [int(c), *descendants(int(c))]
+        return out
+
+    with open(spec["pids"] + ".tmp", "w") as f:
+        json.dump({"child": os.getpid(), "engine": descendants(os.getpid())}, f)
+    os.replace(spec["pids"] + ".tmp", spec["pids"])
+    while llm is not None:
+        time.sleep(1)

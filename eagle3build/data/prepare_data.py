@@ -1,8 +1,9 @@
 """Stage ``prepare_data``: conversation files -> tokenized train/eval splits with an assistant-only loss mask.
 
-Pipeline: ingest (JSON array or JSONL; a JSON array cut off mid-record keeps every
-complete record) -> normalise (roles and turn order, one documented rule per defect,
-every skip counted by reason) -> tokenize with the target's own chat template ->
+Pipeline: ingest (JSON array, JSONL, one JSON document with the records under a key, Parquet;
+JSON optionally gzip/bz2/xz-compressed; a JSON array cut off mid-record keeps every complete
+record) -> normalise (roles and turn order, one documented rule per defect, every skip counted
+by reason) -> tokenize with the target's own chat template ->
 loss mask by rendering the conversation prefix by prefix (works for any template) ->
 seeded train/eval split -> files + a data report.
 
@@ -15,7 +16,9 @@ record is not an object    skip   ``not_an_object``
 no turn list               skip   ``missing_key`` (neither ``conversations`` nor ``messages``)
 turn lacks role or text    skip   ``missing_key``
 unknown role               skip   ``unknown_role``
-text not a string          skip   ``non_string_text``
+text not a string          skip   ``non_string_text`` (nor a list of OpenAI text parts, which are joined)
+image/audio/file part      skip   ``non_text_part`` (the part's type named)
+lone UTF-16 surrogate      skip   ``bad_unicode`` (``"\\ud800"`` in JSON; the field named)
 empty / blank text         skip   ``empty_text``
 system turn not first      skip   ``system_not_first``
 leading assistant turns    fix    dropped (``fixed_leading_assistant``)
@@ -34,7 +37,7 @@ template raises            skip   ``template_error`` (e.g. a template that refus
 too few supervised tokens  skip   ``too_few_supervised_tokens`` (after truncation)
 =========================  =====  ==========================================================
 
-Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system;
+Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system/developer;
 tool/function/ipython/observation -> tool; ShareGPT's function_call -> an assistant tool call.
 Tool calls, tool results, the record's ``tools`` and assistant reasoning (``reasoning_content``
 or ``reasoning``) are rendered by the target's own chat template (``apply_chat_template(tools=...)``,
@@ -72,8 +75,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .. import prompt_sets
 from ..atomic import write_json, write_text
 from ..conversations import (
+    EXAMPLES_PER_REASON,
     Conversation,
     Counters,
     DataError,
@@ -91,7 +96,7 @@ log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 2  # 2: repeated conversations dropped, content ids for records without one
+OUTPUT_VERSION = 3  # 2: repeated conversations dropped, content ids for records without one; 3: tokens/2 (ids a tensor)
 
 
 # ---------------------------------------------------------------- split + files
@@ -144,6 +149,40 @@ def _count_turns(extra: dict, conv: Conversation, tok, ids: np.ndarray, rendered
             extra["reasoning_turns_rendered"] += words in " ".join(rendered.split())
 
 
+def check_benchmark_prompts(tok, chat: list[dict], sets: list[str] | None, prompts_file: str | os.PathLike | None
+                            ) -> tuple[list[dict], dict]:
+    """Render every prompt of the benchmark ``sets`` (default ``["chat"]``: ``chat``, the eval prompts
+    about to be written; ``humaneval``; ``custom``, ``prompts_file``) with ``tok``'s chat template and
+    the generation prompt, as the benchmark's vLLM will. Returns ``(chat prompts the template renders,
+    {set: {"prompts", "refused", "examples": [{"id", "detail"}] (the first three)}})``.
+
+    Raises:
+        PromptSetError: a set whose every prompt the template refuses; an unreadable ``prompts_file``.
+    """
+    by_set: dict[str, list[dict]] = {}
+    for name in sets or ["chat"]:
+        if name == "chat":
+            by_set[name] = chat
+        elif name == "humaneval":
+            by_set[name] = prompt_sets.humaneval_prompts()
+        elif name == "custom" and prompts_file and os.path.exists(prompts_file):
+            by_set[name] = prompt_sets.read_prompts(prompts_file)
+        elif name == "custom":
+            log.info("benchmark set custom: %s is not here; the benchmark checks its prompts", prompts_file)
+    kept, refused = prompt_sets.drop_refused(
+        by_set, lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False))
+    for name, bad in refused.items():
+        for r in bad[:EXAMPLES_PER_REASON]:
+            log.warning("benchmark set %s: prompt %s skipped, the target's chat template refuses it (%s)", name, r["id"],
+                        r["detail"])
+        if bad:
+            log.warning("benchmark set %s: %d of %d prompts refused by the chat template", name, len(bad),
+                        len(by_set[name]))
+    report = {name: {"prompts": len(ps), "refused": len(refused[name]), "examples": refused[name][:EXAMPLES_PER_REASON]}
+              for name, ps in by_set.items()}
+    return kept.get("chat", chat), report
+
+
 def _percentile(values: list[int], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
@@ -163,6 +202,8 @@ def prepare(
     trust_remote_code: bool = False,
     reasoning: str = "keep",
     require_eval: bool = False,
+    benchmark_sets: list[str] | None = None,
+    prompts_file: str | os.PathLike | None = None,
 ) -> dict:
     """Run the whole stage; returns the data report (also written to ``out_report``).
 
@@ -174,11 +215,19 @@ def prepare(
     ``keep`` (assistant reasoning rendered where the template reads it) or ``drop``.
     ``require_eval``: an empty eval split is an error (the rule sets it when the run captures
     eval samples, ``capture.num_eval_samples`` > 0, whose shard jobs would fail on it later).
+    ``benchmark_sets`` (``benchmark.sets``, default ``["chat"]``) and ``prompts_file``
+    (``data.prompts_file``, set ``custom``): every prompt of those sets is rendered with the target's
+    chat template and generation prompt before any GPU stage; one it refuses is a counted skip naming
+    the prompt (report ``benchmark_prompt_check``; a refused chat prompt is not written), and a set
+    it refuses whole stops the stage (``prompt_sets.drop_refused``). A custom file absent here (a
+    job on another machine) is left to the benchmark, which checks again.
 
     Raises:
         DataError: a source file cannot be read at all; no sample survives; the eval split is
             empty while ``require_eval``; a token id is at or beyond the
             target's ``vocab_size`` (file, record, token id and text named).
+        PromptSetError: a benchmark set whose every prompt the chat template refuses (set, prompt id and the
+            template's message named); an unreadable ``prompts_file`` (file and line named).
         ValueError: ``reasoning`` is neither ``keep`` nor ``drop``.
     """
     from transformers import AutoTokenizer
@@ -295,6 +344,7 @@ def prepare(
                     "the target's chat template reads no reasoning field (reasoning_content, thinking, reasoning)")
     seen_in_train = sum(o in train_openings for o, _ in prompts)
     prompts = [p for o, p in prompts if o not in train_openings]
+    prompts, prompt_check = check_benchmark_prompts(tok, prompts, benchmark_sets, prompts_file)
 
     write_tokens(out_train, train)
     write_tokens(out_eval, evals)
@@ -314,6 +364,7 @@ def prepare(
         "fixed": dict(counters.fixed),
         "duplicates_removed": counters.skipped.get("duplicate_conversation", 0),
         "benchmark_prompts_seen_in_train": seen_in_train,
+        "benchmark_prompt_check": prompt_check,
         "truncated_to_max_seq_len": truncated,
         "last_turn_unfinished": unfinished,
         "reasoning": {"template_field": rkey, "setting": reasoning, "turns": extra["reasoning_turns"],

@@ -38,7 +38,9 @@ Engines are sized to the job (``vllm_engine.engine_args``): ``concurrency`` sequ
 Prompt sets (``benchmark.sets``, see ``prompt_sets``): a prompt whose chat-template rendering
 (the target's tokenizer, as vLLM's ``LLM.chat`` renders it) plus ``max_tokens`` exceeds
 ``max_model_len`` tokens is skipped before any engine starts and counted per set
-(``settings.sets[name].skipped_too_long``). Every engine decodes the sets one
+(``settings.sets[name].skipped_too_long``), as is one the chat template refuses to render
+(``skipped_template_error``, each logged with the prompt id and the template's message;
+``prepare_data`` has checked them before any GPU stage: ``prompt_sets.drop_refused``). Every engine decodes the sets one
 after the other; vLLM's spec-decode counters are global per engine, so each set's
 figures are the counter deltas and the wall time around that set's requests. The
 overall figures sum the sets (tokens/s = all output tokens / summed wall time of the sets).
@@ -51,10 +53,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import vllm_engine, vocab_map
+from .. import prompt_sets, vllm_engine, vocab_map
 from ..atomic import write_json
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from . import prompt_sets
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def benchmark(
     Raises:
         vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
         prompt_sets.PromptSetError: an unknown set, a set without prompts, or a set whose every prompt
-            is too long for ``max_model_len`` (before any engine starts).
+            is too long for ``max_model_len`` or refused by the chat template (before any engine starts).
         OSError, ValueError: the target's tokenizer cannot be loaded from ``target_dir``, or it has
             no chat template (transformers' errors, before any engine starts).
         ValueError: ``max_tokens`` >= ``max_model_len``.
@@ -158,7 +159,13 @@ def benchmark(
     if limit < 1:
         raise ValueError(f"benchmark.max_tokens {max_tokens} leaves no room for a prompt in benchmark.max_model_len "
                          f"{max_model_len}: raise max_model_len")
-    by_set, skipped = prompt_sets.drop_too_long(loaded, chat_token_counter(target_dir, trust_remote_code), limit)
+    count = chat_token_counter(target_dir, trust_remote_code)
+    loaded, refused = prompt_sets.drop_refused(loaded, count)  # checked by prepare_data; the custom file may be newer
+    for name, bad in refused.items():
+        for r in bad:
+            log.warning("benchmark set %s: prompt %s skipped, the chat template refuses it (%s)", name, r["id"],
+                        r["detail"])
+    by_set, skipped = prompt_sets.drop_too_long(loaded, count, limit)
     for name, n in skipped.items():
         if n:
             log.warning("benchmark set %s: %d of %d prompts skipped, longer than %d tokens with the chat template "
@@ -179,7 +186,8 @@ def benchmark(
     gap = NEAR_TIE_GAP[engine()["dtype"]] if near_tie_max_logprob_gap == "auto" else float(near_tie_max_logprob_gap)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
         return _benchmark(Path(tmpdir), engine, by_set, head_dir, out_json, ks, max_tokens, served_name, max_model_len,
-                          concurrency, num_prompts, gap, skipped, preflight_path)
+                          concurrency, num_prompts, gap, skipped, {k: len(v) for k, v in refused.items()},
+                          preflight_path)
 
 
 def chat_token_counter(target_dir: str, trust_remote_code: bool = False) -> Callable[[list[dict]], int]:
@@ -201,10 +209,12 @@ def chat_token_counter(target_dir: str, trust_remote_code: bool = False) -> Call
 
 def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, out_json: str, ks: list[int],
                max_tokens: int, served_name: str, max_model_len: int, concurrency: int, num_prompts: int,
-               gap: float, skipped_too_long: dict[str, int], preflight_path: str | None = None) -> dict:
+               gap: float, skipped_too_long: dict[str, int], skipped_template_error: dict[str, int] | None = None,
+               preflight_path: str | None = None) -> dict:
     """``benchmark`` once the prompts are chosen: ``by_set`` (the prompts that run, per set),
-    ``skipped_too_long`` (prompts skipped per set, written to ``settings.sets``), ``engine`` (k, eager,
-    seqs -> ``engine_args``), ``gap`` (near-tie threshold, nats); engines' files under ``tmp``."""
+    ``skipped_too_long`` and ``skipped_template_error`` (prompts skipped per set, written to
+    ``settings.sets``), ``engine`` (k, eager, seqs -> ``engine_args``), ``gap`` (near-tie threshold,
+    nats); engines' files under ``tmp``."""
     draft = draft_vocab_ids(head_dir)  # before any engine starts: a head without d2t fails here
     prompts = [p for ps in by_set.values() for p in ps]
     set_of = [name for name, ps in by_set.items() for _ in ps]
@@ -269,7 +279,9 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
                      "pipeline_parallel_size": eng["pipeline_parallel_size"],
                      "near_tie_max_logprob_gap": gap, "near_tie_top_logprobs": NEAR_TIE_TOP,
                      "sets": {name: {"num_prompts": len(ps), "prompt_ids": [p["id"] for p in ps],
-                                     "skipped_too_long": skipped_too_long[name]} for name, ps in by_set.items()}},
+                                     "skipped_too_long": skipped_too_long[name],
+                                     "skipped_template_error": (skipped_template_error or {}).get(name, 0)}
+                              for name, ps in by_set.items()}},
         "baseline": base,
         "eagle3": runs,
     }

@@ -191,7 +191,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
             "head_flags": HEAD_VARIANTS[cfg.head_variant], "ttt_steps": cfg.ttt_steps, "world_size": world,
             "capture_mode": inputs.mode, "capture_backend": decisions.backend}
     t = Trainer(cfg, inputs, device, distributed, rank, ranks, world, model, net, params, opt, sched, call_kwargs,
-                train_b, eval_b, total_steps, state_key(settings), meta, target)
+                train_b, eval_b, total_steps, state_key(settings), meta, target,
+                key_any_world=state_key({**settings, "world": None}))
     return t
 
 
@@ -230,9 +231,10 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
 
     Raises:
         ShardMismatch, ValueError: as :func:`setup`.
+        train_state.ResumeAcrossWorldSizes: a saved state of this run at another world size (kept).
     """
     t = setup(cfg, inputs, device, world_size, trust_remote_code)
-    state = TrainState(t.model, t.opt, t.sched)
+    state = TrainState(t.model, t.opt, t.sched, world=t.world, key_any_world=t.key_any_world)
     if t.cfg.checkpoint_every > 0:
         state.load(t.inputs.state_dir, t.key)
     log.info("training %d trainable params on %s: %d train / %d eval samples, %d steps/epoch x %d epochs (%d steps), "
@@ -303,7 +305,9 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
     ``checkpoint_every`` > 0 saves the full training state
     (``train_state.TrainState``) every that many steps to ``<out_dir>.state/``; a run
     started again with the same settings and inputs resumes from it and ends bit-identical
-    (CPU) to an uninterrupted run. Under ``torch.distributed`` (torchrun, :func:`launch`)
+    (CPU) to an uninterrupted run; one started on another world size (2 GPUs, then 1) is refused
+    and the state kept (``train_state.ResumeAcrossWorldSizes``, naming both sizes). Under
+    ``torch.distributed`` (torchrun, :func:`launch`)
     each process trains its rank's rows with DDP; ``world_size`` without it computes all
     ranks' rows in one process (the same global batch). ``device``: ``auto``, ``cpu`` or
     ``cuda``. Returns ``metrics.json``'s content.

@@ -22,7 +22,13 @@ On disk: ``<state_dir>/state.pt``, one ``torch.save`` dict (read back with
 ``best``              the best epoch so far (``train.select: best_simulated_tau``):
                       ``{"epoch", "tau", "top", "params"}`` (its τ, the highest τ seen,
                       its trainable parameters), or ``{}``
+``world``             int, the world size (ranks) of the run that saved it
+``key_any_world``     str, the settings hash without the world size
 ====================  ============================================================
+
+A state saved under another world size (2 GPUs, restarted on 1) is refused and kept
+(:class:`ResumeAcrossWorldSizes`, naming both sizes): each rank's rows of a step, and so the
+data position and the optimizer's trajectory, depend on the world size.
 """
 
 from __future__ import annotations
@@ -49,6 +55,11 @@ def state_key(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+class ResumeAcrossWorldSizes(RuntimeError):
+    """A saved state of the same run at another world size: refused, the state kept (the message
+    names the file and both sizes, and what to do)."""
+
+
 @dataclass
 class TrainState:
     """What a resumed run needs, around the live model, optimizer and scheduler.
@@ -69,6 +80,8 @@ class TrainState:
     epochs: list[dict] = field(default_factory=list)
     resumed_from: int | None = None
     best: dict = field(default_factory=dict)  # {"epoch", "tau", "top", "params": {name: CPU tensor}}
+    world: int = 1  # the run's world size (ranks), saved with the state
+    key_any_world: str = ""  # the settings hash without the world size: tells a state of another world size
 
     def note_epoch(self, epoch: int, tau: float | None) -> bool:
         """Keep a copy (on the CPU) of the trainable parameters when ``tau`` (this epoch's simulated τ)
@@ -100,6 +113,7 @@ class TrainState:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "history": json.dumps(self.history), "epochs": json.dumps(self.epochs), "best": self.best,
+            "world": self.world, "key_any_world": self.key_any_world,
         }
         state_dir.mkdir(parents=True, exist_ok=True)
         with atomic_path(state_dir / STATE_FILE) as tmp:
@@ -108,11 +122,25 @@ class TrainState:
     def load(self, state_dir: Path, key: str) -> bool:
         """Restore everything from ``state_dir/state.pt`` (tensors onto the model's and optimizer's
         devices, RNG states included) if it was saved under ``key``; False, changing nothing,
-        when there is no such file or it belongs to a run with other settings or inputs."""
+        when there is no such file or it belongs to a run with other settings or inputs.
+
+        Raises:
+            ResumeAcrossWorldSizes: the state is this run's (``key_any_world``) at another world size;
+                the file is left as it is.
+        """
         f = state_dir / STATE_FILE
         if not f.exists():
             return False
         state = torch.load(f, map_location="cpu", weights_only=True)
+        saved_world = state.get("world")
+        if (state.get("key") != key and self.key_any_world and state.get("key_any_world") == self.key_any_world
+                and saved_world != self.world):
+            raise ResumeAcrossWorldSizes(
+                f"{f}: saved at step {state.get('step')} by this run on world size {saved_world} (ranks: GPUs, or "
+                f"processes on CPU), but this run has world size {self.world}: a run does not resume across world "
+                "sizes (each rank's rows of a step, and so the data position and the optimizer's path, depend on "
+                f"it). The state is kept: run on {saved_world} again (resources.train.gpu) to resume, or delete "
+                f"{state_dir} to start over on {self.world}")
         if state.get("key") != key:
             log.warning("ignoring %s: saved by a run with other settings or inputs", f)
             return False

