@@ -15,28 +15,54 @@ log = logging.getLogger(__name__)
 TOLERANCE = 0.15  # the benchmark's measured step-cost ratio should fall within this share of the table's
 
 
-def bound_table(measured: dict, draft_s: dict, ks: list[int]) -> list[dict]:
-    """The pre-flight table: per concurrency c (``measured["by_concurrency"]``, ``measure_in_engine``'s) and
-    k in ``ks``: the target's verification step, the draft's estimated cost (``draft_s[c]``, seconds per
-    drafted token), ``step_cost_ratio``, ``tau_break_even``, ``tau_for_1_5x`` and whether each is reachable
-    (at most k + 1). Seconds become milliseconds in the rows.
+def verify_slope(forward_s: dict[str, float]) -> float:
+    """Seconds each more verified token adds to a step: the Theil-Sen slope (the median of the slopes between
+    every pair of points; Sen 1968) of the n-token step times ``forward_s`` (``{str(n): seconds}``) over n >= 2.
+
+    n = 1 is left out: one new token per sequence runs the engine's decode kernels (and, on GPUs, its full CUDA
+    graph), n >= 2 its prefill path, which costs a fixed amount more (3.5 ms on an H200 for a 135M target,
+    benchmarks/gpu/kimi_preflight.md) that a verification step does not pay. The median keeps one noisy shape
+    from setting the slope. Where fewer than two n >= 2 were measured: the difference to n = 1.
 
     Raises:
-        KeyError: ``measured`` lacks the n = k + 1 or n = 1 step of a k.
+        ValueError: fewer than two shapes measured.
+    """
+    pts = sorted((int(n), t) for n, t in forward_s.items())
+    pre = [(n, t) for n, t in pts if n >= 2]
+    if len(pre) < 2:
+        if len(pts) < 2:
+            raise ValueError(f"verify_slope: need step times of two shapes, got {forward_s}")
+        (n0, t0), (n1, t1) = pts[0], pts[-1]
+        return (t1 - t0) / (n1 - n0)
+    slopes = sorted((t2 - t1) / (n2 - n1) for a, (n1, t1) in enumerate(pre) for n2, t2 in pre[a + 1:])
+    mid = len(slopes) // 2
+    return slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2
+
+
+def bound_table(measured: dict, draft_s: dict, ks: list[int]) -> list[dict]:
+    """The pre-flight table: per concurrency c (``measured["by_concurrency"]``: ``decode_step_s`` and the n-token
+    steps ``forward_s``) and k in ``ks``: the target's verification step ``T_decode + k x verify_slope``, the
+    draft's estimated cost (``draft_s[c]``, seconds per drafted token), ``step_cost_ratio`` = (verification +
+    k drafts) / ``T_decode``, ``tau_break_even`` (= that ratio), ``tau_for_1_5x`` (1.5 x it) and whether each is
+    reachable (at most k + 1); ``target_verify_ratio`` = verification / ``T_decode``. Milliseconds in the rows.
+
+    Raises:
+        ValueError: a concurrency with fewer than two measured shapes (``verify_slope``).
     """
     rows = []
     for c, m in measured["by_concurrency"].items():
-        base, fwd = m["decode_step_s"], m["forward_s"]
+        base = m["decode_step_s"]
+        slope = verify_slope(m["forward_s"])
         for k in ks:
-            verify = base + fwd[str(k + 1)] - fwd["1"]
+            verify = base + k * slope
             step = verify + k * draft_s[c]
             ratio = step / base
             rows.append({"concurrency": int(c), "k": k, "decode_step_ms": round(1e3 * base, 4),
-                         "verify_step_ms": round(1e3 * verify, 4), "draft_ms_per_token": round(1e3 * draft_s[c], 4),
-                         "step_ms": round(1e3 * step, 4), "target_verify_ratio": round(verify / base, 4),
-                         "step_cost_ratio": round(ratio, 4), "tau_break_even": round(ratio, 3),
-                         "tau_for_1_5x": round(1.5 * ratio, 3), "break_even_reachable": ratio <= k + 1,
-                         "speedup_1_5x_reachable": 1.5 * ratio <= k + 1,
+                         "verify_ms_per_token": round(1e3 * slope, 4), "verify_step_ms": round(1e3 * verify, 4),
+                         "draft_ms_per_token": round(1e3 * draft_s[c], 4), "step_ms": round(1e3 * step, 4),
+                         "target_verify_ratio": round(verify / base, 4), "step_cost_ratio": round(ratio, 4),
+                         "tau_break_even": round(ratio, 3), "tau_for_1_5x": round(1.5 * ratio, 3),
+                         "break_even_reachable": ratio <= k + 1, "speedup_1_5x_reachable": 1.5 * ratio <= k + 1,
                          "max_speedup_at_tau_k_plus_1": round((k + 1) / ratio, 3)})
     return rows
 

@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu/run_kimi_h200.sh SECONDS STEP [STEP ...]
 # STEP: target (write the Kimi-K2.5-shaped checkpoint, examples/targets/kimi_k25_shaped.py --preset card --seed 0,
 # under resources/targets/kimi-k25-card) | dense (the bundled target's pre-flight bound, dense_preflight.yaml) |
-# build (kimi_k25_card.yaml end to end) | online (kimi_k25_card_online.yaml up to train_draft). The steps share
+# build (kimi_k25_card.yaml end to end) | head (the same up to the exported head and the pre-flight table) | online (kimi_k25_card_online.yaml up to train_draft). The steps share
 # SECONDS; a step cut by the limit resumes in the next call (--rerun-incomplete). Logs and results go to $OUT.
 set -u
 limit=$1; shift
@@ -14,6 +14,10 @@ deadline=$(( $(date +%s) + limit ))
 nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --format=csv -l 2 > "$OUT/gpu_mem.csv" 2>/dev/null &
 smi=$!
 mkdir -p "$OUT/r"
+# every 20 s, the small results and the logs so far: a call cut from outside still brings them back
+( while sleep 20; do tar czf "$OUT/live.tgz.tmp" logs results/*/*.json results/*/*.md results/*/checkpoint/*.json \
+    results/*/head/*.json "$OUT/steps.log" 2>/dev/null; mv "$OUT/live.tgz.tmp" "$OUT/live.tgz"; done ) &
+live=$!
 for step in "$@"; do
   left=$(( deadline - $(date +%s) ))
   [ "$left" -lt 20 ] && { echo "no time left for $step"; break; }
@@ -28,6 +32,8 @@ for step in "$@"; do
     dense) cfg="$G/dense_preflight.yaml"; extra=(results/smollm2-preflight/preflight.json results/smollm2-preflight/compat.md) ;;
     build) cfg="$G/kimi_k25_card.yaml"; extra=() ;;
     online) cfg="$G/kimi_k25_card.yaml $G/kimi_k25_card_online.yaml"; extra=(--until train_draft) ;;
+  head) cfg="$G/kimi_k25_card.yaml"; extra=(results/kimi-k25-card/preflight.json results/kimi-k25-card/compat.md
+                                          results/kimi-k25-card/head/config.json) ;;
     *) echo "unknown step $step"; continue ;;
   esac
   run=$(grep -h '^run:' $cfg | tail -1 | awk '{print $2}')
@@ -43,7 +49,7 @@ for step in "$@"; do
   du -sb results/$run/hidden_states/*/* > "$OUT/r/${run}_shard_bytes.txt" 2>/dev/null
   grep -h "Finished jobid\|Error in rule" "$OUT/r/snakemake_$step.log" | tail -20
 done
-kill $smi 2>/dev/null
+kill $smi $live 2>/dev/null
 cp "$OUT/gpu_mem.csv" "$OUT/r/" 2>/dev/null
 tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r"
 cat "$OUT/steps.log"

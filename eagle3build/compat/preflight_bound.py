@@ -14,8 +14,10 @@ prefix caching on, the serving configuration otherwise):
   ``context_tokens``-token context is already in the KV cache (prefix caching; the step is the request's
   first-token time minus its scheduled time, both engine-core timestamps). That is the shape of a
   verification step of k = n - 1 drafts. It runs the engine's prefill path (for MLA: the context's
-  latent KV decompressed, not the absorbed decode kernel), so only differences of it are used:
-  the target's verification step at k is ``T_verify(k, c) = T_decode(c) + T_fwd(k + 1, c) - T_fwd(1, c)``.
+  latent KV decompressed, not the absorbed decode kernel; on GPUs no full CUDA graph), which costs a fixed
+  amount more than a decode step, so only its slope is used: the target's verification step at k is
+  ``T_verify(k, c) = T_decode(c) + k x s(c)``, ``s`` the Theil-Sen slope of ``T_fwd(n, c)`` over n >= 2
+  (``step_costs.verify_slope``).
 - ``T_draft(c)``: the draft head's cost per drafted token, *estimated*: one forward of a stand-in of the
   head (speculators' layer config for this target: ``fc`` 3H -> H, one decoder layer over 2H inputs with
   attention over the context, the norm, ``lm_head`` H -> draft vocab) for ``c`` tokens, timed in PyTorch
