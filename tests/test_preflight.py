@@ -18,20 +18,28 @@ MEASURED = {"by_concurrency": {
 }}
 
 
+def test_verify_slope_is_the_median_pairwise_slope_beyond_one_token():
+    # n = 1 (the decode path) is left out; one noisy shape (n = 6) does not set the slope
+    fwd = {"1": 0.0029, "2": 0.0067, "3": 0.0062, "4": 0.0064, "5": 0.0071, "6": 0.0114}
+    assert step_costs.verify_slope(fwd) == pytest.approx(0.000575, abs=1e-9)
+    assert step_costs.verify_slope({"1": 0.001, "2": 0.003}) == pytest.approx(0.002)  # two shapes: their difference
+    with pytest.raises(ValueError, match="two shapes"):
+        step_costs.verify_slope({"1": 0.001})
+
+
 def test_bound_table_arithmetic():
     rows = step_costs.bound_table(MEASURED, {"1": 0.0005, "16": 0.001}, [1, 3])
     by = {(r["concurrency"], r["k"]): r for r in rows}
     assert sorted(by) == [(1, 1), (1, 3), (16, 1), (16, 3)]
-    r = by[(1, 3)]  # verify = 2 + (3.1 - 3) = 2.1 ms; step = 2.1 + 3 x 0.5 = 3.6 ms = 1.8 decode steps
-    assert r["verify_step_ms"] == pytest.approx(2.1) and r["step_ms"] == pytest.approx(3.6)
-    assert r["target_verify_ratio"] == pytest.approx(1.05) and r["step_cost_ratio"] == pytest.approx(1.8)
-    assert r["tau_break_even"] == pytest.approx(1.8) and r["tau_for_1_5x"] == pytest.approx(2.7)
-    assert r["speedup_1_5x_reachable"] and r["max_speedup_at_tau_k_plus_1"] == pytest.approx(4 / 1.8, abs=1e-3)
-    r = by[(16, 3)]  # verify = 4 + 6 = 10 ms; step = 13 ms = 3.25 decode steps: 1.5x needs tau 4.875 > 4
+    r = by[(1, 3)]  # slope 0.05 ms (median of 0.1, 0.05, 0); verify = 2 + 3 x 0.05; step = 2.15 + 3 x 0.5 = 3.65 ms
+    assert r["verify_ms_per_token"] == pytest.approx(0.05) and r["verify_step_ms"] == pytest.approx(2.15)
+    assert r["step_ms"] == pytest.approx(3.65) and r["step_cost_ratio"] == pytest.approx(1.825)
+    assert r["target_verify_ratio"] == pytest.approx(1.075)
+    assert r["tau_break_even"] == pytest.approx(1.825) and r["tau_for_1_5x"] == pytest.approx(2.7375, abs=1e-3)
+    assert r["speedup_1_5x_reachable"] and r["max_speedup_at_tau_k_plus_1"] == pytest.approx(4 / 1.825, abs=1e-3)
+    r = by[(16, 3)]  # slope 2 ms: verify = 4 + 6 = 10 ms; step = 13 ms = 3.25 decode steps: 1.5x needs tau 4.875 > 4
     assert r["target_verify_ratio"] == pytest.approx(2.5) and r["step_cost_ratio"] == pytest.approx(3.25)
     assert r["break_even_reachable"] and not r["speedup_1_5x_reachable"]
-    with pytest.raises(KeyError):
-        step_costs.bound_table(MEASURED, {"1": 0.0, "16": 0.0}, [5])  # n = 6 was not measured
 
 
 def _benchmark(concurrency, tpot_base, runs):
@@ -43,14 +51,14 @@ def _benchmark(concurrency, tpot_base, runs):
 
 def test_compare_benchmark_against_the_table():
     pre = {"table": step_costs.bound_table(MEASURED, {"1": 0.0005, "16": 0.001}, [1, 3])}
-    # k = 3 at tau 2: measured step = 2 x 1.9 ms = 3.8 ms over a 2 ms baseline step = 1.9 (table: 1.8, +5.6 %)
-    # k = 1 at tau 1.5: 1.5 x 2.4 = 3.6 ms = 1.8 steps (table: 1 + 0 + 0.25 = 1.25: +44 %)
+    # k = 3 at tau 2: measured step = 2 x 1.9 ms = 3.8 ms over a 2 ms baseline step = 1.9 (table: 1.825, +4.1 %)
+    # k = 1 at tau 1.5: 1.5 x 2.4 = 3.6 ms = 1.8 steps (table: (2 + 0.05 + 0.5) / 2 = 1.275: +41 %)
     res = step_costs.compare_benchmark(_benchmark(1, 0.002, [(3, 2.0, 0.0019), (1, 1.5, 0.0024)]), pre)
     assert res["concurrency_used"] == 1 and res["tolerance"] == 0.15
     k3, k1 = res["rows"]
-    assert k3["measured_step_cost_ratio"] == pytest.approx(1.9) and k3["predicted_step_cost_ratio"] == pytest.approx(1.8)
-    assert k3["relative_error"] == pytest.approx(0.1 / 1.8, abs=1e-4) and k3["within_tolerance"] is True
-    assert k1["predicted_step_cost_ratio"] == pytest.approx(1.25) and k1["within_tolerance"] is False
+    assert k3["measured_step_cost_ratio"] == pytest.approx(1.9) and k3["predicted_step_cost_ratio"] == pytest.approx(1.825)
+    assert k3["relative_error"] == pytest.approx(0.075 / 1.825, abs=1e-4) and k3["within_tolerance"] is True
+    assert k1["predicted_step_cost_ratio"] == pytest.approx(1.275) and k1["within_tolerance"] is False
     # concurrency 0 = all 8 prompts at once: the nearest table is c = 1 (|8 - 1| < |8 - 16|); a k without a row
     res = step_costs.compare_benchmark(_benchmark(0, 0.002, [(2, 2.0, 0.002)]), pre)
     assert res["concurrency_used"] == 1 and res["rows"][0]["predicted_step_cost_ratio"] is None
@@ -83,7 +91,7 @@ def test_compat_md_renders_the_table():
            "table": step_costs.bound_table(MEASURED, {"1": 0.0005, "16": 0.001}, [3])}
     md = "\n".join(compat_render.render_preflight(pre))
     assert "NVIDIA H200" in md
-    assert "| 1 | 3 | 2.000 | 1.05 | 0.500 | 1.80 | 1.80 | 2.70 |" in md
+    assert "| 1 | 3 | 2.000 | 1.07 | 0.500 | 1.82 | 1.82 | 2.74 |" in md
     assert "| 16 | 3 | 4.000 | 2.50 | 1.000 | 3.25 | 3.25 | 4.88 (unreachable) |" in md
 
 
