@@ -33,10 +33,12 @@ def verify_slope(forward_s: dict[str, float]) -> float:
         if len(pts) < 2:
             raise ValueError(f"verify_slope: need step times of two shapes, got {forward_s}")
         (n0, t0), (n1, t1) = pts[0], pts[-1]
-        return (t1 - t0) / (n1 - n0)
+        return max(0.0, (t1 - t0) / (n1 - n0))
     slopes = sorted((t2 - t1) / (n2 - n1) for a, (n1, t1) in enumerate(pre) for n2, t2 in pre[a + 1:])
     mid = len(slopes) // 2
-    return slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2
+    # at least 0: a step over more tokens costs no less (a negative median is noise: a dense target at 16 in
+    # flight, whose extra tokens are free)
+    return max(0.0, slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2)
 
 
 def bound_table(measured: dict, draft_s: dict, ks: list[int]) -> list[dict]:
