@@ -62,7 +62,7 @@ def test_the_classification_check_finds_a_bad_contract():
     problems = classification_problems(bad, LEAVES)
     assert "build_vocab_map: vocab.draft_vocab_size is a trigger and runtime-only" in problems
     assert "vocab.draft_vocab_sise: not a key of the config schema" in problems
-    assert "benchmark.ks: in no stage's contract" in problems
+    assert "benchmark.num_prompts: in no stage's contract" in problems
     assert "benchmark.near_tie_max_logprob_gap: in no stage's contract" in problems
 
 
