@@ -88,7 +88,7 @@ def test_kubernetes_plan(tmp_path):
                                                      if k in ("capture", "train", "serve", "cpu")}}))
     jobs = dry_run("kubernetes", tmp_path, overlay)
     with_gpu = [(r, j) for r, js in jobs.items() for j in js if "gpu" in j]
-    assert sorted({r for r, _ in with_gpu}) == sorted(GPU_RULES + ("preflight_bound",))  # the pre-flight bound runs on the serve GPUs
+    assert sorted({r for r, _ in with_gpu}) == sorted(GPU_RULES + ("preflight_bound",))
     # the plugin refuses a gpu resource without a manufacturer; scale=False sets limits = requests
     assert all((j["gpu"], j["gpu_manufacturer"], j["scale"]) == ("8", "nvidia", "False") for _, j in with_gpu)
     assert jobs["compat_report"][0]["mem_mb"] == str(_kimi_resources()["cpu"]["mem_mb"])
