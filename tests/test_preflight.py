@@ -2,8 +2,6 @@
 (which configs run it), and the engine measurement on vLLM's CPU backend."""
 from __future__ import annotations
 
-import json
-
 import pytest
 from smk import planned_jobs, write_config
 
@@ -107,20 +105,3 @@ def test_plan_runs_it_only_where_serving_has_gpus(tmp_path):
     always = write_config(tmp_path / "always.yaml", preflight={"enabled": "always"})
     assert planned_jobs(["results/default/preflight.json", "--configfile", str(always)], tmp_path) == {
         "materialize_target": 1, "compat_report": 1, "preflight_bound": 1}
-
-
-@pytest.mark.vllm
-def test_preflight_on_vllm_cpu(tmp_path, tiny_target):
-    """One engine on vLLM's CPU backend: every shape measured, the context served from the prefix cache,
-    the table and the file written (the figures themselves are the GPU records')."""
-    out = tmp_path / "preflight.json"
-    res = preflight_bound.preflight(str(tiny_target), str(out), ks=[1, 2], concurrencies=[1, 2], draft_vocab_size=1024,
-                                    served_name="tiny", gpus=0, context_tokens=200, repeats=1)
-    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
-    assert res["settings"]["context_tokens"] == 256  # rounded up to a multiple of 256
-    for c in ("1", "2"):
-        m = res["measured"]["by_concurrency"][c]
-        assert sorted(m["forward_s"]) == ["1", "2", "3"] and m["decode_step_s"] > 0
-        assert all(v >= 256 for v in m["cached_tokens_min"].values())
-    assert [(r["concurrency"], r["k"]) for r in res["table"]] == [(1, 1), (1, 2), (2, 1), (2, 2)]
-    assert res["head_layer"]["hidden_size"] == 64
