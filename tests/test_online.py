@@ -82,6 +82,7 @@ def _vocab(d):
     return d2t, t2d
 
 
+@pytest.mark.slow
 def test_online_resume_after_sigkill_is_bit_identical(tiny_shards, tiny_target, tmp_path):
     """An online run killed at a random step resumes from its saved state (data position included) and ends
     with an uninterrupted online run's weights, bit for bit."""
