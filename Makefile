@@ -1,10 +1,14 @@
 # `make run`: install (exact pins into .venv) and build the default run.
-# `make test`: install and run the test suite (unit, plan, end-to-end, lint: tests/test_lint.py).
+# `make test`: install and run the test suite (unit, plan, end-to-end, lint: tests/test_lint.py). What CI runs.
+# `make check`: the fast loop (minutes): the unit, contract, plan and lint tests; no build, no vLLM engine, no
+#   cluster, no container (CHECK_MARKERS: the markers of pyproject.toml; tests/conftest.py marks every test that
+#   uses the reduced build e2e).
 # `make lint`: snakemake --lint, ruff check, snakefmt --check (pyproject.toml has their settings).
 # `make install-gpu`: the CUDA route (vLLM 0.33.0, torch 2.14.0+cu130) into .venv-gpu; docs/gpus.md.
 CORES ?= 2
+CHECK_MARKERS = not e2e and not vllm and not slurm and not slow
 
-.PHONY: install install-gpu run test lint
+.PHONY: install install-gpu run test check lint
 install:
 	./install.sh
 
@@ -16,6 +20,9 @@ run: install
 
 test: install
 	.venv/bin/pytest -q -rs tests
+
+check: install
+	.venv/bin/pytest -q -rs -m "$(CHECK_MARKERS)" tests
 
 lint: install
 	.venv/bin/snakemake --lint

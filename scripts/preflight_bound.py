@@ -5,11 +5,11 @@ from eagle3build.job import setup
 setup(snakemake)
 p = snakemake.params
 s = p.settings  # eagle3build.contract.StageSettings
-max_k = max(s["benchmark.ks"]) if s["preflight.max_k"] == "auto" else s["preflight.max_k"]
 preflight(
     target_dir=p.target_dir,
     out_json=snakemake.output[0],
-    ks=list(range(1, max_k + 1)),
+    max_k=s["preflight.max_k"],
+    benchmark_ks=s["benchmark.ks"],
     concurrencies=s["preflight.concurrencies"],
     draft_vocab_size=s["vocab.draft_vocab_size"],
     served_name=s["target.served_name"],

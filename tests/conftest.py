@@ -1,11 +1,18 @@
-"""Shared fixtures: the materialised SmolLM2 target (built once per session, by the reduced build's
-materialize_target job), tiny random targets, and the reduced build (tests/reduced.yaml through snakemake,
-once per session: test_e2e.py and test_slurm.py)."""
+"""Shared fixtures: the materialised SmolLM2 target (built once per session), tiny random targets, and the
+reduced build (tests/reduced.yaml through snakemake, once per session: test_e2e.py and test_slurm.py).
+
+Markers (pyproject.toml): a test that uses the reduced build (``reduced_workdir``, ``reduced_build``) is
+marked ``e2e`` here at collection, and ``vllm`` too where the build it needs serves the head, so that
+``make check`` (``-m "not e2e and not vllm and not slurm and not slow"``) never starts a build or an engine.
+In such a session ``smol_target`` is materialised in this process by the function the materialize_target
+rule runs; where the reduced build runs anyway, it is a copy of that build's target (one dequantisation a
+session either way)."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +23,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-BUNDLED_TARGET = "resources/targets/smollm2-135m-instruct"  # tests/reduced.yaml's target, materialised
+BUNDLED_NAME = "smollm2-135m-instruct"  # tests/reduced.yaml's target
+BUNDLED_TARGET = f"resources/targets/{BUNDLED_NAME}"  # where the reduced build's materialize_target job writes it
+# Fixtures that run snakemake jobs: a test using one is marked e2e (and vllm: the build serves the head).
+BUILD_FIXTURES = {"reduced_workdir": ("e2e",), "reduced_build": ("e2e", "vllm")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, marks in BUILD_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                for mark in marks:
+                    item.add_marker(mark)
+
+
+def _runs_the_reduced_build(session) -> bool:
+    return any(set(BUILD_FIXTURES) & set(getattr(item, "fixturenames", ())) for item in session.items)
 
 
 def _fail_with_logs(what: str, p: subprocess.CompletedProcess, wd: Path) -> None:
@@ -39,11 +62,17 @@ def reduced_workdir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smol_target(tmp_path_factory, reduced_workdir) -> Path:
-    """SmolLM2-135M-Instruct dequantised from the bundled GGUF into an HF directory: a copy (the tests' own)
-    of what the reduced build's materialize_target job wrote (eagle3build.compat.materialize_target)."""
+def smol_target(request, tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct dequantised from the bundled GGUF into an HF directory (the tests' own copy):
+    what the reduced build's materialize_target job wrote where this session runs that build, else made
+    here by the function that job runs (eagle3build.compat.materialize_target.materialize, ~30 s)."""
     out = tmp_path_factory.mktemp("targets") / "smollm2"
-    shutil.copytree(reduced_workdir / BUNDLED_TARGET, out)
+    if _runs_the_reduced_build(request.session):
+        shutil.copytree(request.getfixturevalue("reduced_workdir") / BUNDLED_TARGET, out)
+    else:
+        from eagle3build.compat.materialize_target import materialize
+
+        materialize(BUNDLED_NAME, out)
     return out
 
 
@@ -134,28 +163,42 @@ def reduced_build(reduced_workdir):
     return wd, wd / "results/reduced"
 
 
-
 SLURM_PARTITION = "e3test"
-SLURM_CONF = Path("/etc/slurm/slurm.conf")
+_CLUSTER_START: dict = {}  # the background start_cluster.sh of this session: its Popen and output files
+
+
+def _start_cluster_in_background(tmp_dir: Path) -> None:
+    out, err = (open(tmp_dir / f"start_cluster.{s}", "w+") for s in ("out", "err"))
+    proc = subprocess.Popen(["bash", str(REPO / "tests/slurm/start_cluster.sh")], stdout=out, stderr=err, text=True,
+                            env={**os.environ, "SLURM_TEST_PARTITION": SLURM_PARTITION})
+    _CLUSTER_START.update(proc=proc, out=out, err=err)
+
+
+def pytest_collection_finish(session):
+    """A session that runs the cluster test starts tests/slurm/start_cluster.sh now, beside the other tests: its
+    install of SLURM (apt-get, minutes on a fresh machine) and daemon start overlap them instead of adding to
+    the session, and where an earlier session's cluster is configured but down, it is up again before most of
+    the ~100 snakemake starts (each waits ~9 s for a configured, absent controller: the SLURM executor plugin
+    runs `scontrol show config` on import, whatever the executor)."""
+    if session.config.option.collectonly or not any(
+            "slurm_cluster_start" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    _start_cluster_in_background(Path(tempfile.mkdtemp(prefix="slurm-start-")))
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster_start() -> subprocess.CompletedProcess:
-    """tests/slurm/start_cluster.sh run once a session (it installs SLURM where root and apt-get can, starts the
-    one-node cluster or finds it up): its exit status names the step that failed; the last word it prints on
-    success is the partition. test_slurm.py skips on a failure."""
-    return subprocess.run(["bash", str(REPO / "tests/slurm/start_cluster.sh")], capture_output=True, text=True,
-                          timeout=1200, env={**os.environ, "SLURM_TEST_PARTITION": SLURM_PARTITION})
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _our_slurm_cluster_up_first(request):
-    """Where an earlier session's one-node cluster is configured (its slurm.conf written by start_cluster.sh) but
-    down (its daemons went with that session), every snakemake start waits ~9 s: the SLURM executor plugin runs
-    `scontrol show config` when it is imported, whatever the executor, and scontrol waits that long for the
-    controller. A session that runs the SLURM tests (which start the cluster anyway) starts it first, so that the
-    ~100 snakemake starts before them do not wait. Nothing changes where SLURM is not installed: test_slurm.py
-    installs it when its turn comes, as before."""
-    ours = SLURM_CONF.is_file() and SLURM_CONF.read_text().startswith("# written by tests/slurm/start_cluster.sh")
-    if ours and shutil.which("scontrol") and any(item.get_closest_marker("slurm") for item in request.session.items):
-        request.getfixturevalue("slurm_cluster_start")
+def slurm_cluster_start(tmp_path_factory) -> subprocess.CompletedProcess:
+    """tests/slurm/start_cluster.sh run once a session (started at collection, pytest_collection_finish; it
+    installs SLURM where root and apt-get can, starts the one-node cluster or finds it up): its exit status names
+    the step that failed; the last word it prints on success is the partition. test_slurm.py skips on a failure."""
+    if not _CLUSTER_START:
+        _start_cluster_in_background(tmp_path_factory.mktemp("slurm-start"))
+    proc, out, err = _CLUSTER_START["proc"], _CLUSTER_START["out"], _CLUSTER_START["err"]
+    try:
+        proc.wait(timeout=1200)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    out.seek(0)
+    err.seek(0)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())

@@ -1,17 +1,21 @@
 """Helpers to run the workflow through the snakemake CLI in a subprocess."""
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+_PYTHONPATH = os.environ.get("PYTHONPATH")  # the session's: the fork server's, whatever a test sets later
 
 
 def write_config(path: Path, **overrides) -> Path:
@@ -26,11 +30,47 @@ def write_config(path: Path, **overrides) -> Path:
     return path
 
 
+_SERVER: dict = {}  # tests/smk_server.py of this process: its Popen
+
+
+def _server() -> subprocess.Popen:
+    proc = _SERVER.get("proc")
+    if proc is None or proc.poll() is not None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(PYTHONUNBUFFERED="1", **({"PYTHONPATH": _PYTHONPATH} if _PYTHONPATH is not None else {}))
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("smk_server.py"))], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        atexit.register(proc.kill)
+        _SERVER["proc"] = proc
+    return proc
+
+
+def _run_forked(cmd: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess:
+    """``cmd`` (snakemake's arguments after SNAKEMAKE) as a child of the fork server (tests/smk_server.py)."""
+    proc = _server()
+    with tempfile.TemporaryDirectory(prefix="smk-") as d:
+        out, err = Path(d) / "stdout", Path(d) / "stderr"
+        proc.stdin.write(json.dumps({"args": cmd[1:], "cwd": str(REPO), "env": env, "stdout": str(out),
+                                     "stderr": str(err), "timeout": timeout}) + "\n")
+        proc.stdin.flush()
+        reply = json.loads(proc.stdout.readline())
+        stdout, stderr = out.read_text(), err.read_text()
+    if reply["timed_out"]:
+        raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
+    return subprocess.CompletedProcess(cmd, reply["rc"], stdout, stderr)
+
+
 def run(args: list[str], workdir: Path | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
+    """snakemake on the repository's Snakefile with ``args`` (in ``workdir``), as a process of its own: a child
+    of the fork server (tests/smk_server.py: snakemake imported once a session), or a fresh process where the
+    environment's PYTHONPATH is not the server's (a test that puts packages first on the path) or
+    EAGLE3BUILD_TEST_FORK_SNAKEMAKE=0."""
     cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "2"]
     if workdir is not None:
         cmd += ["-d", str(workdir)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if env.get("EAGLE3BUILD_TEST_FORK_SNAKEMAKE", "1") != "0" and env.get("PYTHONPATH") == _PYTHONPATH:
+        return _run_forked(cmd + args, env, timeout)
     return subprocess.run(cmd + args, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
 

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from smk import REPO
 
 
@@ -18,6 +19,7 @@ def _run(script, *args, timeout=600):
     return p
 
 
+@pytest.mark.slow
 def test_capture_throughput_tiny(tmp_path):
     """A model passed in without a target directory (the benchmark's case) still gets its disk check."""
     _run("capture_throughput.py", "--device", "cpu", "--layers", "7", "--hidden", "64", "--intermediate", "128",
@@ -29,6 +31,7 @@ def test_capture_throughput_tiny(tmp_path):
     assert r["capture_float8_e4m3fn"]["bytes_per_token"] < bf16["bytes_per_token"]
 
 
+@pytest.mark.slow
 def test_train_throughput_tiny(tmp_path):
     _run("train_throughput.py", "--device", "cpu", "--hidden", "64", "--vocab", "1000", "--draft-vocab", "100",
          "--distinct", "50", "--samples", "4", "--eval-samples", "2", "--seq", "64", "--total-seq-len", "128",
@@ -38,6 +41,7 @@ def test_train_throughput_tiny(tmp_path):
     assert 1.0 <= r["ours"]["simulated_acceptance_length"] <= 4.0
 
 
+@pytest.mark.slow
 def test_compat_report_kimi_small(smol_target):
     """The compat-report benchmark on the bundled 135M target (the Kimi shape starts vLLM's capture probe: minutes)."""
     p = _run("compat_report_kimi.py", "--target", str(smol_target), "--backend", "hooks")
@@ -45,6 +49,7 @@ def test_compat_report_kimi_small(smol_target):
     assert re.search(r"report: \d+\.\d s; total: \d+\.\d s", p.stdout)
 
 
+@pytest.mark.slow
 def test_plan_10k_tiny(tmp_path):
     """Planning benchmark with 8 shard jobs, each plan once: all four hold exactly that many shard jobs (asserted
     inside)."""
@@ -56,6 +61,7 @@ def test_plan_10k_tiny(tmp_path):
     assert re.search(r"ratio to bare-shell: \d+\.\d\dx wall, \d+\.\d\dx CPU", text)
 
 
+@pytest.mark.slow
 def test_prepare_data_throughput_tiny(smol_target):
     p = _run("prepare_data_throughput.py", str(smol_target), "--max-seq-len", "256", "--max-samples", "12")
     assert '"kept": 12' in p.stdout and re.search(r"conversations/s \(records read\): \d+\.\d", p.stdout)
@@ -99,6 +105,7 @@ def test_speedup_split_tiny(tmp_path):
                                   "speedup": round(2.3 * 2 / 3.5, 3), "ceiling_speedup": round(4 * 2 / 3.5, 3)}
 
 
+@pytest.mark.slow
 def test_vocab_coverage_tiny(tmp_path, smol_target):
     """Train counts 3, 2, 1 of a served text's first three tokens (the rest never counted): a draft vocab of
     n tokens covers the n most frequent, so n of the served tokens and (3, 5, 6)/6 of the train ones."""

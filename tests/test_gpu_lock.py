@@ -42,6 +42,7 @@ def test_lockcheck_names_every_difference(tmp_path):
         lockcheck.read_pins(f)
 
 
+@pytest.mark.slow
 def test_gpu_lock_resolves_to_itself(tmp_path):
     """pip's resolver (dry run, report mode, nothing installed) over requirements-gpu.txt under the lock
     resolves, and to exactly the lock's pins: no pin missing, none extra, none at another version."""

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
 import torch
@@ -33,9 +35,21 @@ def test_materialized_model_answers(smol_target):
     assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1]:])
 
 
-def test_fingerprint_is_stable_and_content_based(smol_target, tiny_target):
-    assert fingerprint(smol_target) == fingerprint(smol_target)
-    assert fingerprint(smol_target) != fingerprint(tiny_target)
+def test_fingerprint_is_stable_and_content_based(smol_target, tiny_target, tmp_path):
+    """The materialised target's fingerprint is its files' content: a copy elsewhere with other file times keeps
+    it (a clean clone's target keeps its shards), one changed byte of a tokenizer file changes it, and another
+    target has another."""
+    fp = fingerprint(smol_target)
+    copy = tmp_path / "copy"
+    shutil.copytree(smol_target, copy, copy_function=shutil.copyfile)  # new paths, new times
+    os.utime(copy / "model.safetensors", (1, 1))
+    assert fingerprint(copy) == fp and len(fp) == 16
+    cfg = (copy / "tokenizer_config.json").read_bytes()
+    (copy / "tokenizer_config.json").write_bytes(cfg.replace(b"{", b" {", 1))
+    assert fingerprint(copy) != fp
+    (copy / "tokenizer_config.json").write_bytes(cfg)
+    assert fingerprint(copy) == fp
+    assert fingerprint(tiny_target) != fp
 
 
 def test_unknown_bundled_target():

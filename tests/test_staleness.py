@@ -10,8 +10,8 @@ import pytest
 from eagle3build import staleness
 from eagle3build.target import content_files, fingerprint
 
-STAGES = ["materialize_target", "compat_report", "regenerate_responses", "prepare_data", "capture_hidden_states",
-          "build_vocab_map", "train_draft", "export_head", "benchmark", "plot_benchmark"]
+STAGES = ["materialize_target", "compat_report", "preflight_bound", "regenerate_responses", "prepare_data",
+          "capture_hidden_states", "build_vocab_map", "train_draft", "export_head", "benchmark", "plot_benchmark"]
 
 
 @pytest.mark.parametrize("stage", STAGES)

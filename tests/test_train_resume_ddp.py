@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -52,6 +53,7 @@ def weights(out):
     return load_file(str(out / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bit_identical(tiny_shards, tiny_target, tmp_path):
     d, _, _ = tiny_shards
     ref = tmp_path / "ref"
@@ -91,6 +93,7 @@ def test_state_of_other_settings_is_not_resumed(tiny_shards, tiny_target, tmp_pa
     assert m["resumed_from_step"] is None and m["steps"] == 2
 
 
+@pytest.mark.slow
 def test_ddp_two_gloo_processes_equal_one_process(tiny_shards, tiny_target, tmp_path):
     d, _, _ = tiny_shards
     one = tmp_path / "one"

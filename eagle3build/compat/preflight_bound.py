@@ -184,25 +184,29 @@ def head_layer_shapes(target_dir: str, trust_remote_code: bool = False) -> dict:
             "intermediate_size": tl.intermediate_size}
 
 
-def preflight(target_dir: str, out_json: str, *, ks: list[int], concurrencies: list[int], draft_vocab_size: int,
-              served_name: str, dtype: str = "auto", gpus: int = 0, context_tokens: int = 256, repeats: int = 5,
-              seed: int = 0, trust_remote_code: bool = False, pipeline_parallel_size: int = 1) -> dict:
+def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks: list[int], concurrencies: list[int],
+              draft_vocab_size: int, served_name: str, dtype: str = "auto", gpus: int = 0,
+              context_tokens: int = 256, repeats: int = 5, seed: int = 0, trust_remote_code: bool = False,
+              pipeline_parallel_size: int = 1) -> dict:
     """Measure the target's step costs (``measure_in_engine`` in a child process, one engine), estimate the
     draft's (``draft_step_seconds``), and write ``out_json``: settings, measurements, the head's layer
     shapes, ``bound_table``'s rows, versions and hardware.
 
-    ``ks``: the k to tabulate (1..max k is measured); ``concurrencies``: sequences in flight; ``gpus``: the
-    job's GPUs (0 = vLLM's CPU backend); ``dtype``: the engine's (``auto`` = bf16 on GPUs, fp32 on CPU);
+    ``max_k``: the largest k to tabulate (1..max_k, each verifying k+1 tokens), or ``"auto"``: the largest
+    of ``benchmark_ks`` (the config's ``preflight.max_k`` and ``benchmark.ks``); ``concurrencies``: sequences
+    in flight; ``gpus``: the job's GPUs (0 = vLLM's CPU backend); ``dtype``: the engine's (``auto`` = bf16 on GPUs, fp32 on CPU);
     ``context_tokens``: cached context per sequence (rounded up to a multiple of 256, which every KV
     block size of vLLM divides).
 
     Raises:
         vllm_engine.VLLMUnavailable: no importable vLLM.
-        ValueError: an empty ``ks`` or ``concurrencies``, or a k or concurrency below 1.
+        ValueError: ``max_k`` below 1 (or ``auto`` with no ``benchmark_ks``), an empty ``concurrencies``, or a
+            concurrency below 1.
         RuntimeError: the engine failed, or a context missed the prefix cache (``measure_in_engine``).
     """
     import tempfile
 
+    ks = list(range(1, (max(benchmark_ks, default=0) if max_k == "auto" else int(max_k)) + 1))
     if not ks or not concurrencies or min(ks) < 1 or min(concurrencies) < 1:
         raise ValueError(f"preflight: ks {ks} and concurrencies {concurrencies} must be non-empty lists of integers >= 1")
     vllm_engine.require_vllm(needed_by=os.fspath(out_json))
