@@ -192,15 +192,16 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              + _values("target.served_name", "target.pipeline_parallel_size", "target.trust_remote_code"),
              runtime=_JOB + _res("serve", gpu=True), files=_TARGET + ("data.prompts_file", "preflight.enabled"),
              decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:benchmark"),
-    # Before training: one vLLM engine on the serve job's GPUs times the target's verification steps; the
-    # decisions.json input only orders it after the report that gates every GPU job.
+    # Before training: vLLM engines on the serve job's GPUs time the target's verification steps alone and with an
+    # untrained head (decisions.json: its aux layer ids and variant).
     Contract("preflight_bound", "compat", inputs=("target", "decisions"),
              params=(_VERSION, Param("preflight", ("preflight.max_k", "preflight.concurrencies",
                                                    "preflight.context_tokens", "preflight.repeats"), "section"))
              + _values("benchmark.ks", "benchmark.dtype", "vocab.draft_vocab_size", "target.pipeline_parallel_size",
                        "target.trust_remote_code"),
              runtime=_JOB + _res("serve", gpu=True) + ("target.served_name",),
-             files=_TARGET + ("preflight.enabled",), decisions=(), packages=("vllm", "torch"),
+             files=_TARGET + ("preflight.enabled",), decisions=("capture.aux_layer_ids", "head.recommended_variant"),
+             packages=("vllm", "torch", "speculators"),
              entry="eagle3build.compat.preflight_bound:preflight"),
     Contract("plot_benchmark", "serve", inputs=(), params=(_VERSION,), runtime=_JOB, files=("run",), decisions=(),
              packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:plot"),

@@ -41,27 +41,38 @@ def verify_slope(forward_s: dict[str, float]) -> float:
     return max(0.0, slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2)
 
 
-def bound_table(measured: dict, draft_s: dict, ks: list[int]) -> list[dict]:
+def bound_table(measured: dict, steps_s: dict, ks: list[int]) -> list[dict]:
     """The pre-flight table: per concurrency c (``measured["by_concurrency"]``: ``decode_step_s`` and the n-token
-    steps ``forward_s``) and k in ``ks``: the target's verification step ``T_decode + k x verify_slope``, the
-    draft's estimated cost (``draft_s[c]``, seconds per drafted token), ``step_cost_ratio`` = (verification +
-    k drafts) / ``T_decode``, ``tau_break_even`` (= that ratio), ``tau_for_1_5x`` (1.5 x it) and whether each is
-    reachable (at most k + 1); ``target_verify_ratio`` = verification / ``T_decode``. Milliseconds in the rows.
+    steps ``forward_s``) and k in ``ks``: the target's verification step ``T_verify = T_decode + k x
+    verify_slope``; the whole speculative step, measured where ``steps_s`` (``{str(k): {str(c): seconds}}``)
+    holds it, else ``T_verify + k x T_draft``, with ``T_draft`` (``draft_ms_per_token``) the median over the
+    measured k of (measured step - ``T_verify``) / k, at least 0; ``step_cost_ratio`` = step / ``T_decode``,
+    ``tau_break_even`` (= that ratio), ``tau_for_1_5x`` (1.5 x it) and whether each is reachable (at most k + 1);
+    ``target_verify_ratio`` = ``T_verify`` / ``T_decode``; ``step_source``: ``measured`` | ``estimated``.
+    Milliseconds in the rows.
 
     Raises:
-        ValueError: a concurrency with fewer than two measured shapes (``verify_slope``).
+        ValueError: a concurrency with fewer than two measured shapes (``verify_slope``), or no measured step
+            at some concurrency.
     """
+    import statistics
+
     rows = []
     for c, m in measured["by_concurrency"].items():
         base = m["decode_step_s"]
         slope = verify_slope(m["forward_s"])
+        at_c = {int(k): v[c] for k, v in steps_s.items() if c in v}
+        if not at_c:
+            raise ValueError(f"bound_table: no speculative step measured at concurrency {c} (got {steps_s})")
+        draft = max(0.0, statistics.median((s - base - k * slope) / k for k, s in at_c.items()))
         for k in ks:
             verify = base + k * slope
-            step = verify + k * draft_s[c]
+            step = at_c.get(k, verify + k * draft)
             ratio = step / base
             rows.append({"concurrency": int(c), "k": k, "decode_step_ms": round(1e3 * base, 4),
                          "verify_ms_per_token": round(1e3 * slope, 4), "verify_step_ms": round(1e3 * verify, 4),
-                         "draft_ms_per_token": round(1e3 * draft_s[c], 4), "step_ms": round(1e3 * step, 4),
+                         "draft_ms_per_token": round(1e3 * draft, 4), "step_ms": round(1e3 * step, 4),
+                         "step_source": "measured" if k in at_c else "estimated",
                          "target_verify_ratio": round(verify / base, 4), "step_cost_ratio": round(ratio, 4),
                          "tau_break_even": round(ratio, 3), "tau_for_1_5x": round(1.5 * ratio, 3),
                          "break_even_reachable": ratio <= k + 1, "speedup_1_5x_reachable": 1.5 * ratio <= k + 1,

@@ -418,12 +418,12 @@ def decode_greedy(spec: dict) -> dict:
         part = msgs[i0:i0 + g["count"]]
         i0 += g["count"]
         c = spec.get("concurrency") or len(part)
-        before = _spec_counters(llm.get_metrics())
+        before = spec_counters(llm.get_metrics())
         t1 = time.perf_counter()
         outs = [o for i in range(0, len(part), c) for o in llm.chat(part[i:i + c], sp, use_tqdm=False)]
         wall = time.perf_counter() - t1
-        after = _spec_counters(llm.get_metrics())
-        counters = {k: _sub(after.get(k), before.get(k)) for k in after}
+        after = spec_counters(llm.get_metrics())
+        counters = counter_delta(after, before)
         per_set[g["name"]] = _run_figures(outs, wall, counters, speculative)
         all_outs += outs
         total_wall += wall
@@ -526,6 +526,11 @@ def request_timings(outs) -> dict:
             "time_per_output_token_s": summary(tpot)}
 
 
+def counter_delta(after: dict, before: dict) -> dict:
+    """``after - before`` per counter of two ``spec_counters`` readings (lists element-wise)."""
+    return {k: _sub(after.get(k), before.get(k)) for k in after}
+
+
 def _sub(a, b):
     if isinstance(a, list):
         b = b or [0] * len(a)
@@ -540,7 +545,9 @@ def _add(a, b):
     return (a or 0) + (b or 0)
 
 
-def _spec_counters(metrics) -> dict:
+def spec_counters(metrics) -> dict:
+    """vLLM's spec-decode counters (``vllm:spec_decode_*``, totals since the engine started) from
+    ``LLM.get_metrics()``: ``{name: int, or a list of ints per draft position}``."""
     out: dict = {}
     for m in metrics:
         if not m.name.startswith("vllm:spec_decode"):

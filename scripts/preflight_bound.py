@@ -8,6 +8,7 @@ s = p.settings  # eagle3build.contract.StageSettings
 preflight(
     target_dir=p.target_dir,
     out_json=snakemake.output[0],
+    decisions_json=snakemake.input.decisions,
     max_k=s["preflight.max_k"],
     benchmark_ks=s["benchmark.ks"],
     concurrencies=s["preflight.concurrencies"],

@@ -1,6 +1,8 @@
-"""The pre-flight speed-up bound: its table, the benchmark's check against it, the draft-cost stand-in, the plan
-(which configs run it), and the engine measurement on vLLM's CPU backend."""
+"""The pre-flight speed-up bound: its table, the benchmark's check against it, the untrained head it serves, the
+plan (which configs run it), and the engine measurements on vLLM's CPU backend."""
 from __future__ import annotations
+
+import json
 
 import pytest
 from smk import planned_jobs, write_config
@@ -14,6 +16,9 @@ MEASURED = {"by_concurrency": {
     # an MoE target at 16 in flight: each verified token adds experts
     "16": {"decode_step_s": 0.004, "forward_s": {"1": 0.005, "2": 0.007, "3": 0.009, "4": 0.011}},
 }}
+# the whole step at k = 3, measured with an untrained head: 0.5 ms (c = 1) and 1 ms (c = 16) per drafted token over
+# the target's verification (2.15 ms and 10 ms, from the slopes above)
+STEPS = {"3": {"1": 0.00365, "16": 0.013}}
 
 
 def test_verify_slope_is_the_median_pairwise_slope_beyond_one_token():
@@ -26,18 +31,26 @@ def test_verify_slope_is_the_median_pairwise_slope_beyond_one_token():
 
 
 def test_bound_table_arithmetic():
-    rows = step_costs.bound_table(MEASURED, {"1": 0.0005, "16": 0.001}, [1, 3])
+    rows = step_costs.bound_table(MEASURED, STEPS, [1, 3])
     by = {(r["concurrency"], r["k"]): r for r in rows}
     assert sorted(by) == [(1, 1), (1, 3), (16, 1), (16, 3)]
-    r = by[(1, 3)]  # slope 0.05 ms (median of 0.1, 0.05, 0); verify = 2 + 3 x 0.05; step = 2.15 + 3 x 0.5 = 3.65 ms
+    r = by[(1, 3)]  # slope 0.05 ms (median of 0.1, 0.05, 0); verify = 2 + 3 x 0.05; step measured: 3.65 ms
     assert r["verify_ms_per_token"] == pytest.approx(0.05) and r["verify_step_ms"] == pytest.approx(2.15)
     assert r["step_ms"] == pytest.approx(3.65) and r["step_cost_ratio"] == pytest.approx(1.825)
+    assert r["step_source"] == "measured" and r["draft_ms_per_token"] == pytest.approx(0.5)
     assert r["target_verify_ratio"] == pytest.approx(1.075)
     assert r["tau_break_even"] == pytest.approx(1.825) and r["tau_for_1_5x"] == pytest.approx(2.7375, abs=1e-3)
     assert r["speedup_1_5x_reachable"] and r["max_speedup_at_tau_k_plus_1"] == pytest.approx(4 / 1.825, abs=1e-3)
     r = by[(16, 3)]  # slope 2 ms: verify = 4 + 6 = 10 ms; step = 13 ms = 3.25 decode steps: 1.5x needs tau 4.875 > 4
     assert r["target_verify_ratio"] == pytest.approx(2.5) and r["step_cost_ratio"] == pytest.approx(3.25)
     assert r["break_even_reachable"] and not r["speedup_1_5x_reachable"]
+    r = by[(16, 1)]  # not measured: verify 4 + 2 = 6 ms plus one draft of 1 ms = 7 ms
+    assert r["step_source"] == "estimated" and r["step_ms"] == pytest.approx(7.0)
+    # a draft share below 0 (noise in the verify slope) counts as 0
+    low = step_costs.bound_table(MEASURED, {"3": {"1": 0.002, "16": 0.013}}, [1])
+    assert low[0]["draft_ms_per_token"] == 0 and low[0]["step_ms"] == pytest.approx(2.05)
+    with pytest.raises(ValueError, match="concurrency 16"):
+        step_costs.bound_table(MEASURED, {"3": {"1": 0.002}}, [1])
 
 
 def _benchmark(concurrency, tpot_base, runs):
@@ -48,7 +61,7 @@ def _benchmark(concurrency, tpot_base, runs):
 
 
 def test_compare_benchmark_against_the_table():
-    pre = {"table": step_costs.bound_table(MEASURED, {"1": 0.0005, "16": 0.001}, [1, 3])}
+    pre = {"table": step_costs.bound_table(MEASURED, STEPS, [1, 3])}
     # k = 3 at tau 2: measured step = 2 x 1.9 ms = 3.8 ms over a 2 ms baseline step = 1.9 (table: 1.825, +4.1 %)
     # k = 1 at tau 1.5: 1.5 x 2.4 = 3.6 ms = 1.8 steps (table: (2 + 0.05 + 0.5) / 2 = 1.275: +41 %)
     res = step_costs.compare_benchmark(_benchmark(1, 0.002, [(3, 2.0, 0.0019), (1, 1.5, 0.0024)]), pre)
@@ -64,33 +77,41 @@ def test_compare_benchmark_against_the_table():
     assert step_costs.compare_benchmark(_benchmark(12, 0.002, []), pre)["concurrency_used"] == 16
 
 
-def test_draft_stand_in_runs_for_grouped_and_full_attention():
-    small = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128)
-    wide = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, head_dim=64, intermediate_size=512)
-    t_small = preflight_bound.draft_step_seconds(small, 512, batch=2, context_tokens=64, device="cpu", dtype="float32")
-    t_wide = preflight_bound.draft_step_seconds(wide, 4096, batch=2, context_tokens=64, device="cpu", dtype="float32")
-    assert t_small > 0 and t_wide > 0  # seconds (no comparison: timings on a shared CPU are no test)
+def test_untrained_head_has_the_exported_format(tmp_path, tiny_target):
+    """The head the pre-flight bound serves: the exported head's config and tensors (shapes of
+    head_format.expected_shapes, in the engine's dtype), a draft vocab of the target's first ids, and
+    speculators loads it."""
+    from safetensors.torch import load_file
 
+    from eagle3build.head_format import expected_shapes
+    from eagle3build.head_model import write_untrained_head
+    from eagle3build.serve.export_head import check_loads_with_speculators
 
-def test_head_layer_shapes_of_the_kimi_shape():
-    """The draft layer speculators builds for a DeepSeek-V3 text model under the K2.5 wrapper (config only)."""
-    from pathlib import Path
-
-    kimi = Path(__file__).resolve().parents[1] / "examples/targets/kimi-k2.5-shape"
-    shapes = preflight_bound.head_layer_shapes(str(kimi))
-    assert shapes == {"hidden_size": 7168, "num_attention_heads": 64, "num_key_value_heads": 64, "head_dim": 64,
-                      "intermediate_size": 18432}
+    out = write_untrained_head(str(tiny_target), tmp_path / "head", aux_layer_ids=[1, 3, 4], draft_vocab_size=1024,
+                               head_variant="eagle3", served_name="org/tiny", dtype="bfloat16")
+    cfg = json.loads((out / "config.json").read_text())
+    state = load_file(str(out / "model.safetensors"))
+    assert {k: tuple(v.shape) for k, v in state.items()} == expected_shapes(cfg)
+    assert state["fc.weight"].shape == (64, 192) and state["lm_head.weight"].shape == (1024, 64)
+    assert state["fc.weight"].dtype.is_floating_point and str(state["fc.weight"].dtype) == "torch.bfloat16"
+    assert state["d2t"].eq(0).all() and int(state["t2d"].sum()) == 1024 and bool(state["t2d"][:1024].all())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "org/tiny" and cfg["dtype"] == "bfloat16"
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4] and cfg["norm_before_fc"] is False
+    check_loads_with_speculators(out, str(tiny_target), state)
+    with pytest.raises(ValueError, match="draft vocab size 50000"):
+        write_untrained_head(str(tiny_target), tmp_path / "h2", aux_layer_ids=[1], draft_vocab_size=50000,
+                             head_variant="eagle3", served_name="t", dtype="float32")
 
 
 def test_compat_md_renders_the_table():
-    pre = {"settings": {"dtype": "bfloat16", "tensor_parallel_size": 1, "context_tokens": 256},
+    pre = {"settings": {"dtype": "bfloat16", "tensor_parallel_size": 1, "context_tokens": 256, "measured_ks": [3]},
            "hardware": {"processor": "x86_64", "gpus": ["NVIDIA H200"]},
-           "draft_estimate": {"method": "pytorch eager stand-in"},
-           "table": step_costs.bound_table(MEASURED, {"1": 0.0005, "16": 0.001}, [3])}
+           "table": step_costs.bound_table(MEASURED, STEPS, [1, 3])}
     md = "\n".join(compat_render.render_preflight(pre))
-    assert "NVIDIA H200" in md
-    assert "| 1 | 3 | 2.000 | 1.07 | 0.500 | 1.82 | 1.82 | 2.74 |" in md
-    assert "| 16 | 3 | 4.000 | 2.50 | 1.000 | 3.25 | 3.25 | 4.88 (unreachable) |" in md
+    assert "NVIDIA H200" in md and "k = 3" in md
+    assert "| 1 | 3 | 2.000 | 1.07 | 0.500 | 1.82 measured | 1.82 | 2.74 |" in md
+    assert "| 16 | 1 | 4.000 | 1.50 | 1.000 | 1.75 estimated | 1.75 | 2.62 (unreachable) |" in md
+    assert "| 16 | 3 | 4.000 | 2.50 | 1.000 | 3.25 measured | 3.25 | 4.88 (unreachable) |" in md
 
 
 def test_plan_runs_it_only_where_serving_has_gpus(tmp_path):
@@ -105,3 +126,31 @@ def test_plan_runs_it_only_where_serving_has_gpus(tmp_path):
     always = write_config(tmp_path / "always.yaml", preflight={"enabled": "always"})
     assert planned_jobs(["results/default/preflight.json", "--configfile", str(always)], tmp_path) == {
         "materialize_target": 1, "compat_report": 1, "preflight_bound": 1}
+
+
+@pytest.mark.vllm
+def test_preflight_on_vllm_cpu(tmp_path, smol_target):
+    """Two engines on vLLM's CPU backend (the target alone; the target with the untrained head at the benchmark's
+    k): every shape measured, the context served from the prefix cache, the step measured where the benchmark
+    serves, the rest estimated, the file written (the figures themselves are the GPU records')."""
+    from eagle3build.artifacts import minimal_decisions
+
+    dec = tmp_path / "decisions.json"
+    dec.write_text(json.dumps(minimal_decisions("x", [2, 15, 27], 49152, head_variant="eagle3", hidden_size=576)))
+    out = tmp_path / "preflight.json"
+    res = preflight_bound.preflight(str(smol_target), str(out), max_k=2, benchmark_ks=[2, 7], concurrencies=[1, 2],
+                                    draft_vocab_size=2048, served_name="smol", decisions_json=str(dec), gpus=0,
+                                    context_tokens=200, repeats=1)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    assert res["settings"]["context_tokens"] == 256 and res["settings"]["measured_ks"] == [2]  # k 7 > max_k
+    for c in ("1", "2"):
+        m = res["measured"]["by_concurrency"][c]
+        assert sorted(m["forward_s"]) == ["1", "2", "3"] and m["decode_step_s"] > 0
+        assert all(v >= 256 for v in m["cached_tokens_min"].values())
+        s = res["speculative"]["2"]["by_concurrency"][c]
+        assert s["drafts"] > 0 and 1 <= s["tau"] <= 3 and s["step_s"] == pytest.approx(s["tpot_s"] * s["tau"])
+    rows = {(r["concurrency"], r["k"]): r for r in res["table"]}
+    assert sorted(rows) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert rows[(1, 2)]["step_source"] == "measured" and rows[(1, 1)]["step_source"] == "estimated"
+    assert rows[(2, 2)]["step_ms"] == pytest.approx(1e3 * res["speculative"]["2"]["by_concurrency"]["2"]["step_s"],
+                                                    abs=1e-3)

@@ -11,19 +11,21 @@ import json
 
 def render_preflight(p: dict) -> list[str]:
     """compat.md's section for a preflight.json (``preflight_bound.preflight``'s result): per concurrency
-    and k, the step's cost in baseline decode steps and the τ needed to break even and for 1.5x."""
+    and k, the step's cost in baseline decode steps (measured, or estimated from the measured k) and the τ
+    needed to break even and for 1.5x."""
     s = p["settings"]
     lines = ["", "## Pre-flight speed-up bound", "",
              f"Measured before training on {', '.join(p['hardware'].get('gpus') or [p['hardware']['processor']])} "
              f"({s['dtype']}, TP {s['tensor_parallel_size']}, {s['context_tokens']} cached context tokens per "
-             f"sequence; draft cost: {p['draft_estimate']['method']}). tau above k + 1 cannot be reached.", "",
+             f"sequence): the whole step with an untrained head at k = {', '.join(map(str, s['measured_ks']))}, "
+             "estimated at the other k from the draft's measured share. tau above k + 1 cannot be reached.", "",
              "| concurrency | k | decode step ms | target verify / decode | draft ms/token | step / decode "
              "| tau to break even | tau for 1.5x |", "|---|---|---|---|---|---|---|---|"]
     for r in p["table"]:
         mark = "" if r["speedup_1_5x_reachable"] else " (unreachable)"
         lines.append(f"| {r['concurrency']} | {r['k']} | {r['decode_step_ms']:.3f} | {r['target_verify_ratio']:.2f} | "
-                     f"{r['draft_ms_per_token']:.3f} | {r['step_cost_ratio']:.2f} | {r['tau_break_even']:.2f} | "
-                     f"{r['tau_for_1_5x']:.2f}{mark} |")
+                     f"{r['draft_ms_per_token']:.3f} | {r['step_cost_ratio']:.2f} {r['step_source']} | "
+                     f"{r['tau_break_even']:.2f} | {r['tau_for_1_5x']:.2f}{mark} |")
     return lines
 
 

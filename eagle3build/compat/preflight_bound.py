@@ -18,12 +18,17 @@ prefix caching on, the serving configuration otherwise):
   amount more than a decode step, so only its slope is used: the target's verification step at k is
   ``T_verify(k, c) = T_decode(c) + k x s(c)``, ``s`` the Theil-Sen slope of ``T_fwd(n, c)`` over n >= 2
   (``step_costs.verify_slope``).
-- ``T_draft(c)``: the draft head's cost per drafted token, *estimated*: one forward of a stand-in of the
-  head (speculators' layer config for this target: ``fc`` 3H -> H, one decoder layer over 2H inputs with
-  attention over the context, the norm, ``lm_head`` H -> draft vocab) for ``c`` tokens, timed in PyTorch
-  eager on the same device. vLLM's drafter runs it with CUDA graphs and adds its own bookkeeping.
+- ``T_step(k, c)``: the whole speculative step at k, *measured* for the k the benchmark serves
+  (``benchmark.ks``; the largest k where none is tabulated): the target served with an untrained head
+  of the trained head's shapes (``head_model.write_untrained_head``: random weights, this target's
+  layer config, the configured draft vocab) as its EAGLE-3 drafter, one engine per k, timed as the
+  benchmark times it (time per output token x τ, τ near 1 since random drafts are rejected). That is the
+  draft's cost with vLLM's own drafter, kernels and CUDA graphs, before any training. Its share over the
+  target's verification, per drafted token, ``T_draft(c)`` (the median over the measured k), estimates
+  the step at the k not measured: ``T_verify(k, c) + k x T_draft(c)``.
 
-Per k and c the table holds ``step_cost_ratio = (T_verify(k, c) + k T_draft(c)) / T_decode(c)``, the τ
+Per k and c the table holds ``step_cost_ratio = T_step(k, c) / T_decode(c)`` (``step_source``: measured or
+estimated), the τ
 to break even (= that ratio: S = 1) and the τ for 1.5x (1.5 x the ratio), each reachable only where
 it is at most k + 1 (τ cannot exceed k + 1), and ``target_verify_ratio = T_verify / T_decode`` (the
 target alone: the curve that rises for an MoE; ``step_costs.bound_table``). The benchmark compares its
@@ -34,25 +39,64 @@ from __future__ import annotations
 import logging
 import os
 import statistics
-import time
 from pathlib import Path
 
 from .. import vllm_engine
+from ..artifacts import Decisions
 from ..atomic import write_json
+from ..head_model import write_untrained_head
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
 from ..step_costs import bound_table
 
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
-OUTPUT_VERSION = 1
+OUTPUT_VERSION = 2  # 2: the whole step measured with an untrained head in vLLM (no eager stand-in)
 SCHEMA = "eagle3build.preflight/1"
 ENTRY = "eagle3build.compat.preflight_bound:measure_in_engine"
+SPEC_ENTRY = "eagle3build.compat.preflight_bound:measure_speculative_steps"
 DECODE_TOKENS = 32  # output tokens per request of the plain-decoding measurement
 
 
+class _Requests:
+    """Token-id requests of ordinary random tokens (ids 100..min(vocab, 30000), no special tokens), seeded,
+    and the engine calls both measurements share (inside an engine child)."""
+
+    def __init__(self, llm, vocab_size: int, seed: int):
+        import numpy as np
+
+        self.llm, self.rng = llm, np.random.default_rng(seed)
+        self.lo, self.hi = 100, max(101, min(int(vocab_size), 30000))
+
+    def fresh(self, n: int) -> list[int]:
+        return self.rng.integers(self.lo, self.hi, n).tolist()
+
+    def gen(self, prompts: list[list[int]], sp):
+        return self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+
+    def decode_steps(self, prefixes: list[list[int]], repeats: int) -> list[float]:
+        """Per request of ``repeats`` calls (one request per prefix, in flight together): its time per output
+        token (vLLM's timestamps: (last - first token) / (tokens - 1), seconds), after one warm-up call.
+
+        Raises:
+            RuntimeError: vLLM returned no per-request timestamps (stats logging off).
+        """
+        from vllm import SamplingParams
+
+        sp = SamplingParams(max_tokens=DECODE_TOKENS, temperature=0.0, ignore_eos=True)
+        self.gen([p + self.fresh(1) for p in prefixes], sp)  # warm-up of the decode path
+        out = []
+        for _ in range(repeats):
+            for o in self.gen([p + self.fresh(1) for p in prefixes], sp):
+                m, n_out = o.metrics, len(o.outputs[0].token_ids)
+                if m is None or not getattr(m, "last_token_ts", 0) or n_out < 2:
+                    raise RuntimeError("vLLM returned no per-request timestamps; the engine needs disable_log_stats=False")
+                out.append((m.last_token_ts - m.first_token_ts) / (n_out - 1))
+        return out
+
+
 def measure_in_engine(spec: dict) -> dict:
-    """Inside the engine's child process: start the target's engine and time decode and n-token steps.
+    """Inside the engine's child process: start the target's engine (no drafter) and time decode and n-token steps.
 
     ``spec``: ``engine`` (``vllm_engine.engine_args``), ``concurrencies`` (sequences in flight),
     ``verify_tokens`` (the ``n`` of the n-token steps, 1 first), ``context_tokens`` (cached context per
@@ -64,41 +108,23 @@ def measure_in_engine(spec: dict) -> dict:
         RuntimeError: the engine served no per-request timestamps (stats logging off), or a step's
             context was not served from the prefix cache (the timing would include the context).
     """
-    import numpy as np
     from vllm import SamplingParams
 
     llm, start_s = vllm_engine.start_engine(spec["engine"])
-    rng = np.random.default_rng(spec.get("seed", 0))
-    lo, hi = 100, max(101, min(int(spec["vocab_size"]), 30000))  # ordinary token ids, no special tokens
-
-    def fresh(n: int) -> list[int]:
-        return rng.integers(lo, hi, n).tolist()
-
-    def gen(prompts: list[list[int]], sp):
-        return llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-
+    req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
     one = SamplingParams(max_tokens=1, temperature=0.0)
     out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
     ctx = int(spec["context_tokens"])
     for c in spec["concurrencies"]:
-        prefixes = [fresh(ctx) for _ in range(c)]
-        gen(prefixes, one)  # fills the prefix cache (and warms up)
-        decode = []
-        dsp = SamplingParams(max_tokens=DECODE_TOKENS, temperature=0.0, ignore_eos=True)
-        gen([p + fresh(1) for p in prefixes], dsp)  # warm-up of the decode path
-        for _ in range(spec["repeats"]):
-            for o in gen([p + fresh(1) for p in prefixes], dsp):
-                m = o.metrics
-                n_out = len(o.outputs[0].token_ids)
-                if m is None or not getattr(m, "last_token_ts", 0) or n_out < 2:
-                    raise RuntimeError("vLLM returned no per-request timestamps; the engine needs disable_log_stats=False")
-                decode.append((m.last_token_ts - m.first_token_ts) / (n_out - 1))
+        prefixes = [req.fresh(ctx) for _ in range(c)]
+        req.gen(prefixes, one)  # fills the prefix cache (and warms up)
+        decode = req.decode_steps(prefixes, spec["repeats"])
         fwd, cached = {}, {}
         for n in spec["verify_tokens"]:
-            gen([p + fresh(n) for p in prefixes], one)  # warm-up of this shape
+            req.gen([p + req.fresh(n) for p in prefixes], one)  # warm-up of this shape
             vals, hits = [], []
             for _ in range(spec["repeats"]):
-                for o in gen([p + fresh(n) for p in prefixes], one):
+                for o in req.gen([p + req.fresh(n) for p in prefixes], one):
                     vals.append(o.metrics.first_token_ts - o.metrics.scheduled_ts)
                     hits.append(int(o.num_cached_tokens or 0))
             if min(hits) < ctx:
@@ -114,135 +140,122 @@ def measure_in_engine(spec: dict) -> dict:
     return out
 
 
-def draft_step_seconds(layer: dict, draft_vocab_size: int, batch: int, context_tokens: int, device: str,
-                       dtype: str, repeats: int = 20) -> float:
-    """Estimated seconds of one draft step for ``batch`` sequences: a stand-in of the EAGLE-3 head's forward
-    (EAGLE-3, arXiv 2503.01840 §3: ``fc`` 3H -> H, one decoder layer whose q/k/v read [embedding, fused] = 2H,
-    attention over ``context_tokens`` cached tokens, SiLU MLP, final norm, ``lm_head`` H -> ``draft_vocab_size``),
-    timed in PyTorch eager on ``device`` (median of ``repeats`` after a warm-up).
+def measure_speculative_steps(spec: dict) -> dict:
+    """Inside an engine child: serve the target with ``spec["speculative_config"]`` (an untrained EAGLE-3 head at
+    one k) and time its steps at each concurrency as the benchmark does: time per output token (median over the
+    requests of ``repeats`` calls of ``c`` requests with a ``context_tokens``-token context, ``DECODE_TOKENS``
+    tokens each) x τ (1 + accepted / drafts, vLLM's spec-decode counters over those calls; EAGLE-3 paper).
 
-    ``layer``: the head's layer shapes ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
-    ``head_dim``, ``intermediate_size`` (speculators' ``create_transformer_layer_config`` for the target).
-    ``dtype``: ``bfloat16`` | ``float16`` | ``float32``. Random weights: only the cost counts.
+    ``spec``: ``engine``, ``speculative_config``, ``concurrencies``, ``context_tokens``, ``repeats``,
+    ``vocab_size``, ``seed``. Returns ``{"engine_start_s", "by_concurrency": {c: {"step_s", "tpot_s", "tau",
+    "drafts"}}}`` (seconds).
+
+    Raises:
+        RuntimeError: no per-request timestamps, or the engine drafted nothing (the head did not run).
     """
-    import torch
-    import torch.nn.functional as F
+    from vllm import SamplingParams
 
-    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
-    h, nh, nkv = layer["hidden_size"], layer["num_attention_heads"], layer["num_key_value_heads"]
-    hd, inter = layer["head_dim"], layer["intermediate_size"]
-    g = torch.Generator(device).manual_seed(0)
+    from ..vllm_engine import counter_delta, spec_counters, spec_figures
 
-    def w(*shape):
-        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dt) * 0.02
-
-    fc, qkv, o = w(h, 3 * h), w((nh + 2 * nkv) * hd, 2 * h), w(h, nh * hd)
-    gate_up, down, head = w(2 * inter, h), w(h, inter), w(draft_vocab_size, h)
-    kc, vc = w(batch, nkv, context_tokens, hd), w(batch, nkv, context_tokens, hd)
-    aux, emb = w(batch, 3 * h), w(batch, h)
-
-    def step():
-        fused = F.rms_norm(aux @ fc.T, (h,))
-        x = torch.cat([F.rms_norm(emb, (h,)), fused], dim=-1)
-        q, k, v = (x @ qkv.T).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = q.view(batch, nh, 1, hd)
-        k = torch.cat([kc, k.view(batch, nkv, 1, hd)], dim=2)
-        v = torch.cat([vc, v.view(batch, nkv, 1, hd)], dim=2)
-        a = F.scaled_dot_product_attention(q, k, v, enable_gqa=nh != nkv).reshape(batch, nh * hd)
-        hs = fused + a @ o.T
-        gu = F.rms_norm(hs, (h,)) @ gate_up.T
-        hs = hs + (F.silu(gu[:, :inter]) * gu[:, inter:]) @ down.T
-        return (F.rms_norm(hs, (h,)) @ head.T).argmax(-1)
-
-    cuda = device.startswith("cuda")
-    with torch.inference_mode():
-        for _ in range(3):
-            step()
-        times = []
-        for _ in range(repeats):
-            if cuda:
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            step()
-            if cuda:
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def head_layer_shapes(target_dir: str, trust_remote_code: bool = False) -> dict:
-    """The draft layer's shapes for ``target_dir`` as the trainer builds it (speculators'
-    ``create_transformer_layer_config``, speculators/train/cli.py, one llama layer)."""
-    from speculators.train.cli import create_transformer_layer_config
-
-    tl = create_transformer_layer_config(verifier_name_or_path=target_dir, num_layers=1, draft_arch="llama",
-                                         hidden_act=None, sliding_window=1, full_attention_indices=[0],
-                                         mrope_full_head_hack=True, trust_remote_code=trust_remote_code)
-    head_dim = getattr(tl, "head_dim", None) or tl.hidden_size // tl.num_attention_heads
-    return {"hidden_size": tl.hidden_size, "num_attention_heads": tl.num_attention_heads,
-            "num_key_value_heads": tl.num_key_value_heads or tl.num_attention_heads, "head_dim": head_dim,
-            "intermediate_size": tl.intermediate_size}
+    llm, start_s = vllm_engine.start_engine(spec["engine"], speculative_config=spec["speculative_config"])
+    req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
+    out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
+    for c in spec["concurrencies"]:
+        prefixes = [req.fresh(int(spec["context_tokens"])) for _ in range(c)]
+        req.gen(prefixes, SamplingParams(max_tokens=1, temperature=0.0))
+        before = spec_counters(llm.get_metrics())
+        tpot = statistics.median(req.decode_steps(prefixes, spec["repeats"]))
+        figs = spec_figures(counter_delta(spec_counters(llm.get_metrics()), before))
+        if not figs["drafts"]:
+            raise RuntimeError(f"c={c}: the engine drafted nothing with {spec['speculative_config']}")
+        tau = figs["mean_acceptance_length"]  # over the warm-up call too: tau of random drafts is near 1 either way
+        out["by_concurrency"][str(c)] = {"step_s": tpot * tau, "tpot_s": tpot, "tau": round(tau, 4),
+                                         "drafts": figs["drafts"]}
+        log.info("k=%d c=%d: speculative step %.3f ms (time per token %.3f ms x tau %.3f)",
+                 spec["speculative_config"]["num_speculative_tokens"], c, 1e3 * tpot * tau, 1e3 * tpot, tau)
+    return out
 
 
 def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks: list[int], concurrencies: list[int],
-              draft_vocab_size: int, served_name: str, dtype: str = "auto", gpus: int = 0,
+              draft_vocab_size: int, served_name: str, decisions_json: str, dtype: str = "auto", gpus: int = 0,
               context_tokens: int = 256, repeats: int = 5, seed: int = 0, trust_remote_code: bool = False,
               pipeline_parallel_size: int = 1) -> dict:
-    """Measure the target's step costs (``measure_in_engine`` in a child process, one engine), estimate the
-    draft's (``draft_step_seconds``), and write ``out_json``: settings, measurements, the head's layer
-    shapes, ``bound_table``'s rows, versions and hardware.
+    """Measure the target's step costs alone (``measure_in_engine``, one engine) and with an untrained head
+    (``measure_speculative_steps``, one engine per measured k), each in a child process, and write ``out_json``:
+    settings, measurements, ``bound_table``'s rows, versions and hardware.
 
     ``max_k``: the largest k to tabulate (1..max_k, each verifying k+1 tokens), or ``"auto"``: the largest
-    of ``benchmark_ks`` (the config's ``preflight.max_k`` and ``benchmark.ks``); ``concurrencies``: sequences
-    in flight; ``gpus``: the job's GPUs (0 = vLLM's CPU backend); ``dtype``: the engine's (``auto`` = bf16 on GPUs, fp32 on CPU);
-    ``context_tokens``: cached context per sequence (rounded up to a multiple of 256, which every KV
-    block size of vLLM divides).
+    of ``benchmark_ks`` (the config's ``preflight.max_k`` and ``benchmark.ks``); the whole step is measured at
+    the ``benchmark_ks`` within 1..max_k (at max_k where none is); ``concurrencies``: sequences in flight;
+    ``draft_vocab_size``: the head's draft vocab (tokens); ``decisions_json``: the compat report's decisions
+    (the head's aux layer ids and variant); ``gpus``: the job's GPUs (0 = vLLM's CPU backend); ``dtype``: the
+    engine's (``auto`` = bf16 on GPUs, fp32 on CPU); ``context_tokens``: cached context per sequence (rounded
+    up to a multiple of 256, which every KV block size of vLLM divides).
 
     Raises:
         vllm_engine.VLLMUnavailable: no importable vLLM.
-        ValueError: ``max_k`` below 1 (or ``auto`` with no ``benchmark_ks``), an empty ``concurrencies``, or a
-            concurrency below 1.
-        RuntimeError: the engine failed, or a context missed the prefix cache (``measure_in_engine``).
+        artifacts.ArtifactError: ``decisions_json`` is missing or does not match its schema.
+        ValueError: ``max_k`` below 1 (or ``auto`` with no ``benchmark_ks``), an empty ``concurrencies``, a
+            concurrency below 1, or a draft vocab larger than the target's.
+        RuntimeError: an engine failed, a context missed the prefix cache (``measure_in_engine``), or the
+            head drafted nothing (``measure_speculative_steps``).
     """
     import tempfile
 
     ks = list(range(1, (max(benchmark_ks, default=0) if max_k == "auto" else int(max_k)) + 1))
-    if not ks or not concurrencies or min(ks) < 1 or min(concurrencies) < 1:
+    if not ks or not concurrencies or min(concurrencies) < 1:
         raise ValueError(f"preflight: ks {ks} and concurrencies {concurrencies} must be non-empty lists of integers >= 1")
+    measured_ks = sorted(set(benchmark_ks) & set(ks)) or [max(ks)]
     vllm_engine.require_vllm(needed_by=os.fspath(out_json))
+    decisions = Decisions.load(decisions_json)
     ctx = -(-context_tokens // 256) * 256
     k_max, c_max = max(ks), max(concurrencies)
-    eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=ctx + DECODE_TOKENS + 16,
-                                  seed=seed, dtype=dtype, trust_remote_code=trust_remote_code, max_num_seqs=c_max,
-                                  # every prefix stays cached while the other requests come and go
-                                  kv_cache_tokens=3 * c_max * (ctx + DECODE_TOKENS + 16),
-                                  graph_batch_tokens=c_max * (k_max + 1), enable_prefix_caching=True,
-                                  pipeline_parallel_size=pipeline_parallel_size)
+    max_len = ctx + DECODE_TOKENS + 16
+
+    def engine(k: int, verify_tokens: int) -> dict:
+        # every prefix stays cached while the other requests come and go; graphs up to one step's tokens
+        return vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_len + k,
+                                       seed=seed, dtype=dtype, trust_remote_code=trust_remote_code,
+                                       max_num_seqs=c_max, kv_cache_tokens=3 * c_max * (max_len + k),
+                                       draft_layers=1 if k else 0, graph_batch_tokens=c_max * verify_tokens,
+                                       enable_prefix_caching=True, pipeline_parallel_size=pipeline_parallel_size)
+
     from ..target import load_config, text_config
 
     vocab = text_config(load_config(target_dir, trust_remote_code)).vocab_size
-    spec = {"engine": eng, "concurrencies": sorted(set(concurrencies)), "verify_tokens": list(range(1, k_max + 2)),
-            "context_tokens": ctx, "repeats": repeats, "vocab_size": vocab, "seed": seed}
+    common = {"concurrencies": sorted(set(concurrencies)), "context_tokens": ctx, "repeats": repeats,
+              "vocab_size": vocab, "seed": seed}
+    eng = engine(0, k_max + 1)
     with tempfile.TemporaryDirectory(prefix="eagle3-preflight-") as tmp:
-        measured = vllm_engine.run_child(ENTRY, spec, tmp, "preflight")
-    layer = head_layer_shapes(target_dir, trust_remote_code)
-    device = "cuda" if gpus > 0 else "cpu"
-    draft = {str(c): draft_step_seconds(layer, draft_vocab_size, c, ctx, device, eng["dtype"])
-             for c in spec["concurrencies"]}
-    rows = bound_table(measured, draft, sorted(set(ks)))
+        measured = vllm_engine.run_child(ENTRY, {**common, "engine": eng, "verify_tokens": list(range(1, k_max + 2))},
+                                         tmp, "preflight")
+        head = write_untrained_head(target_dir, Path(tmp) / "untrained-head", aux_layer_ids=decisions.aux_layer_ids,
+                                    draft_vocab_size=draft_vocab_size, head_variant=decisions.head_variant,
+                                    served_name=served_name, dtype=eng["dtype"], trust_remote_code=trust_remote_code,
+                                    seed=seed)
+        speculative = {}
+        for k in measured_ks:
+            sc = {"method": "eagle3", "model": os.fspath(head), "num_speculative_tokens": k}
+            speculative[str(k)] = vllm_engine.run_child(
+                SPEC_ENTRY, {**common, "engine": engine(k, k + 1), "speculative_config": sc}, tmp, f"preflight_k{k}")
+    rows = bound_table(measured, {k: {c: v["step_s"] for c, v in r["by_concurrency"].items()}
+                                  for k, r in speculative.items()}, ks)
     for r in rows:
-        log.info("c=%d k=%d: step %.3f ms = %.2f decode steps (target alone %.2f): break-even tau %.2f, tau %.2f "
-                 "for 1.5x%s", r["concurrency"], r["k"], r["step_ms"], r["step_cost_ratio"], r["target_verify_ratio"],
-                 r["tau_break_even"], r["tau_for_1_5x"], "" if r["speedup_1_5x_reachable"] else " (unreachable)")
+        log.info("c=%d k=%d: step %.3f ms (%s) = %.2f decode steps (target alone %.2f): break-even tau %.2f, tau %.2f "
+                 "for 1.5x%s", r["concurrency"], r["k"], r["step_ms"], r["step_source"], r["step_cost_ratio"],
+                 r["target_verify_ratio"], r["tau_break_even"], r["tau_for_1_5x"],
+                 "" if r["speedup_1_5x_reachable"] else " (unreachable)")
     result = {"schema": SCHEMA, "versions": software_versions(BENCHMARK_PACKAGES, keep_missing=False),
               "hardware": hardware(),
-              "settings": {"ks": sorted(set(ks)), "concurrencies": spec["concurrencies"], "context_tokens": ctx,
-                           "repeats": repeats, "dtype": eng["dtype"], "draft_vocab_size": draft_vocab_size,
+              "settings": {"ks": ks, "measured_ks": measured_ks, "concurrencies": common["concurrencies"],
+                           "context_tokens": ctx, "repeats": repeats, "dtype": eng["dtype"],
+                           "draft_vocab_size": draft_vocab_size, "aux_layer_ids": decisions.aux_layer_ids,
+                           "head_variant": decisions.head_variant,
                            "tensor_parallel_size": eng["tensor_parallel_size"], "decode_tokens": DECODE_TOKENS},
               "target": {"dir_name": Path(target_dir).name, "served_name": served_name},
-              "head_layer": layer, "draft_estimate": {"method": "pytorch eager stand-in", "seconds_per_token": draft},
               "measured": {"engine_start_s": measured["engine_start_s"], "startup": measured.get("startup"),
                            "by_concurrency": measured["by_concurrency"]},
+              "speculative": speculative,
               "table": rows}
     write_json(out_json, result)
     return result

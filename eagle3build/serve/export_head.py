@@ -27,7 +27,7 @@ from .. import vllm_engine, vocab_map
 from ..artifacts import TrainMeta
 from ..atomic import atomic_path, write_json
 from ..head_format import expected_shapes
-from ..serving import head_config_fields
+from ..head_model import TORCH_DTYPES, served_config
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +121,9 @@ def export(
     if list(cfg["eagle_aux_hidden_state_layer_ids"]) != list(meta["aux_layer_ids"]):
         raise ExportError(f"{ck}: config aux ids {cfg['eagle_aux_hidden_state_layer_ids']} != trained {meta['aux_layer_ids']}")
 
-    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+    tdt = TORCH_DTYPES[dtype]
     out_state = {k: (v.to(tdt) if v.is_floating_point() else v).contiguous() for k, v in state.items() if k in shapes}
-    cfg["speculators_config"]["verifier"]["name_or_path"] = served_name
-    # vLLM sizes the draft's fc from this key (else assumes 3 aux states): eagle3build.serving.
-    cfg["transformer_layer_config"].update(head_config_fields(cfg["eagle_aux_hidden_state_layer_ids"]))
-    cfg.pop("auto_map", None)  # points at a config.py we do not ship; vLLM and speculators do not need it
-    cfg["dtype"] = dtype
+    cfg = served_config(cfg, served_name, dtype)
     bad = _absolute_paths(cfg)
     if bad:
         raise ExportError(f"head config would contain local paths: {bad}")

@@ -11,8 +11,8 @@ The loop is split as speculators' ``train/`` package splits its own: the config,
 step / epoch / evaluation in ``trainer`` (its ``trainer.py``), data in ``train_data``
 (its ``data.py``), the resumable state in ``train_state`` (its ``checkpointer.py``),
 process groups and launch in ``ddp`` (its ``distributed.py``), metrics and the plot in
-``train_metrics``. This stage module builds the model (:func:`build_model`), sets a run
-up from its inputs (:func:`setup`), loops (:func:`fit`) and writes the checkpoint
+``train_metrics``. The model comes from the shared ``head_model.build_model``; this stage module
+sets a run up from its inputs (:func:`setup`), loops (:func:`fit`) and writes the checkpoint
 (:func:`write_outputs`); :func:`train` and :func:`launch` are what the rule calls.
 
 On CPU the draft uses ``sdpa`` attention (flex attention has no CPU backward) and the
@@ -37,6 +37,7 @@ import torch
 from ..artifacts import Decisions
 from ..atomic import atomic_path
 from ..head_format import HEAD_VARIANTS
+from ..head_model import build_model
 from ..shards import ShardReader, check_meta
 from . import ddp, online_data
 from .train_data import Batches
@@ -50,60 +51,6 @@ log = logging.getLogger(__name__)
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 3  # 2: train.select (the best epoch's weights by simulated tau); 3: train_meta.capture_mode
 
-
-
-def build_model(
-    target_dir: str,
-    aux_layer_ids: list[int],
-    d2t: torch.Tensor,
-    t2d: torch.Tensor,
-    ttt_steps: int,
-    head_variant: str,
-    device: str,
-    trust_remote_code: bool = False,
-):
-    """speculators' ``Eagle3DraftModel`` for ``target_dir``: 1 llama decoder layer, full attention,
-    fp32 weights on ``device`` (``Eagle3DraftModel.from_training_args``, speculators/models/eagle3/core.py).
-
-    ``d2t`` (``[draft_vocab]`` int64, target id minus draft id) and ``t2d`` (``[target_vocab]``
-    bool) are build_vocab_map's map; ``aux_layer_ids`` the target layers whose hidden states
-    the ``fc`` fuses (EAGLE-3, arXiv:2503.01840 §3.2); ``head_variant`` a ``HEAD_VARIANTS`` key.
-    Embeddings and the verifier's lm_head/norm are loaded from the target (frozen);
-    the draft ``lm_head`` starts as the target's rows selected by ``t2d``.
-
-    Raises:
-        KeyError: ``head_variant`` is not a ``HEAD_VARIANTS`` key.
-    """
-    from speculators.models.eagle3 import Eagle3DraftModel
-    from speculators.train.cli import create_transformer_layer_config
-
-    tl = create_transformer_layer_config(
-        verifier_name_or_path=target_dir,
-        num_layers=1,
-        draft_arch="llama",
-        hidden_act=None,
-        sliding_window=1,  # unused: the one layer is full attention
-        full_attention_indices=[0],
-        mrope_full_head_hack=True,
-        trust_remote_code=trust_remote_code,
-    )
-    # No sliding window anywhere, so no engine can read one from the exported config.
-    tl.sliding_window = None
-    tl.use_sliding_window = False
-    flags = HEAD_VARIANTS[head_variant]
-    model = Eagle3DraftModel.from_training_args(
-        verifier_config=tl,
-        t2d=t2d,
-        d2t=d2t,
-        verifier_name_or_path=target_dir,
-        draft_vocab_size=int(d2t.shape[0]),
-        ttt_steps=ttt_steps,
-        target_layer_ids=list(aux_layer_ids),
-        draft_attn_impl="simple_flex_attention" if device.startswith("cuda") else "sdpa",
-        trust_remote_code=trust_remote_code,
-        **flags,
-    )
-    return model.to(device)
 
 
 def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,

@@ -1,0 +1,130 @@
+"""The EAGLE-3 draft head as a model: built for a target, and written as vLLM serves it (shared layer).
+
+``build_model`` makes speculators' ``Eagle3DraftModel`` for a target (``train_draft`` trains it; the
+pre-flight bound serves an untrained one to time a draft step); ``served_config`` turns the config
+speculators saves into the one the exported head ships (``export_head``; the pre-flight bound's
+untrained head), and ``write_untrained_head`` writes a head of random weights in that format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .head_format import HEAD_VARIANTS, expected_shapes
+from .serving import head_config_fields
+
+
+def build_model(
+    target_dir: str,
+    aux_layer_ids: list[int],
+    d2t: torch.Tensor,
+    t2d: torch.Tensor,
+    ttt_steps: int,
+    head_variant: str,
+    device: str,
+    trust_remote_code: bool = False,
+):
+    """speculators' ``Eagle3DraftModel`` for ``target_dir``: 1 llama decoder layer, full attention,
+    fp32 weights on ``device`` (``Eagle3DraftModel.from_training_args``, speculators/models/eagle3/core.py).
+
+    ``d2t`` (``[draft_vocab]`` int64, target id minus draft id) and ``t2d`` (``[target_vocab]``
+    bool) are build_vocab_map's map; ``aux_layer_ids`` the target layers whose hidden states
+    the ``fc`` fuses (EAGLE-3, arXiv:2503.01840 §3.2); ``head_variant`` a ``HEAD_VARIANTS`` key.
+    Embeddings and the verifier's lm_head/norm are loaded from the target (frozen);
+    the draft ``lm_head`` starts as the target's rows selected by ``t2d``.
+
+    Raises:
+        KeyError: ``head_variant`` is not a ``HEAD_VARIANTS`` key.
+    """
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.cli import create_transformer_layer_config
+
+    tl = create_transformer_layer_config(
+        verifier_name_or_path=target_dir,
+        num_layers=1,
+        draft_arch="llama",
+        hidden_act=None,
+        sliding_window=1,  # unused: the one layer is full attention
+        full_attention_indices=[0],
+        mrope_full_head_hack=True,
+        trust_remote_code=trust_remote_code,
+    )
+    # No sliding window anywhere, so no engine can read one from the exported config.
+    tl.sliding_window = None
+    tl.use_sliding_window = False
+    flags = HEAD_VARIANTS[head_variant]
+    model = Eagle3DraftModel.from_training_args(
+        verifier_config=tl,
+        t2d=t2d,
+        d2t=d2t,
+        verifier_name_or_path=target_dir,
+        draft_vocab_size=int(d2t.shape[0]),
+        ttt_steps=ttt_steps,
+        target_layer_ids=list(aux_layer_ids),
+        draft_attn_impl="simple_flex_attention" if device.startswith("cuda") else "sdpa",
+        trust_remote_code=trust_remote_code,
+        **flags,
+    )
+    return model.to(device)
+
+
+def served_config(cfg: dict, served_name: str, dtype: str) -> dict:
+    """The exported head's ``config.json`` from the one speculators' ``save_pretrained`` writes (``cfg``, not
+    changed): the verifier named by ``served_name`` (no local path), ``transformer_layer_config`` with the aux
+    layer count vLLM sizes the draft's ``fc`` from (``serving.head_config_fields``), no ``auto_map`` (it names a
+    ``config.py`` that is not shipped; vLLM and speculators do not need it) and ``dtype`` (``bfloat16`` |
+    ``float16`` | ``float32``)."""
+    out = json.loads(json.dumps(cfg))
+    out["speculators_config"]["verifier"]["name_or_path"] = served_name
+    out["transformer_layer_config"].update(head_config_fields(out["eagle_aux_hidden_state_layer_ids"]))
+    out.pop("auto_map", None)
+    out["dtype"] = dtype
+    return out
+
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def write_untrained_head(target_dir: str, out_dir: str | os.PathLike, *, aux_layer_ids: list[int],
+                         draft_vocab_size: int, head_variant: str, served_name: str, dtype: str,
+                         trust_remote_code: bool = False, seed: int = 0) -> Path:
+    """Write to the new folder ``out_dir`` an EAGLE-3 head for ``target_dir`` with random weights (``seed``), in
+    the exported format (``config.json`` from ``served_config`` and ``model.safetensors`` in ``dtype``): the
+    shapes and kernels of a trained head, so vLLM's step with it costs what a trained head's step costs, while
+    its drafts are almost never accepted (τ near 1). Its draft vocabulary is the target's first
+    ``draft_vocab_size`` token ids (``d2t`` zeros, ``t2d`` true below ``draft_vocab_size``). Returns ``out_dir``.
+
+    Raises:
+        ValueError: ``draft_vocab_size`` outside 1..the target's vocab size.
+        KeyError: ``head_variant`` is not a ``HEAD_VARIANTS`` key; ``dtype`` not in ``TORCH_DTYPES``.
+    """
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    from .target import load_config, text_config
+
+    vocab = text_config(load_config(target_dir, trust_remote_code)).vocab_size
+    if not 1 <= draft_vocab_size <= vocab:
+        raise ValueError(f"draft vocab size {draft_vocab_size} is not within 1..{vocab} (the vocab of {target_dir})")
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[:draft_vocab_size] = True
+    torch.manual_seed(seed)
+    model = build_model(target_dir, aux_layer_ids, torch.zeros(draft_vocab_size, dtype=torch.int64), t2d,
+                        ttt_steps=1, head_variant=head_variant, device="cpu", trust_remote_code=trust_remote_code)
+    out = Path(out_dir)
+    with tempfile.TemporaryDirectory(prefix="eagle3-head-") as tmp:
+        model.save_pretrained(tmp)
+        cfg = json.loads((Path(tmp) / "config.json").read_text())
+        state = load_file(str(Path(tmp) / "model.safetensors"))
+    cfg = served_config(cfg, served_name, dtype)
+    keep = expected_shapes(cfg)  # the exported tensors (no verifier copies)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    save_file({k: (v.to(TORCH_DTYPES[dtype]) if v.is_floating_point() else v).contiguous()
+               for k, v in state.items() if k in keep}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
