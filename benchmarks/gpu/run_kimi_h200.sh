@@ -2,8 +2,10 @@
 # Issue 37 on a lent H200 (vLLM 0.26.0 carried: docs/gpus.md), steps in order within one device call:
 #   bash benchmarks/gpu/run_kimi_h200.sh SECONDS STEP [STEP ...]
 # STEP: target (write the Kimi-K2.5-shaped checkpoint, examples/targets/kimi_k25_shaped.py --preset card --seed 0,
-# under resources/targets/kimi-k25-card) | dense (the bundled target's pre-flight bound, dense_preflight.yaml) |
-# build (kimi_k25_card.yaml end to end) | head (the same up to the exported head and the pre-flight table) | online (kimi_k25_card_online.yaml up to train_draft). The steps share
+# under resources/targets/kimi-k25-card) | dense (the bundled target end to end with its pre-flight bound,
+# dense_preflight.yaml) | build (kimi_k25_card.yaml end to end) | head (the same up to the exported head and the
+# pre-flight table) | online (kimi_k25_card_online.yaml up to train_draft) | bench16 (both builds' benchmark again
+# at 16 requests in flight: only the benchmark replans). The steps share
 # SECONDS; a step cut by the limit resumes in the next call (--rerun-incomplete). Logs and results go to $OUT.
 set -u
 limit=$1; shift
@@ -29,9 +31,20 @@ for step in "$@"; do
           resources/targets/kimi-k25-card --preset card > "$OUT/r/target.log" 2>&1
       echo "target rc $? after $(( $(date +%s) - start )) s: $(du -sh resources/targets/kimi-k25-card)" | tee -a "$OUT/steps.log"
       continue ;;
-    dense) cfg="$G/dense_preflight.yaml"; extra=(results/smollm2-preflight/preflight.json results/smollm2-preflight/compat.md) ;;
+    dense) cfg="$G/dense_preflight.yaml"; extra=() ;;
     build) cfg="$G/kimi_k25_card.yaml"; extra=() ;;
     online) cfg="$G/kimi_k25_card.yaml $G/kimi_k25_card_online.yaml"; extra=(--until train_draft) ;;
+    bench16)
+      for c in "$G/dense_preflight.yaml" "$G/kimi_k25_card.yaml"; do
+        r=$(grep -h '^run:' $c | awk '{print $2}')
+        left=$(( deadline - $(date +%s) )); [ "$left" -lt 20 ] && break
+        timeout -k 15 "$left" python3 -m snakemake --cores 16 --resources gpu=1 --rerun-incomplete results/$r/benchmark.json \
+          --configfile $c $G/bench16.yaml >> "$OUT/r/snakemake_bench16.log" 2>&1
+        echo "bench16 $r rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
+        cp results/$r/benchmark.json "$OUT/r/${r}_bench16_benchmark.json" 2>/dev/null
+        cp logs/$r/benchmark.log "$OUT/r/${r}_bench16_benchmark.log" 2>/dev/null
+      done
+      continue ;;
   head) cfg="$G/kimi_k25_card.yaml"; extra=(results/kimi-k25-card/preflight.json results/kimi-k25-card/compat.md
                                           results/kimi-k25-card/head/config.json) ;;
     *) echo "unknown step $step"; continue ;;
@@ -44,7 +57,7 @@ for step in "$@"; do
   cp -r logs/$run "$OUT/r/logs_$run" 2>/dev/null
   for f in results/$run/*.json results/$run/*.md results/$run/checkpoint/*.json results/$run/head/*.json \
            results/$run/data/data_report.json results/$run/vocab/vocab.json results/$run/benchmarks/*.tsv; do
-    [ -f "$f" ] && cp "$f" "$OUT/r/${run}_$(basename "$f")"
+    [ -f "$f" ] && cp "$f" "$OUT/r/${run}_${step}_$(basename "$f")"
   done
   du -sb results/$run/hidden_states/*/* > "$OUT/r/${run}_shard_bytes.txt" 2>/dev/null
   grep -h "Finished jobid\|Error in rule" "$OUT/r/snakemake_$step.log" | tail -20
