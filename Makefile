@@ -19,7 +19,7 @@ run: install
 	.venv/bin/snakemake --cores $(CORES)
 
 test: install
-	.venv/bin/pytest -q -rs tests
+	.venv/bin/pytest -q -rs --durations=30 tests
 
 check: install
 	.venv/bin/pytest -q -rs -m "$(CHECK_MARKERS)" tests
