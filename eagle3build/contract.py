@@ -1,7 +1,8 @@
 """One contract per stage: what reaches it, through which channel, and what it makes.
 
 ``CONTRACTS[stage]`` (a ``Contract``) declares, for each workflow stage (one Snakemake rule,
-``rules/<stage>.smk``, ``scripts/<stage>.py``, ``eagle3build/<group>/<stage>.py``):
+``rules/<stage>.smk`` and ``eagle3build/<group>/<stage>.py``; every rule's ``script:`` is the one adapter,
+scripts/run_stage.py):
 
 - ``inputs``: the names of the rule's input files (rules/common.smk checks each rule against them
   when the workflow is parsed);
@@ -15,7 +16,9 @@
   (a key may be a file key and runtime too: capture reads its split's size for a disk check);
 - ``decisions``: the fields of decisions.json it reads (dotted), ``packages``: the libraries whose
   versions shape its output (the rule's ``version`` param, with ``staleness.output_version``),
-  ``entry``: the library function its adapter calls (``module:function``).
+  ``entry``: the library function the adapter calls (``module:function``, ``run_job`` of the stage's module;
+  ``eagle3build.job.run_stage`` hands it the job's ``inputs``, ``outputs``, ``settings``, ``params``,
+  ``wildcards`` and ``resources``, those it names, by name).
 
 Config keys are dotted paths into config.yaml (``data.regenerate.max_tokens``). A key may be a
 trigger of one stage and read at run time by another (``data.max_seq_len``: prepare_data tokenizes
@@ -111,7 +114,7 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
     # upgrade, and re-materialising would rewrite 270 MB of weights and replan every stage (no packages).
     Contract("materialize_target", "compat", inputs=(), params=(_OWN_VERSION,), runtime=_JOB + _res("materialize"),
              files=("target.bundled",), decisions=(), packages=(),
-             entry="eagle3build.compat.materialize_target:materialize"),
+             entry="eagle3build.compat.materialize_target:run_job"),
     # The disk and GPU plans are read at run time: growing the sample count or changing resources must
     # not re-run the report and, behind it, every shard. Backend and aux ids reach the params as
     # requested (staleness.canonical_request); the job reads them as configured.
@@ -126,7 +129,7 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
                                            "resources.train.gpu", "train.total_seq_len", "train.ttt_steps",
                                            "vocab.draft_vocab_size", "capture.tokens_per_batch"),
              files=_TARGET, decisions=(), packages=(),
-             entry="eagle3build.compat.compat_report:run_for_settings"),
+             entry="eagle3build.compat.compat_report:run_job"),
     Contract("regenerate_responses", "data", inputs=("target", "sources"),
              params=(_VERSION, Param("sources", ("data.sources",)), Param("max_seq_len", ("data.max_seq_len",)),
                      Param("max_tokens", ("data.regenerate.max_tokens",)),
@@ -141,7 +144,7 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
                      Param("trust_remote_code", ("target.trust_remote_code",))),
              runtime=_JOB + _res("serve", gpu=True) + ("data.regenerate.checkpoint_every",),
              files=_TARGET + ("data.regenerate.enabled",), decisions=(),
-             packages=("vllm",), entry="eagle3build.data.regenerate_responses:regenerate"),
+             packages=("vllm",), entry="eagle3build.data.regenerate_responses:run_job"),
     # Tokenization and chat-template rendering; the regenerated answers replace data.sources when enabled.
     Contract("prepare_data", "data", inputs=("target", "regenerated", "sources"),
              params=(_VERSION, Param("sources", ("data.sources", "data.regenerate.enabled"), "prepare_sources"))
@@ -152,7 +155,7 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              # the benchmark's prompts are checked against the chat template here, before any GPU stage; a
              # change of the sets or the prompts file is the benchmark's (it checks again), not a reason to re-run
              runtime=_JOB + _res("cpu") + ("benchmark.sets", "data.prompts_file"), files=_TARGET, decisions=(),
-             packages=("tokenizers", "transformers"), entry="eagle3build.data.prepare_data:prepare"),
+             packages=("tokenizers", "transformers"), entry="eagle3build.data.prepare_data:run_job"),
     # One shard per job: the sample counts and the shard size decide which shards exist (a shard's
     # range is its param), and the job reads the split's size for its disk check. Aux ids and backend
     # are triggers only: the job reads what the report decided.
@@ -164,13 +167,13 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              files=_TARGET + _SHARDS + ("capture.mode",),
              decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
              packages=("torch", "transformers"),
-             entry="eagle3build.capture.capture_hidden_states:capture_for_decisions"),
+             entry="eagle3build.capture.capture_hidden_states:run_job"),
     # speculators' build_vocab_mappings_from_distribution runs on torch
     Contract("build_vocab_map", "train", inputs=("tokens", "decisions"),
              params=(Param("draft_vocab_size", ("vocab.draft_vocab_size",)),
                      Param("num_samples", ("capture.num_train_samples",)), _VERSION),
              runtime=_JOB + _res("cpu"), files=("run",), decisions=("target.vocab_size",),
-             packages=("speculators", "torch"), entry="eagle3build.train.build_vocab_map:build_for_decisions"),
+             packages=("speculators", "torch"), entry="eagle3build.train.build_vocab_map:run_job"),
     # Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage
     # and compute dtypes, batching) becomes its trigger; offline the shards carry them. Its inputs are
     # then the tokens files instead of the shards (rules/common.smk, states_input).
@@ -186,12 +189,12 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              params=(Param("served_name", ("target.served_name",)), Param("dtype", ("export.dtype",)), _VERSION)
              + _values("export.vllm_load_check", "target.pipeline_parallel_size", "target.trust_remote_code"),
              runtime=_JOB + _res("serve", gpu=True), files=_TARGET, decisions=(), packages=("speculators", "torch"),
-             entry="eagle3build.serve.export_head:export"),
+             entry="eagle3build.serve.export_head:run_job"),
     Contract("benchmark", "serve", inputs=("head", "head_config", "prompts", "custom_prompts", "preflight", "target"),
              params=(_VERSION, Param("benchmark", _BENCHMARK, "section"))
              + _values("target.served_name", "target.pipeline_parallel_size", "target.trust_remote_code"),
              runtime=_JOB + _res("serve", gpu=True), files=_TARGET + ("data.prompts_file", "preflight.enabled"),
-             decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:benchmark"),
+             decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:run_job"),
     # Before training: one vLLM engine on the serve job's GPUs times the target's verification steps; the
     # decisions.json input only orders it after the report that gates every GPU job.
     Contract("preflight_bound", "compat", inputs=("target", "decisions"),
@@ -201,10 +204,30 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
                        "target.trust_remote_code"),
              runtime=_JOB + _res("serve", gpu=True) + ("target.served_name",),
              files=_TARGET + ("preflight.enabled",), decisions=(), packages=("vllm", "torch"),
-             entry="eagle3build.compat.preflight_bound:preflight"),
-    Contract("plot_benchmark", "serve", inputs=(), params=(_VERSION,), runtime=_JOB, files=("run",), decisions=(),
-             packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:plot"),
+             entry="eagle3build.compat.preflight_bound:run_job"),
+    Contract("plot_benchmark", "serve", inputs=("benchmark",), params=(_VERSION,), runtime=_JOB, files=("run",), decisions=(),
+             packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:run_job"),
 )}
+
+
+# Rules that are no stage (no contract) but run an entry of a stage's module through the one adapter.
+RULE_ENTRIES: dict[str, str] = {
+    # compat.md from compat.json, its own job: a missing compat.md comes back without re-running the report
+    "compat_markdown": "eagle3build.compat.compat_report:markdown_job",
+}
+
+
+def entry(rule: str) -> str:
+    """The entry (``module:function``) the adapter calls for ``rule``: its stage contract's, or ``RULE_ENTRIES``'.
+
+    Raises:
+        KeyError: ``rule`` is neither a stage nor in ``RULE_ENTRIES``.
+    """
+    if rule in CONTRACTS:
+        return CONTRACTS[rule].entry
+    if rule in RULE_ENTRIES:
+        return RULE_ENTRIES[rule]
+    raise KeyError(f"rule {rule!r} has no entry (eagle3build.contract.CONTRACTS, RULE_ENTRIES)")
 
 
 def num_aux_layers(aux_layer_ids: str | list[int]) -> int:

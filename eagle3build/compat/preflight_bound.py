@@ -35,10 +35,13 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from .. import vllm_engine
 from ..atomic import write_json
+from ..contract import StageSettings
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
 from ..step_costs import bound_table
 
@@ -246,3 +249,18 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
               "table": rows}
     write_json(out_json, result)
     return result
+
+
+def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
+            params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
+    """Rule ``preflight_bound``'s entry (``eagle3build.job.run_stage``): ``preflight`` on the job's
+    ``resources["gpu"]`` GPUs into ``outputs["json"]``, with the job's settings. ``inputs``: ``target`` (its files)
+    and ``decisions`` (the compat report's decisions.json). Returns what ``preflight`` returns and raises what
+    it raises."""
+    s = settings
+    return preflight(
+        target_dir=params["target_dir"], out_json=outputs["json"], max_k=s["preflight.max_k"],
+        benchmark_ks=s["benchmark.ks"], concurrencies=s["preflight.concurrencies"],
+        draft_vocab_size=s["vocab.draft_vocab_size"], served_name=s["target.served_name"], dtype=s["benchmark.dtype"],
+        gpus=resources.get("gpu", 0), context_tokens=s["preflight.context_tokens"], repeats=s["preflight.repeats"],
+        trust_remote_code=s["target.trust_remote_code"], pipeline_parallel_size=s["target.pipeline_parallel_size"])

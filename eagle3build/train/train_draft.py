@@ -30,12 +30,15 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from ..artifacts import Decisions
 from ..atomic import atomic_path
+from ..contract import StageSettings
 from ..head_format import HEAD_VARIANTS
 from ..shards import ShardReader, check_meta
 from . import ddp, online_data
@@ -359,20 +362,27 @@ def online_inputs(capture: dict, capture_online: dict, compute_dtype: str, train
             "tokens_per_batch": capture["tokens_per_batch"], **capture_online}
 
 
-def run_job(gpus: int, capture: dict, capture_online: dict, compute_dtype: str, **kwargs) -> None:
-    """Rule ``train_draft``'s entry: ``train(**kwargs)`` on the CPU (``gpus`` 0), on one GPU, or with
-    ``launch`` on ``gpus`` > 1 GPUs (one DDP process per GPU of the job's slots). ``kwargs``: ``train``'s
-    arguments without ``device`` and ``online``; ``train_shards`` and ``eval_shards`` are the rule's
-    ``train`` and ``eval`` inputs. ``capture``, ``capture_online`` and ``compute_dtype`` are the job's
-    ``capture.*``, ``capture.online.*`` and ``target.dtype`` settings: with ``capture.mode`` online
-    (``online_inputs``) the inputs are the tokens files and the run is always one process: the target
-    over the ``gpus`` GPUs, the draft on the first.
+def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[str, Any],
+            resources: Mapping[str, Any]) -> None:
+    """Rule ``train_draft``'s entry (``eagle3build.job.run_stage``): ``train`` on the CPU (``resources["gpu"]``
+    0), on one GPU, or with ``launch`` on more (one DDP process per GPU of the job's slots), into
+    ``params["out_dir"]``. ``inputs``: ``train`` and ``eval`` (the shards, or online the tokens file of each
+    split), ``d2t``, ``t2d``, ``vocab``, ``decisions`` (target fingerprint, aux ids, head variant, capture
+    backend). The job's ``capture.*``, ``capture.online.*`` and ``target.dtype`` settings: with ``capture.mode``
+    online (``online_inputs``) the run is always one process: the target over the job's GPUs, the draft on the
+    first.
 
     Raises:
         RuntimeError: a rank of a distributed run failed.
     """
+    gpus = resources.get("gpu", 0)
+    kwargs = dict(target_dir=params["target_dir"], train_shards=list(inputs["train"]),
+                  eval_shards=list(inputs["eval"]), d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
+                  vocab_json=inputs["vocab"], decisions_json=inputs["decisions"], out_dir=params["out_dir"],
+                  trust_remote_code=settings["target.trust_remote_code"], **settings["train"])
     kwargs["device"] = "cuda" if gpus > 0 else "cpu"
-    online = online_inputs(capture, capture_online, compute_dtype, kwargs["train_shards"], kwargs["eval_shards"])
+    online = online_inputs(settings["capture"], settings["capture.online"], settings["target.dtype"],
+                           kwargs["train_shards"], kwargs["eval_shards"])
     if online:
         # the target over the job's GPUs, the draft on the first: one process (train's docstring)
         kwargs.update(train_shards=[], eval_shards=[], online={**online, "gpus": gpus})
