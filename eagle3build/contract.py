@@ -7,7 +7,8 @@ scripts/run_stage.py):
 - ``inputs``: the names of the rule's input files (rules/common.smk checks each rule against them
   when the workflow is parsed);
 - ``params``: the rule's rerun-trigger params (``Param``: a name, the config keys its value is made
-  from, how), which rules/common.smk builds (``stage_params``); their keys are the stage's
+  from, the function that makes it), which rules/common.smk builds (``stage_params``, ``param_value``);
+  their keys are the stage's
   ``triggers``: a change to one plans the stage again;
 - ``runtime``: the config keys the job reads at run time only (threads, memory, GPUs, the offline
   switch, sizes for a disk check): never params, so a change plans nothing;
@@ -35,7 +36,7 @@ imports this module (no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 # Read by every job: eagle3build.job.setup sets the Hugging Face offline mode from it.
 _JOB = ("target.offline",)
@@ -59,34 +60,106 @@ _BENCHMARK = tuple(f"benchmark.{k}" for k in (
 
 
 @dataclass(frozen=True)
-class Param:
-    """One rerun-trigger param of a rule: ``name``, made from config ``keys`` by ``how``.
+class PlanContext:
+    """What a param may read besides the config, at planning time (rules/common.smk): the ``stage``, the
+    ``decisions`` recorded by an earlier compat report (decisions.json as a dict, None before the first),
+    ``job_env`` (the jobs' conda environment's digest, ``staleness.env_digest``, or None: the planner's
+    environment) and ``regenerated`` (the path of regenerate_responses' answers, results/<run>/data/)."""
 
-    ``how``: ``"value"`` (the one key's value, mappings with sorted keys), ``"section"`` (the keys
-    as one mapping by their last part, sorted), ``"requested"`` (a setting that may be ``auto``, as
-    requested: ``staleness.canonical_request``), ``"version"`` (the stage's ``OUTPUT_VERSION`` and,
-    unless its key ``staleness.track_package_versions`` is false, its packages' versions; no key for a
-    stage without packages), or a derivation of this module
-    (``num_aux_layers``, ``require_eval``) or of rules/common.smk (``prepare_sources``).
+    stage: str
+    decisions: Mapping[str, Any] | None = None
+    job_env: Mapping[str, Any] | None = None
+    regenerated: str = ""
+
+
+def value(values: Mapping[str, Any], ctx: PlanContext) -> Any:
+    """The one key's value (mappings with sorted keys: ``config_value``)."""
+    (v,) = values.values()
+    return v
+
+
+def section(values: Mapping[str, Any], ctx: PlanContext) -> dict:
+    """The keys as one mapping by their last part, sorted (``canonical``)."""
+    return canonical({k.rsplit(".", 1)[-1]: v for k, v in values.items()})
+
+
+def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
+    """A setting that may be ``auto`` (``capture.backend``, ``capture.aux_layer_ids``), as requested: writing
+    down what ``auto`` chose is no change (``staleness.canonical_request`` against ``ctx.decisions``)."""
+    from .staleness import canonical_request
+
+    ((key, v),) = values.items()
+    return canonical_request(v, ctx.decisions, key.rsplit(".", 1)[-1])
+
+
+def version(values: Mapping[str, Any], ctx: PlanContext) -> dict:
+    """The stage's ``OUTPUT_VERSION`` and, unless ``staleness.track_package_versions`` (its one key; none for
+    a stage without packages) is false, its packages' versions or the jobs' environment
+    (``staleness.stage_version``)."""
+    from .staleness import stage_version
+
+    return stage_version(ctx.stage, values.get("staleness.track_package_versions", True), ctx.job_env)
+
+
+def prepare_sources(values: Mapping[str, Any], ctx: PlanContext) -> list[dict]:
+    """prepare_data's sources: ``data.sources``, or the regenerated answers (``ctx.regenerated``) where
+    ``data.regenerate.enabled``."""
+    if values["data.regenerate.enabled"]:
+        return [{"max_samples": None, "path": ctx.regenerated}]
+    return values["data.sources"]
+
+
+def num_aux_layers_param(values: Mapping[str, Any], ctx: PlanContext) -> int:
+    """``num_aux_layers`` of ``capture.aux_layer_ids``."""
+    return num_aux_layers(values["capture.aux_layer_ids"])
+
+
+def require_eval_param(values: Mapping[str, Any], ctx: PlanContext) -> bool:
+    """``require_eval`` of ``capture.num_eval_samples``."""
+    return require_eval(values["capture.num_eval_samples"])
+
+
+def online_param(values: Mapping[str, Any], ctx: PlanContext) -> dict | None:
+    """``online_capture`` of the ``_ONLINE_KEYS``."""
+    return online_capture(*(values[k] for k in _ONLINE_KEYS))
+
+
+@dataclass(frozen=True)
+class Param:
+    """One rerun-trigger param of a rule: ``name``, made from config ``keys`` by ``make``.
+
+    ``make(values, ctx)``: ``values`` maps each of ``keys`` to its config value (``config_value``), ``ctx``
+    is the ``PlanContext``; returns the param's value (``value``, ``section``, ``requested``, ``version``,
+    ``prepare_sources``, ``num_aux_layers_param``, ``require_eval_param``, ``online_param``). Snakemake
+    compares the values: a change plans the stage again.
     """
 
     name: str
     keys: tuple[str, ...]
-    how: str = "value"
+    make: Callable[[Mapping[str, Any], PlanContext], Any] = value
+
+
+def param_value(param: Param, config: Mapping[str, Any], ctx: PlanContext) -> Any:
+    """``param``'s value for ``config`` (the workflow's config dict) in ``ctx``.
+
+    Raises:
+        KeyError: ``config`` lacks one of the param's keys.
+    """
+    return param.make({k: config_value(config, k) for k in param.keys}, ctx)
 
 
 def _values(*keys: str) -> tuple[Param, ...]:
-    """A ``"value"`` param per key, named by the key's last part."""
+    """A ``value`` param per key, named by the key's last part."""
     return tuple(Param(k.rsplit(".", 1)[-1], (k,)) for k in keys)
 
 
-_VERSION = Param("version", ("staleness.track_package_versions",), "version")
-_OWN_VERSION = Param("version", (), "version")  # a stage without packages: OUTPUT_VERSION alone
-_REQUESTED_AUX = Param("aux_layer_ids", ("capture.aux_layer_ids",), "requested")
-_REQUESTED_BACKEND = Param("backend", ("capture.backend",), "requested")
+_VERSION = Param("version", ("staleness.track_package_versions",), version)
+_OWN_VERSION = Param("version", (), version)  # a stage without packages: OUTPUT_VERSION alone
+_REQUESTED_AUX = Param("aux_layer_ids", ("capture.aux_layer_ids",), requested)
+_REQUESTED_BACKEND = Param("backend", ("capture.backend",), requested)
 _ONLINE_KEYS = ("capture.mode", "capture.num_train_samples", "capture.num_eval_samples", "capture.storage_dtype",
                 "capture.tokens_per_batch", "target.dtype")
-_ONLINE = Param("online", _ONLINE_KEYS, "online_capture")
+_ONLINE = Param("online", _ONLINE_KEYS, online_param)
 
 
 @dataclass(frozen=True)
@@ -147,11 +220,11 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              packages=("vllm",), entry="eagle3build.data.regenerate_responses:run_job"),
     # Tokenization and chat-template rendering; the regenerated answers replace data.sources when enabled.
     Contract("prepare_data", "data", inputs=("target", "regenerated", "sources"),
-             params=(_VERSION, Param("sources", ("data.sources", "data.regenerate.enabled"), "prepare_sources"))
+             params=(_VERSION, Param("sources", ("data.sources", "data.regenerate.enabled"), prepare_sources))
              + _values("data.max_seq_len", "data.min_supervised_tokens", "data.eval_fraction", "data.seed")
-             + (Param("num_aux_layers", ("capture.aux_layer_ids",), "num_aux_layers"),)
+             + (Param("num_aux_layers", ("capture.aux_layer_ids",), num_aux_layers_param),)
              + _values("target.trust_remote_code", "data.reasoning")
-             + (Param("require_eval", ("capture.num_eval_samples",), "require_eval"),),
+             + (Param("require_eval", ("capture.num_eval_samples",), require_eval_param),),
              # the benchmark's prompts are checked against the chat template here, before any GPU stage; a
              # change of the sets or the prompts file is the benchmark's (it checks again), not a reason to re-run
              runtime=_JOB + _res("cpu") + ("benchmark.sets", "data.prompts_file"), files=_TARGET, decisions=(),
@@ -178,7 +251,7 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
     # and compute dtypes, batching) becomes its trigger; offline the shards carry them. Its inputs are
     # then the tokens files instead of the shards (rules/common.smk, states_input).
     Contract("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
-             params=(Param("train", _TRAIN, "section"), _REQUESTED_AUX, _VERSION,
+             params=(Param("train", _TRAIN, section), _REQUESTED_AUX, _VERSION,
                      Param("trust_remote_code", ("target.trust_remote_code",)), _ONLINE),
              runtime=_JOB + _res("train", gpu=True) + ("capture.online.queue_depth",
                                                        "capture.online.target_memory_fraction"),
@@ -191,7 +264,7 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
              runtime=_JOB + _res("serve", gpu=True), files=_TARGET, decisions=(), packages=("speculators", "torch"),
              entry="eagle3build.serve.export_head:run_job"),
     Contract("benchmark", "serve", inputs=("head", "head_config", "prompts", "custom_prompts", "preflight", "target"),
-             params=(_VERSION, Param("benchmark", _BENCHMARK, "section"))
+             params=(_VERSION, Param("benchmark", _BENCHMARK, section))
              + _values("target.served_name", "target.pipeline_parallel_size", "target.trust_remote_code"),
              runtime=_JOB + _res("serve", gpu=True), files=_TARGET + ("data.prompts_file", "preflight.enabled"),
              decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:run_job"),
@@ -199,7 +272,7 @@ CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
     # decisions.json input only orders it after the report that gates every GPU job.
     Contract("preflight_bound", "compat", inputs=("target", "decisions"),
              params=(_VERSION, Param("preflight", ("preflight.max_k", "preflight.concurrencies",
-                                                   "preflight.context_tokens", "preflight.repeats"), "section"))
+                                                   "preflight.context_tokens", "preflight.repeats"), section))
              + _values("benchmark.ks", "benchmark.dtype", "vocab.draft_vocab_size", "target.pipeline_parallel_size",
                        "target.trust_remote_code"),
              runtime=_JOB + _res("serve", gpu=True) + ("target.served_name",),

@@ -141,3 +141,34 @@ def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert p.returncode != 0
     assert "the inputs of build_vocab_map, ['decisions', 'tokens'], are not its contract's ['tokens']" in p.stderr
+
+
+def test_each_param_is_made_by_its_function():
+    """A param is its keys' values passed to its ``make`` (no dispatch on strings): a value, a section, a
+    setting as requested, the regenerated answers in place of the sources, the online states' settings."""
+    from eagle3build import contract as c
+
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["data"]["regenerate"]["enabled"] = True
+    ctx = c.PlanContext("prepare_data", decisions=None, regenerated="results/x/data/regenerated.jsonl")
+    params = {p.name: c.param_value(p, cfg, ctx) for p in CONTRACTS["prepare_data"].params}
+    assert params["sources"] == [{"max_samples": None, "path": "results/x/data/regenerated.jsonl"}]
+    assert params["max_seq_len"] == cfg["data"]["max_seq_len"] and params["num_aux_layers"] == 3
+    assert params["require_eval"] is (cfg["capture"]["num_eval_samples"] > 0)
+    train = next(p for p in CONTRACTS["train_draft"].params if p.name == "train")
+    assert c.param_value(train, cfg, ctx) == {k: cfg["train"][k] for k in sorted(cfg["train"])}
+    cfg["capture"].update(mode="online", num_train_samples=7)
+    online = next(p for p in CONTRACTS["train_draft"].params if p.name == "online")
+    assert c.param_value(online, cfg, ctx) == {
+        "num_train_samples": 7, "num_eval_samples": cfg["capture"]["num_eval_samples"],
+        "storage_dtype": cfg["capture"]["storage_dtype"], "tokens_per_batch": cfg["capture"]["tokens_per_batch"],
+        "compute_dtype": cfg["target"]["dtype"]}
+    # aux ids as requested: pinning what an earlier report chose under `auto` reads as `auto`
+    recorded = {"capture": {"aux_layer_ids": [1, 2, 3], "aux_layer_ids_requested": "auto"}}
+    aux = Param("aux_layer_ids", ("capture.aux_layer_ids",), c.requested)
+    cfg["capture"]["aux_layer_ids"] = [1, 2, 3]
+    assert c.param_value(aux, cfg, c.PlanContext("capture_hidden_states", decisions=recorded)) == "auto"
+    cfg["capture"]["aux_layer_ids"] = [1, 2, 4]
+    assert c.param_value(aux, cfg, c.PlanContext("capture_hidden_states", decisions=recorded)) == [1, 2, 4]
+    assert c.param_value(Param("k", ("benchmark.ks", "preflight.max_k"), c.section), cfg, ctx) == {
+        "ks": cfg["benchmark"]["ks"], "max_k": cfg["preflight"]["max_k"]}

@@ -412,7 +412,7 @@ def run_job(outputs: Mapping[str, str], settings: StageSettings, params: Mapping
     The disk and GPU plans read runtime-only keys (sample counts, ``data.max_seq_len``, resources):
     growing the sample count or changing resources must not re-run this report and, behind it, every
     shard (each capture job re-checks the disk for its own shard). Backend and aux ids are the
-    config's own values (the rule's params carry them canonicalised: rules/common.smk, REQUESTED).
+    config's own values (the rule's params carry them as requested: eagle3build.contract.requested).
     The planned tokens are an upper bound: (train + eval samples) x ``data.max_seq_len``.
 
     Raises:
