@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -78,17 +79,41 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class OnlineSettings:
+    """``capture.mode: online``: how the target computes the states beside the trainer. ``train_tokens``,
+    ``eval_tokens``: the tokens files (prepare_data's); ``num_train``, ``num_eval``: their first samples used
+    (``capture.num_*_samples``); ``storage_dtype``: the rounding of the states, as a shard would store them
+    (``capture.storage_dtype``); ``compute_dtype``: the target's (``target.dtype``); ``tokens_per_batch``:
+    tokens per target forward (``capture.tokens_per_batch``); ``gpus``: the job's, the target's (0: CPU);
+    ``queue_depth``: steps computed ahead (``capture.online.queue_depth``); ``target_memory_fraction``: the
+    target's share of each GPU (``capture.online.target_memory_fraction``; None: the backend's default)."""
+
+    train_tokens: str
+    eval_tokens: str
+    num_train: int
+    num_eval: int
+    storage_dtype: str
+    compute_dtype: str
+    tokens_per_batch: int
+    gpus: int = 0
+    queue_depth: int = 2
+    target_memory_fraction: float | None = None
+
+    def state_settings(self) -> dict:
+        """The settings that shape the states, which a saved state must match (``train_state.state_key``)."""
+        return {k: getattr(self, k) for k in ("num_train", "num_eval", "storage_dtype", "compute_dtype",
+                                              "tokens_per_batch")}
+
+
+@dataclass(frozen=True)
 class TrainInputs:
     """What a run reads and where it writes: the target's HF directory, the train and eval
     shards (capture_hidden_states), the vocab map (build_vocab_map: ``d2t.npy``, ``t2d.npy``,
     ``vocab.json``), the compat report's decisions (target fingerprint, aux layer ids, head
     variant, capture backend) and ``out_dir``, the checkpoint directory to write.
 
-    ``online`` (``capture.mode: online``; no shards then): ``train_tokens``, ``eval_tokens`` (the
-    tokens files), ``num_train``, ``num_eval`` (their first samples used), ``storage_dtype`` (the
-    rounding of the states, as a shard would store them), ``compute_dtype`` (``target.dtype``),
-    ``tokens_per_batch``, ``gpus`` (the job's: the target's), ``queue_depth`` (steps computed ahead)
-    and ``target_memory_fraction`` (the target's share of each GPU)."""
+    ``online`` (``capture.mode: online``; no shards then): an ``OnlineSettings``, or a mapping of its
+    fields (a run's JSON arguments), which becomes one."""
 
     target_dir: str
     train_shards: list[str]
@@ -98,7 +123,11 @@ class TrainInputs:
     vocab_json: str
     decisions_json: str
     out_dir: str
-    online: dict | None = None
+    online: OnlineSettings | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.online, Mapping):
+            object.__setattr__(self, "online", OnlineSettings(**self.online))
 
     @property
     def mode(self) -> str:
@@ -109,6 +138,19 @@ class TrainInputs:
     def state_dir(self) -> Path:
         """``<out_dir>.state/``: the resumable state while the run is under way."""
         return Path(f"{os.path.normpath(self.out_dir)}.state")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run computes: ``device`` (``cpu``, ``cuda``, ``cuda:<rank>``), whether under ``torch.distributed``
+    (``distributed``), this process's ``rank``, the ``ranks`` whose rows it computes each step (its own under
+    torchrun, all ``world`` of them in one process otherwise) and the ``world`` size."""
+
+    device: str
+    distributed: bool
+    rank: int
+    ranks: list[int]
+    world: int
 
 
 @dataclass
@@ -124,11 +166,7 @@ class Trainer:
 
     cfg: TrainConfig
     inputs: TrainInputs
-    device: str
-    distributed: bool
-    rank: int
-    ranks: list[int]
-    world: int
+    place: Placement
     model: torch.nn.Module
     net: torch.nn.Module
     params: list[torch.nn.Parameter]
@@ -142,6 +180,26 @@ class Trainer:
     meta: dict
     target: object = None  # online: the target computing the states (online_states), else None
     key_any_world: str = ""  # ``key`` without the world size: a state of another world size is refused, not lost
+
+    @property
+    def device(self) -> str:
+        """``place.device``."""
+        return self.place.device
+
+    @property
+    def rank(self) -> int:
+        """``place.rank``."""
+        return self.place.rank
+
+    @property
+    def ranks(self) -> list[int]:
+        """``place.ranks``."""
+        return self.place.ranks
+
+    @property
+    def world(self) -> int:
+        """``place.world``."""
+        return self.place.world
 
     @property
     def cuda(self) -> bool:
@@ -248,7 +306,7 @@ def run_metrics(t: Trainer, state: TrainState, speed: Throughput) -> dict:
         "train_history": state.history,
         "train_tokens_this_process": speed.tokens,
         "seconds": round(seconds, 2),
-        "tokens_per_s": round(speed.tokens * (t.world if t.distributed else 1) / max(seconds, 1e-9), 1),
+        "tokens_per_s": round(speed.tokens * (t.world if t.place.distributed else 1) / max(seconds, 1e-9), 1),
         "device": t.device,
         "resumed_from_step": state.resumed_from,
         "flops_per_token": draft_flops_per_token(t.model, t.cfg.ttt_steps),
