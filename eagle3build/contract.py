@@ -21,6 +21,10 @@ scripts/run_stage.py):
   ``eagle3build.job.run_stage`` hands it the job's ``inputs``, ``outputs``, ``settings``, ``params``,
   ``wildcards`` and ``resources``, those it names, by name).
 
+The config keys of ``params``, ``runtime`` and ``files`` are not listed here: each key's declaration in
+eagle3build.config_spec names the stages it reaches and its role there, and ``build_contracts`` makes the
+contracts from them and the ``STAGES`` (inputs, computed params, decisions, packages, entry).
+
 Config keys are dotted paths into config.yaml (``data.regenerate.max_tokens``). A key may be a
 trigger of one stage and read at run time by another (``data.max_seq_len``: prepare_data tokenizes
 to it, the compat report's disk plan multiplies by it), never both for one stage
@@ -38,25 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-# Read by every job: eagle3build.job.setup sets the Hugging Face offline mode from it.
-_JOB = ("target.offline",)
-
-
-def _res(section: str, gpu: bool = False) -> tuple[str, ...]:
-    """The config keys of ``resources.<section>`` (with ``gpu`` and ``resources.gpu_model`` for a GPU job)."""
-    keys = tuple(f"resources.{section}.{k}" for k in ("threads", "mem_mb", "runtime"))
-    return keys + (f"resources.{section}.gpu", "resources.gpu_model") if gpu else keys
-
-
-_TARGET = ("run", "target.path", "target.bundled")  # results/<run>/ and the target's files
-_SHARDS = ("capture.num_train_samples", "capture.num_eval_samples", "capture.samples_per_shard")  # which shards
-_TRAIN = tuple(f"train.{k}" for k in (
-    "head_variant", "epochs", "lr", "weight_decay", "schedule", "warmup_ratio", "ttt_steps", "ttt_step_loss_decay",
-    "total_seq_len", "grad_clip", "noise_std", "seed", "max_steps", "checkpoint_every", "loss_implementation",
-    "select"))
-_BENCHMARK = tuple(f"benchmark.{k}" for k in (
-    "ks", "sets", "num_prompts", "max_tokens", "dtype", "max_model_len", "seed", "concurrency",
-    "near_tie_max_logprob_gap"))
+from .config_spec import KEYS, ROLES, Key
 
 
 @dataclass(frozen=True)
@@ -120,8 +106,11 @@ def require_eval_param(values: Mapping[str, Any], ctx: PlanContext) -> bool:
 
 
 def online_param(values: Mapping[str, Any], ctx: PlanContext) -> dict | None:
-    """``online_capture`` of the ``_ONLINE_KEYS``."""
-    return online_capture(*(values[k] for k in _ONLINE_KEYS))
+    """``online_capture`` of ``capture.mode``, the sample counts, ``capture.storage_dtype``,
+    ``capture.tokens_per_batch`` and ``target.dtype``."""
+    return online_capture(values["capture.mode"], values["capture.num_train_samples"],
+                          values["capture.num_eval_samples"], values["capture.storage_dtype"],
+                          values["capture.tokens_per_batch"], values["target.dtype"])
 
 
 @dataclass(frozen=True)
@@ -148,20 +137,6 @@ def param_value(param: Param, config: Mapping[str, Any], ctx: PlanContext) -> An
     return param.make({k: config_value(config, k) for k in param.keys}, ctx)
 
 
-def _values(*keys: str) -> tuple[Param, ...]:
-    """A ``value`` param per key, named by the key's last part."""
-    return tuple(Param(k.rsplit(".", 1)[-1], (k,)) for k in keys)
-
-
-_VERSION = Param("version", ("staleness.track_package_versions",), version)
-_OWN_VERSION = Param("version", (), version)  # a stage without packages: OUTPUT_VERSION alone
-_REQUESTED_AUX = Param("aux_layer_ids", ("capture.aux_layer_ids",), requested)
-_REQUESTED_BACKEND = Param("backend", ("capture.backend",), requested)
-_ONLINE_KEYS = ("capture.mode", "capture.num_train_samples", "capture.num_eval_samples", "capture.storage_dtype",
-                "capture.tokens_per_batch", "target.dtype")
-_ONLINE = Param("online", _ONLINE_KEYS, online_param)
-
-
 @dataclass(frozen=True)
 class Contract:
     """A stage's contract (see the module docstring); the tuples of strings are config keys."""
@@ -182,105 +157,112 @@ class Contract:
         return tuple(dict.fromkeys(k for p in self.params for k in p.keys))
 
 
-CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
+@dataclass(frozen=True)
+class Stage:
+    """What a stage's contract declares beside its config keys (which eagle3build.config_spec declares, with the
+    stages each reaches): ``computed``, its params whose value a function makes from their keys (``version``,
+    ``requested``, ...; a param's keys are the config keys of role ``trigger:<name>`` for the stage, none for
+    ``version`` of a stage without packages); the rest as ``Contract``."""
+
+    stage: str
+    group: str
+    inputs: tuple[str, ...]
+    computed: Mapping[str, Callable[[Mapping[str, Any], PlanContext], Any]]
+    decisions: tuple[str, ...]
+    packages: tuple[str, ...]
+    entry: str
+
+
+STAGES: tuple[Stage, ...] = (
     # The bundled target, dequantised once: a build made from it stays consistent with it after an
     # upgrade, and re-materialising would rewrite 270 MB of weights and replan every stage (no packages).
-    Contract("materialize_target", "compat", inputs=(), params=(_OWN_VERSION,), runtime=_JOB + _res("materialize"),
-             files=("target.bundled",), decisions=(), packages=(),
-             entry="eagle3build.compat.materialize_target:run_job"),
+    Stage("materialize_target", "compat", inputs=(), computed={"version": version}, decisions=(), packages=(),
+          entry="eagle3build.compat.materialize_target:run_job"),
     # The disk and GPU plans are read at run time: growing the sample count or changing resources must
     # not re-run the report and, behind it, every shard. Backend and aux ids reach the params as
     # requested (staleness.canonical_request); the job reads them as configured.
-    Contract("compat_report", "compat", inputs=("target",),
-             params=(_REQUESTED_BACKEND, _REQUESTED_AUX, _OWN_VERSION)
-             + _values("capture.storage_dtype", "target.trust_remote_code"),
-             runtime=_JOB + _res("cpu") + ("capture.num_train_samples", "capture.num_eval_samples",
-                                           "data.max_seq_len", "resources.gpu_memory_gb", "resources.gpus_per_node",
-                                           "resources.capture.gpu", "resources.serve.gpu", "train.head_variant",
-                                           # online training's memory split and its disk (no shards)
-                                           "capture.mode", "capture.online.target_memory_fraction",
-                                           "resources.train.gpu", "train.total_seq_len", "train.ttt_steps",
-                                           "vocab.draft_vocab_size", "capture.tokens_per_batch"),
-             files=_TARGET, decisions=(), packages=(),
-             entry="eagle3build.compat.compat_report:run_job"),
-    Contract("regenerate_responses", "data", inputs=("target", "sources"),
-             params=(_VERSION, Param("sources", ("data.sources",)), Param("max_seq_len", ("data.max_seq_len",)),
-                     Param("max_tokens", ("data.regenerate.max_tokens",)),
-                     Param("unfinished", ("data.regenerate.unfinished",)),
-                     Param("temperature", ("data.regenerate.temperature",)),
-                     Param("top_p", ("data.regenerate.top_p",)),
-                     Param("served_name", ("target.served_name",)),
-                     Param("dtype", ("benchmark.dtype",)), Param("seed", ("data.seed",)),
-                     Param("pipeline_parallel_size", ("target.pipeline_parallel_size",)),
-                     Param("backend", ("data.regenerate.backend",)),
-                     Param("batch_size", ("data.regenerate.batch_size",)),
-                     Param("trust_remote_code", ("target.trust_remote_code",))),
-             runtime=_JOB + _res("serve", gpu=True) + ("data.regenerate.checkpoint_every",),
-             files=_TARGET + ("data.regenerate.enabled",), decisions=(),
-             packages=("vllm",), entry="eagle3build.data.regenerate_responses:run_job"),
+    Stage("compat_report", "compat", inputs=("target",),
+          computed={"backend": requested, "aux_layer_ids": requested, "version": version}, decisions=(), packages=(),
+          entry="eagle3build.compat.compat_report:run_job"),
+    Stage("regenerate_responses", "data", inputs=("target", "sources"), computed={"version": version},
+          decisions=(), packages=("vllm",), entry="eagle3build.data.regenerate_responses:run_job"),
     # Tokenization and chat-template rendering; the regenerated answers replace data.sources when enabled.
-    Contract("prepare_data", "data", inputs=("target", "regenerated", "sources"),
-             params=(_VERSION, Param("sources", ("data.sources", "data.regenerate.enabled"), prepare_sources))
-             + _values("data.max_seq_len", "data.min_supervised_tokens", "data.eval_fraction", "data.seed")
-             + (Param("num_aux_layers", ("capture.aux_layer_ids",), num_aux_layers_param),)
-             + _values("target.trust_remote_code", "data.reasoning")
-             + (Param("require_eval", ("capture.num_eval_samples",), require_eval_param),),
-             # the benchmark's prompts are checked against the chat template here, before any GPU stage; a
-             # change of the sets or the prompts file is the benchmark's (it checks again), not a reason to re-run
-             runtime=_JOB + _res("cpu") + ("benchmark.sets", "data.prompts_file"), files=_TARGET, decisions=(),
-             packages=("tokenizers", "transformers"), entry="eagle3build.data.prepare_data:run_job"),
+    Stage("prepare_data", "data", inputs=("target", "regenerated", "sources"),
+          computed={"version": version, "sources": prepare_sources, "num_aux_layers": num_aux_layers_param,
+                    "require_eval": require_eval_param},
+          decisions=(), packages=("tokenizers", "transformers"), entry="eagle3build.data.prepare_data:run_job"),
     # One shard per job: the sample counts and the shard size decide which shards exist (a shard's
     # range is its param), and the job reads the split's size for its disk check. Aux ids and backend
     # are triggers only: the job reads what the report decided.
-    Contract("capture_hidden_states", "capture", inputs=("decisions", "tokens"),
-             params=(_REQUESTED_AUX, _REQUESTED_BACKEND, _VERSION)
-             + _values("capture.storage_dtype", "capture.tokens_per_batch")
-             + (Param("compute_dtype", ("target.dtype",)), Param("trust_remote_code", ("target.trust_remote_code",))),
-             runtime=_JOB + _res("capture", gpu=True) + ("target.pipeline_parallel_size",) + _SHARDS,
-             files=_TARGET + _SHARDS + ("capture.mode",),
-             decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
-             packages=("torch", "transformers"),
-             entry="eagle3build.capture.capture_hidden_states:run_job"),
+    Stage("capture_hidden_states", "capture", inputs=("decisions", "tokens"),
+          computed={"aux_layer_ids": requested, "backend": requested, "version": version},
+          decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
+          packages=("torch", "transformers"), entry="eagle3build.capture.capture_hidden_states:run_job"),
     # speculators' build_vocab_mappings_from_distribution runs on torch
-    Contract("build_vocab_map", "train", inputs=("tokens", "decisions"),
-             params=(Param("draft_vocab_size", ("vocab.draft_vocab_size",)),
-                     Param("num_samples", ("capture.num_train_samples",)), _VERSION),
-             runtime=_JOB + _res("cpu"), files=("run",), decisions=("target.vocab_size",),
-             packages=("speculators", "torch"), entry="eagle3build.train.build_vocab_map:run_job"),
+    Stage("build_vocab_map", "train", inputs=("tokens", "decisions"), computed={"version": version},
+          decisions=("target.vocab_size",), packages=("speculators", "torch"),
+          entry="eagle3build.train.build_vocab_map:run_job"),
     # Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage
     # and compute dtypes, batching) becomes its trigger; offline the shards carry them. Its inputs are
     # then the tokens files instead of the shards (rules/common.smk, states_input).
-    Contract("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
-             params=(Param("train", _TRAIN, section), _REQUESTED_AUX, _VERSION,
-                     Param("trust_remote_code", ("target.trust_remote_code",)), _ONLINE),
-             runtime=_JOB + _res("train", gpu=True) + ("capture.online.queue_depth",
-                                                       "capture.online.target_memory_fraction"),
-             files=_TARGET + ("capture.mode",),
-             decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
-             packages=("speculators", "torch"), entry="eagle3build.train.train_draft:run_job"),
-    Contract("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
-             params=(Param("served_name", ("target.served_name",)), Param("dtype", ("export.dtype",)), _VERSION)
-             + _values("export.vllm_load_check", "target.pipeline_parallel_size", "target.trust_remote_code"),
-             runtime=_JOB + _res("serve", gpu=True), files=_TARGET, decisions=(), packages=("speculators", "torch"),
-             entry="eagle3build.serve.export_head:run_job"),
-    Contract("benchmark", "serve", inputs=("head", "head_config", "prompts", "custom_prompts", "preflight", "target"),
-             params=(_VERSION, Param("benchmark", _BENCHMARK, section))
-             + _values("target.served_name", "target.pipeline_parallel_size", "target.trust_remote_code"),
-             runtime=_JOB + _res("serve", gpu=True), files=_TARGET + ("data.prompts_file", "preflight.enabled"),
-             decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:run_job"),
+    Stage("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
+          computed={"aux_layer_ids": requested, "version": version, "online": online_param},
+          decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
+          packages=("speculators", "torch"), entry="eagle3build.train.train_draft:run_job"),
+    Stage("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
+          computed={"version": version}, decisions=(), packages=("speculators", "torch"),
+          entry="eagle3build.serve.export_head:run_job"),
+    Stage("benchmark", "serve", inputs=("head", "head_config", "prompts", "custom_prompts", "preflight", "target"),
+          computed={"version": version}, decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:run_job"),
     # Before training: one vLLM engine on the serve job's GPUs times the target's verification steps; the
     # decisions.json input only orders it after the report that gates every GPU job.
-    Contract("preflight_bound", "compat", inputs=("target", "decisions"),
-             params=(_VERSION, Param("preflight", ("preflight.max_k", "preflight.concurrencies",
-                                                   "preflight.context_tokens", "preflight.repeats"), section))
-             + _values("benchmark.ks", "benchmark.dtype", "vocab.draft_vocab_size", "target.pipeline_parallel_size",
-                       "target.trust_remote_code"),
-             runtime=_JOB + _res("serve", gpu=True) + ("target.served_name",),
-             files=_TARGET + ("preflight.enabled",), decisions=(), packages=("vllm", "torch"),
-             entry="eagle3build.compat.preflight_bound:run_job"),
-    Contract("plot_benchmark", "serve", inputs=("benchmark",), params=(_VERSION,), runtime=_JOB, files=("run",), decisions=(),
-             packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:run_job"),
-)}
+    Stage("preflight_bound", "compat", inputs=("target", "decisions"), computed={"version": version}, decisions=(),
+          packages=("vllm", "torch"), entry="eagle3build.compat.preflight_bound:run_job"),
+    Stage("plot_benchmark", "serve", inputs=("benchmark",), computed={"version": version}, decisions=(),
+          packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:run_job"),
+)
+
+
+def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = KEYS) -> dict[str, Contract]:
+    """Each stage's ``Contract`` from its ``Stage`` and the config keys' declarations (``config_spec.Key.uses``):
+    a computed param per ``Stage.computed`` entry, with the keys of role ``trigger:<its name>``; a ``value``
+    param per other key of role ``trigger`` (named by its last part) or alone in a ``trigger:<name>``; a
+    ``section`` param per ``trigger:<name>`` of several keys; ``runtime`` and ``files`` the keys of those roles.
+
+    Raises:
+        ValueError: a key reaches a stage that is not one, has a role that is not one, or two keys of role
+            ``trigger`` of one stage share their last part.
+    """
+    names = {st.stage for st in stages}
+    for k in keys:
+        for stage in k.uses:
+            if stage not in names:
+                raise ValueError(f"config key {k.path} reaches {stage!r}, which is not a stage")
+            bad = [r for r in k.roles(stage) if r.split(":", 1)[0] not in ROLES]
+            if bad:
+                raise ValueError(f"config key {k.path}: roles {bad} for {stage} are not among {list(ROLES)}")
+    out = {}
+    for st in stages:
+        groups: dict[str, list[str]] = {}
+        for k in keys:
+            found = k.trigger_param(st.stage)
+            if found is None:
+                continue
+            name, given = found
+            if not given and name in groups:
+                raise ValueError(f"{st.stage}: two trigger keys named {name!r}: {groups[name][0]} and {k.path}")
+            groups.setdefault(name, []).append(k.path)
+        params = [Param(name, tuple(groups.pop(name, ())), make) for name, make in st.computed.items()]
+        params += [Param(name, tuple(ks), value if len(ks) == 1 else section) for name, ks in groups.items()]
+        out[st.stage] = Contract(
+            st.stage, st.group, st.inputs, tuple(params),
+            runtime=tuple(k.path for k in keys if "runtime" in k.roles(st.stage)),
+            files=tuple(k.path for k in keys if "files" in k.roles(st.stage)),
+            decisions=st.decisions, packages=st.packages, entry=st.entry)
+    return out
+
+
+CONTRACTS: dict[str, Contract] = build_contracts()
 
 
 # Rules that are no stage (no contract) but run an entry of a stage's module through the one adapter.
@@ -378,11 +360,13 @@ class StageSettings:
         return f"StageSettings({self.stage!r}, {self.values!r})"
 
 
-def job_settings(stage: str, config: Mapping[str, Any]) -> StageSettings:
-    """The settings of a job of ``stage`` from the workflow's config (the dict Snakemake loaded).
+def job_settings(stage: str, config: Mapping[str, Any],
+                 contracts: Mapping[str, Contract] | None = None) -> StageSettings:
+    """The settings of a job of ``stage`` from the workflow's config (the dict Snakemake loaded), by its contract
+    in ``contracts`` (default ``CONTRACTS``).
 
     Raises:
         KeyError: ``stage`` is not a stage, or ``config`` lacks one of its declared keys.
     """
-    c = CONTRACTS[stage]
+    c = (CONTRACTS if contracts is None else contracts)[stage]
     return StageSettings(stage, {k: config_value(config, k) for k in c.triggers + c.runtime})

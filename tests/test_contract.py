@@ -132,8 +132,8 @@ def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp_path / part)
     contract = tmp_path / "eagle3build/contract.py"
     text = contract.read_text()
-    edited = text.replace('Contract("build_vocab_map", "train", inputs=("tokens", "decisions"),',
-                          'Contract("build_vocab_map", "train", inputs=("tokens",),')
+    edited = text.replace('Stage("build_vocab_map", "train", inputs=("tokens", "decisions"),',
+                          'Stage("build_vocab_map", "train", inputs=("tokens",),')
     assert edited != text
     contract.write_text(edited)
     snakemake = str(Path(sys.executable).with_name("snakemake"))

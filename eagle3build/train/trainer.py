@@ -15,67 +15,51 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
 
+from ..config_spec import KEYS, Key, section_keys
 from .train_data import Batches, to_device
 from .train_metrics import accumulate, draft_flops_per_token, history_entry, summarise, to_floats
 from .train_state import TrainState
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """The config's ``train:`` section (schemas/config.schema.yaml), as ``train()`` receives it.
-
-    ``head_variant``: ``eagle3``, ``eagle3.1`` (``head_format.HEAD_VARIANTS``) or ``auto`` (the compat
-    report's choice: what the installed vLLM reads correctly). ``lr``: peak AdamW learning
-    rate, reached after ``warmup_ratio`` x the run's steps, then ``cosine`` decay to 0 or
-    ``constant``. ``ttt_steps``: draft tokens trained per position (EAGLE-3's training-time
-    test, arXiv:2503.01840 §3.3), their losses weighted by ``ttt_step_loss_decay`` ** k.
-    ``total_seq_len``: tokens per packed row (one row per rank per step). ``grad_clip``:
-    max global L2 norm of the gradients. ``noise_std``: std of the N(0, σ²) noise on the
-    aux hidden states (their units). ``max_steps``: stop after that many optimizer steps
-    (None: all epochs). ``checkpoint_every`` > 0: save the resumable state every that many
-    steps and at each epoch's end (it is not part of the settings a state must match).
-    ``loss_implementation``: speculators' ``eager`` KL (any device) or its Triton ``fused``
-    kernel (CUDA only; fails under torch.compile with torch 2.11, seen on an H200).
-    ``select``: which epoch's weights the checkpoint holds: ``best_simulated_tau`` (the epoch
-    whose eval gave the highest simulated τ; loss can keep falling while acceptance drops) or
-    ``last``.
-
-    Raises:
-        ValueError: ``schedule`` or ``loss_implementation`` is not one of its choices (the
-            stage checks ``head_variant``, whose choices it defines).
-    """
-
-    epochs: int = 1
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.05
-    schedule: str = "cosine"
-    ttt_steps: int = 3
-    ttt_step_loss_decay: float = 1.0
-    total_seq_len: int = 2048
-    grad_clip: float = 1.0
-    noise_std: float = 0.0
-    seed: int = 0
-    head_variant: str = "auto"
-    max_steps: int | None = None
-    checkpoint_every: int = 0
-    loss_implementation: str = "eager"
-    select: str = "best_simulated_tau"
+class _TrainConfigChecks:
+    """The checks and views of ``TrainConfig`` (whose fields config_spec's section ``train`` declares)."""
 
     def __post_init__(self) -> None:
-        for name, choices in (("schedule", ("cosine", "constant")), ("loss_implementation", ("eager", "fused")),
-                              ("select", ("best_simulated_tau", "last"))):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"train.{name} {getattr(self, name)!r} is not one of {list(choices)}")
+        for k in section_keys("train"):
+            choices = k.schema.get("enum")
+            if choices is not None and getattr(self, k.name) not in choices:
+                raise ValueError(f"train.{k.name} {getattr(self, k.name)!r} is not one of {list(choices)}")
 
     def settings(self) -> dict:
         """The fields a saved state must match to be resumed (all but ``checkpoint_every``)."""
         return {k: v for k, v in asdict(self).items() if k != "checkpoint_every"}
+
+
+def train_config_class(keys: tuple[Key, ...] = KEYS) -> type:
+    """A frozen dataclass with a field per key of section ``train`` of ``keys`` (eagle3build.config_spec): its
+    Python type, its default (config.yaml's value); constructing one with a value outside a key's ``enum``
+    raises ValueError."""
+    fields = [(k.name, k.python_type(), field(default=k.default)) for k in section_keys("train", keys)]
+    doc = "The config's ``train:`` section, as ``train()`` receives it; fields, types and defaults from " \
+          "eagle3build.config_spec:\n\n" + "\n".join(f"- ``{k.name}``: {k.doc}" for k in section_keys("train", keys))
+    return make_dataclass("TrainConfig", fields, bases=(_TrainConfigChecks,), frozen=True,
+                          namespace={"__doc__": doc, "__module__": __name__})
+
+
+# The config's ``train:`` section (``head_variant``: ``eagle3``, ``eagle3.1`` or ``auto``, the compat report's
+# choice; ``lr``: peak AdamW learning rate, reached after ``warmup_ratio`` x the run's steps, then ``cosine`` decay
+# to 0 or ``constant``; ``ttt_steps``: draft tokens trained per position, EAGLE-3's training-time test,
+# arXiv:2503.01840 §3.3, their losses weighted by ``ttt_step_loss_decay`` ** k; ``checkpoint_every`` > 0: save
+# the resumable state every that many steps and at each epoch's end, not part of the settings a state must
+# match; ``loss_implementation``: speculators' ``eager`` KL or its Triton ``fused`` kernel, CUDA only;
+# ``select``: the epoch whose weights the checkpoint holds). Raises ValueError for a value outside a key's
+# choices (the stage checks ``head_variant`` again once ``auto`` is resolved).
+TrainConfig = train_config_class()
 
 
 @dataclass(frozen=True)
