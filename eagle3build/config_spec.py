@@ -12,7 +12,8 @@ it reaches, with their role there. The only source of
 
 A key's ``uses`` maps each stage it reaches to its roles there, space-separated: ``trigger`` (a rerun-trigger
 param of its own, named by the key's last part), ``trigger:<param>`` (part of the param ``<param>``: a section
-of several keys, or a param the contract computes from its keys, such as ``version`` or ``online``),
+of several keys, or a param the contract computes from its keys, such as ``version`` or ``online``;
+``trigger:<param>/<name>``: named ``<name>`` in the section, not by its last part),
 ``runtime`` (read by the job at run time only: a change plans nothing) and ``files`` (decides which files the
 stage reads or writes). Adding a config key is one ``Key`` here (and config.yaml's line), plus its use.
 
@@ -84,14 +85,16 @@ class Key:
         """The key's roles for ``stage`` (``()``: it does not reach the stage)."""
         return tuple(self.uses.get(stage, "").split())
 
-    def trigger_param(self, stage: str) -> tuple[str, bool] | None:
-        """The name of ``stage``'s rerun-trigger param the key is part of, and whether the name was given
-        (``trigger:<param>``) rather than the key's own (``trigger``); None: no trigger of the stage."""
+    def trigger_param(self, stage: str) -> tuple[str, bool, str] | None:
+        """The name of ``stage``'s rerun-trigger param the key is part of, whether the name was given
+        (``trigger:<param>``) rather than the key's own (``trigger``), and the key's name in a section param
+        (``trigger:<param>/<name>``, else its last part); None: no trigger of the stage."""
         for role in self.roles(stage):
             if role == "trigger":
-                return self.name, False
+                return self.name, False, self.name
             if role.startswith("trigger:"):
-                return role.split(":", 1)[1], True
+                param, _, name = role.split(":", 1)[1].partition("/")
+                return param, True, name or self.name
         return None
 
     def python_type(self) -> Any:
@@ -150,6 +153,17 @@ KEYS: tuple[Key, ...] = (
         "bfloat16",
         "capture compute dtype (auto = bf16 on CUDA, fp32 on CPU)",
         {"capture_hidden_states": "trigger:compute_dtype", "train_draft": "trigger:online"},
+    ),
+    Key(
+        "target.serve_dtype",
+        {"type": "string", "enum": ["float32", "bfloat16", "float16", "auto"]},
+        "auto",
+        (
+            "the dtype the target is served in: regeneration, the pre-flight bound, the benchmark (auto = bf16 on "
+            "GPUs, float32 on CPU: bf16 crashes vLLM's CPU kernels); benchmark.dtype before issue 39"
+        ),
+        # in the benchmark's section param as `dtype`, its name there before issue 39: no build replans
+        {"regenerate_responses": "trigger:dtype", "benchmark": "trigger:benchmark/dtype", "preflight_bound": "trigger:dtype"},
     ),
     Key(
         "target.trust_remote_code",
@@ -583,13 +597,6 @@ KEYS: tuple[Key, ...] = (
         {"benchmark": "trigger:benchmark"},
     ),
     Key(
-        "benchmark.dtype",
-        {"type": "string", "enum": ["float32", "bfloat16", "float16", "auto"]},
-        "auto",
-        "auto = bf16 on GPUs, float32 on CPU (bf16 crashes vLLM's CPU kernels)",
-        {"regenerate_responses": "trigger", "benchmark": "trigger:benchmark", "preflight_bound": "trigger"},
-    ),
-    Key(
         "benchmark.max_model_len",
         {"type": "integer", "minimum": 16},
         2048,
@@ -838,6 +845,32 @@ KEYS: tuple[Key, ...] = (
         },
     ),
 )
+
+
+# Keys renamed since: old path -> new path. ``upgrade`` moves a config's old key to the new one.
+RENAMED = {"benchmark.dtype": "target.serve_dtype"}  # issue 39: the regeneration and pre-flight read it too
+
+
+def upgrade(config: dict, renamed: Mapping[str, str] = RENAMED) -> list[tuple[str, str]]:
+    """Move each old key of ``renamed`` present in ``config`` (the workflow's config dict, in place) to its new
+    path, over the value there: a config written before the rename names the old key, the default config
+    (config.yaml, merged under it) the new one. Returns the ``(old, new)`` paths moved."""
+    moved = []
+    for old, new in renamed.items():
+        *old_parts, old_name = old.split(".")
+        parent = config
+        for part in old_parts:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or old_name not in parent:
+            continue
+        value = parent.pop(old_name)
+        *new_parts, new_name = new.split(".")
+        target = config
+        for part in new_parts:
+            target = target.setdefault(part, {})
+        target[new_name] = value
+        moved.append((old, new))
+    return moved
 
 
 DESCRIPTION = (

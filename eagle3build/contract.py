@@ -69,6 +69,22 @@ def section(values: Mapping[str, Any], ctx: PlanContext) -> dict:
     return canonical({k.rsplit(".", 1)[-1]: v for k, v in values.items()})
 
 
+@dataclass(frozen=True)
+class NamedSection:
+    """``section`` with some keys named otherwise than by their last part: ``names``, (path, name) pairs
+    (config_spec's ``trigger:<param>/<name>``: a key renamed keeps its name in the param, so no build replans)."""
+
+    names: tuple[tuple[str, str], ...]
+
+    @property
+    def __name__(self) -> str:
+        return "section"
+
+    def __call__(self, values: Mapping[str, Any], ctx: PlanContext) -> dict:
+        names = dict(self.names)
+        return canonical({names.get(k, k.rsplit(".", 1)[-1]): v for k, v in values.items()})
+
+
 def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
     """A setting that may be ``auto`` (``capture.backend``, ``capture.aux_layer_ids``), as requested: writing
     down what ``auto`` chose is no change (``staleness.canonical_request`` against ``ctx.decisions``)."""
@@ -244,16 +260,21 @@ def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = 
     out = {}
     for st in stages:
         groups: dict[str, list[str]] = {}
+        renamed: dict[str, list[tuple[str, str]]] = {}
         for k in keys:
             found = k.trigger_param(st.stage)
             if found is None:
                 continue
-            name, given = found
+            name, given, key_name = found
             if not given and name in groups:
                 raise ValueError(f"{st.stage}: two trigger keys named {name!r}: {groups[name][0]} and {k.path}")
             groups.setdefault(name, []).append(k.path)
+            if key_name != k.name:
+                renamed.setdefault(name, []).append((k.path, key_name))
         params = [Param(name, tuple(groups.pop(name, ())), make) for name, make in st.computed.items()]
-        params += [Param(name, tuple(ks), value if len(ks) == 1 else section) for name, ks in groups.items()]
+        params += [Param(name, tuple(ks), value if len(ks) == 1 else
+                         NamedSection(tuple(renamed[name])) if name in renamed else section)
+                   for name, ks in groups.items()]
         out[st.stage] = Contract(
             st.stage, st.group, st.inputs, tuple(params),
             runtime=tuple(k.path for k in keys if "runtime" in k.roles(st.stage)),

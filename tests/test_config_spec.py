@@ -91,3 +91,17 @@ def test_a_bad_declaration_is_refused():
                                                 {"regenerate_responses": "trigger"}),))
     with pytest.raises(ValueError, match="train.lr: declared twice"):
         cs.json_schema(cs.KEYS + (cs.key("train.lr"),))
+
+
+def test_upgrade_moves_a_renamed_key():
+    """benchmark.dtype, from a config written before issue 39, becomes target.serve_dtype, over the default's."""
+    cfg = cs.defaults()
+    cfg["benchmark"]["dtype"] = "bfloat16"
+    assert cs.upgrade(cfg) == [("benchmark.dtype", "target.serve_dtype")]
+    assert cfg["target"]["serve_dtype"] == "bfloat16" and "dtype" not in cfg["benchmark"]
+    jsonschema.validate(cfg, cs.json_schema())
+    assert cs.upgrade(cfg) == []  # nothing left to move
+    # the benchmark's section param names it `dtype` still: a build made before the rename is not replanned
+    (bench,) = [p for p in CONTRACTS["benchmark"].params if p.name == "benchmark"]
+    assert param_value(bench, cfg, PlanContext("benchmark"))["dtype"] == "bfloat16"
+

@@ -39,7 +39,7 @@ def _merge(base: dict, over: dict) -> dict:
 def _config_file(name: str, tmp_path) -> str:
     spec = CONFIGS[name]
     if isinstance(spec, str):
-        return str(REPO / spec)
+        return str(REPO / spec)  # an absolute path stays itself
     cfg = _merge(yaml.safe_load((REPO / spec[0]).read_text()), spec[1])
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -65,6 +65,19 @@ def plan_params(name: str, tmp_path) -> dict[str, list[str]]:
 def test_params_are_the_recorded_ones(name, tmp_path):
     recorded = json.loads((RECORDED / f"{name}.json").read_text())
     assert plan_params(name, tmp_path) == recorded
+
+
+def test_a_config_with_a_renamed_key_plans_the_same(tmp_path):
+    """A config written before a key was renamed (benchmark.dtype, now target.serve_dtype: config_spec.RENAMED)
+    plans with the params the new name gives."""
+    cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
+    cfg["benchmark"]["dtype"] = cfg["target"].pop("serve_dtype")
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(cfg))
+    CONFIGS["old-key"] = str(tmp_path / "old.yaml")
+    try:
+        assert plan_params("old-key", tmp_path) == json.loads((RECORDED / "reduced.json").read_text())
+    finally:
+        del CONFIGS["old-key"]
 
 
 def test_the_version_normalisation_keeps_the_names():

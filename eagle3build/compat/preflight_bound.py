@@ -261,6 +261,6 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
     return preflight(
         target_dir=params["target_dir"], out_json=outputs["json"], max_k=s["preflight.max_k"],
         benchmark_ks=s["benchmark.ks"], concurrencies=s["preflight.concurrencies"],
-        draft_vocab_size=s["vocab.draft_vocab_size"], served_name=s["target.served_name"], dtype=s["benchmark.dtype"],
+        draft_vocab_size=s["vocab.draft_vocab_size"], served_name=s["target.served_name"], dtype=s["target.serve_dtype"],
         gpus=resources.get("gpu", 0), context_tokens=s["preflight.context_tokens"], repeats=s["preflight.repeats"],
         trust_remote_code=s["target.trust_remote_code"], pipeline_parallel_size=s["target.pipeline_parallel_size"])

@@ -599,7 +599,7 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
         out_report=outputs["report"], max_seq_len=s["data.max_seq_len"], max_tokens=s["data.regenerate.max_tokens"],
         unfinished=s["data.regenerate.unfinished"], temperature=s["data.regenerate.temperature"],
         top_p=s["data.regenerate.top_p"], checkpoint_every=s["data.regenerate.checkpoint_every"],
-        served_name=s["target.served_name"], dtype=s["benchmark.dtype"], seed=s["data.seed"],
+        served_name=s["target.served_name"], dtype=s["target.serve_dtype"], seed=s["data.seed"],
         gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
         backend=s["data.regenerate.backend"], batch_size=s["data.regenerate.batch_size"],
         trust_remote_code=s["target.trust_remote_code"])

@@ -405,7 +405,7 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
     return benchmark(
         target_dir=params["target_dir"], head_dir=params["head_dir"], prompts_path=inputs["prompts"],
         out_json=outputs["json"], ks=s["benchmark.ks"], num_prompts=s["benchmark.num_prompts"],
-        max_tokens=s["benchmark.max_tokens"], dtype=s["benchmark.dtype"], served_name=s["target.served_name"],
+        max_tokens=s["benchmark.max_tokens"], dtype=s["target.serve_dtype"], served_name=s["target.served_name"],
         max_model_len=s["benchmark.max_model_len"], seed=s["benchmark.seed"], concurrency=s["benchmark.concurrency"],
         gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
         sets=s["benchmark.sets"], custom_prompts_path=inputs["custom_prompts"] or None,
