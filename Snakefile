@@ -1,5 +1,8 @@
 # EAGLE-3 draft-head workflow: compat report -> hidden-state shards -> vocab map ->
 # training checkpoint -> vLLM-format head -> benchmark JSON. See README.md.
+import sys
+
+from snakemake.logging import logger
 from snakemake.utils import min_version, validate
 
 # 9.19: the first to read profiles/<name>/profile.yaml (older ones read only config.yaml and
@@ -9,6 +12,13 @@ min_version("9.19")
 
 configfile: f"{workflow.basedir}/config.yaml"
 
+
+sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
+from eagle3build import config_spec
+
+# A config written before a key was renamed still runs: its old key moves to the new path (config_spec.RENAMED).
+for old, new in config_spec.upgrade(config):
+    logger.warning(f"config: {old} is now {new} (eagle3build/config_spec.py); read as such")
 
 validate(config, "schemas/config.schema.yaml")
 

@@ -1,12 +1,14 @@
 """One contract per stage: what reaches it, through which channel, and what it makes.
 
 ``CONTRACTS[stage]`` (a ``Contract``) declares, for each workflow stage (one Snakemake rule,
-``rules/<stage>.smk``, ``scripts/<stage>.py``, ``eagle3build/<group>/<stage>.py``):
+``rules/<stage>.smk`` and ``eagle3build/<group>/<stage>.py``; every rule's ``script:`` is the one adapter,
+scripts/run_stage.py):
 
 - ``inputs``: the names of the rule's input files (rules/common.smk checks each rule against them
   when the workflow is parsed);
 - ``params``: the rule's rerun-trigger params (``Param``: a name, the config keys its value is made
-  from, how), which rules/common.smk builds (``stage_params``); their keys are the stage's
+  from, the function that makes it), which rules/common.smk builds (``stage_params``, ``param_value``);
+  their keys are the stage's
   ``triggers``: a change to one plans the stage again;
 - ``runtime``: the config keys the job reads at run time only (threads, memory, GPUs, the offline
   switch, sizes for a disk check): never params, so a change plans nothing;
@@ -15,7 +17,13 @@
   (a key may be a file key and runtime too: capture reads its split's size for a disk check);
 - ``decisions``: the fields of decisions.json it reads (dotted), ``packages``: the libraries whose
   versions shape its output (the rule's ``version`` param, with ``staleness.output_version``),
-  ``entry``: the library function its adapter calls (``module:function``).
+  ``entry``: the library function the adapter calls (``module:function``, ``run_job`` of the stage's module;
+  ``eagle3build.job.run_stage`` hands it the job's ``inputs``, ``outputs``, ``settings``, ``params``,
+  ``wildcards`` and ``resources``, those it names, by name).
+
+The config keys of ``params``, ``runtime`` and ``files`` are not listed here: each key's declaration in
+eagle3build.config_spec names the stages it reaches and its role there, and ``build_contracts`` makes the
+contracts from them and the ``STAGES`` (inputs, computed params, decisions, packages, entry).
 
 Config keys are dotted paths into config.yaml (``data.regenerate.max_tokens``). A key may be a
 trigger of one stage and read at run time by another (``data.max_seq_len``: prepare_data tokenizes
@@ -32,58 +40,117 @@ imports this module (no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-# Read by every job: eagle3build.job.setup sets the Hugging Face offline mode from it.
-_JOB = ("target.offline",)
-
-
-def _res(section: str, gpu: bool = False) -> tuple[str, ...]:
-    """The config keys of ``resources.<section>`` (with ``gpu`` and ``resources.gpu_model`` for a GPU job)."""
-    keys = tuple(f"resources.{section}.{k}" for k in ("threads", "mem_mb", "runtime"))
-    return keys + (f"resources.{section}.gpu", "resources.gpu_model") if gpu else keys
+from .config_spec import KEYS, ROLES, Key
 
 
-_TARGET = ("run", "target.path", "target.bundled")  # results/<run>/ and the target's files
-_SHARDS = ("capture.num_train_samples", "capture.num_eval_samples", "capture.samples_per_shard")  # which shards
-_TRAIN = tuple(f"train.{k}" for k in (
-    "head_variant", "epochs", "lr", "weight_decay", "schedule", "warmup_ratio", "ttt_steps", "ttt_step_loss_decay",
-    "total_seq_len", "grad_clip", "noise_std", "seed", "max_steps", "checkpoint_every", "loss_implementation",
-    "select"))
-_BENCHMARK = tuple(f"benchmark.{k}" for k in (
-    "ks", "sets", "num_prompts", "max_tokens", "dtype", "max_model_len", "seed", "concurrency",
-    "near_tie_max_logprob_gap"))
+@dataclass(frozen=True)
+class PlanContext:
+    """What a param may read besides the config, at planning time (rules/common.smk): the ``stage``, the
+    ``decisions`` recorded by an earlier compat report (decisions.json as a dict, None before the first),
+    ``job_env`` (the jobs' conda environment's digest, ``staleness.env_digest``, or None: the planner's
+    environment) and ``regenerated`` (the path of regenerate_responses' answers, results/<run>/data/)."""
+
+    stage: str
+    decisions: Mapping[str, Any] | None = None
+    job_env: Mapping[str, Any] | None = None
+    regenerated: str = ""
+
+
+def value(values: Mapping[str, Any], ctx: PlanContext) -> Any:
+    """The one key's value (mappings with sorted keys: ``config_value``)."""
+    (v,) = values.values()
+    return v
+
+
+def section(values: Mapping[str, Any], ctx: PlanContext) -> dict:
+    """The keys as one mapping by their last part, sorted (``canonical``)."""
+    return canonical({k.rsplit(".", 1)[-1]: v for k, v in values.items()})
+
+
+@dataclass(frozen=True)
+class NamedSection:
+    """``section`` with some keys named otherwise than by their last part: ``names``, (path, name) pairs
+    (config_spec's ``trigger:<param>/<name>``: a key renamed keeps its name in the param, so no build replans)."""
+
+    names: tuple[tuple[str, str], ...]
+
+    @property
+    def __name__(self) -> str:
+        return "section"
+
+    def __call__(self, values: Mapping[str, Any], ctx: PlanContext) -> dict:
+        names = dict(self.names)
+        return canonical({names.get(k, k.rsplit(".", 1)[-1]): v for k, v in values.items()})
+
+
+def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
+    """A setting that may be ``auto`` (``capture.backend``, ``capture.aux_layer_ids``), as requested: writing
+    down what ``auto`` chose is no change (``staleness.canonical_request`` against ``ctx.decisions``)."""
+    from .staleness import canonical_request
+
+    ((key, v),) = values.items()
+    return canonical_request(v, ctx.decisions, key.rsplit(".", 1)[-1])
+
+
+def version(values: Mapping[str, Any], ctx: PlanContext) -> dict:
+    """The stage's ``OUTPUT_VERSION`` and, unless ``staleness.track_package_versions`` (its one key; none for
+    a stage without packages) is false, its packages' versions or the jobs' environment
+    (``staleness.stage_version``)."""
+    from .staleness import stage_version
+
+    return stage_version(ctx.stage, values.get("staleness.track_package_versions", True), ctx.job_env)
+
+
+def prepare_sources(values: Mapping[str, Any], ctx: PlanContext) -> list[dict]:
+    """prepare_data's sources: ``data.sources``, or the regenerated answers (``ctx.regenerated``) where
+    ``data.regenerate.enabled``."""
+    if values["data.regenerate.enabled"]:
+        return [{"max_samples": None, "path": ctx.regenerated}]
+    return values["data.sources"]
+
+
+def num_aux_layers_param(values: Mapping[str, Any], ctx: PlanContext) -> int:
+    """``num_aux_layers`` of ``capture.aux_layer_ids``."""
+    return num_aux_layers(values["capture.aux_layer_ids"])
+
+
+def require_eval_param(values: Mapping[str, Any], ctx: PlanContext) -> bool:
+    """``require_eval`` of ``capture.num_eval_samples``."""
+    return require_eval(values["capture.num_eval_samples"])
+
+
+def online_param(values: Mapping[str, Any], ctx: PlanContext) -> dict | None:
+    """``online_capture`` of ``capture.mode``, the sample counts, ``capture.storage_dtype``,
+    ``capture.tokens_per_batch`` and ``target.dtype``."""
+    return online_capture(values["capture.mode"], values["capture.num_train_samples"],
+                          values["capture.num_eval_samples"], values["capture.storage_dtype"],
+                          values["capture.tokens_per_batch"], values["target.dtype"])
 
 
 @dataclass(frozen=True)
 class Param:
-    """One rerun-trigger param of a rule: ``name``, made from config ``keys`` by ``how``.
+    """One rerun-trigger param of a rule: ``name``, made from config ``keys`` by ``make``.
 
-    ``how``: ``"value"`` (the one key's value, mappings with sorted keys), ``"section"`` (the keys
-    as one mapping by their last part, sorted), ``"requested"`` (a setting that may be ``auto``, as
-    requested: ``staleness.canonical_request``), ``"version"`` (the stage's ``OUTPUT_VERSION`` and,
-    unless its key ``staleness.track_package_versions`` is false, its packages' versions; no key for a
-    stage without packages), or a derivation of this module
-    (``num_aux_layers``, ``require_eval``) or of rules/common.smk (``prepare_sources``).
+    ``make(values, ctx)``: ``values`` maps each of ``keys`` to its config value (``config_value``), ``ctx``
+    is the ``PlanContext``; returns the param's value (``value``, ``section``, ``requested``, ``version``,
+    ``prepare_sources``, ``num_aux_layers_param``, ``require_eval_param``, ``online_param``). Snakemake
+    compares the values: a change plans the stage again.
     """
 
     name: str
     keys: tuple[str, ...]
-    how: str = "value"
+    make: Callable[[Mapping[str, Any], PlanContext], Any] = value
 
 
-def _values(*keys: str) -> tuple[Param, ...]:
-    """A ``"value"`` param per key, named by the key's last part."""
-    return tuple(Param(k.rsplit(".", 1)[-1], (k,)) for k in keys)
+def param_value(param: Param, config: Mapping[str, Any], ctx: PlanContext) -> Any:
+    """``param``'s value for ``config`` (the workflow's config dict) in ``ctx``.
 
-
-_VERSION = Param("version", ("staleness.track_package_versions",), "version")
-_OWN_VERSION = Param("version", (), "version")  # a stage without packages: OUTPUT_VERSION alone
-_REQUESTED_AUX = Param("aux_layer_ids", ("capture.aux_layer_ids",), "requested")
-_REQUESTED_BACKEND = Param("backend", ("capture.backend",), "requested")
-_ONLINE_KEYS = ("capture.mode", "capture.num_train_samples", "capture.num_eval_samples", "capture.storage_dtype",
-                "capture.tokens_per_batch", "target.dtype")
-_ONLINE = Param("online", _ONLINE_KEYS, "online_capture")
+    Raises:
+        KeyError: ``config`` lacks one of the param's keys.
+    """
+    return param.make({k: config_value(config, k) for k in param.keys}, ctx)
 
 
 @dataclass(frozen=True)
@@ -106,106 +173,138 @@ class Contract:
         return tuple(dict.fromkeys(k for p in self.params for k in p.keys))
 
 
-CONTRACTS: dict[str, Contract] = {c.stage: c for c in (
+@dataclass(frozen=True)
+class Stage:
+    """What a stage's contract declares beside its config keys (which eagle3build.config_spec declares, with the
+    stages each reaches): ``computed``, its params whose value a function makes from their keys (``version``,
+    ``requested``, ...; a param's keys are the config keys of role ``trigger:<name>`` for the stage, none for
+    ``version`` of a stage without packages); the rest as ``Contract``."""
+
+    stage: str
+    group: str
+    inputs: tuple[str, ...]
+    computed: Mapping[str, Callable[[Mapping[str, Any], PlanContext], Any]]
+    decisions: tuple[str, ...]
+    packages: tuple[str, ...]
+    entry: str
+
+
+STAGES: tuple[Stage, ...] = (
     # The bundled target, dequantised once: a build made from it stays consistent with it after an
     # upgrade, and re-materialising would rewrite 270 MB of weights and replan every stage (no packages).
-    Contract("materialize_target", "compat", inputs=(), params=(_OWN_VERSION,), runtime=_JOB + _res("materialize"),
-             files=("target.bundled",), decisions=(), packages=(),
-             entry="eagle3build.compat.materialize_target:materialize"),
+    Stage("materialize_target", "compat", inputs=(), computed={"version": version}, decisions=(), packages=(),
+          entry="eagle3build.compat.materialize_target:run_job"),
     # The disk and GPU plans are read at run time: growing the sample count or changing resources must
     # not re-run the report and, behind it, every shard. Backend and aux ids reach the params as
     # requested (staleness.canonical_request); the job reads them as configured.
-    Contract("compat_report", "compat", inputs=("target",),
-             params=(_REQUESTED_BACKEND, _REQUESTED_AUX, _OWN_VERSION)
-             + _values("capture.storage_dtype", "target.trust_remote_code"),
-             runtime=_JOB + _res("cpu") + ("capture.num_train_samples", "capture.num_eval_samples",
-                                           "data.max_seq_len", "resources.gpu_memory_gb", "resources.gpus_per_node",
-                                           "resources.capture.gpu", "resources.serve.gpu", "train.head_variant",
-                                           # online training's memory split and its disk (no shards)
-                                           "capture.mode", "capture.online.target_memory_fraction",
-                                           "resources.train.gpu", "train.total_seq_len", "train.ttt_steps",
-                                           "vocab.draft_vocab_size", "capture.tokens_per_batch"),
-             files=_TARGET, decisions=(), packages=(),
-             entry="eagle3build.compat.compat_report:run_for_settings"),
-    Contract("regenerate_responses", "data", inputs=("target", "sources"),
-             params=(_VERSION, Param("sources", ("data.sources",)), Param("max_seq_len", ("data.max_seq_len",)),
-                     Param("max_tokens", ("data.regenerate.max_tokens",)),
-                     Param("unfinished", ("data.regenerate.unfinished",)),
-                     Param("temperature", ("data.regenerate.temperature",)),
-                     Param("top_p", ("data.regenerate.top_p",)),
-                     Param("served_name", ("target.served_name",)),
-                     Param("dtype", ("benchmark.dtype",)), Param("seed", ("data.seed",)),
-                     Param("pipeline_parallel_size", ("target.pipeline_parallel_size",)),
-                     Param("backend", ("data.regenerate.backend",)),
-                     Param("batch_size", ("data.regenerate.batch_size",)),
-                     Param("trust_remote_code", ("target.trust_remote_code",))),
-             runtime=_JOB + _res("serve", gpu=True) + ("data.regenerate.checkpoint_every",),
-             files=_TARGET + ("data.regenerate.enabled",), decisions=(),
-             packages=("vllm",), entry="eagle3build.data.regenerate_responses:regenerate"),
+    Stage("compat_report", "compat", inputs=("target",),
+          computed={"backend": requested, "aux_layer_ids": requested, "version": version}, decisions=(), packages=(),
+          entry="eagle3build.compat.compat_report:run_job"),
+    Stage("regenerate_responses", "data", inputs=("target", "sources"), computed={"version": version},
+          decisions=(), packages=("vllm",), entry="eagle3build.data.regenerate_responses:run_job"),
     # Tokenization and chat-template rendering; the regenerated answers replace data.sources when enabled.
-    Contract("prepare_data", "data", inputs=("target", "regenerated", "sources"),
-             params=(_VERSION, Param("sources", ("data.sources", "data.regenerate.enabled"), "prepare_sources"))
-             + _values("data.max_seq_len", "data.min_supervised_tokens", "data.eval_fraction", "data.seed")
-             + (Param("num_aux_layers", ("capture.aux_layer_ids",), "num_aux_layers"),)
-             + _values("target.trust_remote_code", "data.reasoning")
-             + (Param("require_eval", ("capture.num_eval_samples",), "require_eval"),),
-             # the benchmark's prompts are checked against the chat template here, before any GPU stage; a
-             # change of the sets or the prompts file is the benchmark's (it checks again), not a reason to re-run
-             runtime=_JOB + _res("cpu") + ("benchmark.sets", "data.prompts_file"), files=_TARGET, decisions=(),
-             packages=("tokenizers", "transformers"), entry="eagle3build.data.prepare_data:prepare"),
+    Stage("prepare_data", "data", inputs=("target", "regenerated", "sources"),
+          computed={"version": version, "sources": prepare_sources, "num_aux_layers": num_aux_layers_param,
+                    "require_eval": require_eval_param},
+          decisions=(), packages=("tokenizers", "transformers"), entry="eagle3build.data.prepare_data:run_job"),
     # One shard per job: the sample counts and the shard size decide which shards exist (a shard's
     # range is its param), and the job reads the split's size for its disk check. Aux ids and backend
     # are triggers only: the job reads what the report decided.
-    Contract("capture_hidden_states", "capture", inputs=("decisions", "tokens"),
-             params=(_REQUESTED_AUX, _REQUESTED_BACKEND, _VERSION)
-             + _values("capture.storage_dtype", "capture.tokens_per_batch")
-             + (Param("compute_dtype", ("target.dtype",)), Param("trust_remote_code", ("target.trust_remote_code",))),
-             runtime=_JOB + _res("capture", gpu=True) + ("target.pipeline_parallel_size",) + _SHARDS,
-             files=_TARGET + _SHARDS + ("capture.mode",),
-             decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
-             packages=("torch", "transformers"),
-             entry="eagle3build.capture.capture_hidden_states:capture_for_decisions"),
+    Stage("capture_hidden_states", "capture", inputs=("decisions", "tokens"),
+          computed={"aux_layer_ids": requested, "backend": requested, "version": version},
+          decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
+          packages=("torch", "transformers"), entry="eagle3build.capture.capture_hidden_states:run_job"),
     # speculators' build_vocab_mappings_from_distribution runs on torch
-    Contract("build_vocab_map", "train", inputs=("tokens", "decisions"),
-             params=(Param("draft_vocab_size", ("vocab.draft_vocab_size",)),
-                     Param("num_samples", ("capture.num_train_samples",)), _VERSION),
-             runtime=_JOB + _res("cpu"), files=("run",), decisions=("target.vocab_size",),
-             packages=("speculators", "torch"), entry="eagle3build.train.build_vocab_map:build_for_decisions"),
+    Stage("build_vocab_map", "train", inputs=("tokens", "decisions"), computed={"version": version},
+          decisions=("target.vocab_size",), packages=("speculators", "torch"),
+          entry="eagle3build.train.build_vocab_map:run_job"),
     # Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage
     # and compute dtypes, batching) becomes its trigger; offline the shards carry them. Its inputs are
     # then the tokens files instead of the shards (rules/common.smk, states_input).
-    Contract("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
-             params=(Param("train", _TRAIN, "section"), _REQUESTED_AUX, _VERSION,
-                     Param("trust_remote_code", ("target.trust_remote_code",)), _ONLINE),
-             runtime=_JOB + _res("train", gpu=True) + ("capture.online.queue_depth",
-                                                       "capture.online.target_memory_fraction"),
-             files=_TARGET + ("capture.mode",),
-             decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
-             packages=("speculators", "torch"), entry="eagle3build.train.train_draft:run_job"),
-    Contract("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
-             params=(Param("served_name", ("target.served_name",)), Param("dtype", ("export.dtype",)), _VERSION)
-             + _values("export.vllm_load_check", "target.pipeline_parallel_size", "target.trust_remote_code"),
-             runtime=_JOB + _res("serve", gpu=True), files=_TARGET, decisions=(), packages=("speculators", "torch"),
-             entry="eagle3build.serve.export_head:export"),
-    Contract("benchmark", "serve", inputs=("head", "head_config", "prompts", "custom_prompts", "preflight", "target"),
-             params=(_VERSION, Param("benchmark", _BENCHMARK, "section"))
-             + _values("target.served_name", "target.pipeline_parallel_size", "target.trust_remote_code"),
-             runtime=_JOB + _res("serve", gpu=True), files=_TARGET + ("data.prompts_file", "preflight.enabled"),
-             decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:benchmark"),
+    Stage("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
+          computed={"aux_layer_ids": requested, "version": version, "online": online_param},
+          decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
+          packages=("speculators", "torch"), entry="eagle3build.train.train_draft:run_job"),
+    Stage("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
+          computed={"version": version}, decisions=(), packages=("speculators", "torch"),
+          entry="eagle3build.serve.export_head:run_job"),
+    Stage("benchmark", "serve", inputs=("head", "head_config", "prompts", "custom_prompts", "preflight", "target"),
+          computed={"version": version}, decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:run_job"),
     # Before training: vLLM engines on the serve job's GPUs time the target's verification steps alone and with an
     # untrained head (decisions.json: its aux layer ids and variant).
-    Contract("preflight_bound", "compat", inputs=("target", "decisions"),
-             params=(_VERSION, Param("preflight", ("preflight.max_k", "preflight.concurrencies",
-                                                   "preflight.context_tokens", "preflight.repeats"), "section"))
-             + _values("benchmark.ks", "benchmark.dtype", "vocab.draft_vocab_size", "target.pipeline_parallel_size",
-                       "target.trust_remote_code"),
-             runtime=_JOB + _res("serve", gpu=True) + ("target.served_name",),
-             files=_TARGET + ("preflight.enabled",), decisions=("capture.aux_layer_ids", "head.recommended_variant"),
-             packages=("vllm", "torch", "speculators"),
-             entry="eagle3build.compat.preflight_bound:preflight"),
-    Contract("plot_benchmark", "serve", inputs=(), params=(_VERSION,), runtime=_JOB, files=("run",), decisions=(),
-             packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:plot"),
-)}
+    Stage("preflight_bound", "compat", inputs=("target", "decisions"), computed={"version": version},
+          decisions=("capture.aux_layer_ids", "head.recommended_variant"), packages=("vllm", "torch", "speculators"),
+          entry="eagle3build.compat.preflight_bound:run_job"),
+    Stage("plot_benchmark", "serve", inputs=("benchmark",), computed={"version": version}, decisions=(),
+          packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:run_job"),
+)
+
+
+def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = KEYS) -> dict[str, Contract]:
+    """Each stage's ``Contract`` from its ``Stage`` and the config keys' declarations (``config_spec.Key.uses``):
+    a computed param per ``Stage.computed`` entry, with the keys of role ``trigger:<its name>``; a ``value``
+    param per other key of role ``trigger`` (named by its last part) or alone in a ``trigger:<name>``; a
+    ``section`` param per ``trigger:<name>`` of several keys; ``runtime`` and ``files`` the keys of those roles.
+
+    Raises:
+        ValueError: a key reaches a stage that is not one, has a role that is not one, or two keys of role
+            ``trigger`` of one stage share their last part.
+    """
+    names = {st.stage for st in stages}
+    for k in keys:
+        for stage in k.uses:
+            if stage not in names:
+                raise ValueError(f"config key {k.path} reaches {stage!r}, which is not a stage")
+            bad = [r for r in k.roles(stage) if r.split(":", 1)[0] not in ROLES]
+            if bad:
+                raise ValueError(f"config key {k.path}: roles {bad} for {stage} are not among {list(ROLES)}")
+    out = {}
+    for st in stages:
+        groups: dict[str, list[str]] = {}
+        renamed: dict[str, list[tuple[str, str]]] = {}
+        for k in keys:
+            found = k.trigger_param(st.stage)
+            if found is None:
+                continue
+            name, given, key_name = found
+            if not given and name in groups:
+                raise ValueError(f"{st.stage}: two trigger keys named {name!r}: {groups[name][0]} and {k.path}")
+            groups.setdefault(name, []).append(k.path)
+            if key_name != k.name:
+                renamed.setdefault(name, []).append((k.path, key_name))
+        params = [Param(name, tuple(groups.pop(name, ())), make) for name, make in st.computed.items()]
+        params += [Param(name, tuple(ks), value if len(ks) == 1 else
+                         NamedSection(tuple(renamed[name])) if name in renamed else section)
+                   for name, ks in groups.items()]
+        out[st.stage] = Contract(
+            st.stage, st.group, st.inputs, tuple(params),
+            runtime=tuple(k.path for k in keys if "runtime" in k.roles(st.stage)),
+            files=tuple(k.path for k in keys if "files" in k.roles(st.stage)),
+            decisions=st.decisions, packages=st.packages, entry=st.entry)
+    return out
+
+
+CONTRACTS: dict[str, Contract] = build_contracts()
+
+
+# Rules that are no stage (no contract) but run an entry of a stage's module through the one adapter.
+RULE_ENTRIES: dict[str, str] = {
+    # compat.md from compat.json, its own job: a missing compat.md comes back without re-running the report
+    "compat_markdown": "eagle3build.compat.compat_report:markdown_job",
+}
+
+
+def entry(rule: str) -> str:
+    """The entry (``module:function``) the adapter calls for ``rule``: its stage contract's, or ``RULE_ENTRIES``'.
+
+    Raises:
+        KeyError: ``rule`` is neither a stage nor in ``RULE_ENTRIES``.
+    """
+    if rule in CONTRACTS:
+        return CONTRACTS[rule].entry
+    if rule in RULE_ENTRIES:
+        return RULE_ENTRIES[rule]
+    raise KeyError(f"rule {rule!r} has no entry (eagle3build.contract.CONTRACTS, RULE_ENTRIES)")
 
 
 def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
@@ -283,11 +382,13 @@ class StageSettings:
         return f"StageSettings({self.stage!r}, {self.values!r})"
 
 
-def job_settings(stage: str, config: Mapping[str, Any]) -> StageSettings:
-    """The settings of a job of ``stage`` from the workflow's config (the dict Snakemake loaded).
+def job_settings(stage: str, config: Mapping[str, Any],
+                 contracts: Mapping[str, Contract] | None = None) -> StageSettings:
+    """The settings of a job of ``stage`` from the workflow's config (the dict Snakemake loaded), by its contract
+    in ``contracts`` (default ``CONTRACTS``).
 
     Raises:
         KeyError: ``stage`` is not a stage, or ``config`` lacks one of its declared keys.
     """
-    c = CONTRACTS[stage]
+    c = (CONTRACTS if contracts is None else contracts)[stage]
     return StageSettings(stage, {k: config_value(config, k) for k in c.triggers + c.runtime})

@@ -37,7 +37,7 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 _VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
 
 # Each stage's subpackage: the stage module is eagle3build/<group>/<stage>.py, beside its
-# private modules (docs/layout.md); the rule is rules/<stage>.smk, the adapter scripts/<stage>.py.
+# private modules (docs/layout.md); the rule is rules/<stage>.smk; its entry, the module's run_job.
 STAGE_GROUPS: dict[str, str] = {s: c.group for s, c in CONTRACTS.items()}
 
 # The libraries whose versions shape each stage's output bytes (rules' `version` param; declared in

@@ -7,7 +7,7 @@ rule benchmark:
         preflight=preflight_input,
         target=TARGET_FILES,
     output:
-        report(f"{RES}/benchmark.json", category="4. Benchmark"),
+        json=report(f"{RES}/benchmark.json", category="4. Benchmark"),
     log:
         f"{LOGS}/benchmark.log",
     retries: VLLM_RETRIES
@@ -25,4 +25,4 @@ rule benchmark:
         head_dir=lambda w, input: os.path.dirname(input.head),
         settings=job_settings_param("benchmark"),
     script:
-        "../scripts/benchmark.py"
+        "../scripts/run_stage.py"

@@ -18,4 +18,4 @@ rule build_vocab_map:
         **stage_params("build_vocab_map"),
         settings=job_settings_param("build_vocab_map"),
     script:
-        "../scripts/build_vocab_map.py"
+        "../scripts/run_stage.py"

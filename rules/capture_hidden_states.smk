@@ -5,7 +5,7 @@ rule capture_hidden_states:
         decisions=rules.compat_report.output.decisions,
         tokens=f"{RES}/data/{{split}}.safetensors",
     output:
-        f"{RES}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
+        shard=f"{RES}/hidden_states/{{split}}/shard-{{shard}}.safetensors",
     log:
         f"{LOGS}/capture_hidden_states/{{split}}-{{shard}}.log",
     benchmark:
@@ -25,4 +25,4 @@ rule capture_hidden_states:
         target_dir=TARGET,
         settings=job_settings_param("capture_hidden_states"),
     script:
-        "../scripts/capture_hidden_states.py"
+        "../scripts/run_stage.py"

@@ -41,15 +41,12 @@ def target_dir(wildcards, input):
 # from it by its own job). Stages read only this file, which a report with the same
 # decisions rewrites byte for byte: Snakemake skips an input that is newer than the outputs
 # but has the checksum it recorded, so a report rebuilt on its own replans nothing below it.
-# Settings that may be `auto` reach the params as REQUESTED: writing down what `auto` chose
-# is no change (eagle3build.staleness.canonical_request). Not ancient(): Snakemake 9 then
+# Settings that may be `auto` reach the params as requested (eagle3build.contract.requested): writing
+# down what `auto` chose is no change (eagle3build.staleness.canonical_request). Not ancient(): Snakemake 9 then
 # never checks the jobs below a re-running report, and a changed setting would go unplanned.
 DECISIONS = f"{RES}/decisions.json"
 _RECORDED_DECISIONS = staleness.read_decisions(DECISIONS)
-REQUESTED = {
-    key: staleness.canonical_request(config["capture"][cfg_key], _RECORDED_DECISIONS, key)
-    for key, cfg_key in (("aux_layer_ids", "aux_layer_ids"), ("backend", "backend"))
-}
+REGENERATED = f"{RES}/data/regenerated.jsonl"
 
 
 def signature_once(func):
@@ -81,26 +78,8 @@ def stage_params(stage):
     The `version` param is the stage's OUTPUT_VERSION and the installed versions of the packages that
     shape its output, or the job's conda environment (JOB_ENV); no packages when the config's
     staleness.track_package_versions is false."""
-    return {p.name: _param_value(stage, p) for p in contract.CONTRACTS[stage].params}
-
-
-def _param_value(stage, param):
-    values = [contract.config_value(config, k) for k in param.keys]
-    if param.how == "value":
-        return values[0]
-    if param.how == "section":
-        return contract.canonical({k.rsplit(".", 1)[-1]: v for k, v in zip(param.keys, values)})
-    if param.how == "requested":
-        return REQUESTED[param.keys[0].rsplit(".", 1)[-1]]
-    if param.how == "version":
-        return staleness.stage_version(stage, values[0] if values else True, JOB_ENV)
-    if param.how == "prepare_sources":  # the regenerated answers replace the sources when enabled
-        return [{"max_samples": None, "path": REGENERATED}] if values[1] else values[0]
-    if param.how in ("num_aux_layers", "require_eval"):
-        return getattr(contract, param.how)(values[0])
-    if param.how == "online_capture":
-        return contract.online_capture(*values)
-    raise ValueError(f"{stage}: param {param.name} made by unknown {param.how!r} (eagle3build.contract.Param)")
+    ctx = contract.PlanContext(stage, _RECORDED_DECISIONS, JOB_ENV, REGENERATED)
+    return {p.name: contract.param_value(p, config, ctx) for p in contract.CONTRACTS[stage].params}
 
 
 def job_settings_param(stage):
@@ -192,9 +171,6 @@ PREFLIGHT_ENABLED = config["preflight"]["enabled"] == "always" or (
 def preflight_input(wildcards):
     """preflight.json where the pre-flight bound is enabled, else nothing."""
     return PREFLIGHT if PREFLIGHT_ENABLED else []
-
-
-REGENERATED = f"{RES}/data/regenerated.jsonl"
 
 
 def local_data_files():

@@ -18,7 +18,7 @@ rule compat_report:
         results_dir=lambda w, output: os.path.dirname(output.json),
         settings=job_settings_param("compat_report"),
     script:
-        "../scripts/compat_report.py"
+        "../scripts/run_stage.py"
 
 
 # compat.md is rendered from compat.json by its own job: a missing compat.md is brought back
@@ -37,7 +37,7 @@ rule compat_markdown:
         version=stage_params("compat_report")["version"],
         settings=job_settings_param("compat_report"),
     script:
-        "../scripts/compat_markdown.py"
+        "../scripts/run_stage.py"
 
 
 # Before any training: the target's verification-step cost on the serve job's GPUs (one vLLM engine),
@@ -47,7 +47,7 @@ rule preflight_bound:
         target=TARGET_FILES,
         decisions=DECISIONS,
     output:
-        PREFLIGHT,
+        json=PREFLIGHT,
     log:
         f"{LOGS}/preflight_bound.log",
     retries: VLLM_RETRIES
@@ -64,4 +64,4 @@ rule preflight_bound:
         target_dir=target_dir,
         settings=job_settings_param("preflight_bound"),
     script:
-        "../scripts/preflight_bound.py"
+        "../scripts/run_stage.py"

@@ -28,4 +28,4 @@ rule export_head:
         target_dir=target_dir,
         settings=job_settings_param("export_head"),
     script:
-        "../scripts/export_head.py"
+        "../scripts/run_stage.py"

@@ -15,4 +15,4 @@ rule materialize_target:
         out_dir=lambda w, output: os.path.dirname(output[0]),
         settings=job_settings_param("materialize_target"),
     script:
-        "../scripts/materialize_target.py"
+        "../scripts/run_stage.py"

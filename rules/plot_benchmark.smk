@@ -1,8 +1,8 @@
 rule plot_benchmark:
     input:
-        f"{RES}/benchmark.json",
+        benchmark=f"{RES}/benchmark.json",
     output:
-        report(
+        png=report(
             f"{RES}/report/benchmark.png",
             category="4. Benchmark",
             caption="../report/benchmark.rst",
@@ -15,4 +15,4 @@ rule plot_benchmark:
         **stage_params("plot_benchmark"),
         settings=job_settings_param("plot_benchmark"),
     script:
-        "../scripts/plot_benchmark.py"
+        "../scripts/run_stage.py"

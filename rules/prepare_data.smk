@@ -23,4 +23,4 @@ rule prepare_data:
         target_dir=target_dir,
         settings=job_settings_param("prepare_data"),
     script:
-        "../scripts/prepare_data.py"
+        "../scripts/run_stage.py"

@@ -23,4 +23,4 @@ rule regenerate_responses:
         target_dir=target_dir,
         settings=job_settings_param("regenerate_responses"),
     script:
-        "../scripts/regenerate_responses.py"
+        "../scripts/run_stage.py"

@@ -31,4 +31,4 @@ rule train_draft:
         target_dir=target_dir,
         settings=job_settings_param("train_draft"),
     script:
-        "../scripts/train_draft.py"
+        "../scripts/run_stage.py"

@@ -1,5 +1,5 @@
-"""eagle3build/artifacts.py: typed loaders of the JSON artifacts against their schemas, and the
-adapters under scripts/ that only unpack `snakemake` and call one library function."""
+"""eagle3build/artifacts.py: typed loaders of the JSON artifacts against their schemas, and the one
+adapter, scripts/run_stage.py, that only hands `snakemake`'s parts to one library function."""
 from __future__ import annotations
 
 import ast
@@ -11,6 +11,7 @@ from smk import REPO
 from eagle3build import artifacts
 from eagle3build.artifacts import ArtifactError, Decisions, HeadMeta, TrainMeta, minimal_decisions
 from eagle3build.compat import compat_report
+from eagle3build.contract import CONTRACTS, RULE_ENTRIES
 
 TRAIN_META = {"target_fingerprint": "1492001c043ec99e", "aux_layer_ids": [2, 15, 27],
               "vocab_fingerprint": "a0b27a73f4a0450c", "draft_vocab_size": 2048, "head_variant": "eagle3.1",
@@ -76,26 +77,76 @@ def _calls(node):
     return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "scripts").glob("*.py")))
-def test_adapter_only_unpacks_and_calls_one_library_function(script):
-    """Top level: docstring, imports from eagle3build, assignments that read `snakemake`,
-    `setup(snakemake)` and exactly one more call (the library's entry; its arguments may only read
-    `snakemake` through attributes, subscripts and list())."""
-    tree = ast.parse((REPO / "scripts" / script).read_text())
+def test_one_adapter_serves_every_rule():
+    """scripts/ holds the one adapter, and it is every rule's ``script:``."""
+    import re
+
+    assert sorted(p.name for p in (REPO / "scripts").iterdir() if p.suffix == ".py") == ["run_stage.py"]
+    scripts = {}
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        text = smk.read_text()
+        for rule, script in re.findall(r"^rule (\w+):.*?^    script:\n        \"([^\"]+)\"", text, re.M | re.S):
+            scripts[rule] = script
+    assert set(scripts) == set(CONTRACTS) | set(RULE_ENTRIES), scripts
+    assert set(scripts.values()) == {"../scripts/run_stage.py"}
+
+
+def test_the_adapter_only_unpacks_and_calls_one_library_function():
+    """Top level: docstring, imports from eagle3build, `setup(snakemake)` and exactly one more call (the
+    library's ``run_stage``), whose arguments only read `snakemake`'s attributes."""
+    tree = ast.parse((REPO / "scripts/run_stage.py").read_text())
     entry = []
     for st in tree.body:
         if isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
             continue
         if isinstance(st, ast.ImportFrom):
-            assert st.module.startswith("eagle3build"), (script, st.module)
+            assert st.module.startswith("eagle3build"), st.module
             continue
-        if isinstance(st, ast.Assign):
-            assert not _calls(st.value), (script, ast.unparse(st))
-            continue
-        assert isinstance(st, ast.Expr) and isinstance(st.value, ast.Call), (script, ast.unparse(st))
+        assert isinstance(st, ast.Expr) and isinstance(st.value, ast.Call), ast.unparse(st)
         if ast.unparse(st.value) == "setup(snakemake)":
             continue
         entry.append(st.value)
-    assert len(entry) == 1, (script, [ast.unparse(e) for e in entry])
-    inner = [ast.unparse(c.func) for c in _calls(entry[0]) if c is not entry[0]]
-    assert set(inner) <= {"list"}, (script, inner)
+    assert [ast.unparse(e.func) for e in entry] == ["run_stage"]
+    assert [c for c in _calls(entry[0]) if c is not entry[0]] == []
+    assert {ast.unparse(a) for a in entry[0].args} | {ast.unparse(k.value) for k in entry[0].keywords} == {
+        "snakemake.rule", "snakemake.input", "snakemake.output", "snakemake.params", "snakemake.wildcards",
+        "snakemake.resources"}
+
+
+def test_run_stage_calls_the_entry_with_what_it_names(tmp_path):
+    """Without Snakemake: mappings in, the entry's arguments by name (here plot_benchmark's ``inputs`` and
+    ``outputs``), the settings taken out of the params; an entry taking another argument is refused."""
+    from eagle3build import job
+
+    calls = []
+
+    def fake_entry(inputs, outputs, settings):
+        calls.append((inputs, outputs, settings))
+        return "done"
+
+    class Named(list):  # a Snakemake Namedlist's shape: a list with named items
+        def __init__(self, items):
+            super().__init__(v for _, v in items)
+            self._items = items
+
+        def items(self):
+            return iter(self._items)
+
+    orig = job.entry_function
+    job.entry_function = lambda rule: fake_entry
+    try:
+        out = job.run_stage("plot_benchmark", inputs=Named([("benchmark", "r/benchmark.json"),
+                                                            ("target", Named([("a", "t/a"), ("b", "t/b")]))]),
+                            outputs={"png": tmp_path / "b.png"}, params={"settings": "S", "version": 1})
+        assert out == "done"
+        assert calls == [({"benchmark": "r/benchmark.json", "target": ["t/a", "t/b"]},
+                          {"png": str(tmp_path / "b.png")}, "S")]
+        job.entry_function = lambda rule: lambda inputs, device: None
+        with pytest.raises(TypeError, match=r"takes \['device'\]"):
+            job.run_stage("plot_benchmark", inputs={})
+    finally:
+        job.entry_function = orig
+    assert job.entry_function("compat_markdown").__name__ == "markdown_job"
+    assert job.entry_function("benchmark").__module__ == "eagle3build.serve.benchmark"
+    with pytest.raises(KeyError, match="rule 'all' has no entry"):
+        job.entry_function("all")

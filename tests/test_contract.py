@@ -1,4 +1,4 @@
-"""The stage contracts (eagle3build.contract): every config key classified, adapters that read only
+"""The stage contracts (eagle3build.contract): every config key classified, entries that read only
 their stage's settings, entries and groups that exist."""
 from __future__ import annotations
 
@@ -72,6 +72,7 @@ def test_every_stage_has_a_contract_its_entry_and_its_group():
         module, function = c.entry.split(":")
         assert module == f"eagle3build.{c.group}.{stage}", c.entry
         tree = ast.parse((REPO / "eagle3build" / c.group / f"{stage}.py").read_text())
+        assert function == "run_job", c.entry  # one name for every stage's entry (eagle3build.job.run_stage)
         assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, c.entry
         assert len({p.name for p in c.params}) == len(c.params), stage
         assert "settings" not in {p.name for p in c.params}, stage  # the job's settings param (rules/common.smk)
@@ -95,27 +96,28 @@ def test_settings_come_with_sorted_mapping_keys():
     assert list(job_settings("prepare_data", cfg)["data.sources"][0]) == ["max_samples", "path"]
 
 
-def _settings_keys_read(script: Path) -> set[str]:
-    """The constant keys an adapter reads from its settings (``s["..."]``, ``s = ...params.settings``)."""
-    tree = ast.parse(script.read_text())
-    return {n.slice.value for n in ast.walk(tree) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
-            and n.value.id == "s" and isinstance(n.slice, ast.Constant)}
+def _settings_keys_read(source: str, function: str = "run_job") -> set[str]:
+    """The constant keys that ``function`` of module ``source`` reads from its settings (``settings["..."]``,
+    or ``s["..."]`` after ``s = settings``)."""
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    return {n.slice.value for n in ast.walk(fn) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
+            and n.value.id in ("s", "settings") and isinstance(n.slice, ast.Constant)}
 
 
 @pytest.mark.parametrize("stage", sorted(CONTRACTS))
-def test_an_adapter_reads_its_stage_settings_not_the_config(stage):
-    script = REPO / "scripts" / f"{stage}.py"
-    assert "snakemake.config" not in script.read_text()
+def test_an_entry_reads_its_stage_settings_not_the_config(stage):
+    c = CONTRACTS[stage]
+    source = (REPO / "eagle3build" / c.group / f"{stage}.py").read_text()
     s = job_settings(stage, CONFIG)
     assert isinstance(s, StageSettings)
-    for key in _settings_keys_read(script):
+    for key in _settings_keys_read(source):
         s[key]  # raises KeyError for a key outside the contract
 
 
-def test_the_adapter_check_reads_subscripts_of_the_settings(tmp_path):
-    script = tmp_path / "x.py"
-    script.write_text('s = snakemake.params.settings\nf(a=s["train.lr"], b=s["benchmark.seed"], c=p["x"])\n')
-    assert _settings_keys_read(script) == {"train.lr", "benchmark.seed"}
+def test_the_entry_check_reads_subscripts_of_the_settings():
+    source = 'def run_job(settings):\n    s = settings\n    f(a=s["train.lr"], b=settings["benchmark.seed"], c=p["x"])\n'
+    assert _settings_keys_read(source) == {"train.lr", "benchmark.seed"}
 
 
 def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
@@ -130,8 +132,8 @@ def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp_path / part)
     contract = tmp_path / "eagle3build/contract.py"
     text = contract.read_text()
-    edited = text.replace('Contract("build_vocab_map", "train", inputs=("tokens", "decisions"),',
-                          'Contract("build_vocab_map", "train", inputs=("tokens",),')
+    edited = text.replace('Stage("build_vocab_map", "train", inputs=("tokens", "decisions"),',
+                          'Stage("build_vocab_map", "train", inputs=("tokens",),')
     assert edited != text
     contract.write_text(edited)
     snakemake = str(Path(sys.executable).with_name("snakemake"))
@@ -139,3 +141,34 @@ def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert p.returncode != 0
     assert "the inputs of build_vocab_map, ['decisions', 'tokens'], are not its contract's ['tokens']" in p.stderr
+
+
+def test_each_param_is_made_by_its_function():
+    """A param is its keys' values passed to its ``make`` (no dispatch on strings): a value, a section, a
+    setting as requested, the regenerated answers in place of the sources, the online states' settings."""
+    from eagle3build import contract as c
+
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["data"]["regenerate"]["enabled"] = True
+    ctx = c.PlanContext("prepare_data", decisions=None, regenerated="results/x/data/regenerated.jsonl")
+    params = {p.name: c.param_value(p, cfg, ctx) for p in CONTRACTS["prepare_data"].params}
+    assert params["sources"] == [{"max_samples": None, "path": "results/x/data/regenerated.jsonl"}]
+    assert params["max_seq_len"] == cfg["data"]["max_seq_len"] and params["num_aux_layers"] == 3
+    assert params["require_eval"] is (cfg["capture"]["num_eval_samples"] > 0)
+    train = next(p for p in CONTRACTS["train_draft"].params if p.name == "train")
+    assert c.param_value(train, cfg, ctx) == {k: cfg["train"][k] for k in sorted(cfg["train"])}
+    cfg["capture"].update(mode="online", num_train_samples=7)
+    online = next(p for p in CONTRACTS["train_draft"].params if p.name == "online")
+    assert c.param_value(online, cfg, ctx) == {
+        "num_train_samples": 7, "num_eval_samples": cfg["capture"]["num_eval_samples"],
+        "storage_dtype": cfg["capture"]["storage_dtype"], "tokens_per_batch": cfg["capture"]["tokens_per_batch"],
+        "compute_dtype": cfg["target"]["dtype"]}
+    # aux ids as requested: pinning what an earlier report chose under `auto` reads as `auto`
+    recorded = {"capture": {"aux_layer_ids": [1, 2, 3], "aux_layer_ids_requested": "auto"}}
+    aux = Param("aux_layer_ids", ("capture.aux_layer_ids",), c.requested)
+    cfg["capture"]["aux_layer_ids"] = [1, 2, 3]
+    assert c.param_value(aux, cfg, c.PlanContext("capture_hidden_states", decisions=recorded)) == "auto"
+    cfg["capture"]["aux_layer_ids"] = [1, 2, 4]
+    assert c.param_value(aux, cfg, c.PlanContext("capture_hidden_states", decisions=recorded)) == [1, 2, 4]
+    assert c.param_value(Param("k", ("benchmark.ks", "preflight.max_k"), c.section), cfg, ctx) == {
+        "ks": cfg["benchmark"]["ks"], "max_k": cfg["preflight"]["max_k"]}

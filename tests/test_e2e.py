@@ -420,7 +420,7 @@ def _workflow_copy(tmp_path):
 
 
 def test_edited_adapter_rebuilds_nothing(built, tmp_path):
-    """Touching or editing an adapter under scripts/ (a comment, a fresh checkout's mtimes) plans
+    """Touching or editing the adapter under scripts/ (a comment, a fresh checkout's mtimes) plans
     nothing: what a stage computes is versioned by its module's OUTPUT_VERSION, not by file times."""
     wd, _ = built
     wf = _workflow_copy(tmp_path)

@@ -52,7 +52,7 @@ def test_kimi_with_blackwell_profile(tmp_path):
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_disk_and_gpu_plan(tmp_path, name):
-    """The compat report's plans, built as scripts/compat_report.py builds them from the config."""
+    """The compat report's plans, built as compat_report.run_job builds them from the config."""
     from eagle3build.compat import compat_report as cr
 
     _, _, bpt, aux = EXAMPLES[name]

@@ -22,7 +22,7 @@ from eagle3build.staleness import STAGE_GROUPS
 PACKAGE = "eagle3build"
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / PACKAGE
 
-# The modules named after a Snakemake rule (rules/<stage>.smk, scripts/<stage>.py), by their path.
+# The modules named after a Snakemake rule (rules/<stage>.smk), by their path.
 STAGES = frozenset(f"{group}.{stage}" for stage, group in STAGE_GROUPS.items())
 
 

@@ -35,7 +35,7 @@ def test_example_engines_are_tensor_parallel_over_the_jobs_gpus(tmp_path, name, 
         (job,) = jobs[rule]
         eng = vllm_engine.engine_args(str(REPO / cfg["target"]["path"]), gpus=int(job["gpu"]),
                                       served_name=cfg["target"]["served_name"],
-                                      max_model_len=cfg["benchmark"]["max_model_len"], dtype=cfg["benchmark"]["dtype"],
+                                      max_model_len=cfg["benchmark"]["max_model_len"], dtype=cfg["target"]["serve_dtype"],
                                       pipeline_parallel_size=cfg["target"]["pipeline_parallel_size"])
         assert (eng["tensor_parallel_size"], eng["pipeline_parallel_size"], eng["dtype"]) == (tp, 1, dtype), rule
         assert "enforce_eager" not in eng and "distributed_executor_backend" not in eng

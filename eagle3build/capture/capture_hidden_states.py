@@ -25,10 +25,13 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from ..contract import StageSettings
 from ..hooks import HookCapture, padded_batch, plan_batches, unpad  # noqa: F401 - plan_batches: this stage's API
 from ..shard_pipeline import WriterPipeline
 from ..shards import ShardFileWriter, ShardMeta, encode_states
@@ -103,32 +106,33 @@ def check_disk_for_split(out_path: str | os.PathLike, offsets, split_samples: in
     return {"shards_missing": missing, "tokens": tokens, "needed_bytes": need, "free_bytes": free}
 
 
-def capture_for_decisions(
-    decisions_path: str | os.PathLike,
-    target_dir: str | os.PathLike,
-    tokens_path: str | os.PathLike,
-    out_path: str | os.PathLike,
-    start: int,
-    count: int,
-    split: str,
-    gpus: int = 0,
-    **kwargs,
-) -> dict:
-    """Rule ``capture_hidden_states``' entry: ``capture_shard`` with the aux layer ids, target
-    fingerprint and backend of the compat report's ``decisions.json`` (``artifacts.Decisions``), on
-    ``cuda`` when the job has ``gpus`` > 0 GPUs, else on the CPU. ``kwargs``: the rest of
-    ``capture_shard``'s arguments. Returns its summary.
+def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
+            params: Mapping[str, Any], wildcards: Mapping[str, str], resources: Mapping[str, Any]) -> dict:
+    """Rule ``capture_hidden_states``' entry (``eagle3build.job.run_stage``): ``capture_shard`` of shard
+    ``params["shard"]`` (``{"start", "num_samples"}``) of split ``wildcards["split"]`` from ``inputs["tokens"]``
+    into ``outputs["shard"]``, with the aux layer ids, target fingerprint and backend of the compat report's
+    ``inputs["decisions"]`` (``artifacts.Decisions``), on ``cuda`` when the job holds ``resources["gpu"]`` > 0
+    GPUs (the vllm backend: tensor parallel over them), else on the CPU. The split's size
+    (``capture.num_<split>_samples``) and ``target.pipeline_parallel_size`` are runtime-only settings: more
+    samples add shards without replanning the full ones. Returns ``capture_shard``'s summary.
 
     Raises:
-        artifacts.ArtifactError: ``decisions_path`` is missing or does not match its schema.
+        artifacts.ArtifactError: the decisions file is missing or does not match its schema.
         and whatever ``capture_shard`` raises.
     """
     from ..artifacts import Decisions
 
-    d = Decisions.load(decisions_path)
-    return capture_shard(target_dir, tokens_path, out_path, start, count, aux_layer_ids=d.aux_layer_ids,
+    s, split, gpus = settings, wildcards["split"], resources.get("gpu", 0)
+    d = Decisions.load(inputs["decisions"])
+    return capture_shard(params["target_dir"], inputs["tokens"], outputs["shard"], params["shard"]["start"],
+                         params["shard"]["num_samples"], aux_layer_ids=d.aux_layer_ids,
                          target_fingerprint=d.target_fingerprint, split=split, backend=d.backend,
-                         device="cuda" if gpus > 0 else "cpu", gpus=gpus, **kwargs)
+                         device="cuda" if gpus > 0 else "cpu", gpus=gpus, compute_dtype=s["target.dtype"],
+                         storage_dtype=s["capture.storage_dtype"], tokens_per_batch=s["capture.tokens_per_batch"],
+                         trust_remote_code=s["target.trust_remote_code"],
+                         pipeline_parallel_size=s["target.pipeline_parallel_size"],
+                         split_samples=s[f"capture.num_{split}_samples"],
+                         samples_per_shard=s["capture.samples_per_shard"])
 
 
 def capture_shard(

@@ -20,8 +20,10 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from ..atomic import write_json, write_text
 from ..contract import StageSettings
@@ -394,16 +396,23 @@ def write_markdown(compat_json: str, out_md: str, preflight_json: str | None = N
     write_text(out_md, render_markdown(Compat.load(compat_json).data, pre))
 
 
-def run_for_settings(settings: StageSettings, target_dir: str, results_dir: str, out_json: str,
-                     out_decisions: str) -> dict:
-    """Rule ``compat_report``'s entry: ``build_report`` with the job's ``settings`` (its contract's
-    keys, eagle3build.contract), then ``write`` compat.json and ``write_decisions`` decisions.json.
+def markdown_job(inputs: Mapping[str, Any], outputs: Mapping[str, str]) -> None:
+    """Rule ``compat_markdown``'s entry (``eagle3build.job.run_stage``, ``contract.RULE_ENTRIES``):
+    ``write_markdown`` of ``inputs["json"]`` into ``outputs["md"]``, with the pre-flight table where the rule has a
+    ``preflight`` input (an empty list: none). Raises what ``write_markdown`` raises."""
+    write_markdown(inputs["json"], outputs["md"], preflight_json=inputs["preflight"] or None)
+
+
+def run_job(outputs: Mapping[str, str], settings: StageSettings, params: Mapping[str, Any]) -> dict:
+    """Rule ``compat_report``'s entry (``eagle3build.job.run_stage``): ``build_report`` for the target of
+    ``params["target_dir"]`` with the job's ``settings`` (its contract's keys, eagle3build.contract), then
+    ``write`` compat.json (``outputs["json"]``) and ``write_decisions`` decisions.json (``outputs["decisions"]``).
     Returns the report.
 
     The disk and GPU plans read runtime-only keys (sample counts, ``data.max_seq_len``, resources):
     growing the sample count or changing resources must not re-run this report and, behind it, every
     shard (each capture job re-checks the disk for its own shard). Backend and aux ids are the
-    config's own values (the rule's params carry them canonicalised: rules/common.smk, REQUESTED).
+    config's own values (the rule's params carry them as requested: eagle3build.contract.requested).
     The planned tokens are an upper bound: (train + eval samples) x ``data.max_seq_len``.
 
     Raises:
@@ -411,8 +420,8 @@ def run_for_settings(settings: StageSettings, target_dir: str, results_dir: str,
     """
     s = settings
     report = build_report(
-        target_dir=target_dir,
-        results_dir=results_dir,
+        target_dir=params["target_dir"],
+        results_dir=params["results_dir"],
         backend=s["capture.backend"],
         aux_layer_ids=s["capture.aux_layer_ids"],
         storage_dtype=s["capture.storage_dtype"],
@@ -428,6 +437,6 @@ def run_for_settings(settings: StageSettings, target_dir: str, results_dir: str,
             "draft_vocab_size": s["vocab.draft_vocab_size"], "tokens_per_batch": s["capture.tokens_per_batch"],
             "max_seq_len": s["data.max_seq_len"]},
     )
-    write(report, out_json)
-    write_decisions(report, out_decisions)
+    write(report, outputs["json"])
+    write_decisions(report, outputs["decisions"])
     return report

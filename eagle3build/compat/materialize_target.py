@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -66,3 +68,9 @@ def gguf_to_hf(gguf: str | os.PathLike, out_dir: str | os.PathLike, dtype: torch
 def materialize(name: str, out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
     """Materialise bundled target ``name`` (see ``target.BUNDLED_TARGETS``) into ``out_dir``."""
     return gguf_to_hf(bundled_gguf_path(name), out_dir, dtype={"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype])
+
+
+def run_job(params: Mapping[str, Any], wildcards: Mapping[str, str]) -> Path:
+    """Rule ``materialize_target``'s entry (``eagle3build.job.run_stage``): ``materialize`` bundled target
+    ``wildcards["name"]`` into ``params["out_dir"]`` (the folder of the rule's output files)."""
+    return materialize(wildcards["name"], params["out_dir"])

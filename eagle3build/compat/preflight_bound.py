@@ -39,11 +39,14 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from .. import vllm_engine
 from ..artifacts import Decisions
 from ..atomic import write_json
+from ..contract import StageSettings
 from ..head_model import write_untrained_head
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
 from ..step_costs import bound_table
@@ -259,3 +262,19 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
               "table": rows}
     write_json(out_json, result)
     return result
+
+
+def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
+            params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
+    """Rule ``preflight_bound``'s entry (``eagle3build.job.run_stage``): ``preflight`` on the job's
+    ``resources["gpu"]`` GPUs into ``outputs["json"]``, with the job's settings. ``inputs``: ``target`` (its files)
+    and ``decisions`` (the compat report's decisions.json). Returns what ``preflight`` returns and raises what
+    it raises."""
+    s = settings
+    return preflight(
+        target_dir=params["target_dir"], out_json=outputs["json"], max_k=s["preflight.max_k"],
+        benchmark_ks=s["benchmark.ks"], concurrencies=s["preflight.concurrencies"],
+        draft_vocab_size=s["vocab.draft_vocab_size"], served_name=s["target.served_name"],
+        decisions_json=inputs["decisions"], dtype=s["target.serve_dtype"],
+        gpus=resources.get("gpu", 0), context_tokens=s["preflight.context_tokens"], repeats=s["preflight.repeats"],
+        trust_remote_code=s["target.trust_remote_code"], pipeline_parallel_size=s["target.pipeline_parallel_size"])

@@ -71,12 +71,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
 from .. import prompt_sets
 from ..atomic import write_json, write_text
+from ..contract import StageSettings
 from ..conversations import (
     EXAMPLES_PER_REASON,
     Conversation,
@@ -398,3 +400,20 @@ def prepare(
         report["tokens"]["max"], 100 * report["supervised_fraction"],
     )
     return report
+
+
+def run_job(outputs: Mapping[str, str], settings: StageSettings, params: Mapping[str, Any]) -> dict:
+    """Rule ``prepare_data``'s entry (``eagle3build.job.run_stage``): ``prepare`` with the job's settings and its
+    computed params (``sources``: data.sources or the regenerated answers, ``num_aux_layers``, ``require_eval``:
+    eagle3build.contract), writing ``outputs`` ``train``, ``eval``, ``prompts`` and ``report``. Returns the data
+    report; raises what ``prepare`` raises."""
+    s = settings
+    return prepare(
+        sources=params["sources"], target_dir=params["target_dir"], out_train=outputs["train"],
+        out_eval=outputs["eval"], out_prompts=outputs["prompts"], out_report=outputs["report"],
+        max_seq_len=s["data.max_seq_len"], min_supervised_tokens=s["data.min_supervised_tokens"],
+        eval_fraction=s["data.eval_fraction"], seed=s["data.seed"], num_aux_layers=params["num_aux_layers"],
+        trust_remote_code=s["target.trust_remote_code"], reasoning=s["data.reasoning"],
+        require_eval=params["require_eval"],
+        benchmark_sets=s["benchmark.sets"],  # every benchmark prompt is checked against the chat template here
+        prompts_file=s["data.prompts_file"])

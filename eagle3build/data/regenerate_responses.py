@@ -70,12 +70,14 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import vllm_engine
 from ..atomic import atomic_path, write_json, write_text
+from ..contract import StageSettings
 from ..conversations import (
     UNFINISHED_KEY,
     Conversation,
@@ -584,3 +586,20 @@ def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]
     gen = TransformersGenerator(model, tok, max_tokens, batch_size, temperature, top_p, seed)
     return regenerate_turns(conversations, gen, gen.prompt_tokens, max_seq_len, unfinished, checkpoint_every,
                             state_path, key)
+
+
+def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
+            params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
+    """Rule ``regenerate_responses``' entry (``eagle3build.job.run_stage``): ``regenerate`` the job's
+    ``data.sources`` with the target of ``params["target_dir"]`` on its ``resources["gpu"]`` GPUs into
+    ``outputs["jsonl"]`` and ``outputs["report"]``. Returns the report; raises what ``regenerate`` raises."""
+    s = settings
+    return regenerate(
+        sources=s["data.sources"], target_dir=params["target_dir"], out_jsonl=outputs["jsonl"],
+        out_report=outputs["report"], max_seq_len=s["data.max_seq_len"], max_tokens=s["data.regenerate.max_tokens"],
+        unfinished=s["data.regenerate.unfinished"], temperature=s["data.regenerate.temperature"],
+        top_p=s["data.regenerate.top_p"], checkpoint_every=s["data.regenerate.checkpoint_every"],
+        served_name=s["target.served_name"], dtype=s["target.serve_dtype"], seed=s["data.seed"],
+        gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
+        backend=s["data.regenerate.backend"], batch_size=s["data.regenerate.batch_size"],
+        trust_remote_code=s["target.trust_remote_code"])

@@ -50,11 +50,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from .. import prompt_sets, vllm_engine, vocab_map
 from ..atomic import write_json
+from ..contract import StageSettings
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
 
 log = logging.getLogger(__name__)
@@ -392,3 +394,20 @@ def classify_difference(base_ids: list[int], run_ids: list[int], tops: dict[int,
     kind = "near_tie" if gap is not None and gap <= max_gap else "divergence"
     return {"position": pos, "baseline_token": bt, "run_token": rt, "baseline_top_logprobs": top,
             "top2_gap": top2, "gap": gap, "kind": kind}
+
+
+def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
+            params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
+    """Rule ``benchmark``'s entry (``eagle3build.job.run_stage``): ``benchmark`` the head of ``params["head_dir"]``
+    on the job's ``resources["gpu"]`` GPUs into ``outputs["json"]``; the ``custom_prompts`` and ``preflight``
+    inputs where the rule has them (an empty list: none). Returns the benchmark; raises what ``benchmark`` raises."""
+    s = settings
+    return benchmark(
+        target_dir=params["target_dir"], head_dir=params["head_dir"], prompts_path=inputs["prompts"],
+        out_json=outputs["json"], ks=s["benchmark.ks"], num_prompts=s["benchmark.num_prompts"],
+        max_tokens=s["benchmark.max_tokens"], dtype=s["target.serve_dtype"], served_name=s["target.served_name"],
+        max_model_len=s["benchmark.max_model_len"], seed=s["benchmark.seed"], concurrency=s["benchmark.concurrency"],
+        gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
+        sets=s["benchmark.sets"], custom_prompts_path=inputs["custom_prompts"] or None,
+        near_tie_max_logprob_gap=s["benchmark.near_tie_max_logprob_gap"],
+        trust_remote_code=s["target.trust_remote_code"], preflight_path=inputs["preflight"] or None)

@@ -19,13 +19,16 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .. import vllm_engine, vocab_map
 from ..artifacts import TrainMeta
 from ..atomic import atomic_path, write_json
+from ..contract import StageSettings
 from ..head_format import expected_shapes
 from ..head_model import TORCH_DTYPES, served_config
 
@@ -209,3 +212,17 @@ def check_loads_with_speculators(head_dir: str | os.PathLike, target_dir: str, s
             raise ExportError(f"speculators dropped tensor {k} when loading {head_dir}")
         if not torch.equal(loaded[k].to(v.dtype), v):
             raise ExportError(f"tensor {k} differs after loading {head_dir} with speculators")
+
+
+def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[str, Any],
+            resources: Mapping[str, Any]) -> dict:
+    """Rule ``export_head``'s entry (``eagle3build.job.run_stage``): ``export`` the checkpoint of
+    ``params["checkpoint_dir"]`` with the vocab map of ``inputs`` into ``params["out_dir"]``, the vLLM load check
+    on the job's ``resources["gpu"]`` GPUs. Returns the head's meta; raises what ``export`` raises."""
+    s = settings
+    return export(
+        checkpoint_dir=params["checkpoint_dir"], d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
+        vocab_json=inputs["vocab"], out_dir=params["out_dir"], served_name=s["target.served_name"],
+        target_dir=params["target_dir"], dtype=s["export.dtype"], vllm_load_check=s["export.vllm_load_check"],
+        gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
+        trust_remote_code=s["target.trust_remote_code"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
 from ..atomic import atomic_path
 
@@ -80,3 +81,9 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     plt.close(fig)
     log.info("plotted %s", out)
     return out
+
+
+def run_job(inputs: Mapping[str, str], outputs: Mapping[str, str]) -> dict:
+    """Rule ``plot_benchmark``'s entry (``eagle3build.job.run_stage``): ``plot`` ``inputs["benchmark"]`` into
+    ``outputs["png"]``. Returns what ``plot`` returns and raises what it raises."""
+    return plot(inputs["benchmark"], outputs["png"])

@@ -18,9 +18,11 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Mapping
 
 import numpy as np
 
+from ..contract import StageSettings
 from ..tokens import read_tokens
 from ..vocab_map import coverage, draft_target_ids, write_map
 
@@ -47,26 +49,21 @@ def vocab_fingerprint(freq: dict[int, int], draft_vocab_size: int) -> str:
     return h.hexdigest()[:16]
 
 
-def build_for_decisions(
-    tokens_path: str | os.PathLike,
-    decisions_path: str | os.PathLike,
-    draft_vocab_size: int,
-    out_d2t: str | os.PathLike,
-    out_t2d: str | os.PathLike,
-    out_json: str | os.PathLike,
-    num_samples: int | None = None,
-) -> dict:
-    """Rule ``build_vocab_map``'s entry: ``build`` with the target vocabulary size (tokens) read from
-    the compat report's ``decisions.json`` (``artifacts.Decisions``).
+def run_job(inputs: Mapping[str, str], outputs: Mapping[str, str], settings: StageSettings) -> dict:
+    """Rule ``build_vocab_map``'s entry (``eagle3build.job.run_stage``): ``build`` from ``inputs["tokens"]``
+    (its first ``capture.num_train_samples`` samples) a map of ``vocab.draft_vocab_size`` tokens into
+    ``outputs`` ``d2t``, ``t2d`` and ``info``, with the target vocabulary size (tokens) read from the compat
+    report's ``inputs["decisions"]`` (``artifacts.Decisions``). Returns ``build``'s summary.
 
     Raises:
-        artifacts.ArtifactError: ``decisions_path`` is missing or does not match its schema.
+        artifacts.ArtifactError: the decisions file is missing or does not match its schema.
         ValueError: ``draft_vocab_size`` exceeds the target vocabulary.
     """
     from ..artifacts import Decisions
 
-    target_vocab_size = Decisions.load(decisions_path).target_vocab_size
-    return build(tokens_path, target_vocab_size, draft_vocab_size, out_d2t, out_t2d, out_json, num_samples)
+    target_vocab_size = Decisions.load(inputs["decisions"]).target_vocab_size
+    return build(inputs["tokens"], target_vocab_size, settings["vocab.draft_vocab_size"], outputs["d2t"],
+                 outputs["t2d"], outputs["info"], settings["capture.num_train_samples"])
 
 
 def build(

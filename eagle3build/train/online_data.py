@@ -16,7 +16,8 @@ import os
 import torch
 
 from ..tokens import read_tokens
-from .train_data import Batches, cast_and_noise
+from .train_data import Batches, BatchLayout, cast_and_noise
+from .trainer import OnlineSettings
 
 
 def online_dataset_class():
@@ -68,16 +69,18 @@ def online_dataset_class():
 
 class OnlineBatches(Batches):
     """``Batches`` over an online target (``online_states``): ``load`` runs the target on the step's
-    samples, then collates as from shards. Constructed as ``Batches`` is, with ``tokens_path`` and
-    ``count`` (the split's tokens file and samples) in place of the shard paths, the online
-    ``target`` and ``depth``, the steps its loader computes ahead."""
+    samples, then collates as from shards. Split ``split`` (``train`` or ``eval``) of ``online`` (its tokens
+    file and sample count; ``queue_depth``: the steps the loader computes ahead), the states computed by
+    ``target``, packed as ``layout`` says."""
 
-    def __init__(self, tokens_path: str, count: int, target, total_seq_len: int, hidden_size: int, num_aux: int,
-                 dtype: torch.dtype, seed: int, noise_std: float = 0.0, world_size: int = 1,
-                 ranks: list[int] | None = None, depth: int = 2):
-        ds = online_dataset_class()(tokens_path, count, total_seq_len, dtype, target, noise_std=noise_std, seed=seed)
-        super().__init__([], total_seq_len, hidden_size, num_aux, dtype, seed, noise_std, world_size, ranks, dataset=ds)
-        self.depth = depth
+    def __init__(self, online: OnlineSettings, split: str, target, layout: BatchLayout):
+        tokens_path, count = ((online.train_tokens, online.num_train) if split == "train"
+                              else (online.eval_tokens, online.num_eval))
+        ds = online_dataset_class()(tokens_path, count, layout.total_seq_len, layout.dtype, target,
+                                    noise_std=layout.noise_std, seed=layout.seed)
+        super().__init__([], layout.total_seq_len, layout.hidden_size, layout.num_aux, layout.dtype, layout.seed,
+                         layout.noise_std, layout.world_size, layout.ranks, dataset=ds)
+        self.depth = online.queue_depth
 
     def load(self, indices) -> dict:
         """One collated row of samples ``indices``, their states computed now."""
@@ -85,10 +88,10 @@ class OnlineBatches(Batches):
         return super().load(indices)
 
 
-def longest_sample(online: dict) -> int:
+def longest_sample(online: OnlineSettings) -> int:
     """The longest sample, in tokens, of the samples an online run uses (both splits; at least 1)."""
     longest = 1
-    for path, n in ((online["train_tokens"], online["num_train"]), (online["eval_tokens"], online["num_eval"])):
+    for path, n in ((online.train_tokens, online.num_train), (online.eval_tokens, online.num_eval)):
         if n > 0:
             off = read_tokens(path).offsets
             m = min(n, len(off) - 1)
@@ -112,7 +115,7 @@ def check_memory_split(inputs, backend: str, num_aux: int, cfg, draft_vocab: int
     from ..target import load_config, text_config
 
     on = inputs.online
-    if on["gpus"] == 0:
+    if on.gpus == 0:
         return {"status": "ok", "message": "CPU job"}
     if gpu_memory_bytes is None:
         gpu_memory_bytes = torch.cuda.get_device_properties(0).total_memory
@@ -120,9 +123,9 @@ def check_memory_split(inputs, backend: str, num_aux: int, cfg, draft_vocab: int
                   if str(f).endswith((".safetensors", ".bin", ".pt", ".pth")))
     plan = plan_online_for_target(
         text_config(load_config(inputs.target_dir, trust_remote_code)), weights, backend, num_aux,
-        {"gpus": on["gpus"], "target_memory_fraction": on.get("target_memory_fraction") or 0.5,
+        {"gpus": on.gpus, "target_memory_fraction": on.target_memory_fraction or 0.5,
          "total_seq_len": cfg.total_seq_len, "ttt_steps": cfg.ttt_steps, "draft_vocab_size": draft_vocab,
-         "tokens_per_batch": on["tokens_per_batch"], "max_seq_len": longest_sample(on)}, gpu_memory_bytes)
+         "tokens_per_batch": on.tokens_per_batch, "max_seq_len": longest_sample(on)}, gpu_memory_bytes)
     if plan["status"] == "fail":
         raise MemoryError(f"capture.mode online: {plan['message']}")
     return plan
@@ -136,10 +139,10 @@ def open_target(inputs, backend: str, aux_layer_ids: list[int], trust_remote_cod
 
     on = inputs.online
     longest = longest_sample(on)
-    return open_states(backend, inputs.target_dir, aux_layer_ids, on["storage_dtype"], gpus=on["gpus"],
-                       compute_dtype=on["compute_dtype"], tokens_per_batch=on["tokens_per_batch"],
+    return open_states(backend, inputs.target_dir, aux_layer_ids, on.storage_dtype, gpus=on.gpus,
+                       compute_dtype=on.compute_dtype, tokens_per_batch=on.tokens_per_batch,
                        max_model_len=longest + 1, trust_remote_code=trust_remote_code,
-                       memory_fraction=on.get("target_memory_fraction"))
+                       memory_fraction=on.target_memory_fraction)
 
 
 def check_trainer_memory(device: str, text_cfg, cfg, num_aux: int, draft_vocab: int) -> dict | None:

@@ -92,6 +92,23 @@ class PrefetchWaits:
         return out
 
 
+@dataclass(frozen=True)
+class BatchLayout:
+    """How a run's batches are packed and for whom: ``total_seq_len`` tokens per packed row, ``hidden_size`` and
+    ``num_aux`` (the states' shapes), ``dtype`` of the states, ``seed`` (sampling and noise), ``noise_std`` (the
+    aux states' N(0, σ²) noise, their units), ``world_size`` ranks of which this process computes ``ranks``
+    (None: all). ``Batches.for_layout`` builds batches from it."""
+
+    total_seq_len: int
+    hidden_size: int
+    num_aux: int
+    dtype: torch.dtype
+    seed: int
+    noise_std: float = 0.0
+    world_size: int = 1
+    ranks: list[int] | None = None
+
+
 class Batches:
     """Packed batches over shards for the ranks this process computes.
 
@@ -127,6 +144,12 @@ class Batches:
             for r in self.ranks
         ]
         self.collate = CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux, dtype=dtype, preprocess=shift_batch)
+
+    @classmethod
+    def for_layout(cls, paths: list[str], layout: BatchLayout, dataset=None) -> "Batches":
+        """Batches over the shards ``paths`` (or ``dataset``) packed as ``layout`` says."""
+        return cls(paths, layout.total_seq_len, layout.hidden_size, layout.num_aux, layout.dtype, layout.seed,
+                   layout.noise_std, layout.world_size, layout.ranks, dataset=dataset)
 
     def steps_per_epoch(self) -> int:
         """Global steps in one epoch (packed rows per rank; the same for every rank)."""

@@ -11,9 +11,11 @@ The loop is split as speculators' ``train/`` package splits its own: the config,
 step / epoch / evaluation in ``trainer`` (its ``trainer.py``), data in ``train_data``
 (its ``data.py``), the resumable state in ``train_state`` (its ``checkpointer.py``),
 process groups and launch in ``ddp`` (its ``distributed.py``), metrics and the plot in
-``train_metrics``. The model comes from the shared ``head_model.build_model``; this stage module
-sets a run up from its inputs (:func:`setup`), loops (:func:`fit`) and writes the checkpoint
-(:func:`write_outputs`); :func:`train` and :func:`launch` are what the rule calls.
+``train_metrics``. The model comes from the shared ``head_model.build_model``; this stage module sets a run
+up from its inputs (:func:`setup`), loops (:func:`fit`) and writes the checkpoint
+(:func:`write_outputs`). The rule's entry, :func:`run_job`, builds the run's ``TrainConfig`` and
+``TrainInputs`` from the job's settings and calls :func:`fit` in its process, or :func:`launch` (torchrun,
+each rank running :func:`train`, the same run from JSON-able keyword arguments) on more than one GPU.
 
 On CPU the draft uses ``sdpa`` attention (flex attention has no CPU backward) and the
 eager ``kl_div`` loss (the fused one needs Triton); on CUDA the defaults
@@ -30,20 +32,33 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from ..artifacts import Decisions
 from ..atomic import atomic_path
+from ..contract import StageSettings
 from ..head_format import HEAD_VARIANTS
 from ..head_model import build_model
 from ..shards import ShardReader, check_meta
 from . import ddp, online_data
-from .train_data import Batches
+from .train_data import Batches, BatchLayout
 from .train_metrics import plot_curves
 from .train_state import TrainState, state_key
-from .trainer import Throughput, TrainConfig, Trainer, TrainInputs, evaluate, run_metrics, train_epoch
+from .trainer import (
+    OnlineSettings,
+    Placement,
+    Throughput,
+    TrainConfig,
+    Trainer,
+    TrainInputs,
+    evaluate,
+    run_metrics,
+    train_epoch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,16 +120,16 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device, trust_remote_code)
     hidden = model.config.transformer_layer_config.hidden_size
     ranks = [rank] if distributed else list(range(world))
+    # the eval batches: no noise, one rank's rows, whatever the world size
+    train_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks)
+    eval_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed)
     if target is not None:
         on = inputs.online
-        train_b = online_data.OnlineBatches(on["train_tokens"], on["num_train"], target, cfg.total_seq_len, hidden,
-                                            len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks, on["queue_depth"])
-        eval_b = (online_data.OnlineBatches(on["eval_tokens"], on["num_eval"], target, cfg.total_seq_len, hidden, len(aux),
-                                            dtype, cfg.seed, depth=on["queue_depth"]) if on["num_eval"] > 0 else None)
+        train_b = online_data.OnlineBatches(on, "train", target, train_layout)
+        eval_b = online_data.OnlineBatches(on, "eval", target, eval_layout) if on.num_eval > 0 else None
     else:
-        train_b = Batches(inputs.train_shards, cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, cfg.noise_std, world,
-                          ranks)
-        eval_b = Batches(inputs.eval_shards, cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed) if inputs.eval_shards else None
+        train_b = Batches.for_layout(inputs.train_shards, train_layout)
+        eval_b = Batches.for_layout(inputs.eval_shards, eval_layout) if inputs.eval_shards else None
     steps_per_epoch = train_b.steps_per_epoch()
     if steps_per_epoch == 0:
         raise ValueError(f"no training batch can be formed from {inputs.train_shards} for {world} rank(s)")
@@ -129,18 +144,17 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
                 "vocab": vocab_info["fingerprint"], "target": fp, "aux": aux}
     if inputs.online:  # what the states are made from: a state saved online resumes only the same online run
         on = inputs.online
-        settings["online"] = {k: on[k] for k in ("num_train", "num_eval", "storage_dtype", "compute_dtype",
-                                                 "tokens_per_batch")}
+        settings["online"] = on.state_settings()
         settings["online"].update(backend=decisions.backend, tokens=[(p, os.path.getsize(p)) for p in
-                                                                      (on["train_tokens"], on["eval_tokens"])])
+                                                                      (on.train_tokens, on.eval_tokens)])
     meta = {"target_fingerprint": fp, "aux_layer_ids": aux, "vocab_fingerprint": vocab_info["fingerprint"],
             "draft_vocab_size": int(d2t.shape[0]), "head_variant": cfg.head_variant,
             "head_flags": HEAD_VARIANTS[cfg.head_variant], "ttt_steps": cfg.ttt_steps, "world_size": world,
             "capture_mode": inputs.mode, "capture_backend": decisions.backend}
-    t = Trainer(cfg, inputs, device, distributed, rank, ranks, world, model, net, params, opt, sched, call_kwargs,
-                train_b, eval_b, total_steps, state_key(settings), meta, target,
-                key_any_world=state_key({**settings, "world": None}))
-    return t
+    return Trainer(cfg=cfg, inputs=inputs, place=Placement(device, distributed, rank, ranks, world), model=model,
+                   net=net, params=params, opt=opt, sched=sched, call_kwargs=call_kwargs, train_b=train_b,
+                   eval_b=eval_b, total_steps=total_steps, key=state_key(settings), meta=meta, target=target,
+                   key_any_world=state_key({**settings, "world": None}))
 
 
 def _optimizer(model, cfg: TrainConfig, total_steps: int, device: str):
@@ -240,7 +254,7 @@ def select_epoch(rule: str, state: TrainState) -> dict:
 
 def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_path: str, t2d_path: str,
           vocab_json: str, decisions_json: str, out_dir: str, *, world_size: int | None = None, device: str = "auto",
-          trust_remote_code: bool = False, online: dict | None = None, **settings) -> dict:
+          trust_remote_code: bool = False, online: OnlineSettings | dict | None = None, **settings) -> dict:
     """Train a draft head on the shards and write ``out_dir`` (atomically, as one directory).
 
     ``settings`` are the config's ``train:`` keys (:class:`TrainConfig`, its defaults for
@@ -259,7 +273,7 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
     ranks' rows in one process (the same global batch). ``device``: ``auto``, ``cpu`` or
     ``cuda``. Returns ``metrics.json``'s content.
 
-    ``online`` (``capture.mode: online``, ``trainer.TrainInputs.online`` lists its keys): no shards
+    ``online`` (``capture.mode: online``: a ``trainer.OnlineSettings``, or a dict of its fields): no shards
     (``train_shards`` and ``eval_shards`` empty); the target (the compat report's backend) runs in
     this process beside the trainer and computes each step's states while the draft trains on the
     step before (``online_data.OnlineBatches``: a queue ``queue_depth`` steps deep). Each epoch runs
@@ -292,42 +306,49 @@ def launch(kwargs: dict, nproc: int) -> None:
     ddp.launch("eagle3build.train.train_draft", kwargs, nproc)
 
 
-def online_inputs(capture: dict, capture_online: dict, compute_dtype: str, train_files: list[str],
-                  eval_files: list[str]) -> dict | None:
+def online_inputs(capture: Mapping[str, Any], capture_online: Mapping[str, Any], compute_dtype: str,
+                  train_files: list[str], eval_files: list[str], gpus: int = 0) -> OnlineSettings | None:
     """``train``'s ``online`` argument from a train_draft job's settings (``capture``: its ``capture.*`` keys,
-    ``capture_online``: ``capture.online.*``, ``compute_dtype``: ``target.dtype``) and its ``train``/``eval``
-    input files (online: the one tokens file of each split), or None where ``capture.mode`` is ``offline``
-    (the inputs are then shards)."""
+    ``capture_online``: ``capture.online.*``, ``compute_dtype``: ``target.dtype``), its ``train``/``eval``
+    input files (online: the one tokens file of each split) and its ``gpus``, or None where ``capture.mode``
+    is ``offline`` (the inputs are then shards)."""
     if capture["mode"] != "online":
         return None
-    return {"train_tokens": str(train_files[0]), "eval_tokens": str(eval_files[0]),
-            "num_train": capture["num_train_samples"], "num_eval": capture["num_eval_samples"],
-            "storage_dtype": capture["storage_dtype"], "compute_dtype": compute_dtype,
-            "tokens_per_batch": capture["tokens_per_batch"], **capture_online}
+    return OnlineSettings(train_tokens=str(train_files[0]), eval_tokens=str(eval_files[0]),
+                          num_train=capture["num_train_samples"], num_eval=capture["num_eval_samples"],
+                          storage_dtype=capture["storage_dtype"], compute_dtype=compute_dtype,
+                          tokens_per_batch=capture["tokens_per_batch"], gpus=gpus,
+                          queue_depth=capture_online["queue_depth"],
+                          target_memory_fraction=capture_online["target_memory_fraction"])
 
 
-def run_job(gpus: int, capture: dict, capture_online: dict, compute_dtype: str, **kwargs) -> None:
-    """Rule ``train_draft``'s entry: ``train(**kwargs)`` on the CPU (``gpus`` 0), on one GPU, or with
-    ``launch`` on ``gpus`` > 1 GPUs (one DDP process per GPU of the job's slots). ``kwargs``: ``train``'s
-    arguments without ``device`` and ``online``; ``train_shards`` and ``eval_shards`` are the rule's
-    ``train`` and ``eval`` inputs. ``capture``, ``capture_online`` and ``compute_dtype`` are the job's
-    ``capture.*``, ``capture.online.*`` and ``target.dtype`` settings: with ``capture.mode`` online
-    (``online_inputs``) the inputs are the tokens files and the run is always one process: the target
-    over the ``gpus`` GPUs, the draft on the first.
+def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[str, Any],
+            resources: Mapping[str, Any]) -> None:
+    """Rule ``train_draft``'s entry (``eagle3build.job.run_stage``): ``train`` on the CPU (``resources["gpu"]``
+    0), on one GPU, or with ``launch`` on more (one DDP process per GPU of the job's slots), into
+    ``params["out_dir"]``. ``inputs``: ``train`` and ``eval`` (the shards, or online the tokens file of each
+    split), ``d2t``, ``t2d``, ``vocab``, ``decisions`` (target fingerprint, aux ids, head variant, capture
+    backend). The job's ``capture.*``, ``capture.online.*`` and ``target.dtype`` settings: with ``capture.mode``
+    online (``online_inputs``) the run is always one process: the target over the job's GPUs, the draft on the
+    first.
 
     Raises:
         RuntimeError: a rank of a distributed run failed.
     """
-    kwargs["device"] = "cuda" if gpus > 0 else "cpu"
-    online = online_inputs(capture, capture_online, compute_dtype, kwargs["train_shards"], kwargs["eval_shards"])
-    if online:
-        # the target over the job's GPUs, the draft on the first: one process (train's docstring)
-        kwargs.update(train_shards=[], eval_shards=[], online={**online, "gpus": gpus})
-        train(**kwargs)
-    elif gpus > 1:
-        launch(kwargs, nproc=gpus)
-    else:
-        train(**kwargs)
+    gpus = resources.get("gpu", 0)
+    device, trust = ("cuda" if gpus > 0 else "cpu"), settings["target.trust_remote_code"]
+    online = online_inputs(settings["capture"], settings["capture.online"], settings["target.dtype"],
+                           list(inputs["train"]), list(inputs["eval"]), gpus)
+    files = dict(target_dir=params["target_dir"], d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
+                 vocab_json=inputs["vocab"], decisions_json=inputs["decisions"], out_dir=params["out_dir"])
+    if gpus > 1 and online is None:  # torchrun: the ranks get train's arguments as JSON
+        launch(dict(files, train_shards=list(inputs["train"]), eval_shards=list(inputs["eval"]), device=device,
+                    trust_remote_code=trust, **settings["train"]), nproc=gpus)
+        return
+    # one process; online, the target over the job's GPUs and the draft on the first (train's docstring)
+    shards = ([], []) if online else (list(inputs["train"]), list(inputs["eval"]))
+    fit(TrainConfig(**settings["train"]), TrainInputs(train_shards=shards[0], eval_shards=shards[1], online=online,
+                                                      **files), device, trust_remote_code=trust)
 
 
 if __name__ == "__main__":

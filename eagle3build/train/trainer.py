@@ -14,67 +14,79 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
 
+from ..config_spec import KEYS, Key, section_keys
 from .train_data import Batches, to_device
 from .train_metrics import accumulate, draft_flops_per_token, history_entry, summarise, to_floats
 from .train_state import TrainState
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """The config's ``train:`` section (schemas/config.schema.yaml), as ``train()`` receives it.
-
-    ``head_variant``: ``eagle3``, ``eagle3.1`` (``head_format.HEAD_VARIANTS``) or ``auto`` (the compat
-    report's choice: what the installed vLLM reads correctly). ``lr``: peak AdamW learning
-    rate, reached after ``warmup_ratio`` x the run's steps, then ``cosine`` decay to 0 or
-    ``constant``. ``ttt_steps``: draft tokens trained per position (EAGLE-3's training-time
-    test, arXiv:2503.01840 §3.3), their losses weighted by ``ttt_step_loss_decay`` ** k.
-    ``total_seq_len``: tokens per packed row (one row per rank per step). ``grad_clip``:
-    max global L2 norm of the gradients. ``noise_std``: std of the N(0, σ²) noise on the
-    aux hidden states (their units). ``max_steps``: stop after that many optimizer steps
-    (None: all epochs). ``checkpoint_every`` > 0: save the resumable state every that many
-    steps and at each epoch's end (it is not part of the settings a state must match).
-    ``loss_implementation``: speculators' ``eager`` KL (any device) or its Triton ``fused``
-    kernel (CUDA only; fails under torch.compile with torch 2.11, seen on an H200).
-    ``select``: which epoch's weights the checkpoint holds: ``best_simulated_tau`` (the epoch
-    whose eval gave the highest simulated τ; loss can keep falling while acceptance drops) or
-    ``last``.
-
-    Raises:
-        ValueError: ``schedule`` or ``loss_implementation`` is not one of its choices (the
-            stage checks ``head_variant``, whose choices it defines).
-    """
-
-    epochs: int = 1
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.05
-    schedule: str = "cosine"
-    ttt_steps: int = 3
-    ttt_step_loss_decay: float = 1.0
-    total_seq_len: int = 2048
-    grad_clip: float = 1.0
-    noise_std: float = 0.0
-    seed: int = 0
-    head_variant: str = "auto"
-    max_steps: int | None = None
-    checkpoint_every: int = 0
-    loss_implementation: str = "eager"
-    select: str = "best_simulated_tau"
+class _TrainConfigChecks:
+    """The checks and views of ``TrainConfig`` (whose fields config_spec's section ``train`` declares)."""
 
     def __post_init__(self) -> None:
-        for name, choices in (("schedule", ("cosine", "constant")), ("loss_implementation", ("eager", "fused")),
-                              ("select", ("best_simulated_tau", "last"))):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"train.{name} {getattr(self, name)!r} is not one of {list(choices)}")
+        for k in section_keys("train"):
+            choices = k.schema.get("enum")
+            if choices is not None and getattr(self, k.name) not in choices:
+                raise ValueError(f"train.{k.name} {getattr(self, k.name)!r} is not one of {list(choices)}")
 
     def settings(self) -> dict:
         """The fields a saved state must match to be resumed (all but ``checkpoint_every``)."""
         return {k: v for k, v in asdict(self).items() if k != "checkpoint_every"}
+
+
+def train_config_class(keys: tuple[Key, ...] = KEYS) -> type:
+    """A frozen dataclass with a field per key of section ``train`` of ``keys`` (eagle3build.config_spec): its
+    Python type, its default (config.yaml's value); constructing one with a value outside a key's ``enum``
+    raises ValueError."""
+    fields = [(k.name, k.python_type(), field(default=k.default)) for k in section_keys("train", keys)]
+    doc = "The config's ``train:`` section, as ``train()`` receives it; fields, types and defaults from " \
+          "eagle3build.config_spec:\n\n" + "\n".join(f"- ``{k.name}``: {k.doc}" for k in section_keys("train", keys))
+    return make_dataclass("TrainConfig", fields, bases=(_TrainConfigChecks,), frozen=True,
+                          namespace={"__doc__": doc, "__module__": __name__})
+
+
+# The config's ``train:`` section (``head_variant``: ``eagle3``, ``eagle3.1`` or ``auto``, the compat report's
+# choice; ``lr``: peak AdamW learning rate, reached after ``warmup_ratio`` x the run's steps, then ``cosine`` decay
+# to 0 or ``constant``; ``ttt_steps``: draft tokens trained per position, EAGLE-3's training-time test,
+# arXiv:2503.01840 §3.3, their losses weighted by ``ttt_step_loss_decay`` ** k; ``checkpoint_every`` > 0: save
+# the resumable state every that many steps and at each epoch's end, not part of the settings a state must
+# match; ``loss_implementation``: speculators' ``eager`` KL or its Triton ``fused`` kernel, CUDA only;
+# ``select``: the epoch whose weights the checkpoint holds). Raises ValueError for a value outside a key's
+# choices (the stage checks ``head_variant`` again once ``auto`` is resolved).
+TrainConfig = train_config_class()
+
+
+@dataclass(frozen=True)
+class OnlineSettings:
+    """``capture.mode: online``: how the target computes the states beside the trainer. ``train_tokens``,
+    ``eval_tokens``: the tokens files (prepare_data's); ``num_train``, ``num_eval``: their first samples used
+    (``capture.num_*_samples``); ``storage_dtype``: the rounding of the states, as a shard would store them
+    (``capture.storage_dtype``); ``compute_dtype``: the target's (``target.dtype``); ``tokens_per_batch``:
+    tokens per target forward (``capture.tokens_per_batch``); ``gpus``: the job's, the target's (0: CPU);
+    ``queue_depth``: steps computed ahead (``capture.online.queue_depth``); ``target_memory_fraction``: the
+    target's share of each GPU (``capture.online.target_memory_fraction``; None: the backend's default)."""
+
+    train_tokens: str
+    eval_tokens: str
+    num_train: int
+    num_eval: int
+    storage_dtype: str
+    compute_dtype: str
+    tokens_per_batch: int
+    gpus: int = 0
+    queue_depth: int = 2
+    target_memory_fraction: float | None = None
+
+    def state_settings(self) -> dict:
+        """The settings that shape the states, which a saved state must match (``train_state.state_key``)."""
+        return {k: getattr(self, k) for k in ("num_train", "num_eval", "storage_dtype", "compute_dtype",
+                                              "tokens_per_batch")}
 
 
 @dataclass(frozen=True)
@@ -84,11 +96,8 @@ class TrainInputs:
     ``vocab.json``), the compat report's decisions (target fingerprint, aux layer ids, head
     variant, capture backend) and ``out_dir``, the checkpoint directory to write.
 
-    ``online`` (``capture.mode: online``; no shards then): ``train_tokens``, ``eval_tokens`` (the
-    tokens files), ``num_train``, ``num_eval`` (their first samples used), ``storage_dtype`` (the
-    rounding of the states, as a shard would store them), ``compute_dtype`` (``target.dtype``),
-    ``tokens_per_batch``, ``gpus`` (the job's: the target's), ``queue_depth`` (steps computed ahead)
-    and ``target_memory_fraction`` (the target's share of each GPU)."""
+    ``online`` (``capture.mode: online``; no shards then): an ``OnlineSettings``, or a mapping of its
+    fields (a run's JSON arguments), which becomes one."""
 
     target_dir: str
     train_shards: list[str]
@@ -98,7 +107,11 @@ class TrainInputs:
     vocab_json: str
     decisions_json: str
     out_dir: str
-    online: dict | None = None
+    online: OnlineSettings | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.online, Mapping):
+            object.__setattr__(self, "online", OnlineSettings(**self.online))
 
     @property
     def mode(self) -> str:
@@ -109,6 +122,19 @@ class TrainInputs:
     def state_dir(self) -> Path:
         """``<out_dir>.state/``: the resumable state while the run is under way."""
         return Path(f"{os.path.normpath(self.out_dir)}.state")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run computes: ``device`` (``cpu``, ``cuda``, ``cuda:<rank>``), whether under ``torch.distributed``
+    (``distributed``), this process's ``rank``, the ``ranks`` whose rows it computes each step (its own under
+    torchrun, all ``world`` of them in one process otherwise) and the ``world`` size."""
+
+    device: str
+    distributed: bool
+    rank: int
+    ranks: list[int]
+    world: int
 
 
 @dataclass
@@ -124,11 +150,7 @@ class Trainer:
 
     cfg: TrainConfig
     inputs: TrainInputs
-    device: str
-    distributed: bool
-    rank: int
-    ranks: list[int]
-    world: int
+    place: Placement
     model: torch.nn.Module
     net: torch.nn.Module
     params: list[torch.nn.Parameter]
@@ -142,6 +164,26 @@ class Trainer:
     meta: dict
     target: object = None  # online: the target computing the states (online_states), else None
     key_any_world: str = ""  # ``key`` without the world size: a state of another world size is refused, not lost
+
+    @property
+    def device(self) -> str:
+        """``place.device``."""
+        return self.place.device
+
+    @property
+    def rank(self) -> int:
+        """``place.rank``."""
+        return self.place.rank
+
+    @property
+    def ranks(self) -> list[int]:
+        """``place.ranks``."""
+        return self.place.ranks
+
+    @property
+    def world(self) -> int:
+        """``place.world``."""
+        return self.place.world
 
     @property
     def cuda(self) -> bool:
@@ -248,7 +290,7 @@ def run_metrics(t: Trainer, state: TrainState, speed: Throughput) -> dict:
         "train_history": state.history,
         "train_tokens_this_process": speed.tokens,
         "seconds": round(seconds, 2),
-        "tokens_per_s": round(speed.tokens * (t.world if t.distributed else 1) / max(seconds, 1e-9), 1),
+        "tokens_per_s": round(speed.tokens * (t.world if t.place.distributed else 1) / max(seconds, 1e-9), 1),
         "device": t.device,
         "resumed_from_step": state.resumed_from,
         "flops_per_token": draft_flops_per_token(t.model, t.cfg.ttt_steps),

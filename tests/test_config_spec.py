@@ -1,0 +1,107 @@
+"""eagle3build.config_spec: each config key declared once, and what derives from the declarations: the config
+schema (schemas/config.schema.yaml), the stage contracts' keys and params, the jobs' settings and TrainConfig."""
+from __future__ import annotations
+
+import dataclasses
+
+import jsonschema
+import pytest
+import yaml
+from smk import REPO
+
+from eagle3build import config_spec as cs
+from eagle3build.contract import CONTRACTS, PlanContext, build_contracts, job_settings, param_value
+from eagle3build.train.trainer import TrainConfig, train_config_class
+
+CONFIG = yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def test_the_schema_file_is_the_generated_one():
+    """schemas/config.schema.yaml is ``python -m eagle3build.config_spec``'s output, byte for byte."""
+    assert (REPO / "schemas/config.schema.yaml").read_text() == cs.schema_yaml()
+
+
+def test_config_yaml_holds_every_key_at_its_default():
+    assert CONFIG == cs.defaults()
+    jsonschema.validate(CONFIG, cs.json_schema())
+
+
+def test_every_key_has_a_doc_a_type_and_a_stage():
+    for k in cs.KEYS:
+        assert k.doc and ("type" in k.schema or "oneOf" in k.schema), k.path
+        assert k.uses, f"{k.path} reaches no stage"
+        assert all(r.split(":")[0] in cs.ROLES for s in k.uses for r in k.roles(s)), k.path
+
+
+def test_train_config_is_the_train_section():
+    """The stage's settings object has the section's keys, config.yaml's values as defaults (the copies that
+    drifted: lr, ttt_steps, epochs, total_seq_len) and its choices as checks."""
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    assert fields == CONFIG["train"]
+    assert (TrainConfig().lr, TrainConfig().ttt_steps, TrainConfig().epochs, TrainConfig().total_seq_len) == (
+        CONFIG["train"]["lr"], CONFIG["train"]["ttt_steps"], CONFIG["train"]["epochs"], CONFIG["train"]["total_seq_len"])
+    with pytest.raises(ValueError, match=r"train.select 'first' is not one of \['best_simulated_tau', 'last'\]"):
+        TrainConfig(select="first")
+
+
+def test_a_key_added_in_one_place_reaches_schema_contract_and_settings():
+    """One new ``Key`` (a train setting that triggers train_draft's rerun, and a benchmark setting read at run
+    time only): it is in the schema (required, typed, bounded, documented), in the contracts (train_draft's
+    ``train`` param and triggers; the benchmark's runtime keys, in no param) and in the jobs' settings and
+    TrainConfig at its default."""
+    keys = cs.KEYS + (
+        cs.Key("train.label_smoothing", {"type": "number", "minimum": 0, "maximum": 1}, 0.1,
+               "label smoothing of the draft's loss", {"train_draft": "trigger:train"}),
+        cs.Key("benchmark.warmup_prompts", {"type": "integer", "minimum": 0}, 2,
+               "prompts decoded before timing", {"benchmark": "runtime"}),
+    )
+    schema = cs.json_schema(keys)
+    train = schema["properties"]["train"]
+    assert train["properties"]["label_smoothing"] == {"type": "number", "minimum": 0, "maximum": 1,
+                                                      "description": "label smoothing of the draft's loss"}
+    assert "label_smoothing" in train["required"]
+    config = cs.defaults(keys)
+    jsonschema.validate(config, schema)
+    with pytest.raises(jsonschema.ValidationError, match="is greater than the maximum"):
+        jsonschema.validate({**config, "train": {**config["train"], "label_smoothing": 2}}, schema)
+
+    contracts = build_contracts(keys=keys)
+    c = contracts["train_draft"]
+    assert "train.label_smoothing" in c.triggers and "train.label_smoothing" not in CONTRACTS["train_draft"].triggers
+    (train_param,) = [p for p in c.params if p.name == "train"]
+    assert param_value(train_param, config, PlanContext("train_draft"))["label_smoothing"] == 0.1
+    b = contracts["benchmark"]
+    assert "benchmark.warmup_prompts" in b.runtime and "benchmark.warmup_prompts" not in b.triggers
+
+    assert job_settings("train_draft", config, contracts)["train"]["label_smoothing"] == 0.1
+    assert job_settings("benchmark", config, contracts)["benchmark.warmup_prompts"] == 2
+    assert train_config_class(keys)().label_smoothing == 0.1
+    # the other stages' contracts are those of the shipped declarations
+    assert {s: x for s, x in contracts.items() if s not in ("train_draft", "benchmark")} == {
+        s: x for s, x in CONTRACTS.items() if s not in ("train_draft", "benchmark")}
+
+
+def test_a_bad_declaration_is_refused():
+    with pytest.raises(ValueError, match="reaches 'trian_draft', which is not a stage"):
+        build_contracts(keys=cs.KEYS + (cs.Key("train.x", {"type": "integer"}, 1, "x", {"trian_draft": "trigger"}),))
+    with pytest.raises(ValueError, match=r"roles \['rerun'\]"):
+        build_contracts(keys=cs.KEYS + (cs.Key("train.x", {"type": "integer"}, 1, "x", {"train_draft": "rerun"}),))
+    with pytest.raises(ValueError, match="two trigger keys named 'seed'"):
+        build_contracts(keys=cs.KEYS + (cs.Key("capture.seed", {"type": "integer"}, 1, "x",
+                                                {"regenerate_responses": "trigger"}),))
+    with pytest.raises(ValueError, match="train.lr: declared twice"):
+        cs.json_schema(cs.KEYS + (cs.key("train.lr"),))
+
+
+def test_upgrade_moves_a_renamed_key():
+    """benchmark.dtype, from a config written before issue 39, becomes target.serve_dtype, over the default's."""
+    cfg = cs.defaults()
+    cfg["benchmark"]["dtype"] = "bfloat16"
+    assert cs.upgrade(cfg) == [("benchmark.dtype", "target.serve_dtype")]
+    assert cfg["target"]["serve_dtype"] == "bfloat16" and "dtype" not in cfg["benchmark"]
+    jsonschema.validate(cfg, cs.json_schema())
+    assert cs.upgrade(cfg) == []  # nothing left to move
+    # the benchmark's section param names it `dtype` still: a build made before the rename is not replanned
+    (bench,) = [p for p in CONTRACTS["benchmark"].params if p.name == "benchmark"]
+    assert param_value(bench, cfg, PlanContext("benchmark"))["dtype"] == "bfloat16"
+
