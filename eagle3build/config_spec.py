@@ -152,7 +152,7 @@ KEYS: tuple[Key, ...] = (
         {"type": "string", "enum": ["auto", "bfloat16", "float16", "float32"]},
         "bfloat16",
         "capture compute dtype (auto = bf16 on CUDA, fp32 on CPU)",
-        {"capture_hidden_states": "trigger:compute_dtype", "train_draft": "trigger:online"},
+        {"compat_report": "runtime", "capture_hidden_states": "trigger:compute_dtype", "train_draft": "trigger:online"},
     ),
     Key(
         "target.serve_dtype",
@@ -686,7 +686,7 @@ KEYS: tuple[Key, ...] = (
         "resources.gpu_model",
         {"type": ["string", "null"]},
         None,
-        "e.g",
+        "the GPU type jobs ask a cluster executor for, e.g. \"rtx-pro-6000-blackwell\" (null: any)",
         {
             "regenerate_responses": "runtime",
             "capture_hidden_states": "runtime",

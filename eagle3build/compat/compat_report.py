@@ -29,7 +29,7 @@ from ..atomic import write_json, write_text
 from ..contract import StageSettings
 from ..head_format import HEAD_FLAGS, HEAD_VARIANTS
 from ..plans import hidden_state_bytes_per_token, plan_disk, plan_gpus
-from ..provenance import COMPAT_PACKAGES, host, software_versions
+from ..provenance import COMPAT_PACKAGES, cpu_bf16_support, host, software_versions
 from ..serving import check_servable
 from ..serving import probe_vllm as probe_serving_vllm
 from ..staleness import content_files
@@ -37,6 +37,7 @@ from ..target import check_aux_layer_ids, default_aux_layer_ids, fingerprint, lo
 from .compat_render import render_markdown
 from .probes import (
     Probe,
+    check_cpu_capture_dtype,
     check_known_good,
     inspect_target,
     installed_versions,
@@ -187,8 +188,11 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
                  storage_dtype: str = "bfloat16", trust_remote_code: bool = False, planned_tokens: int = 0,
                  gpu_memory_gb: float | None = None, gpus_per_node: int = 0,
                  job_gpus: dict[str, int] | None = None, head_variant: str = "auto",
-                 online: dict | None = None) -> dict:
+                 online: dict | None = None, compute_dtype: str = "auto") -> dict:
     """Run every probe, inspect the target, decide the backend and plan disk and GPUs.
+
+    ``compute_dtype`` (``target.dtype``): the capture's compute dtype, checked against this host's CPU
+    where capture runs on CPU (probe ``cpu_capture_dtype``: warns where bf16 would be emulated).
 
     ``online`` (``capture.mode: online``): ``target_memory_fraction``, ``gpus`` (the train job's),
     ``total_seq_len``, ``ttt_steps``, ``draft_vocab_size``, ``tokens_per_batch`` and ``max_seq_len``:
@@ -213,6 +217,8 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         ("speculators_datagen", probe_speculators_datagen, False),
         ("hook_capture_smoke", probe_hook_capture, True),
         ("known_good_versions", lambda: check_known_good(installed_versions()), False),
+        ("cpu_capture_dtype", lambda: check_cpu_capture_dtype(compute_dtype, (job_gpus or {}).get("capture", 0),
+                                                              cpu_bf16_support()), False),
     ):
         probes[name] = run_probe(name, fn, required)
         log.info("probe %-28s %-4s %6.2fs %s", name, probes[name].status, probes[name].seconds, probes[name].error or "")
@@ -431,6 +437,7 @@ def run_job(outputs: Mapping[str, str], settings: StageSettings, params: Mapping
         gpus_per_node=s["resources.gpus_per_node"],
         job_gpus={"capture": s["resources.capture.gpu"], "serve": s["resources.serve.gpu"]},
         head_variant=s["train.head_variant"],
+        compute_dtype=s["target.dtype"],
         online=None if s["capture.mode"] != "online" else {
             "target_memory_fraction": s["capture.online.target_memory_fraction"], "gpus": s["resources.train.gpu"],
             "total_seq_len": s["train.total_seq_len"], "ttt_steps": s["train.ttt_steps"],

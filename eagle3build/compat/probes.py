@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..head_format import HEAD_FLAGS
-from ..provenance import base_version, installed_version, safe_version
+from ..provenance import NATIVE_BF16_FLAGS, base_version, installed_version, safe_version
 from ..target import find_decoder_layers, load_config, text_config
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,25 @@ def check_known_good(versions: dict[str, str | None], known: dict | None = None)
         warnings.warn(msg, UserWarning, stacklevel=2)
         untested.append({"pair": pair, a: va, b: vb, "why": " ".join(why.split())})
     return {"versions": versions, "untested_pairs": untested}
+
+
+def check_cpu_capture_dtype(compute_dtype: str, capture_gpus: int, support: dict) -> dict:
+    """Whether hook capture on CPU will run ``compute_dtype`` at native speed on this host.
+
+    ``support``: ``provenance.cpu_bf16_support()``. Warns (UserWarning, so the probe reports ``warn``)
+    where capture runs on CPU (``capture_gpus == 0``) in bfloat16/float16 and the CPU has no native bf16
+    (avx512_bf16 / AMX): there PyTorch emulates bf16 matmuls, about 29x slower than float32 for the
+    bundled target (provenance.cpu_bf16_support). Returns ``{"compute_dtype", "device", **support}``.
+    This host is where compat_report runs: a capture job sent to another host (a cluster) is not seen.
+    Raises nothing.
+    """
+    device = "cuda" if capture_gpus > 0 else "cpu"
+    if device == "cpu" and compute_dtype in ("bfloat16", "float16") and support.get("native_bf16") is False:
+        warnings.warn(
+            f"target.dtype {compute_dtype} on a CPU without native bf16 ({' / '.join(NATIVE_BF16_FLAGS)} absent): "
+            "hidden-state capture runs about 29x slower than in float32 here; set target.dtype: auto (float32 on "
+            "CPU) unless the shards must be bf16-computed", UserWarning, stacklevel=2)
+    return {"compute_dtype": compute_dtype, "device": device, **support}
 
 
 def probe_torch():
