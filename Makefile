@@ -1,5 +1,6 @@
 # `make run`: install (exact pins into .venv) and build the default run.
-# `make test`: install and run the test suite (unit, plan, end-to-end, lint: tests/test_lint.py). What CI runs.
+# `make test`: install and run the test suite (unit, plan, end-to-end, lint: tests/test_lint.py). What CI runs:
+#   tests/run_suite.sh, two pytest processes side by side (the reduced build's tests; the rest).
 # `make check`: the fast loop (minutes): the unit, contract, plan and lint tests; no build, no vLLM engine, no
 #   cluster, no container (CHECK_MARKERS: the markers of pyproject.toml; tests/conftest.py marks every test that
 #   uses the reduced build e2e).
@@ -19,7 +20,7 @@ run: install
 	.venv/bin/snakemake --cores $(CORES)
 
 test: install
-	.venv/bin/pytest -q -rs --durations=30 tests
+	tests/run_suite.sh
 
 check: install
 	.venv/bin/pytest -q -rs -m "$(CHECK_MARKERS)" tests
