@@ -23,6 +23,37 @@ TARGET = config["target"]["path"] or f"resources/targets/{config['target']['bund
 # download) is refused here, naming what is missing, not in an input function later.
 if config["target"]["path"] and staleness.target_dir_problem(TARGET):
     raise ValueError(staleness.target_dir_problem(TARGET))
+# A folder with config.json and no weight files (a download that has the config and tokenizer but
+# not the weights yet; the examples' config-only targets) plans: a dry-run warns. A build whose
+# planned jobs read the weights stops before its first job (onstart below), naming the folder.
+TARGET_WEIGHTS_PROBLEM = config["target"]["path"] and staleness.target_weights_problem(TARGET)
+# The rules whose jobs read the target's weights (the others read its config and tokenizer only).
+READS_TARGET_WEIGHTS = frozenset(
+    {"preflight_bound", "regenerate_responses", "capture_hidden_states", "train_draft", "export_head", "benchmark"}
+)
+if TARGET_WEIGHTS_PROBLEM:
+    logger.warning(f"{TARGET_WEIGHTS_PROBLEM}; it plans, but a build stops before its first job that reads them")
+
+
+def check_target_weights(jobs):
+    """Refuse a build of a target folder without weight files (TARGET_WEIGHTS_PROBLEM) whose planned
+    ``jobs`` (Snakemake jobs) include one that reads them (READS_TARGET_WEIGHTS).
+
+    Raises:
+        ValueError: naming the folder, what it lacks and the rules that read the weights.
+    """
+    reading = sorted(READS_TARGET_WEIGHTS.intersection(job.rule.name for job in jobs))
+    if TARGET_WEIGHTS_PROBLEM and reading:
+        raise ValueError(
+            f"{TARGET_WEIGHTS_PROBLEM}; the planned jobs of {', '.join(reading)} read them: nothing was run"
+        )
+
+
+# Before the first job of a build (never in a dry-run: Snakemake calls onstart only when it executes).
+onstart:
+    check_target_weights(workflow.dag.needrun_jobs())
+
+
 TARGET_FILES = (
     staleness.content_files(TARGET)
     if config["target"]["path"]

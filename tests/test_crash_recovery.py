@@ -42,3 +42,14 @@ def test_readme_recovers_a_killed_build(tmp_path):
     plan = run(["-n", *cmds[1][2:], "--until", "materialize_target"], tmp_path)  # the rerun's plan, not the build
     assert plan.returncode == 0, plan.stderr
     assert re.search(r"^materialize_target\s+1$", plan.stdout + plan.stderr, re.M)
+
+
+def test_cluster_recovery_links_the_troubleshooting_section():
+    """docs/running.md's SLURM part names the queued jobs a killed run leaves (scancel by the run's id) and links
+    README's troubleshooting section by its heading's anchor; README links back."""
+    section, _ = troubleshooting_commands()
+    heading = re.search(r"^## (Troubleshooting[^\n]*)", (REPO / "README.md").read_text(), re.M).group(1)
+    anchor = re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")  # GitHub's heading anchors
+    running = (REPO / "docs/running.md").read_text()
+    assert f"(../README.md#{anchor})" in running and "scancel --name <id>" in running and "SLURM run ID" in running
+    assert "[docs/running.md](docs/running.md)" in section and "make run" in section

@@ -234,3 +234,29 @@ def test_exported_files_are_inputs_of_prepare_data(tmp_path):
     p = run(["-n", "results/default/data/data_report.json", "--configfile", str(cfg)], tmp_path)
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "MissingInputException" in out and "chats.parquet" in out and "more.jsonl.gz" in out
+
+
+def test_prepare_refuses_an_empty_chat_set_before_any_gpu_stage(tmp_path, smol_target):
+    """Issue 38.5: a chat set left without a prompt (every eval conversation opens as a train one does) stops
+    prepare_data, naming the counts, not the benchmark after capture and training; nothing is written."""
+    src = tmp_path / "same_opening.jsonl"
+    src.write_text("".join(json.dumps(oai(("user", "Hi"), ("assistant", f"Hello number {i}, how can I help?"),
+                                          id=f"r{i}")) + "\n" for i in range(12)))
+    out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
+
+    def run(sets):
+        return pd.prepare([{"path": str(src), "max_samples": None}], smol_target, *out, max_seq_len=128,
+                          min_supervised_tokens=1, eval_fraction=0.5, seed=0, benchmark_sets=sets)
+
+    from eagle3build import prompt_sets
+
+    evals = sum(pd.is_eval(f"r{i}", 0, 0.5) for i in range(12))
+    assert 0 < evals < 12
+    with pytest.raises(prompt_sets.PromptSetError, match=rf"benchmark set 'chat' would be empty: of the {evals} "
+                                                         rf"eval-split conversations of \['{src}'\], {evals} open with a "
+                                                         rf"user turn and {evals} of those open a train conversation"):
+        run(["chat", "humaneval"])
+    assert not any(p.exists() for p in out)
+    rep = run(["humaneval"])  # no chat set: nothing to refuse
+    assert rep["benchmark_prompts"] == 0 and rep["benchmark_prompts_seen_in_train"] == evals
+    assert out[2].read_text() == ""

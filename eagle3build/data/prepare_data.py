@@ -221,15 +221,19 @@ def prepare(
     (``data.prompts_file``, set ``custom``): every prompt of those sets is rendered with the target's
     chat template and generation prompt before any GPU stage; one it refuses is a counted skip naming
     the prompt (report ``benchmark_prompt_check``; a refused chat prompt is not written), and a set
-    it refuses whole stops the stage (``prompt_sets.drop_refused``). A custom file absent here (a
-    job on another machine) is left to the benchmark, which checks again.
+    it refuses whole stops the stage (``prompt_sets.drop_refused``), as does set ``chat`` left with no
+    prompt at all where ``benchmark_sets`` names it (not under the default ``None``: a caller that
+    benchmarks nothing). A custom file absent here (a job on another machine) is left to the
+    benchmark, which checks again.
 
     Raises:
         DataError: a source file cannot be read at all; no sample survives; the eval split is
             empty while ``require_eval``; a token id is at or beyond the
             target's ``vocab_size`` (file, record, token id and text named).
         PromptSetError: a benchmark set whose every prompt the chat template refuses (set, prompt id and the
-            template's message named); an unreadable ``prompts_file`` (file and line named).
+            template's message named); set ``chat``, named in ``benchmark_sets``, left without a prompt (no
+            eval-split conversation opening with a user turn that does not open a train conversation too);
+            an unreadable ``prompts_file`` (file and line named).
         ValueError: ``reasoning`` is neither ``keep`` nor ``drop``.
     """
     from transformers import AutoTokenizer
@@ -345,8 +349,14 @@ def prepare(
                     "data.reasoning is drop" if reasoning == "drop" else
                     "the target's chat template reads no reasoning field (reasoning_content, thinking, reasoning)")
     seen_in_train = sum(o in train_openings for o, _ in prompts)
+    opened = len(prompts)
     prompts = [p for o, p in prompts if o not in train_openings]
     prompts, prompt_check = check_benchmark_prompts(tok, prompts, benchmark_sets, prompts_file)
+    if benchmark_sets and "chat" in benchmark_sets and not prompts:  # the benchmark would stop on it after training
+        raise prompt_sets.PromptSetError(
+            f"benchmark set 'chat' would be empty: of the {len(evals)} eval-split conversations of {paths}, {opened} "
+            f"open with a user turn and {seen_in_train} of those open a train conversation too "
+            "(benchmark_prompts_seen_in_train); raise data.eval_fraction or add data, or leave chat out of benchmark.sets")
 
     write_tokens(out_train, train)
     write_tokens(out_eval, evals)
