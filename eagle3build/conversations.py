@@ -1,8 +1,9 @@
 """Conversation files -> normalised conversations (shared by ``prepare_data`` and ``regenerate_responses``).
 
 Ingest: a JSON array, JSONL, one JSON document holding the records under one key
-(``{"data": [...]}``) or Parquet, the JSON forms optionally gzip/bz2/xz-compressed; the format is
-told by the content (``read_records``). A JSON array cut off mid-record keeps every complete record.
+(``{"data": [...]}``) or Parquet, the JSON forms optionally gzip/bz2/xz/zstd-compressed; the format
+is told by the content (``read_records``). A JSON array cut off mid-record keeps every complete
+record; a byte that is not UTF-8 skips the record holding it, not the file.
 Normalise: roles and turn order, one documented rule per defect, every skip counted by reason;
 the rules are tabled in ``eagle3build/data/prepare_data.py``'s docstring (the stage's data report
 counts them).
@@ -12,8 +13,9 @@ tool/function/ipython/observation -> tool (a tool's result); ShareGPT's function
 assistant turn that calls a tool.
 Record formats: ShareGPT (``conversations`` of ``{"from", "value"}``, optional ``tools``) and
 OpenAI chat (``messages`` of ``{"role", "content"}``, optional ``tools``); ``content`` may be a list
-of OpenAI content parts, whose text parts are joined (``_content_parts``; a non-text part skips the
-record, ``non_text_part``). A string with a lone UTF-16 surrogate skips the record (``bad_unicode``).
+of OpenAI content parts (or plain strings, as vLLM takes them), whose text parts are joined
+(``_content_parts``; a non-text part skips the record, ``non_text_part``). A string with a lone
+UTF-16 surrogate, or a byte of the file that is not UTF-8, skips the record (``bad_unicode``).
 An assistant message may carry ``tool_calls`` (OpenAI form; its content may then be empty or null) and reasoning
 (``reasoning_content`` or ``reasoning``); a tool message may carry ``tool_call_id`` and ``name``.
 Normalised messages are OpenAI/transformers chat messages: ``role``, ``content`` (str), and where
@@ -93,9 +95,13 @@ class SourceStats:
     # how the file was read: "json" (an array), "jsonl", "json_object" (one document: a record, or records
     # under one key, e.g. {"data": [...]}) or "parquet"
     format: str | None = None
-    compression: str | None = None  # "gzip", "bz2" or "xz": the file was decompressed first
+    compression: str | None = None  # "gzip", "bz2", "xz" or "zstd": the file was decompressed first
     compressed_stream_cut: bool = False  # the compressed stream ends early; what decompressed is kept
     records_lost: int = 0  # Parquet: rows of row groups that could not be read
+    # bytes that are not UTF-8 (a stray Latin-1 byte in scraped text): the records holding them are
+    # skipped (bad_unicode), the rest read; offset of the first (in the decompressed text of a compressed file)
+    bad_utf8_bytes: int = 0
+    first_bad_utf8_byte: int | None = None
 
 
 def bundled_sharegpt_path() -> Path:
@@ -126,19 +132,32 @@ _COMPRESSIONS = {
     b"BZh": ("bz2", lambda: bz2.BZ2Decompressor()),
     b"\xfd7zXZ\x00": ("xz", lambda: lzma.LZMADecompressor()),
 }
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # zstd frames (.jsonl.zst, common on the Hugging Face Hub): pyarrow's codec reads them
 PARQUET_MAGIC = b"PAR1"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what Windows editors write for "Unicode" text
+# The character a byte that is not UTF-8 decodes to under Python's ``surrogateescape`` (U+DC80-U+DCFF):
+# such a text still parses as JSON, and the record holding one is skipped (bad_unicode), not the file.
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 _KEYED_ARRAY = re.compile(r'\{\s*"((?:[^"\\]|\\.)*)"\s*:\s*\[')  # {"data": [ ... : a record list under a key
 
 
 def read_records(path: str | os.PathLike, stats: SourceStats) -> Iterator[tuple[int, object]]:
     """Yield ``(record_index, record)`` from a conversation file, its format told by its content.
 
-    Formats: a JSON array; JSONL; one JSON document holding one record or a list of records under
-    one key (``{"data": [...]}``, ``stats.format`` ``json_object``); Parquet (``Dataset.to_parquet``
-    of Hugging Face ``datasets``, read with pyarrow row group by row group). A gzip, bz2 or xz
-    file (``.jsonl.gz``, ``Dataset.to_json(..., compression="gzip")``) is decompressed first
+    Formats: a JSON array; JSONL (one record a line; lines end at ``\n`` only, so a text holding
+    U+2028 or U+0085 written raw by ``json.dumps(..., ensure_ascii=False)`` stays one record); one JSON
+    document holding one record or a list of records under one key (``{"data": [...]}``,
+    ``stats.format`` ``json_object``); Parquet (``Dataset.to_parquet`` of Hugging Face ``datasets``,
+    read with pyarrow row group by row group; a struct field Arrow fills with null for the rows
+    that lack it is dropped, ``_without_nulls``). A gzip, bz2, xz or zstd file (``.jsonl.gz``,
+    ``Dataset.to_json(..., compression="gzip")``, ``.jsonl.zst``) is decompressed first
     (``stats.compression``); a compressed stream cut short keeps what decompressed
     (``stats.compressed_stream_cut``) and the salvage below applies to it.
+
+    Text is UTF-8. A byte that is not (a stray Latin-1 byte in scraped text) is decoded to a lone
+    surrogate (``surrogateescape``), so the file still parses and the record holding it is skipped by
+    ``normalise`` (``bad_unicode``, the field named); ``stats.bad_utf8_bytes`` counts such bytes and
+    ``stats.first_bad_utf8_byte`` gives the first one's offset.
 
     Salvage: a JSON array (also one under a key) that ends mid-record (or is damaged part-way)
     yields every complete record before the damage; ``stats.truncated_at_byte`` and
@@ -148,9 +167,9 @@ def read_records(path: str | os.PathLike, stats: SourceStats) -> Iterator[tuple[
     in ``stats.records_lost``.
 
     Raises:
-        DataError: the file is missing, not UTF-8, empty, a damaged compressed stream with nothing
-            readable, a Parquet file whose footer cannot be read, or neither of the formats above
-            (message names the file and the byte offset).
+        DataError: the file is missing, empty, UTF-16 or starting with a byte that is not UTF-8, a
+            damaged compressed stream with nothing readable, a Parquet file whose footer cannot be
+            read, or neither of the formats above (message names the file and the byte offset).
     """
     path = Path(path)
     try:
@@ -169,28 +188,42 @@ def read_records(path: str | os.PathLike, stats: SourceStats) -> Iterator[tuple[
         if raw.startswith(sig):
             raw = _decompress(path, raw, name, factory, stats)
             break
+    else:
+        if raw.startswith(ZSTD_MAGIC):
+            raw = _decompress_zstd(path, raw, stats)
     if raw.startswith(PARQUET_MAGIC):
         raise DataError(f"{path}: a compressed Parquet file; decompress it first (Parquet compresses its own pages)")
     if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (Windows editors write one): not content
         stats.byte_order_mark = True
         log.info("%s: starts with a UTF-8 byte-order mark; read past it", path)
         raw = raw[3:]
+    where = " of the decompressed text" if stats.compression else ""
+    if raw.startswith(UTF16_BOMS):
+        raise DataError(f"{path}: UTF-16 text, not UTF-8 (it starts with a UTF-16 byte-order mark{where}); conversation files "
+                        "are UTF-8: save it as UTF-8 (iconv -f UTF-16 -t UTF-8)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        where = " of the decompressed text" if stats.compression else ""
-        raise DataError(f"{path}: not UTF-8 text (bad byte at offset {e.start + 3 * stats.byte_order_mark}{where}); "
-                        "conversation files are JSON, JSONL or Parquet, optionally gzip/bz2/xz-compressed") from e
+        text = raw.decode("utf-8", "surrogateescape")
+        stats.bad_utf8_bytes = sum(1 for _ in _ESCAPED_BYTE.finditer(text))
+        stats.first_bad_utf8_byte = e.start + 3 * stats.byte_order_mark
+        log.warning("%s: %d bytes are not UTF-8 (the first at offset %d%s); the records holding them are skipped "
+                    "(bad_unicode). Many such records: is the file in another encoding (cp1252, latin-1)? Convert it to "
+                    "UTF-8 (iconv)", path, stats.bad_utf8_bytes, stats.first_bad_utf8_byte, where)
     start = len(text) - len(text.lstrip())
     if start == len(text):
         raise DataError(f"{path}: file is empty")
+    if _ESCAPED_BYTE.match(text, start):
+        raise DataError(f"{path}: not UTF-8 text (bad byte at offset {stats.first_bad_utf8_byte}{where}); "
+                        "conversation files are JSON, JSONL or Parquet, optionally gzip/bz2/xz/zstd-compressed")
     if text[start] == "[":
         stats.format = "json"
         yield from _read_json_array(path, text, start, len(raw), stats)
     elif text[start] == "{":
         yield from _read_object_or_jsonl(path, text, start, len(raw), stats)
     else:
-        raise DataError(f"{path}: expected a JSON array or JSON lines of objects, found {text[start]!r} at byte {start}")
+        raise DataError(f"{path}: expected a JSON array or JSON lines of objects, found {text[start]!r} at byte {start}"
+                        f"{where}")
 
 
 def _decompress(path: Path, raw: bytes, name: str, factory, stats: SourceStats) -> bytes:
@@ -224,6 +257,34 @@ def _decompress(path: Path, raw: bytes, name: str, factory, stats: SourceStats) 
     return b"".join(out)
 
 
+ZSTD_CHUNK = 1 << 20  # decompressed bytes a read: a zstd stream cut short loses at most this much more than the cut
+
+
+def _decompress_zstd(path: Path, raw: bytes, stats: SourceStats) -> bytes:
+    """The decompressed bytes of zstd data (every frame), by pyarrow's zstd codec (the standard
+    library has none before Python 3.14); a stream cut short or damaged keeps the chunks read
+    before the damage.
+
+    Raises:
+        DataError: nothing decompressed.
+    """
+    import pyarrow as pa
+
+    stats.compression = "zstd"
+    out: list[bytes] = []
+    try:
+        with pa.input_stream(pa.py_buffer(raw), compression="zstd") as f:
+            while chunk := f.read(ZSTD_CHUNK):
+                out.append(chunk)
+    except (pa.ArrowException, OSError) as e:
+        stats.compressed_stream_cut = True
+        if not any(out):
+            raise DataError(f"{path}: zstd data cannot be decompressed ({e})") from e
+        log.warning("%s: zstd data damaged or cut off (%s); reading the %d bytes that decompressed",
+                    path, e, sum(map(len, out)))
+    return b"".join(out)
+
+
 def _read_object_or_jsonl(path: Path, text: str, start: int, nbytes: int, stats: SourceStats
                           ) -> Iterator[tuple[int, object]]:
     """Text starting with ``{``: one JSON document (a record, or records under one key), or JSONL."""
@@ -247,7 +308,8 @@ def _read_object_or_jsonl(path: Path, text: str, start: int, nbytes: int, stats:
             yield i, rec
         return
     m = _KEYED_ARRAY.match(text, start)
-    first = text[start:].split("\n", 1)[0]
+    eol = text.find("\n", start)
+    first = text[start:eol if eol >= 0 else len(text)]
     if m and m.group(1) not in ("conversations", "messages") and err.msg != "Extra data" and not _parses(first):
         # one document with a record list under a key, damaged or cut off: keep the complete records
         stats.format = "json_object"
@@ -265,9 +327,25 @@ def _parses(line: str) -> bool:
     return True
 
 
+def _without_nulls(value):
+    """``value`` with every dict key whose value is None dropped, at any depth (list items kept).
+
+    An Arrow struct has the same fields in every row: ``datasets``/pyarrow give a struct the union
+    of the keys its rows had and fill the missing ones with null, so a Parquet row cannot tell a
+    key it never had from a null one. Read back as is, a tool's JSON schema gets the other tools'
+    properties as ``null`` and a call's arguments the other calls' argument names, and the chat
+    template would render them into the trained text. A null key is taken as absent.
+    """
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
 def _read_parquet(path: Path, stats: SourceStats) -> Iterator[tuple[int, object]]:
-    """Rows of a Parquet file as dicts, row group by row group (a group that cannot be read is
-    skipped and its rows counted in ``stats.records_lost``)."""
+    """Rows of a Parquet file as dicts without null keys (``_without_nulls``), row group by row group
+    (a group that cannot be read is skipped and its rows counted in ``stats.records_lost``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -289,7 +367,7 @@ def _read_parquet(path: Path, stats: SourceStats) -> Iterator[tuple[int, object]
             continue
         for rec in rows:
             stats.records_read += 1
-            yield index, rec
+            yield index, _without_nulls(rec)
             index += 1
 
 
@@ -323,7 +401,7 @@ def _read_json_array(path: Path, text: str, start: int, nbytes: int, stats: Sour
         yield index, obj
         index += 1
         pos = good_end = end
-    lost_at = len(text[:good_end].encode("utf-8")) + 3 * stats.byte_order_mark
+    lost_at = len(text[:good_end].encode("utf-8", "surrogateescape")) + 3 * stats.byte_order_mark
     stats.truncated_at_byte = lost_at
     stats.bytes_lost = nbytes + 3 * stats.byte_order_mark - lost_at
     log.warning("%s: JSON array damaged or cut off at byte %d; kept %d complete records, %d bytes lost",
@@ -332,7 +410,10 @@ def _read_json_array(path: Path, text: str, start: int, nbytes: int, stats: Sour
 
 def _read_jsonl(path: Path, text: str, stats: SourceStats) -> Iterator[tuple[int, object]]:
     index = 0
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # JSON lines end at "\n" (a "\r" before it is JSON whitespace); str.splitlines would also split at
+    # U+2028, U+2029, U+0085 and \x0b/\x0c/\x1c-\x1e, which JSON lets a string hold unescaped
+    # (json.dumps(..., ensure_ascii=False), regenerate_responses' own output), cutting such a record in two.
+    for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -423,9 +504,9 @@ def _tool_call(c) -> dict:
 
 
 def _content_parts(parts: list, where: str) -> str:
-    """OpenAI content parts (``[{"type": "text", "text": ...}, ...]``) -> one text, the text parts
-    joined by ``PART_SEPARATOR``. Fields a
-    columnar export (Parquet, ``datasets``) fills with null for the other part types are ignored.
+    """OpenAI content parts (``[{"type": "text", "text": ...}, ...]``; a plain string is a text
+    part, as vLLM's chat parser takes it) -> one text, the text parts joined by ``PART_SEPARATOR``.
+    Fields a columnar export (Parquet, ``datasets``) fills with null for the other part types are ignored.
 
     Raises:
         _Skip: ``non_text_part`` for an image, audio, file or other non-text part (its type named:
@@ -434,8 +515,12 @@ def _content_parts(parts: list, where: str) -> str:
     """
     texts = []
     for i, p in enumerate(parts):
+        if isinstance(p, str):
+            texts.append(p)
+            continue
         if not isinstance(p, dict) or not isinstance(p.get("type"), str):
-            raise _Skip("non_string_text", f"{where}: content part {i} is {type(p).__name__}, not a {{'type': ...}} object")
+            raise _Skip("non_string_text", f"{where}: content part {i} is {type(p).__name__}, not a string or a "
+                        "{'type': ...} object")
         key = TEXT_PART_TYPES.get(p["type"])
         if key is None:
             raise _Skip("non_text_part", f"{where}: content part {i} has type {p['type']!r}; only text parts "
@@ -444,6 +529,23 @@ def _content_parts(parts: list, where: str) -> str:
             raise _Skip("non_string_text", f"{where}: content part {i} ({p['type']!r}) has no string {key!r}")
         texts.append(p[key])
     return PART_SEPARATOR.join(texts)
+
+
+def content_text(content: object, where: str) -> str:
+    """A message's ``content``: a string as it is, OpenAI content parts joined (``_content_parts``).
+
+    Raises:
+        ValueError: a non-text part (its type named), a part without a string text, or content
+            that is neither a string nor a list; the message starts with ``where``.
+    """
+    if isinstance(content, list):
+        try:
+            return _content_parts(content, where)
+        except _Skip as e:
+            raise ValueError(e.detail) from None
+    if not isinstance(content, str):
+        raise ValueError(f"{where} is {type(content).__name__}, not a string or a list of content parts")
+    return content
 
 
 def _turn(t: dict, role_key: str, text_key: str, pos: int = 0) -> dict:
@@ -575,7 +677,8 @@ def _check_encodable(value, where: str = "") -> None:
     """Every string in ``value`` (nested dicts and lists, keys included) encodes as UTF-8.
 
     JSON's ``\\ud800`` escapes decode to lone UTF-16 surrogates (scraped text has them), which no
-    tokenizer or file writer can encode; such a record is skipped, the field and position named.
+    tokenizer or file writer can encode; so does a byte of the file that is not UTF-8 (``read_records``
+    decodes it to U+DC80-U+DCFF). Such a record is skipped, the field and position named.
 
     Raises:
         _Skip: ``bad_unicode``, naming the field (``messages[1].content``) and the character.
@@ -584,8 +687,10 @@ def _check_encodable(value, where: str = "") -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise _Skip("bad_unicode", f"{where or 'text'}: lone surrogate {value[e.start]!r} at character {e.start} "
-                        "(not encodable as UTF-8)") from None
+            c = value[e.start]
+            what = (f"byte 0x{ord(c) - 0xDC00:02x} of the file is not UTF-8 (or it is a lone surrogate escape {c!r})"
+                    if _ESCAPED_BYTE.match(c) else f"lone surrogate {c!r} (not encodable as UTF-8)")
+            raise _Skip("bad_unicode", f"{where or 'text'}: {what} at character {e.start}") from None
     elif isinstance(value, dict):
         for k, v in value.items():
             _check_encodable(k, f"{where} key" if where else "key")

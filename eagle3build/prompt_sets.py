@@ -18,7 +18,8 @@ set            prompts
                code block): an instruct target is served through its chat template, as for
                MT-bench, not as a raw completion.
 ``custom``     the JSONL file named by ``data.prompts_file``: each line ``{"prompt": str}`` or
-               ``{"messages": [...]}`` ending on a user turn, optional ``"id"`` (``read_prompts``).
+               ``{"messages": [...]}`` ending on a user turn, optional ``"id"`` (``read_prompts``;
+               OpenAI content parts joined, ``developer`` read as ``system``, as for training data).
 =============  ============================================================================
 
 ``benchmark.num_prompts`` applies per set: the first N of each, in file order. Of those, a
@@ -56,25 +57,40 @@ class PromptSetError(ValueError):
 
 
 def read_prompts(path: str | os.PathLike) -> list[dict]:
-    """Prompts from a JSONL file: each line ``{"messages": [...]}`` (chat, ending on a user turn)
-    or ``{"prompt": "text"}``; an optional ``"id"`` (default ``<file name>:<line>``).
-    Returns ``[{"id", "messages"}]``.
+    """Prompts from a UTF-8 JSONL file: each line ``{"messages": [...]}`` (chat, ending on a user turn)
+    or ``{"prompt": "text"}``; an optional ``"id"`` (default ``<file name>:<line>``). A message's
+    ``content`` may be OpenAI content parts, whose text parts are joined as in training data
+    (``conversations.content_text``); role ``developer`` is ``system``.
+    Returns ``[{"id", "messages"}]``, every ``content`` a string.
 
     Raises:
-        PromptSetError: naming the file and line of a record that is neither form, or a file without prompts.
+        PromptSetError: naming the file and line of a record that is neither form (or holds an image or
+            other non-text part), a file that is not UTF-8, or a file without prompts.
     """
+    from .conversations import content_text
+
     out = []
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise PromptSetError(f"{path}: cannot read ({e.strerror})") from e
-    for lineno, line in enumerate(text.splitlines(), 1):
+    except UnicodeDecodeError as e:
+        raise PromptSetError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from e
+    # lines end at "\n" only: JSON strings may hold U+2028 or U+0085 unescaped, where str.splitlines splits
+    for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise PromptSetError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from e
+        if isinstance(rec, dict) and isinstance(rec.get("messages"), list):
+            try:
+                rec["messages"] = [{**m, "role": "system" if m.get("role") == "developer" else m.get("role"),
+                                    "content": content_text(m.get("content"), f"message {i} content")}
+                                   if isinstance(m, dict) else m for i, m in enumerate(rec["messages"])]
+            except ValueError as e:
+                raise PromptSetError(f"{path}: line {lineno}: {e}") from None
         if isinstance(rec, dict) and isinstance(rec.get("prompt"), str) and rec["prompt"].strip():
             msgs = [{"role": "user", "content": rec["prompt"]}]
         elif (isinstance(rec, dict) and isinstance(rec.get("messages"), list) and rec["messages"]

@@ -32,6 +32,12 @@ def test_text_parts_are_joined_on_user_and_assistant_turns():
     assert not c.skipped
 
 
+def test_plain_string_parts_are_text_parts():
+    """vLLM's chat parser takes a plain string in a content list as a text part; so does the data."""
+    out, c = norm(oai(("user", ["What is", {"type": "text", "text": "2+2?"}]), ("assistant", ["It is 4."])))
+    assert [m["content"] for m in out.messages] == ["What is\n2+2?", "It is 4."] and not c.skipped
+
+
 def test_parquet_style_parts_with_null_fields_are_text():
     p = [{"type": "text", "text": "hi", "image_url": None}]
     out, _ = norm(oai(("user", p), ("assistant", "hello")))
@@ -161,6 +167,121 @@ def test_damaged_parquet_row_group_is_counted(tmp_path):
     assert stats.records_lost == 10 and len(recs) == 30 and [r["id"] for r in recs][10] == "r20"
 
 
+# characters a JSON string may hold unescaped that str.splitlines() takes for line ends
+LINE_BREAKERS = "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e"
+
+
+def test_jsonl_lines_end_at_newline_only(tmp_path):
+    """JSONL written with ensure_ascii=False (regenerate_responses' own output, many scrapers) holds U+2028,
+    U+0085 ... raw inside strings: each record is one line still, not two bad lines."""
+    recs = [dict(oai(("user", f"q{i}{LINE_BREAKERS}"), ("assistant", f"a{LINE_BREAKERS}{i}")), id=f"r{i}")
+            for i in range(3)]
+    f = tmp_path / "d.jsonl"
+    f.write_bytes("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in recs).encode())
+    got, stats = read(f)
+    assert got == recs and stats.bad_lines == 0 and stats.format == "jsonl"
+
+
+@pytest.mark.parametrize("form", ["jsonl", "array", "jsonl.gz"])
+def test_a_byte_that_is_not_utf8_skips_its_record_only(tmp_path, form):
+    """One stray Latin-1 byte (0xe9) in one record: that record is a counted skip naming the field and
+    the byte, the others are read (the file was refused whole)."""
+    recs = [dict(oai(("user", f"q{i}"), ("assistant", f"caf-{i}")), id=f"r{i}") for i in range(4)]
+    body = "".join(json.dumps(r) + "\n" for r in recs) if form != "array" else json.dumps(recs)
+    raw = body.encode().replace(b"caf-2", b"caf\xe92")
+    f = tmp_path / f"d.{form}"
+    f.write_bytes(gzip.compress(raw) if form.endswith(".gz") else raw)
+    got, stats = read(f)
+    assert [r["id"] for r in got] == ["r0", "r1", "r2", "r3"] and stats.bad_lines == 0 and stats.bytes_lost == 0
+    assert stats.bad_utf8_bytes == 1 and stats.first_bad_utf8_byte == raw.index(b"\xe9")
+    c = cv.Counters()
+    kept = [cv.normalise(r, str(f), i, c) for i, r in enumerate(got)]
+    assert [k.id for k in kept if k] == ["r0", "r1", "r3"] and c.skipped == {"bad_unicode": 1}
+    ex = c.examples["bad_unicode"][0]
+    assert ex["index"] == 2 and ex["detail"].startswith("messages[1].content: byte 0xe9 of the file is not UTF-8")
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[]".encode("utf-16"), "UTF-16 text"),
+    (b"\xe9[{}]", r"not UTF-8 text \(bad byte at offset 0\)"),
+    (b"  \n\x93{}", r"not UTF-8 text \(bad byte at offset 3\)"),
+])
+def test_a_file_that_is_not_utf8_text_is_refused(tmp_path, content, message):
+    f = tmp_path / "d.json"
+    f.write_bytes(content)
+    with pytest.raises(cv.DataError, match=message) as e:
+        read(f)
+    assert str(f) in str(e.value)
+
+
+def test_jsonl_zst(tmp_path):
+    """zstd (.jsonl.zst, common on the Hugging Face Hub), read by pyarrow's codec; a stream cut short
+    keeps the complete lines before the cut."""
+    pa = pytest.importorskip("pyarrow")
+    body = "".join(json.dumps(r) + "\n" for r in RECS).encode()
+    f = tmp_path / "d.jsonl.zst"
+    with pa.output_stream(str(f), compression="zstd") as out:
+        out.write(body)
+    got, stats = read(f)
+    assert got == RECS and stats.compression == "zstd" and stats.format == "jsonl" and not stats.compressed_stream_cut
+    big = "".join(json.dumps(r) + "\n" for r in RECS * 40_000).encode()  # 5 MiB: several decompressed chunks
+    with pa.output_stream(str(f), compression="zstd") as out:
+        out.write(big)
+    f.write_bytes(f.read_bytes()[:-2000])
+    got, stats = read(f)
+    assert stats.compressed_stream_cut and 0 < len(got) < 200_000 and got == (RECS * 40_000)[:len(got)]
+    assert stats.bad_lines <= 1
+
+
+def test_parquet_struct_nulls_are_absent_keys(tmp_path):
+    """Arrow gives every row of a struct column the union of the rows' keys, null where a row had none: the
+    tools and call arguments read back are the record's own, not padded with the other records' names."""
+    datasets = pytest.importorskip("datasets")
+
+    def tool(name, *args):
+        return {"type": "function", "function": {"name": name, "parameters": {
+            "type": "object", "properties": {a: {"type": "string"} for a in args}, "required": list(args)}}}
+
+    def call(name, **args):
+        return {"messages": [{"role": "user", "content": "do it"},
+                             {"role": "assistant", "content": None,
+                              "tool_calls": [{"id": "c", "type": "function", "function": {"name": name, "arguments": args}}]},
+                             {"role": "tool", "content": "done", "tool_call_id": "c"},
+                             {"role": "assistant", "content": "Done."}]}
+
+    rows = [dict(call("weather", city="Paris"), id="a", tools=[tool("weather", "city")]),
+            dict(call("mail", to="x", body="y"), id="b", tools=[tool("mail", "to", "body")])]
+    f = tmp_path / "d.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(f)
+    got, stats = read(f)
+    assert stats.format == "parquet" and [r["id"] for r in got] == ["a", "b"]
+    convs = [cv.normalise(r, str(f), i, cv.Counters()) for i, r in enumerate(got)]
+    assert [c.tools for c in convs] == [rows[0]["tools"], rows[1]["tools"]]
+    assert [c.messages[1]["tool_calls"][0]["function"]["arguments"] for c in convs] == [{"city": "Paris"},
+                                                                                        {"to": "x", "body": "y"}]
+    assert "tool_call_id" not in convs[0].messages[0] and convs[0].messages[2]["tool_call_id"] == "c"
+
+
+def test_prompts_file_takes_content_parts_and_developer(tmp_path):
+    """Benchmark prompts (data.prompts_file) in the same forms as training data: content parts joined,
+    developer = system, a raw U+2028 inside a line; an image part is refused naming the line and type."""
+    from eagle3build import prompt_sets
+
+    f = tmp_path / "p.jsonl"
+    lines = [{"id": "a", "messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+                                      {"role": "user", "content": [{"type": "text", "text": "Hi"}, "there\u2028now"]}]},
+             {"id": "b", "prompt": "Plain."}]
+    f.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
+    assert prompt_sets.read_prompts(f) == [
+        {"id": "a", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi\nthere\u2028now"}]},
+        {"id": "b", "messages": [{"role": "user", "content": "Plain."}]}]
+    f.write_text(json.dumps(lines[1]) + "\n" + json.dumps(
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}) + "\n")
+    with pytest.raises(prompt_sets.PromptSetError, match=r"p.jsonl: line 2: message 0 content: content part 0 has "
+                                                         r"type 'image_url'"):
+        prompt_sets.read_prompts(f)
+
+
 def test_not_a_data_file_names_the_file(tmp_path):
     f = tmp_path / "d.json.gz"
     f.write_bytes(b"\x1f\x8b" + b"\x00" * 20)
@@ -170,24 +291,30 @@ def test_not_a_data_file_names_the_file(tmp_path):
 
 
 def test_prepare_trains_content_parts_and_skips_surrogates(tmp_path, smol_target):
-    """A dataset written entirely as OpenAI content parts (gzipped JSONL) trains; a lone surrogate is one
-    counted skip naming the record, not a UnicodeEncodeError."""
+    """A dataset written entirely as OpenAI content parts (gzipped JSONL) trains; a lone surrogate and a byte
+    that is not UTF-8 are each one counted skip naming the record, not a UnicodeEncodeError or a refused
+    file; a raw U+2028 (ensure_ascii=False) is text."""
     recs = [oai(("developer", "Be helpful."), ("user", parts(f"Tell me about topic {i}.")),
                 ("assistant", parts(f"Topic {i} is a fine topic with much to say about it.")), id=f"p{i}")
             for i in range(12)]
     recs[3]["messages"][2]["content"][0]["text"] = "broken \ud800 answer that is long enough"
+    recs[5]["messages"][2]["content"][0]["text"] = "Topic 5\u2028spans two lines, and that is fine."
+    # ensure_ascii=False writes U+2028 raw; record 3 keeps its "\ud800" escape (ensure_ascii=True)
+    body = "".join(json.dumps(r, ensure_ascii=i == 3) + "\n" for i, r in enumerate(recs)).encode()
+    body = body.replace(b"Topic 8 is a", b"Topic 8 \xe9s a")
     f = tmp_path / "parts.jsonl.gz"
-    f.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in recs).encode()))
+    f.write_bytes(gzip.compress(body))
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
     rep = pd.prepare([{"path": str(f), "max_samples": None}], smol_target, *out, max_seq_len=256,
                      min_supervised_tokens=4, eval_fraction=0.2, seed=0)
-    assert rep["kept"] == 11 and rep["skipped"] == {"bad_unicode": 1}
-    assert rep["skip_examples"]["bad_unicode"][0]["index"] == 3
-    assert rep["sources"][0]["compression"] == "gzip"
+    assert rep["kept"] == 10 and rep["skipped"] == {"bad_unicode": 2}
+    assert [e["index"] for e in rep["skip_examples"]["bad_unicode"]] == [3, 8]
+    src = rep["sources"][0]
+    assert src["compression"] == "gzip" and src["bad_utf8_bytes"] == 1 and src["bad_lines"] == 0
     data = json.loads(out[3].read_text())
-    assert data["kept"] == 11
+    assert data["kept"] == 10
     ids = tk.read_tokens(out[0]).sample_ids + tk.read_tokens(out[1]).sample_ids
-    assert sorted(ids) == sorted(f"p{i}" for i in range(12) if i != 3)
+    assert sorted(ids) == sorted(f"p{i}" for i in range(12) if i not in (3, 8))
 
 
 def test_prepare_checks_every_benchmark_prompt_against_the_template(tmp_path, smol_target, sharegpt_sample):

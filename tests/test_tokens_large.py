@@ -47,3 +47,28 @@ def test_ids_that_do_not_match_the_offsets_are_named(tmp_path):
     with pytest.raises(tk.DataError, match="2 sample ids for 1 samples") as e:
         tk.read_tokens(f)
     assert str(f) in str(e.value)
+
+
+def test_writing_holds_no_copy_of_the_file(tmp_path):
+    """A 100 MB tokens file (2e7 tokens) is written with less than its size in extra memory (the writer
+    held the whole file as bytes and a spliced copy of it: 3.3x its size), and with the same bytes as
+    before (its header sorted in place)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import resource, numpy as np
+from eagle3build import tokens as tk
+n, t = 20_000, 1_000
+ids = np.arange(n * t, dtype=np.int32)
+mask = np.ones(n * t, np.uint8)
+samples = [(f"s{{i}}", ids[i * t:(i + 1) * t], mask[i * t:(i + 1) * t]) for i in range(n)]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+tk.write_tokens({str(tmp_path / "t.safetensors")!r}, samples)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+    extra = int(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    size = (tmp_path / "t.safetensors").stat().st_size
+    assert size > 100_000_000 and extra < size
+    t = tk.read_tokens(tmp_path / "t.safetensors")
+    assert len(t) == 20_000 and t.sample(19_999)[0][-1] == 20_000 * 1_000 - 1 and t.sample_ids[7] == "s7"

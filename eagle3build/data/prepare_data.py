@@ -1,7 +1,7 @@
 """Stage ``prepare_data``: conversation files -> tokenized train/eval splits with an assistant-only loss mask.
 
 Pipeline: ingest (JSON array, JSONL, one JSON document with the records under a key, Parquet;
-JSON optionally gzip/bz2/xz-compressed; a JSON array cut off mid-record keeps every complete
+JSON optionally gzip/bz2/xz/zstd-compressed; a JSON array cut off mid-record keeps every complete
 record) -> normalise (roles and turn order, one documented rule per defect, every skip counted
 by reason) -> tokenize with the target's own chat template ->
 loss mask by rendering the conversation prefix by prefix (works for any template) ->
@@ -18,7 +18,8 @@ turn lacks role or text    skip   ``missing_key``
 unknown role               skip   ``unknown_role``
 text not a string          skip   ``non_string_text`` (nor a list of OpenAI text parts, which are joined)
 image/audio/file part      skip   ``non_text_part`` (the part's type named)
-lone UTF-16 surrogate      skip   ``bad_unicode`` (``"\\ud800"`` in JSON; the field named)
+lone UTF-16 surrogate      skip   ``bad_unicode`` (``"\\ud800"`` in JSON, or a byte of the file that is not
+                                  UTF-8, counted in ``sources[].bad_utf8_bytes``; the field named)
 empty / blank text         skip   ``empty_text``
 system turn not first      skip   ``system_not_first``
 leading assistant turns    fix    dropped (``fixed_leading_assistant``)
