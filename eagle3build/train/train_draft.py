@@ -47,7 +47,7 @@ from ..shards import ShardReader, check_meta
 from . import ddp, online_data
 from .train_data import Batches, BatchLayout
 from .train_metrics import plot_curves
-from .train_state import TrainState, state_key
+from .train_state import TrainState, resume_world, state_key
 from .trainer import (
     OnlineSettings,
     Placement,
@@ -77,18 +77,22 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     model is wrapped in DDP (``Trainer.net``) when a process group is up.
     Batches load as bf16 on CUDA (computed under bf16 autocast; half the host->device bytes)
     and fp32 on CPU (bf16 matmuls are ~20x slower there).
+    The world size (packed rows per step): torchrun's process count, or ``world_size`` rows in one
+    process; where ``checkpoint_every`` > 0 and this run saved a state, the state's
+    (``train_state.resume_world``: a run saved on 8 GPUs resumes on 4 with two ranks' rows per process).
 
     Raises:
         ShardMismatch: a shard's target fingerprint or aux ids differ from the compat report.
         ValueError: the vocab map files are inconsistent, there is nothing to train on, the
             head variant is unknown, or the ``fused`` loss is asked for off CUDA.
+        train_state.ResumeAcrossWorldSizes: this run's saved state has a smaller world size than the
+            processes (the state is kept).
     """
     from speculators.losses import resolve_loss_config
 
     from .. import vocab_map
 
-    distributed, rank, dist_world = ddp.dist_info()
-    world = dist_world if distributed else (world_size or 1)
+    distributed, rank, processes = ddp.dist_info()
     decisions = Decisions.load(inputs.decisions_json)
     fp, aux = decisions.target_fingerprint, decisions.aux_layer_ids
     if cfg.head_variant == "auto":
@@ -101,6 +105,19 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     for p in list(inputs.train_shards) + list(inputs.eval_shards):
         check_meta(p, ShardReader(p).meta, fp, aux)
     d2t, t2d, vocab_info = vocab_map.load(inputs.d2t_path, inputs.t2d_path, inputs.vocab_json)
+    settings = {**cfg.settings(), "shards": [(p, os.path.getsize(p)) for p in inputs.train_shards],
+                "vocab": vocab_info["fingerprint"], "target": fp, "aux": aux}
+    if inputs.online:  # what the states are made from: a state saved online resumes only the same online run
+        on = inputs.online
+        settings["online"] = on.state_settings()
+        settings["online"].update(backend=decisions.backend, tokens=[(p, os.path.getsize(p)) for p in
+                                                                      (on.train_tokens, on.eval_tokens)])
+    # the world size (rows per step) is the run's: a saved state's where this run has one (8 GPUs resumed on 4:
+    # each process computes two ranks' rows), else the processes' (or ``world_size`` rows in one process)
+    world = processes if distributed else (world_size or 1)
+    if cfg.checkpoint_every > 0:
+        world = resume_world(inputs.state_dir, settings, world, processes)
+    settings["world"] = world
     device = ddp.resolve_device(device, distributed)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     # Online: the target first (a vLLM engine sizes its memory from what is free), then the seed, so the
@@ -119,7 +136,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     torch.manual_seed(cfg.seed)
     model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device, trust_remote_code)
     hidden = model.config.transformer_layer_config.hidden_size
-    ranks = [rank] if distributed else list(range(world))
+    ranks = [r for r in range(world) if r % processes == rank]  # all in one process; its own under torchrun
     # the eval batches: no noise, one rank's rows, whatever the world size
     train_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks)
     eval_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed)
@@ -140,20 +157,14 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     call_kwargs = {"ttt_steps": cfg.ttt_steps, "ttt_step_loss_decay": cfg.ttt_step_loss_decay,
                    "loss_config": resolve_loss_config("kl_div", implementation=cfg.loss_implementation)}
     params, opt, sched = _optimizer(model, cfg, total_steps, device)
-    settings = {**cfg.settings(), "world": world, "shards": [(p, os.path.getsize(p)) for p in inputs.train_shards],
-                "vocab": vocab_info["fingerprint"], "target": fp, "aux": aux}
-    if inputs.online:  # what the states are made from: a state saved online resumes only the same online run
-        on = inputs.online
-        settings["online"] = on.state_settings()
-        settings["online"].update(backend=decisions.backend, tokens=[(p, os.path.getsize(p)) for p in
-                                                                      (on.train_tokens, on.eval_tokens)])
     meta = {"target_fingerprint": fp, "aux_layer_ids": aux, "vocab_fingerprint": vocab_info["fingerprint"],
             "draft_vocab_size": int(d2t.shape[0]), "head_variant": cfg.head_variant,
             "head_flags": HEAD_VARIANTS[cfg.head_variant], "ttt_steps": cfg.ttt_steps, "world_size": world,
             "capture_mode": inputs.mode, "capture_backend": decisions.backend}
-    return Trainer(cfg=cfg, inputs=inputs, place=Placement(device, distributed, rank, ranks, world), model=model,
-                   net=net, params=params, opt=opt, sched=sched, call_kwargs=call_kwargs, train_b=train_b,
-                   eval_b=eval_b, total_steps=total_steps, key=state_key(settings), meta=meta, target=target,
+    place = Placement(device, distributed, rank, ranks, world, processes)
+    return Trainer(cfg=cfg, inputs=inputs, place=place, model=model, net=net, params=params, opt=opt, sched=sched,
+                   call_kwargs=call_kwargs, train_b=train_b, eval_b=eval_b, total_steps=total_steps,
+                   key=state_key(settings), meta=meta, target=target,
                    key_any_world=state_key({**settings, "world": None}))
 
 
@@ -192,7 +203,7 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
 
     Raises:
         ShardMismatch, ValueError: as :func:`setup`.
-        train_state.ResumeAcrossWorldSizes: a saved state of this run at another world size (kept).
+        train_state.ResumeAcrossWorldSizes: as :func:`setup` (the state kept).
     """
     t = setup(cfg, inputs, device, world_size, trust_remote_code)
     state = TrainState(t.model, t.opt, t.sched, world=t.world, key_any_world=t.key_any_world)
@@ -266,8 +277,10 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
     ``checkpoint_every`` > 0 saves the full training state
     (``train_state.TrainState``) every that many steps to ``<out_dir>.state/``; a run
     started again with the same settings and inputs resumes from it and ends bit-identical
-    (CPU) to an uninterrupted run; one started on another world size (2 GPUs, then 1) is refused
-    and the state kept (``train_state.ResumeAcrossWorldSizes``, naming both sizes). Under
+    (CPU) to an uninterrupted run. The state keeps the run's world size: restarted on fewer
+    processes (8 GPUs, then 4 or 1; ``world_size`` is then ignored) each computes several ranks' rows
+    and the run goes on as it started; on more it is refused and the state kept
+    (``train_state.ResumeAcrossWorldSizes``, naming both sizes). Under
     ``torch.distributed`` (torchrun, :func:`launch`)
     each process trains its rank's rows with DDP; ``world_size`` without it computes all
     ranks' rows in one process (the same global batch). ``device``: ``auto``, ``cpu`` or

@@ -26,9 +26,13 @@ On disk: ``<state_dir>/state.pt``, one ``torch.save`` dict (read back with
 ``key_any_world``     str, the settings hash without the world size
 ====================  ============================================================
 
-A state saved under another world size (2 GPUs, restarted on 1) is refused and kept
-(:class:`ResumeAcrossWorldSizes`, naming both sizes): each rank's rows of a step, and so the
-data position and the optimizer's trajectory, depend on the world size.
+The world size (ranks: packed rows per optimizer step) is the run's, not the machine's: nothing in
+a state is per rank (the data position is a global step, the optimizer's moments and the scheduler
+are the replicated model's), so a run saved on 8 GPUs resumes on 4, or on 1, with the saved world
+size (:func:`resume_world`): each process then computes several ranks' rows per step, and the run
+goes on with the global batches, step count and learning-rate schedule it started with. On more
+processes than the saved world size a process would compute no row: that is refused and the state
+kept (:class:`ResumeAcrossWorldSizes`, naming both sizes).
 """
 
 from __future__ import annotations
@@ -56,8 +60,52 @@ def state_key(settings: dict) -> str:
 
 
 class ResumeAcrossWorldSizes(RuntimeError):
-    """A saved state of the same run at another world size: refused, the state kept (the message
-    names the file and both sizes, and what to do)."""
+    """A saved state of this run that this run's processes cannot resume (more processes than its world
+    size): refused, the state kept (the message names the file, both sizes and what to do)."""
+
+
+# World sizes tried against a state's key where the state does not record its world size (saved before it did).
+LEGACY_MAX_WORLD = 1024
+
+
+def resume_world(state_dir: Path, settings: dict, world: int, processes: int) -> int:
+    """The world size (ranks: packed rows per optimizer step) a run with ``settings`` (its settings without the
+    world size, as :func:`state_key` hashes them with ``"world"`` added) takes: that of its own saved state in
+    ``state_dir`` where there is one, else ``world`` (the ranks asked for).
+
+    ``processes``: the processes computing the run (torchrun's world size; 1 in one process), each computing
+    the rows of the ranks ``r`` with ``r % processes`` = its rank. A state of this run is recognised by its
+    ``key_any_world``, or, where it records none (saved before it did), by its key for a world size up to
+    ``LEGACY_MAX_WORLD``. A state of other settings is not this run's: ``world`` is returned and
+    :meth:`TrainState.load` ignores it. The state is read memory-mapped (its tensors are not loaded).
+
+    Raises:
+        ResumeAcrossWorldSizes: the saved world size is smaller than ``processes`` (a process would compute
+            no row); the file is left as it is.
+    """
+    f = state_dir / STATE_FILE
+    if not f.exists():
+        return world
+    state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+    saved = state.get("world")
+    if state.get("key_any_world") != state_key({**settings, "world": None}):
+        saved = next((w for w in range(1, LEGACY_MAX_WORLD + 1) if state.get("key") == state_key(
+            {**settings, "world": w})), None) if "key_any_world" not in state else None
+    if saved is None or saved == world:
+        return world
+    if saved < processes:
+        raise ResumeAcrossWorldSizes(
+            f"{f}: saved at step {state.get('step')} by this run on world size {saved} (ranks: GPUs, or rows per "
+            f"step on CPU), but this run has {processes} processes: a run resumes on as many processes as its "
+            f"world size or fewer (each then computes several ranks' rows), not on more. The state is kept: run "
+            f"on at most {saved} GPUs (resources.train.gpu) to resume it, or delete {state_dir} to start over on "
+            f"{processes}")
+    log.warning("resuming %s (step %d) with its world size %d on %d process(es)%s: the run's global batches, "
+                "step count and learning-rate schedule are kept (delete %s to start over on %d instead)", f,
+                state.get("step", 0), saved, processes,
+                f", each computing the rows of {saved / processes:g} ranks per step" if saved > processes else "",
+                state_dir, world)
+    return saved
 
 
 @dataclass
@@ -81,7 +129,7 @@ class TrainState:
     resumed_from: int | None = None
     best: dict = field(default_factory=dict)  # {"epoch", "tau", "top", "params": {name: CPU tensor}}
     world: int = 1  # the run's world size (ranks), saved with the state
-    key_any_world: str = ""  # the settings hash without the world size: tells a state of another world size
+    key_any_world: str = ""  # the settings hash without the world size: tells this run's state at another world size
 
     def note_epoch(self, epoch: int, tau: float | None) -> bool:
         """Keep a copy (on the CPU) of the trainable parameters when ``tau`` (this epoch's simulated τ)
@@ -125,8 +173,8 @@ class TrainState:
         when there is no such file or it belongs to a run with other settings or inputs.
 
         Raises:
-            ResumeAcrossWorldSizes: the state is this run's (``key_any_world``) at another world size;
-                the file is left as it is.
+            ResumeAcrossWorldSizes: the state is this run's (``key_any_world``) at another world size than
+                ``world`` (:func:`resume_world` gives the run the saved one first); the file is left as it is.
         """
         f = state_dir / STATE_FILE
         if not f.exists():
@@ -136,11 +184,9 @@ class TrainState:
         if (state.get("key") != key and self.key_any_world and state.get("key_any_world") == self.key_any_world
                 and saved_world != self.world):
             raise ResumeAcrossWorldSizes(
-                f"{f}: saved at step {state.get('step')} by this run on world size {saved_world} (ranks: GPUs, or "
-                f"processes on CPU), but this run has world size {self.world}: a run does not resume across world "
-                "sizes (each rank's rows of a step, and so the data position and the optimizer's path, depend on "
-                f"it). The state is kept: run on {saved_world} again (resources.train.gpu) to resume, or delete "
-                f"{state_dir} to start over on {self.world}")
+                f"{f}: saved at step {state.get('step')} by this run on world size {saved_world}, loaded with world "
+                f"size {self.world} (train_state.resume_world gives a run its saved world size). The state is kept: "
+                f"resume it with world size {saved_world}, or delete {state_dir} to start over")
         if state.get("key") != key:
             log.warning("ignoring %s: saved by a run with other settings or inputs", f)
             return False

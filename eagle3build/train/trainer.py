@@ -11,6 +11,7 @@ training-time test, arXiv:2503.01840 §3.3).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -127,14 +128,17 @@ class TrainInputs:
 @dataclass(frozen=True)
 class Placement:
     """Where a run computes: ``device`` (``cpu``, ``cuda``, ``cuda:<rank>``), whether under ``torch.distributed``
-    (``distributed``), this process's ``rank``, the ``ranks`` whose rows it computes each step (its own under
-    torchrun, all ``world`` of them in one process otherwise) and the ``world`` size."""
+    (``distributed``), this process's ``rank``, the ``ranks`` whose rows it computes each step (those ``r`` with
+    ``r % processes == rank``: its own under torchrun, all ``world`` of them in one process, several each where a
+    run saved on more GPUs resumes on fewer), the ``world`` size (ranks: packed rows per step) and the number of
+    ``processes`` computing them (torchrun's world size; 1 in one process)."""
 
     device: str
     distributed: bool
     rank: int
     ranks: list[int]
     world: int
+    processes: int = 1
 
 
 @dataclass
@@ -142,8 +146,7 @@ class Trainer:
     """One run, set up (``train_draft.setup``): the resolved config, the devices and ranks, the model
     (``net`` is it under DDP), optimizer, scheduler, batches and what the outputs record.
 
-    ``ranks``: the rank rows this process computes each step (its own under torchrun, all
-    ``world`` of them in one process otherwise). ``key``: the settings hash a saved state
+    ``ranks``: the rank rows this process computes each step (``Placement``). ``key``: the settings hash a saved state
     must match (``train_state.state_key``). ``meta``: ``train_meta.json``. ``target``: online,
     the target computing the states (``online_states.HooksStates`` or ``VllmStates``).
     """
@@ -163,7 +166,7 @@ class Trainer:
     key: str
     meta: dict
     target: object = None  # online: the target computing the states (online_states), else None
-    key_any_world: str = ""  # ``key`` without the world size: a state of another world size is refused, not lost
+    key_any_world: str = ""  # ``key`` without the world size: this run's state saved at another world size
 
     @property
     def device(self) -> str:
@@ -204,19 +207,28 @@ class Throughput:
 
 
 def train_step(t: Trainer, rows: list[dict], speed: Throughput) -> tuple[dict, torch.Tensor]:
-    """One optimizer step over the collated ``rows`` this process computes (``train_data.Batches``;
-    each loss divided by their number, so the gradient is their mean): gradients clipped to
-    ``grad_clip``, AdamW and scheduler stepped.
+    """One optimizer step over the collated ``rows`` this process computes (``train_data.Batches``),
+    so that the gradient is the mean over the step's ``world`` rows: each loss divided by
+    ``world / processes`` (DDP then averages over the processes; in one process that is the number of
+    rows, and also where processes do not divide the world size, 3 rows on 2 processes, the mean is
+    exact); under DDP the gradients of all but the last row accumulate locally (``no_sync``), so each
+    process all-reduces once per step, whatever its row count. Gradients clipped to ``grad_clip``,
+    AdamW and scheduler stepped.
 
     Returns the summed speculators metrics (device tensors, ``train_metrics.accumulate``) and
     the pre-clip global gradient norm (0-d fp32 tensor).
     """
     t.opt.zero_grad(set_to_none=True)
     acc: dict = {}
-    for row in rows:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.cuda):
-            _, loss, metrics = t.net(**to_device(row, t.device), **t.call_kwargs)
-        (loss / len(t.ranks)).backward()
+    rows_per_process = t.world / t.place.processes
+    for i, row in enumerate(rows):
+        last = i == len(rows) - 1
+        with contextlib.ExitStack() as ctx:
+            if t.place.distributed and not last:
+                ctx.enter_context(t.net.no_sync())
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.cuda):
+                _, loss, metrics = t.net(**to_device(row, t.device), **t.call_kwargs)
+            (loss / rows_per_process).backward()
         accumulate(acc, metrics)
         speed.tokens += int((row["document_ids"] != -1).sum())
     gnorm = torch.nn.utils.clip_grad_norm_(t.params, t.cfg.grad_clip)
@@ -290,7 +302,7 @@ def run_metrics(t: Trainer, state: TrainState, speed: Throughput) -> dict:
         "train_history": state.history,
         "train_tokens_this_process": speed.tokens,
         "seconds": round(seconds, 2),
-        "tokens_per_s": round(speed.tokens * (t.world if t.place.distributed else 1) / max(seconds, 1e-9), 1),
+        "tokens_per_s": round(speed.tokens * t.place.processes / max(seconds, 1e-9), 1),
         "device": t.device,
         "resumed_from_step": state.resumed_from,
         "flops_per_token": draft_flops_per_token(t.model, t.cfg.ttt_steps),
