@@ -31,9 +31,25 @@ METHODS = {
     "dflash": {"class": "DFlashDraftModel", "arch": "qwen3", "layers": 5,
                "args": {"block_size": 8, "sliding_window_non_causal": True, "sample_from_anchor": False}},
 }
-# Tokens a head of each method can draft per step at most (vLLM's ``num_speculative_tokens``): EAGLE-3 any
-# (it chains), P-EAGLE its ``num_depths``, DFlash ``block_size - 1`` (the anchor is the bonus token).
 SHIFTED_METHODS = ("eagle3", "peagle")  # trained on shift_batch'ed rows (speculators/train/cli.py); DFlash not
+
+
+def method_flags(method: str, head_variant: str) -> dict[str, bool]:
+    """The speculators config flags a head of ``method`` is built with for ``head_variant`` (a ``HEAD_VARIANTS``
+    key): eagle3 the variant's; peagle the variant's with ``norm_output`` and ``fc_norm`` off, the two that
+    vLLM's P-EAGLE config parser drops (vllm transformers_utils/configs/speculators/algos.py ``update_peagle``,
+    0.26 and 0.32: it keeps ``norm_before_residual`` and ``norm_before_fc`` only), so the head is served as
+    trained; dflash none (its config has no such flags).
+
+    Raises:
+        KeyError: ``head_variant`` is not a ``HEAD_VARIANTS`` key.
+    """
+    flags = dict(HEAD_VARIANTS[head_variant])
+    if method == "dflash":
+        return {}
+    if method == "peagle":
+        flags.update(norm_output=False, fc_norm=False)
+    return flags
 
 
 def method_class(method: str):
@@ -71,7 +87,7 @@ def build_model(
     ``d2t`` (``[draft_vocab]`` int64, target id minus draft id) and ``t2d`` (``[target_vocab]``
     bool) are build_vocab_map's map; ``aux_layer_ids`` the target layers whose hidden states
     the ``fc`` fuses (EAGLE-3, arXiv:2503.01840 §3.2); ``head_variant`` a ``HEAD_VARIANTS`` key (its norm flags
-    reach eagle3 and peagle; DFlash has none). The verifier's lm_head/norm are loaded from the target (frozen);
+    as ``method_flags`` gives them). The verifier's lm_head/norm are loaded from the target (frozen);
     the draft ``lm_head`` starts as the target's rows selected by ``t2d``. P-EAGLE and DFlash get speculators'
     ``resolve_mask_token_id`` (the tokenizer's mask token, an added one where the embedding has spare rows,
     else pad/eos/unk: SmolLM2 gets its pad token). ``ttt_steps`` reaches eagle3 only.
@@ -97,19 +113,18 @@ def build_model(
     # No sliding window anywhere, so no engine can read one from the exported config.
     tl.sliding_window = None
     tl.use_sliding_window = False
-    flags = HEAD_VARIANTS[head_variant]
+    flags = method_flags(method, head_variant)
     kw = dict(verifier_config=tl, t2d=t2d, d2t=d2t, verifier_name_or_path=target_dir,
               draft_vocab_size=int(d2t.shape[0]), target_layer_ids=list(aux_layer_ids),
               draft_attn_impl="simple_flex_attention" if device.startswith("cuda") else "sdpa",
               trust_remote_code=trust_remote_code, **spec["args"])
+    kw.update(flags)
     if method == "eagle3":
-        kw.update(ttt_steps=ttt_steps, **flags)
+        kw["ttt_steps"] = ttt_steps
     else:
         from speculators.train.utils import resolve_mask_token_id
 
         kw["mask_token_id"] = resolve_mask_token_id(target_dir, tl.vocab_size, trust_remote_code=trust_remote_code)
-        if method == "peagle":
-            kw.update(flags)
     return cls.from_training_args(**kw).to(device)
 
 

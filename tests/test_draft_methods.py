@@ -48,6 +48,9 @@ def test_method_trains_with_speculators_model(trained, method, depths):
     assert shapes["fc.weight"] == (64, 3 * 64) and shapes["d2t"] == (256,)
     if method == "peagle":
         assert shapes["mask_hidden"] == (1, 1, 192) and shapes["embed_tokens.weight"] == (49152, 64)
+        # eagle3.1's flags (the fixture's decisions) less the two vLLM's P-EAGLE parser drops
+        assert {k: cfg[k] for k in meta["head_flags"]} == meta["head_flags"] == {
+            "norm_before_residual": True, "norm_before_fc": True, "norm_output": False, "fc_norm": False}
         assert shapes["layers.0.self_attn.q_proj.weight"] == (64, 128)  # [embed, hidden]: 2H in
     else:
         assert "embed_tokens.weight" not in shapes and "mask_hidden" not in shapes

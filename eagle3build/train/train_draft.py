@@ -42,7 +42,7 @@ from ..artifacts import Decisions
 from ..atomic import atomic_path
 from ..contract import StageSettings
 from ..head_format import HEAD_VARIANTS
-from ..head_model import SHIFTED_METHODS, build_model, trainer_kwargs
+from ..head_model import SHIFTED_METHODS, build_model, method_flags, trainer_kwargs
 from ..shards import ShardReader, check_meta
 from . import ddp, online_data
 from .train_data import Batches, BatchLayout
@@ -153,9 +153,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
                                                                       (on.train_tokens, on.eval_tokens)])
     meta = {"target_fingerprint": fp, "aux_layer_ids": aux, "vocab_fingerprint": vocab_info["fingerprint"],
             "draft_vocab_size": int(d2t.shape[0]), "head_variant": cfg.head_variant,
-            # DFlash has no EAGLE-3 head flags
-            "head_flags": {} if method == "dflash" else HEAD_VARIANTS[cfg.head_variant], "ttt_steps": cfg.ttt_steps,
-            "world_size": world,
+            "head_flags": method_flags(method, cfg.head_variant), "ttt_steps": cfg.ttt_steps, "world_size": world,
             "capture_mode": inputs.mode, "capture_backend": decisions.backend}
     if method != "eagle3":  # an EAGLE-3 checkpoint's train_meta.json stays as it was (export reads eagle3 then)
         meta["method"] = method
