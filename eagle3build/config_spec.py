@@ -63,13 +63,16 @@ def each(stages: tuple[str, ...], role: str) -> dict[str, str]:
 class Key:
     """One config key: ``path`` (dotted, ``train.lr``), ``schema`` (the JSON schema of its value: type and
     bounds), ``default`` (config.yaml's value), ``doc`` (one line: what it sets, units) and ``uses`` (stage ->
-    its roles there, the module docstring)."""
+    its roles there, the module docstring). ``quiet_default``: the key was added after builds existed; a section
+    param it is part of (``trigger:<param>``) leaves it out while it holds ``default``, so those builds do not
+    replan, and names it once it does not (tests/test_no_replan.py)."""
 
     path: str
     schema: Mapping[str, Any]
     default: Any
     doc: str
     uses: Mapping[str, str] = field(default_factory=dict)
+    quiet_default: bool = False
 
     @property
     def name(self) -> str:
@@ -429,6 +432,18 @@ KEYS: tuple[Key, ...] = (
         8192,
         "tokens of the draft's vocabulary (the most frequent of the training tokens)",
         {"compat_report": "runtime", "build_vocab_map": "trigger", "preflight_bound": "trigger"},
+    ),
+    Key(
+        "draft.method",
+        {"type": "string", "enum": ["eagle3", "peagle", "dflash"]},
+        "eagle3",
+        (
+            "the draft head's kind, as speculators and vLLM name it: eagle3 (one token a forward, training-time "
+            "test) | peagle (P-EAGLE: all k tokens in one forward) | dflash (a block of tokens in one forward over "
+            "the target's context); one capture serves all three (docs/design/peagle_dflash.md)"
+        ),
+        {"train_draft": "trigger:train"},
+        quiet_default=True,
     ),
     Key(
         "train.head_variant",

@@ -72,17 +72,21 @@ def section(values: Mapping[str, Any], ctx: PlanContext) -> dict:
 @dataclass(frozen=True)
 class NamedSection:
     """``section`` with some keys named otherwise than by their last part: ``names``, (path, name) pairs
-    (config_spec's ``trigger:<param>/<name>``: a key renamed keeps its name in the param, so no build replans)."""
+    (config_spec's ``trigger:<param>/<name>``: a key renamed keeps its name in the param, so no build replans),
+    and some left out while they hold their default: ``quiet``, (path, default) pairs (config_spec's
+    ``Key.quiet_default``: a key added keeps the param of a build that does not set it, so none replans)."""
 
-    names: tuple[tuple[str, str], ...]
+    names: tuple[tuple[str, str], ...] = ()
+    quiet: tuple[tuple[str, Any], ...] = ()
 
     @property
     def __name__(self) -> str:
         return "section"
 
     def __call__(self, values: Mapping[str, Any], ctx: PlanContext) -> dict:
-        names = dict(self.names)
-        return canonical({names.get(k, k.rsplit(".", 1)[-1]): v for k, v in values.items()})
+        names, quiet = dict(self.names), dict(self.quiet)
+        return canonical({names.get(k, k.rsplit(".", 1)[-1]): v for k, v in values.items()
+                          if not (k in quiet and v == quiet[k])})
 
 
 def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
@@ -262,6 +266,7 @@ def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = 
     for st in stages:
         groups: dict[str, list[str]] = {}
         renamed: dict[str, list[tuple[str, str]]] = {}
+        quiet: dict[str, list[tuple[str, Any]]] = {}
         for k in keys:
             found = k.trigger_param(st.stage)
             if found is None:
@@ -272,10 +277,17 @@ def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = 
             groups.setdefault(name, []).append(k.path)
             if key_name != k.name:
                 renamed.setdefault(name, []).append((k.path, key_name))
+            if k.quiet_default:
+                quiet.setdefault(name, []).append((k.path, k.default))
         params = [Param(name, tuple(groups.pop(name, ())), make) for name, make in st.computed.items()]
-        params += [Param(name, tuple(ks), value if len(ks) == 1 else
-                         NamedSection(tuple(renamed[name])) if name in renamed else section)
-                   for name, ks in groups.items()]
+        for name, ks in groups.items():
+            if len(ks) == 1 and name not in quiet:
+                make = value
+            elif name in renamed or name in quiet:
+                make = NamedSection(tuple(renamed.get(name, ())), tuple(quiet.get(name, ())))
+            else:
+                make = section
+            params.append(Param(name, tuple(ks), make))
         out[st.stage] = Contract(
             st.stage, st.group, st.inputs, tuple(params),
             runtime=tuple(k.path for k in keys if "runtime" in k.roles(st.stage)),

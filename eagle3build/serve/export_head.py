@@ -6,7 +6,10 @@ vllm/transformers_utils/configs/speculators/): ``config.json``
 ``eagle_aux_hidden_state_layer_ids``, head flags, ``speculators_config`` with the
 verifier) and ``model.safetensors`` (``fc.weight``, ``layers.0.*``, ``norm.weight``,
 ``lm_head.weight``, ``d2t`` int64 [draft], ``t2d`` bool [target], the frozen
-``embed_tokens.weight``; ``input_norm.weight`` when ``norm_before_fc``).
+``embed_tokens.weight``; ``input_norm.weight`` when ``norm_before_fc``). A P-EAGLE head (``draft.method:
+peagle``) is that plus ``mask_hidden``, a DFlash head (``dflash``) speculators' DFlash format
+(``head_format.expected_shapes``); each is reloaded with its own speculators class and load-checked in vLLM
+with its own ``speculative_config`` (``speculative_config``).
 
 The verifier is named by ``served_name`` (e.g. the hub id), never by a local path,
 so the directory is portable. ``head_meta.json`` beside them records the target and
@@ -29,8 +32,8 @@ from .. import vllm_engine, vocab_map
 from ..artifacts import TrainMeta
 from ..atomic import atomic_path, write_json
 from ..contract import StageSettings
-from ..head_format import expected_shapes
-from ..head_model import TORCH_DTYPES, served_config
+from ..head_format import aux_layer_ids, draft_layers, expected_shapes, method_of, speculative_config
+from ..head_model import TORCH_DTYPES, method_class, served_config
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +124,17 @@ def export(
     flags = {k: cfg.get(k) for k in meta["head_flags"]}
     if flags != meta["head_flags"]:
         raise ExportError(f"{ck}: config head flags {flags} differ from those trained with {meta['head_flags']}")
-    if list(cfg["eagle_aux_hidden_state_layer_ids"]) != list(meta["aux_layer_ids"]):
-        raise ExportError(f"{ck}: config aux ids {cfg['eagle_aux_hidden_state_layer_ids']} != trained {meta['aux_layer_ids']}")
+    if aux_layer_ids(cfg) != list(meta["aux_layer_ids"]):
+        raise ExportError(f"{ck}: config aux ids {aux_layer_ids(cfg)} != trained {meta['aux_layer_ids']}")
+    if method_of(cfg) != meta.get("method", "eagle3"):
+        raise ExportError(f"{ck}: config.json is a {method_of(cfg)} head but train_meta.json says "
+                          f"{meta.get('method', 'eagle3')}")
+    if method_of(cfg) == "dflash" and not (cfg.get("sliding_window_non_causal") and not cfg.get("sample_from_anchor")):
+        # vLLM applies dflash_config.causal = not sliding_window_non_causal to every layer, while training keeps
+        # full-attention layers bidirectional (docs/design/peagle_dflash.md §3.3): only this layout serves as trained
+        raise ExportError(f"{ck}/config.json: a DFlash head must have sliding_window_non_causal true and "
+                          f"sample_from_anchor false (got {cfg.get('sliding_window_non_causal')}, "
+                          f"{cfg.get('sample_from_anchor')}): vLLM would serve it otherwise than it was trained")
 
     tdt = TORCH_DTYPES[dtype]
     out_state = {k: (v.to(tdt) if v.is_floating_point() else v).contiguous() for k, v in state.items() if k in shapes}
@@ -157,9 +169,9 @@ LOAD_CHECK_MAX_MODEL_LEN = 256  # tokens: the check's one prompt and its 8 answe
 
 def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_name: str, max_tokens: int = 8,
                           gpus: int = 0, pipeline_parallel_size: int = 1, trust_remote_code: bool = False) -> dict:
-    """Serve the target with the head as its EAGLE-3 drafter in vLLM (a child process started by
-    ``vllm_engine``: tensor-parallel over ``gpus`` GPUs in bf16, or float32 on CPU) and decode one
-    prompt greedily with k=1.
+    """Serve the target with the head as its drafter (EAGLE-3, P-EAGLE or DFlash: ``speculative_config``) in
+    vLLM (a child process started by ``vllm_engine``: tensor-parallel over ``gpus`` GPUs in bf16, or float32 on
+    CPU) and decode one prompt greedily with k=1.
 
     Returns vLLM's counters for that request (drafts, accepted tokens, seconds).
 
@@ -173,15 +185,16 @@ def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_n
     eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=LOAD_CHECK_MAX_MODEL_LEN,
                                   seed=0, pipeline_parallel_size=pipeline_parallel_size,
                                   trust_remote_code=trust_remote_code, max_num_seqs=1,
-                                  kv_cache_tokens=LOAD_CHECK_MAX_MODEL_LEN + 1, draft_layers=1, eager=True)
+                                  kv_cache_tokens=LOAD_CHECK_MAX_MODEL_LEN + 1, draft_layers=draft_layers(head_dir),
+                                  eager=True)
     spec = {"engine": eng, "max_tokens": max_tokens, "concurrency": 1,
             "prompts": [{"id": "load-check", "messages": [{"role": "user", "content": "What is the capital of France?"}]}],
-            "speculative_config": {"method": "eagle3", "model": os.path.abspath(head_dir), "num_speculative_tokens": 1}}
+            "speculative_config": speculative_config(head_dir, 1)}
     with tempfile.TemporaryDirectory(prefix="eagle3-load-") as tmp:
         try:
             r = vllm_engine.run_child(RUN_ENTRY, spec, tmp, "vllm_load_check")
         except RuntimeError as e:
-            raise ExportError(f"vLLM cannot serve {head_dir} as an EAGLE-3 head: {e}") from e
+            raise ExportError(f"vLLM cannot serve {head_dir} as a draft head: {e}") from e
     if not r.get("drafts"):
         raise ExportError(f"vLLM loaded {head_dir} but proposed no draft tokens with it")
     log.info("vLLM served the head: %d drafts, %d accepted, in %.1f s", r["drafts"], r["accepted_tokens"], r["process_s"])
@@ -189,7 +202,8 @@ def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_n
 
 
 def check_loads_with_speculators(head_dir: str | os.PathLike, target_dir: str, state: dict[str, torch.Tensor]) -> None:
-    """Load the head with speculators' ``Eagle3DraftModel.from_pretrained`` and compare every tensor.
+    """Load the head with its speculators class's ``from_pretrained`` (``Eagle3DraftModel``, ``PEagleDraftModel``
+    or ``DFlashDraftModel``, by ``speculators_model_type``) and compare every tensor.
 
     The config names the verifier by its served name, which need not exist on this
     machine; for the check the verifier is pointed at the local target directory.
@@ -197,13 +211,12 @@ def check_loads_with_speculators(head_dir: str | os.PathLike, target_dir: str, s
     Raises:
         ExportError: loading fails or a loaded tensor differs from the one written.
     """
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-
     try:
-        cfg = Eagle3SpeculatorConfig.from_pretrained(os.fspath(head_dir))
+        cls = method_class(method_of(json.loads((Path(head_dir) / "config.json").read_text())))
+        cfg = cls.config_class.from_pretrained(os.fspath(head_dir))
         cfg.speculators_config.verifier.name_or_path = os.fspath(target_dir)
         cfg.transformer_layer_config._attn_implementation = "sdpa"
-        model = Eagle3DraftModel.from_pretrained(os.fspath(head_dir), config=cfg)
+        model = cls.from_pretrained(os.fspath(head_dir), config=cfg)
     except Exception as e:  # noqa: BLE001 - any failure to load is the finding
         raise ExportError(f"speculators cannot load {head_dir}: {type(e).__name__}: {e}") from e
     loaded = model.state_dict()

@@ -79,7 +79,7 @@ class OnlineBatches(Batches):
         ds = online_dataset_class()(tokens_path, count, layout.total_seq_len, layout.dtype, target,
                                     noise_std=layout.noise_std, seed=layout.seed)
         super().__init__([], layout.total_seq_len, layout.hidden_size, layout.num_aux, layout.dtype, layout.seed,
-                         layout.noise_std, layout.world_size, layout.ranks, dataset=ds)
+                         layout.noise_std, layout.world_size, layout.ranks, dataset=ds, shift=layout.shift)
         self.depth = online.queue_depth
 
     def load(self, indices) -> dict:

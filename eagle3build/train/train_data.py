@@ -97,7 +97,9 @@ class BatchLayout:
     """How a run's batches are packed and for whom: ``total_seq_len`` tokens per packed row, ``hidden_size`` and
     ``num_aux`` (the states' shapes), ``dtype`` of the states, ``seed`` (sampling and noise), ``noise_std`` (the
     aux states' N(0, σ²) noise, their units), ``world_size`` ranks of which this process computes ``ranks``
-    (None: all). ``Batches.for_layout`` builds batches from it."""
+    (None: all), ``shift``: rows ``shift_batch``ed (EAGLE-3, P-EAGLE) or as collated (DFlash, which pairs
+    each position with the target's logits at the one before itself). ``Batches.for_layout`` builds batches
+    from it."""
 
     total_seq_len: int
     hidden_size: int
@@ -107,6 +109,7 @@ class BatchLayout:
     noise_std: float = 0.0
     world_size: int = 1
     ranks: list[int] | None = None
+    shift: bool = True
 
 
 class Batches:
@@ -127,7 +130,7 @@ class Batches:
 
     def __init__(self, paths: list[str], total_seq_len: int, hidden_size: int, num_aux: int, dtype: torch.dtype,
                  seed: int, noise_std: float = 0.0, world_size: int = 1, ranks: list[int] | None = None,
-                 dataset=None):
+                 dataset=None, shift: bool = True):
         from speculators.models.eagle3.data import shift_batch
         from speculators.train.data import CollateFn
         from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
@@ -143,13 +146,14 @@ class Batches:
                                                num_replicas=world_size, rank=r, seed=seed)
             for r in self.ranks
         ]
-        self.collate = CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux, dtype=dtype, preprocess=shift_batch)
+        self.collate = CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux, dtype=dtype,
+                                 preprocess=shift_batch if shift else None)
 
     @classmethod
     def for_layout(cls, paths: list[str], layout: BatchLayout, dataset=None) -> "Batches":
         """Batches over the shards ``paths`` (or ``dataset``) packed as ``layout`` says."""
         return cls(paths, layout.total_seq_len, layout.hidden_size, layout.num_aux, layout.dtype, layout.seed,
-                   layout.noise_std, layout.world_size, layout.ranks, dataset=dataset)
+                   layout.noise_std, layout.world_size, layout.ranks, dataset=dataset, shift=layout.shift)
 
     def steps_per_epoch(self) -> int:
         """Global steps in one epoch (packed rows per rank; the same for every rank)."""

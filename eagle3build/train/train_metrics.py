@@ -45,6 +45,24 @@ def summarise(acc: dict[str, float], ttt_steps: int) -> dict:
         acc[f"cond_acc_{k}_sum"] / acc[f"cond_acc_{k}_total"] if acc.get(f"cond_acc_{k}_total") else 0.0 for k in steps
     ]
     out["simulated_acceptance_length"] = 1.0 + sum(out["full_acc_per_step"])
+    positions = sorted(int(k.split("_")[1]) for k in acc if k.startswith("position_") and k.endswith("_acc_total")
+                       and acc[k])
+    if not steps and positions:
+        # P-EAGLE and DFlash (one forward drafts every position): speculators' per-position accuracies
+        # (``position_{p}_acc``, marginal: each position's own hits, peagle/metrics.py, dflash/metrics.py) stand in
+        # for the per-step ones. τ_sim: DFlash's ``eal`` (each block's leading run of hits + the bonus token,
+        # speculators/models/metrics.py); P-EAGLE has none, so 1 + Σ_k Π_{j<=k} acc_j of the marginals
+        # (approximate: it drops the correlation between positions).
+        out["full_acc_per_step"] = [acc[f"position_{p}_acc_sum"] / acc[f"position_{p}_acc_total"] for p in positions]
+        out["cond_acc_per_step"] = []
+        if acc.get("eal_total"):
+            out["simulated_acceptance_length"] = acc["eal_sum"] / acc["eal_total"]
+        else:
+            chain, tau = 1.0, 1.0
+            for a in out["full_acc_per_step"]:
+                chain *= a
+                tau += chain
+            out["simulated_acceptance_length"] = tau
     return out
 
 

@@ -1,0 +1,158 @@
+"""draft.method peagle and dflash: speculators' P-EAGLE and DFlash models trained a few steps through this
+project's trainer on the tiny target's captured shards (tests/conftest.py: tiny_target, tiny_shards)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eagle3build.serve import export_head as ex
+from eagle3build.train import train_draft as td
+
+
+def _train(tiny_shards, tiny_target, method, out_name, **kw):
+    d, _, _ = tiny_shards
+    out = d / out_name
+    m = td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
+                 str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(out),
+                 epochs=1, max_steps=3, lr=3e-3, total_seq_len=128, seed=0, device="cpu", checkpoint_every=0,
+                 method=method, **kw)
+    return out, m
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_shards, tiny_target):
+    """Each method's checkpoint, 3 steps on the fixture's shards: ``{method: (dir, metrics)}``."""
+    return {m: _train(tiny_shards, tiny_target, m, f"ck-{m}") for m in ("peagle", "dflash")}
+
+
+@pytest.mark.parametrize("method,depths", [("peagle", 8), ("dflash", 7)])
+def test_method_trains_with_speculators_model(trained, method, depths):
+    out, m = trained[method]
+    cfg = json.loads((out / "config.json").read_text())
+    meta = json.loads((out / "train_meta.json").read_text())
+    assert cfg["speculators_model_type"] == method and meta["method"] == method
+    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == depths
+    # the tokenizer (SmolLM2's) has no mask token and no spare embedding row: speculators falls back to pad (2)
+    assert cfg["mask_token_id"] == 2
+    assert m["steps"] == 3 and all(h["loss"] > 0 for h in m["train_history"])
+    ev = m["final_eval"]
+    # per-position accuracies of the drafted positions: P-EAGLE depths 0..7, DFlash block slots 1..7
+    assert len(ev["full_acc_per_step"]) == depths and all(0.0 <= a <= 1.0 for a in ev["full_acc_per_step"])
+    assert 1.0 <= ev["simulated_acceptance_length"] <= 1.0 + depths
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert shapes["fc.weight"] == (64, 3 * 64) and shapes["d2t"] == (256,)
+    if method == "peagle":
+        assert shapes["mask_hidden"] == (1, 1, 192) and shapes["embed_tokens.weight"] == (49152, 64)
+        # eagle3.1's flags (the fixture's decisions) less the two vLLM's P-EAGLE parser drops
+        assert {k: cfg[k] for k in meta["head_flags"]} == meta["head_flags"] == {
+            "norm_before_residual": True, "norm_before_fc": True, "norm_output": False, "fc_norm": False}
+        assert shapes["layers.0.self_attn.q_proj.weight"] == (64, 128)  # [embed, hidden]: 2H in
+    else:
+        assert "embed_tokens.weight" not in shapes and "mask_hidden" not in shapes
+        assert sum(k.endswith("self_attn.q_proj.weight") for k in shapes) == 5  # 5 qwen3 layers
+        assert cfg["sliding_window_non_causal"] is True and cfg["sample_from_anchor"] is False
+
+
+def test_summarise_per_position_methods():
+    """P-EAGLE's marginal per-position accuracies 0.8, 0.5 give tau 1 + 0.8 + 0.8*0.5 = 2.2 (approximate);
+    DFlash's expected accepted length is its own ratio eal_sum / eal_total."""
+    from eagle3build.train.train_metrics import summarise
+
+    acc = {"loss_sum": 6.0, "loss_total": 2.0, "position_0_acc_sum": 8.0, "position_0_acc_total": 10.0,
+           "position_1_acc_sum": 4.0, "position_1_acc_total": 8.0}
+    s = summarise(acc, 1)
+    assert s["loss"] == 3.0 and s["full_acc_per_step"] == [0.8, 0.5]
+    assert s["simulated_acceptance_length"] == pytest.approx(2.2)
+    acc = {"loss_sum": 1.0, "loss_total": 1.0, "position_1_acc_sum": 3.0, "position_1_acc_total": 4.0,
+           "eal_sum": 7.0, "eal_total": 4.0}
+    assert summarise(acc, 1)["simulated_acceptance_length"] == 1.75
+
+
+def test_unknown_method_is_refused():
+    from eagle3build.head_model import method_class
+
+    with pytest.raises(ValueError, match="draft.method 'dflash2' is not one of"):
+        method_class("dflash2")
+
+
+@pytest.mark.parametrize("method", ["peagle", "dflash"])
+def test_export_writes_and_reloads_each_method(tiny_shards, tiny_target, trained, method, tmp_path):
+    """Export checks the method's tensor set (head_format.expected_shapes), reloads the head with the method's
+    speculators class (tensor for tensor) and would load-check it in vLLM with the method's speculative_config."""
+    d, _, _ = tiny_shards
+    ck, _ = trained[method]
+    head = tmp_path / "head"
+    meta = ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), head, "org/tiny-llama",
+                     str(tiny_target), vllm_load_check="never")
+    cfg = json.loads((head / "config.json").read_text())
+    assert cfg["speculators_model_type"] == method and meta["method"] == method
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-llama"
+    with safe_open(str(head / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("fc.weight").dtype == torch.bfloat16
+    if method == "peagle":
+        assert "mask_hidden" in names and "embed_tokens.weight" in names and len(names) == 18
+        assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 3
+        assert ex.speculative_config(head, 3) == {"method": "eagle3", "parallel_drafting": True,
+                                                  "model": str(head), "num_speculative_tokens": 3}
+        assert ex.draft_layers(head) == 1
+    else:
+        assert "embed_tokens.weight" not in names and len(names) == 6 + 5 * 11
+        assert cfg["aux_hidden_state_layer_ids"] == [1, 3, 4]
+        assert ex.speculative_config(head, 3) == {"method": "dflash", "model": str(head), "num_speculative_tokens": 3}
+        assert ex.draft_layers(head) == 5
+
+
+def test_export_refuses_a_dflash_head_vllm_would_serve_causal(tiny_shards, tiny_target, trained, tmp_path):
+    d, _, _ = tiny_shards
+    ck = tmp_path / "ck"
+    shutil.copytree(trained["dflash"][0], ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["sliding_window_non_causal"] = False
+    (ck / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ex.ExportError, match="ck/config.json: a DFlash head must have sliding_window_non_causal true"):
+        ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/t",
+                  str(tiny_target), vllm_load_check="never")
+    assert not (tmp_path / "head").exists()
+
+
+def test_export_refuses_a_method_other_than_trained(tiny_shards, tiny_target, trained, tmp_path):
+    d, _, _ = tiny_shards
+    ck = tmp_path / "ck"
+    shutil.copytree(trained["peagle"][0], ck)
+    meta = json.loads((ck / "train_meta.json").read_text())
+    del meta["method"]
+    (ck / "train_meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ex.ExportError, match="config.json is a peagle head but train_meta.json says eagle3"):
+        ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/t",
+                  str(tiny_target), vllm_load_check="never")
+
+
+def test_method_replans_training_and_what_follows_never_capture():
+    """draft.method is part of train_draft's ``train`` param only where it is not the default (config_spec
+    ``quiet_default``: builds made before the key keep their params); no capture or earlier stage reads it."""
+    import copy
+
+    import yaml
+    from smk import REPO
+
+    from eagle3build.contract import CONTRACTS, PlanContext, param_value
+
+    base = yaml.safe_load((REPO / "config.yaml").read_text())
+    other = copy.deepcopy(base)
+    other["draft"]["method"] = "dflash"
+
+    def params(cfg, stage):
+        return {p.name: param_value(p, cfg, PlanContext(stage)) for p in CONTRACTS[stage].params if p.name != "version"}
+
+    train_default, train_dflash = params(base, "train_draft")["train"], params(other, "train_draft")["train"]
+    assert "method" not in train_default and train_dflash == {**train_default, "method": "dflash"}
+    for stage in CONTRACTS:
+        if stage != "train_draft":
+            assert "draft.method" not in CONTRACTS[stage].triggers, stage
+            assert params(base, stage) == params(other, stage), stage
