@@ -18,7 +18,7 @@ from .head_format import HEAD_VARIANTS, aux_layer_ids, expected_shapes, method_o
 from .serving import head_config_fields
 
 # The draft methods (config ``draft.method``), as speculators and vLLM name them, and what each is built with
-# here: speculators' registry class (``SpeculatorModel.registry``, speculators/models/__init__.py), the decoder
+# here (the class is speculators' registry entry of the name, ``method_class``): the decoder
 # architecture speculators' CLI gives it (speculators/train/config/schema.py: llama for eagle3, qwen3 otherwise;
 # this project keeps llama for P-EAGLE, which vLLM 0.26/0.32 serve as ``PeagleLlamaForCausalLM``), its decoder
 # layers, and its method arguments at speculators' defaults (P-EAGLE ``num_depths`` 8, peagle/core.py; DFlash
@@ -26,9 +26,9 @@ from .serving import head_config_fields
 # layer (all full attention, ``sliding_window_non_causal``), the one layout vLLM serves as trained
 # (docs/design/peagle_dflash.md §3.3), and without ``sample_from_anchor`` (vLLM 0.26 does not read it).
 METHODS = {
-    "eagle3": {"class": "Eagle3DraftModel", "arch": "llama", "layers": 1, "args": {}},
-    "peagle": {"class": "PEagleDraftModel", "arch": "llama", "layers": 1, "args": {"num_depths": 8}},
-    "dflash": {"class": "DFlashDraftModel", "arch": "qwen3", "layers": 5,
+    "eagle3": {"arch": "llama", "layers": 1, "args": {}},
+    "peagle": {"arch": "llama", "layers": 1, "args": {"num_depths": 8}},
+    "dflash": {"arch": "qwen3", "layers": 5,
                "args": {"block_size": 8, "sliding_window_non_causal": True, "sample_from_anchor": False}},
 }
 SHIFTED_METHODS = ("eagle3", "peagle")  # trained on shift_batch'ed rows (speculators/train/cli.py); DFlash not

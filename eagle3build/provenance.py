@@ -90,6 +90,15 @@ def cpu_bf16_support(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict:
     return {"native_bf16": bool(found), "flags": found}
 
 
+def emulates_bf16(compute_dtype: str, device: str, support: dict | None = None) -> bool:
+    """Whether computing in ``compute_dtype`` on ``device`` would emulate bf16 on this host's CPU: a bf16/fp16
+    dtype on ``cpu`` where ``support`` (``cpu_bf16_support()`` when None) says the CPU has no native bf16.
+    Unknown support (None) is not counted. Raises nothing."""
+    if device != "cpu" or compute_dtype not in ("bfloat16", "float16"):
+        return False
+    return (support if support is not None else cpu_bf16_support())["native_bf16"] is False
+
+
 def hardware() -> dict:
     """``platform``, ``processor`` (or the machine type), ``cpu_count`` and, where CUDA is available,
     ``gpus``: the name of each visible GPU (``torch.cuda.get_device_name``)."""

@@ -33,7 +33,7 @@ import torch
 
 from ..contract import StageSettings
 from ..hooks import HookCapture, padded_batch, plan_batches, unpad  # noqa: F401 - plan_batches: this stage's API
-from ..provenance import NATIVE_BF16_FLAGS, cpu_bf16_support
+from ..provenance import NATIVE_BF16_FLAGS, emulates_bf16
 from ..shard_pipeline import WriterPipeline
 from ..shards import ShardFileWriter, ShardMeta, encode_states
 from ..target import load_model, resolve_dtype, text_config
@@ -196,7 +196,7 @@ def capture_shard(
                              device, compute_dtype, storage_dtype, tokens_per_batch, trust_remote_code, writer_threads,
                              fsync, gpus, pipeline_parallel_size)
     if model is None:
-        if device == "cpu" and compute_dtype in ("bfloat16", "float16") and cpu_bf16_support()["native_bf16"] is False:
+        if emulates_bf16(compute_dtype, device):
             log.warning("target.dtype %s on a CPU without native bf16 (%s absent): this capture runs about 29x slower "
                         "than in float32 (eagle3build.provenance.cpu_bf16_support); target.dtype: auto takes float32",
                         compute_dtype, " / ".join(NATIVE_BF16_FLAGS))

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..head_format import HEAD_FLAGS
-from ..provenance import NATIVE_BF16_FLAGS, base_version, installed_version, safe_version
+from ..provenance import NATIVE_BF16_FLAGS, base_version, emulates_bf16, installed_version, safe_version
 from ..target import find_decoder_layers, load_config, text_config
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def check_cpu_capture_dtype(compute_dtype: str, capture_gpus: int, support: dict
     Raises nothing.
     """
     device = "cuda" if capture_gpus > 0 else "cpu"
-    if device == "cpu" and compute_dtype in ("bfloat16", "float16") and support.get("native_bf16") is False:
+    if emulates_bf16(compute_dtype, device, support):
         warnings.warn(
             f"target.dtype {compute_dtype} on a CPU without native bf16 ({' / '.join(NATIVE_BF16_FLAGS)} absent): "
             "hidden-state capture runs about 29x slower than in float32 here; set target.dtype: auto (float32 on "
