@@ -88,7 +88,9 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
     [{"k", "measured_step_ms", "measured_baseline_step_ms", "measured_step_cost_ratio", "predicted_step_cost_ratio",
     "relative_error", "within_tolerance"}]}``; a k the table lacks gets ``predicted`` None.
     """
-    conc = benchmark["settings"]["concurrency"] or sum(s["num_prompts"] for s in benchmark["settings"]["sets"].values())
+    # requests in flight: each set is decoded on its own, so at most its prompt count (16 asked of 4 prompts is 4)
+    c = benchmark["settings"]["concurrency"]
+    conc = max(min(c, s["num_prompts"]) if c else s["num_prompts"] for s in benchmark["settings"]["sets"].values())
     table = preflight_result["table"]
     cs = sorted({r["concurrency"] for r in table})
     c_used = min(cs, key=lambda c: (abs(c - conc), c))

@@ -53,8 +53,8 @@ def test_bound_table_arithmetic():
         step_costs.bound_table(MEASURED, {"3": {"1": 0.002}}, [1])
 
 
-def _benchmark(concurrency, tpot_base, runs):
-    return {"settings": {"concurrency": concurrency, "sets": {"chat": {"num_prompts": 8}}},
+def _benchmark(concurrency, tpot_base, runs, num_prompts=8):
+    return {"settings": {"concurrency": concurrency, "sets": {"chat": {"num_prompts": num_prompts}}},
             "baseline": {"time_per_output_token_s": {"mean": tpot_base}},
             "eagle3": [{"num_speculative_tokens": k, "mean_acceptance_length": tau,
                         "time_per_output_token_s": {"mean": tpot}} for k, tau, tpot in runs]}
@@ -74,7 +74,9 @@ def test_compare_benchmark_against_the_table():
     res = step_costs.compare_benchmark(_benchmark(0, 0.002, [(2, 2.0, 0.002)]), pre)
     assert res["concurrency_used"] == 1 and res["rows"][0]["predicted_step_cost_ratio"] is None
     assert res["rows"][0]["within_tolerance"] is None
-    assert step_costs.compare_benchmark(_benchmark(12, 0.002, []), pre)["concurrency_used"] == 16
+    assert step_costs.compare_benchmark(_benchmark(12, 0.002, [], num_prompts=16), pre)["concurrency_used"] == 16
+    # 12 asked of a set of 8 prompts puts 8 in flight, nearer c = 1 than 16
+    assert step_costs.compare_benchmark(_benchmark(12, 0.002, []), pre)["concurrency_used"] == 1
 
 
 def test_untrained_head_has_the_exported_format(tmp_path, tiny_target):
