@@ -187,9 +187,10 @@ def test_decode_greedy_splits_counters_per_set(monkeypatch):
     assert "sets" not in res1 and res1["drafts"] == 6 and res1["accepted_per_position"] == [6, 3]
 
 
-def _fake_engines(calls, top):
+def _fake_engines(calls, top, changed=(1, 3)):
     """run_child stand-in: baseline and k=2 engines over chat (a, b) and humaneval (2 prompts); k=2 changes
-    chat prompt b's second output token (2 -> 3); ``top``: the baseline's top log-probabilities there."""
+    chat prompt b's output token ``changed[0]`` (the baseline's [1, 2]) to ``changed[1]``; ``top``: the
+    reference's top log-probabilities there."""
 
     def fake_run_child(entry, spec, workdir, name):
         if entry == benchmark.TOP_ENTRY:
@@ -198,7 +199,9 @@ def _fake_engines(calls, top):
         calls.append((name, [g["count"] for g in spec["sets"]], len(spec["prompts"])))
         k = (spec.get("speculative_config") or {}).get("num_speculative_tokens")
         tps = {None: (10.0, 20.0), 2: (15.0, 50.0)}[k]  # chat, humaneval tokens/s
-        ids = [[1, 2]] * 4 if k is None else [[1, 2], [1, 3], [1, 2], [1, 2]]
+        b_run = [1, 2]
+        b_run[changed[0]] = changed[1]
+        ids = [[1, 2]] * 4 if k is None else [[1, 2], b_run, [1, 2], [1, 2]]
         pids = [[100 + i, 7] for i in range(4)]
         sets = {}
         for j, (n, cnt) in enumerate((("chat", 2), ("humaneval", 2))):
@@ -268,6 +271,24 @@ def test_benchmark_fails_on_a_real_divergence(tmp_path, monkeypatch, top, why):
         benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [1, 2]), out, [2], 8, "m", 512, 1, 2, 0.25,
                              {"chat": 0, "humaneval": 0})
     assert not out.exists(), why
+
+
+def test_benchmark_counts_a_first_token_difference_against_the_engines(tmp_path, monkeypatch, caplog):
+    """Prompt b's first output token differs, far from a near-tie (3 nats): it comes from the target's prefill
+    before any draft, so it is the engines' noise (seen on the H200 with a random MoE target), counted and
+    logged, and the benchmark is written."""
+    monkeypatch.setattr(vllm_engine, "run_child", _fake_engines([], [[1, -0.05], [9, -3.05]], changed=(0, 9)))
+    out = tmp_path / "b.json"
+    with caplog.at_level("WARNING"):
+        r = benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [1, 2]), out, [2], 8, "m", 512, 1, 2,
+                                 0.25, {"chat": 0, "humaneval": 0})
+    (e,) = r["eagle3"]
+    assert (e["first_token_differences"], e["near_ties"], e["divergences"], e["lossless"]) == (1, 0, 0, True)
+    assert e["sets"]["chat"]["first_token_differences"] == 1 and e["sets"]["humaneval"]["first_token_differences"] == 0
+    (d,) = e["differences"]
+    assert (d["position"], d["baseline_token"], d["run_token"], d["kind"]) == (0, 1, 9, "first_token")
+    assert d["gap"] == pytest.approx(3.0) and out.exists()
+    assert "prompt b (chat): the first output token differs" in caplog.text
 
 
 def _echo_engines(specs):
@@ -373,6 +394,19 @@ def test_classify_difference():
     assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"  # 1.6 apart
     assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 11], top, 0.1)["kind"] == "divergence"  # tighter
     assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 13], top, 9.0)["gap"] is None  # not in the top list
+    assert near["baseline_gap"] == 0.0
+    # judged against the reference's best, not the baseline's token: the baseline (11) was itself off the
+    # reference's first choice (10), which the run took
+    off = benchmark.classify_difference([1, 2, 3, 11], [1, 2, 3, 10], top, 0.1)
+    assert (off["kind"], off["gap"], off["baseline_gap"]) == ("near_tie", 0.0, pytest.approx(0.15))
+    # the baseline's token outside the top list, the run's the reference's best: still a near-tie
+    assert benchmark.classify_difference([1, 2, 3, 99], [1, 2, 3, 10], top, 0.25)["kind"] == "near_tie"
+    # the run's token 1.6 below the reference's best, though the baseline took the second: a divergence
+    assert benchmark.classify_difference([1, 2, 3, 11], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"
+    # output token 0 comes from the target's prefill (no draft yet): the engines' difference, whatever the gap
+    first = benchmark.classify_difference([10, 5], [12, 5], {0: top[3]}, 0.25)
+    assert (first["kind"], first["gap"]) == ("first_token", pytest.approx(1.6))
+    assert benchmark.classify_difference([], [12], {}, 0.25)["kind"] == "divergence"  # the baseline gave nothing
     ended = benchmark.classify_difference([1, 2, 3], [1, 2, 3, 11], top, 0.25)  # the baseline stopped there
     assert (ended["baseline_token"], ended["kind"]) == (None, "divergence")
     assert benchmark.first_difference([1, 2], [1, 2]) is None and benchmark.first_difference([1], [1, 5]) == 1

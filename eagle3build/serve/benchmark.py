@@ -262,6 +262,13 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
         for v in r["sets"].values():
             v.pop("token_ids")
             v.pop("prompt_token_ids")
+    for r in runs:
+        for d in r["differences"]:
+            if d["kind"] == "first_token":
+                log.warning("k=%d prompt %s (%s): the first output token differs (baseline %s, with the head %s): it "
+                            "comes from the target's prefill before any draft, so the two engines computed the target "
+                            "differently; not counted against the head", r["num_speculative_tokens"], d["prompt_id"],
+                            d["set"], d["baseline_token"], d["run_token"])
     divergent = [(r["num_speculative_tokens"], d) for r in runs for d in r["differences"] if d["kind"] == "divergence"]
     if divergent:
         import json
@@ -269,8 +276,8 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
         for k, d in divergent:
             log.error("k=%d: real divergence: %s", k, json.dumps(d))
         raise BenchmarkError(
-            f"{out_json}: the head changed greedy outputs beyond a near-tie (gap > {gap} nats or a token outside the "
-            "baseline's top " + str(NEAR_TIE_TOP) + "): " + "; ".join(
+            f"{out_json}: the head changed greedy outputs beyond a near-tie (more than {gap} nats below the target's "
+            "most likely token, or outside its top " + str(NEAR_TIE_TOP) + "): " + "; ".join(
                 f"k={k} prompt {d['prompt_id']} ({d['set']}) at output token {d['position']}: baseline "
                 f"{d['baseline_token']}, with the head {d['run_token']}" for k, d in divergent))
     eng = engine()
@@ -332,14 +339,17 @@ def compare(base: dict, run: dict, prompts: list[dict], differences: list[dict] 
     """Speed-up (``run`` tokens/s over ``base`` tokens/s, same prompts) and the lossless check: the ids of
     ``prompts`` whose greedy token ids differ between the two runs (``token_ids`` in prompt order), and
     of ``differences`` (``classify_difference`` results of those prompts) how many are near-ties and
-    how many real divergences; ``lossless`` is true where none diverges."""
+    how many differ at the first token (the target's own engine noise: ``classify_difference``) and how
+    many are real divergences; ``lossless`` is true where none diverges."""
     differing = [p["id"] for p, a, b in zip(prompts, base["token_ids"], run["token_ids"], strict=True) if a != b]
     differences = list(differences or [])
     near = sum(d["kind"] == "near_tie" for d in differences)
+    first = sum(d["kind"] == "first_token" for d in differences)
+    diverged = len(differences) - near - first
     return {"speedup": run["output_tokens_per_s"] / base["output_tokens_per_s"],
             "prompts_differing_from_baseline": len(differing), "differing_prompt_ids": differing,
-            "outputs_identical": not differing, "near_ties": near, "divergences": len(differences) - near,
-            "lossless": len(differences) == near, "differences": differences}
+            "outputs_identical": not differing, "near_ties": near, "first_token_differences": first,
+            "divergences": diverged, "lossless": diverged == 0, "differences": differences}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -375,14 +385,28 @@ def classify_difference(base_ids: list[int], run_ids: list[int], tops: dict[int,
     """Classify one prompt's differing greedy outputs.
 
     ``base_ids``/``run_ids``: output token ids without and with the head (they differ);
-    ``tops``: position -> the baseline's ``[[token, logprob], ...]`` there (most likely first,
-    ``baseline_top_logprobs``); ``max_gap``: nats. At the first differing position ``p``, the
-    difference is a ``near_tie`` when the baseline's token and the head run's token are both
-    in the baseline's top list and their log-probabilities differ by at most ``max_gap``,
-    else a ``divergence`` (also where a run stopped early: an end of output is no token to
-    compare). Returns ``{"position", "baseline_token", "run_token", "baseline_top_logprobs",
-    "top2_gap" (the baseline's top-1 minus top-2 log-probability), "gap" (between the two
-    tokens; None where one is missing), "kind"}``.
+    ``tops``: position -> the reference engine's ``[[token, logprob], ...]`` at the baseline's prefix
+    (most likely first; ``baseline_top_logprobs``: an eager engine of the target alone); ``max_gap``: nats.
+    At the first differing position ``p``:
+
+    - ``first_token`` where ``p`` is 0: the first output token comes from the target's prefill before
+      any draft exists (vLLM samples it from the target's logits, then drafts), so the head cannot have
+      changed it; the two engines computed the target differently (measured on a random-weight MoE target
+      on the H200, where bf16 noise flips expert routing). Counted, not a divergence.
+    - ``near_tie`` where the head run's token is in the reference's top list within ``max_gap`` of the
+      reference's most likely token: greedy decoding of the target could have picked it. Judged against
+      the reference, not the baseline's token, because the baseline engine is itself a bf16 computation
+      that can disagree with the reference (the same H200 runs: the baseline's token outside the
+      reference's top 5 where the run's token was its first).
+    - ``divergence`` otherwise (also where a run stopped early: an end of output is no token to compare).
+
+    Returns ``{"position", "baseline_token", "run_token", "baseline_top_logprobs", "top2_gap" (the
+    reference's top-1 minus top-2 log-probability), "gap" (the reference's top-1 minus the run token's
+    log-probability; None where the run's token is not in the top list), "baseline_gap" (the same for
+    the baseline's token), "kind"}``.
+
+    Raises:
+        ValueError: the outputs do not differ.
     """
     pos = first_difference(base_ids, run_ids)
     if pos is None:
@@ -391,11 +415,18 @@ def classify_difference(base_ids: list[int], run_ids: list[int], tops: dict[int,
     rt = run_ids[pos] if pos < len(run_ids) else None
     top = (tops or {}).get(pos) or []
     lp = {int(t): float(v) for t, v in top}
+    best = float(top[0][1]) if top else None
     top2 = top[0][1] - top[1][1] if len(top) > 1 else None
-    gap = abs(lp[bt] - lp[rt]) if bt in lp and rt in lp else None
-    kind = "near_tie" if gap is not None and gap <= max_gap else "divergence"
+    gap = best - lp[rt] if rt in lp else None
+    baseline_gap = best - lp[bt] if bt in lp else None
+    if bt is None or rt is None:
+        kind = "divergence"  # one output ended there
+    elif pos == 0:
+        kind = "first_token"
+    else:
+        kind = "near_tie" if gap is not None and gap <= max_gap else "divergence"
     return {"position": pos, "baseline_token": bt, "run_token": rt, "baseline_top_logprobs": top,
-            "top2_gap": top2, "gap": gap, "kind": kind}
+            "top2_gap": top2, "gap": gap, "baseline_gap": baseline_gap, "kind": kind}
 
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
