@@ -446,6 +446,32 @@ KEYS: tuple[Key, ...] = (
         quiet_default=True,
     ),
     Key(
+        "draft.peagle.num_depths",
+        {"type": "integer", "minimum": 2},
+        8,
+        "P-EAGLE: draft positions trained in one forward (speculators' num_depths, models/peagle/core.py); "
+        "read only where draft.method is peagle",
+        {"train_draft": "trigger:train/peagle_num_depths"},
+        quiet_default=True,
+    ),
+    Key(
+        "draft.dflash.block_size",
+        {"type": "integer", "minimum": 2},
+        8,
+        "DFlash: tokens per drafted block, the anchor and block_size - 1 drafts (speculators' block_size, "
+        "models/dflash/core.py); read only where draft.method is dflash",
+        {"train_draft": "trigger:train/dflash_block_size"},
+        quiet_default=True,
+    ),
+    Key(
+        "draft.dflash.num_layers",
+        {"type": "integer", "minimum": 1},
+        5,
+        "DFlash: decoder layers of the draft (speculators' CLI default 5); read only where draft.method is dflash",
+        {"train_draft": "trigger:train/dflash_num_layers"},
+        quiet_default=True,
+    ),
+    Key(
         "train.head_variant",
         {"type": "string", "enum": ["auto", "eagle3", "eagle3.1"]},
         "auto",

@@ -123,6 +123,20 @@ def speculative_config(head_dir: str | os.PathLike, k: int) -> dict:
     return {**out, "model": os.path.abspath(head_dir), "num_speculative_tokens": k}
 
 
+def trained_positions(head_dir: str | os.PathLike) -> int | None:
+    """Draft positions a P-EAGLE or DFlash head in ``head_dir`` was trained to fill in one forward (its
+    ``speculators_config.proposal_methods[0].speculative_tokens``: P-EAGLE ``num_depths``, DFlash
+    ``block_size - 1``); None for eagle3, whose single-token steps serve any k.
+
+    Raises:
+        OSError, ValueError, KeyError: config.json cannot be read or lacks the field.
+    """
+    cfg = json.loads((Path(head_dir) / "config.json").read_text())
+    if method_of(cfg) == "eagle3":
+        return None
+    return int(cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
+
+
 def draft_layers(head_dir: str | os.PathLike) -> int:
     """Attention layers of the head in ``head_dir`` that take KV cache in vLLM (its ``transformer_layer_config``'s
     ``num_hidden_layers``: 1 for eagle3 and peagle, 5 for this project's dflash).

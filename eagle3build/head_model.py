@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,6 +34,39 @@ METHODS = {
                "args": {"block_size": 8, "sliding_window_non_causal": True, "sample_from_anchor": False}},
 }
 SHIFTED_METHODS = ("eagle3", "peagle")  # trained on shift_batch'ed rows (speculators/train/cli.py); DFlash not
+# The knobs a user sets per method (config ``draft.<method>.<knob>``) and where each goes: a speculators argument
+# of the model and its trainer kwargs, or the decoder layer count.
+METHOD_OPTIONS = {"eagle3": (), "peagle": ("num_depths",), "dflash": ("block_size", "num_layers")}
+
+
+def resolved_options(method: str, options: Mapping[str, Any] | None = None) -> dict:
+    """Every knob of ``method`` (``METHOD_OPTIONS``) with its value: ``options`` where given, else speculators'
+    default (``method_spec``'s errors)."""
+    spec = method_spec(method, options)
+    return {k: spec["layers"] if k == "num_layers" else spec["args"][k] for k in METHOD_OPTIONS[method]}
+
+
+def method_spec(method: str, options: Mapping[str, Any] | None = None) -> dict:
+    """``METHODS[method]`` with the user's ``options`` (``draft.<method>.*``: P-EAGLE ``num_depths``; DFlash
+    ``block_size``, ``num_layers``) in place of speculators' defaults: ``{"arch", "layers", "args"}``.
+
+    Raises:
+        ValueError: ``method`` is not a ``METHODS`` key, or an option is not one of the method's
+            (``METHOD_OPTIONS``).
+    """
+    if method not in METHODS:
+        raise ValueError(f"draft.method {method!r} is not one of {list(METHODS)}")
+    options = dict(options or {})
+    bad = sorted(set(options) - set(METHOD_OPTIONS[method]))
+    if bad:
+        raise ValueError(f"draft.{method}: {bad} are not options of {method} (it has {list(METHOD_OPTIONS[method])})")
+    spec = {**METHODS[method], "args": dict(METHODS[method]["args"])}
+    for k, v in options.items():
+        if k == "num_layers":
+            spec["layers"] = int(v)
+        else:
+            spec["args"][k] = int(v)
+    return spec
 
 
 def method_flags(method: str, head_variant: str) -> dict[str, bool]:
@@ -77,12 +112,14 @@ def build_model(
     device: str,
     trust_remote_code: bool = False,
     method: str = "eagle3",
+    method_options: Mapping[str, Any] | None = None,
 ):
     """speculators' draft model of ``method`` (``METHODS``) for ``target_dir``, fp32 weights on ``device``, made
     by the class's own ``from_training_args``: ``eagle3`` (``Eagle3DraftModel``: 1 llama decoder layer, full
     attention), ``peagle`` (``PEagleDraftModel``: the same layer, all ``num_depths`` tokens in one forward; its
     embedding table trains), ``dflash`` (``DFlashDraftModel``: 5 qwen3 layers, bidirectional, a block of
-    ``block_size`` tokens per forward; no embedding of its own).
+    ``block_size`` tokens per forward; no embedding of its own). ``method_options``: the method's knobs in
+    place of those defaults (``method_spec``).
 
     ``d2t`` (``[draft_vocab]`` int64, target id minus draft id) and ``t2d`` (``[target_vocab]``
     bool) are build_vocab_map's map; ``aux_layer_ids`` the target layers whose hidden states
@@ -99,7 +136,7 @@ def build_model(
     from speculators.train.cli import create_transformer_layer_config
 
     cls = method_class(method)
-    spec = METHODS[method]
+    spec = method_spec(method, method_options)
     tl = create_transformer_layer_config(
         verifier_name_or_path=target_dir,
         num_layers=spec["layers"],
@@ -128,12 +165,14 @@ def build_model(
     return cls.from_training_args(**kw).to(device)
 
 
-def trainer_kwargs(method: str, ttt_steps: int, ttt_step_loss_decay: float, loss_implementation: str) -> dict:
+def trainer_kwargs(method: str, ttt_steps: int, ttt_step_loss_decay: float, loss_implementation: str,
+                   method_options: Mapping[str, Any] | None = None) -> dict:
     """The keyword arguments of a training forward of ``method``'s model (``net(**row, **these)``): eagle3's
     TTT steps and decay with the ``kl_div`` loss; P-EAGLE's and DFlash's from their class's own
     ``get_trainer_kwargs`` (speculators' CLI route, spec/train/cli.py) with ``kl_div`` and
     ``loss_implementation`` (``eager`` | ``fused``) and speculators' defaults for the rest (P-EAGLE: depths,
-    down-sampling, no anchor cap; DFlash: γ 4, 512 anchors, fixed exponential decay per position).
+    down-sampling, no anchor cap; DFlash: γ 4, 512 anchors, fixed exponential decay per position), with
+    ``method_options`` (``method_spec``) in place of the method's defaults.
 
     Raises:
         ValueError: ``method`` is not a ``METHODS`` key.
@@ -144,7 +183,7 @@ def trainer_kwargs(method: str, ttt_steps: int, ttt_step_loss_decay: float, loss
         return {"ttt_steps": ttt_steps, "ttt_step_loss_decay": ttt_step_loss_decay,
                 "loss_config": resolve_loss_config("kl_div", implementation=loss_implementation)}
     train_kw, _ = method_class(method).get_trainer_kwargs(loss_fn="kl_div", loss_implementation=loss_implementation,
-                                                          **METHODS[method]["args"])
+                                                          **method_spec(method, method_options)["args"])
     return train_kw
 
 

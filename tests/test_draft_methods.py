@@ -58,6 +58,29 @@ def test_method_trains_with_speculators_model(trained, method, depths):
         assert cfg["sliding_window_non_causal"] is True and cfg["sample_from_anchor"] is False
 
 
+def test_method_options_reach_speculators_model(tiny_shards, tiny_target):
+    """draft.peagle.num_depths and draft.dflash.block_size / num_layers replace speculators' defaults in the
+    model, its trainer kwargs and the saved config; an option of another method is refused by name."""
+    from eagle3build.head_model import method_spec, resolved_options, trainer_kwargs
+
+    out, m = _train(tiny_shards, tiny_target, "dflash", "ck-dflash-4", method_options={"block_size": 4,
+                                                                                        "num_layers": 2})
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["block_size"] == 4 and cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert sum(k.endswith("self_attn.q_proj.weight") for k in f.keys()) == 2
+    assert len(m["final_eval"]["full_acc_per_step"]) == 3  # block slots 1..3
+    from eagle3build.head_format import trained_positions
+
+    assert trained_positions(out) == 3  # what the benchmark warns about at a larger k
+    assert resolved_options("peagle", {"num_depths": 4}) == {"num_depths": 4}
+    assert resolved_options("dflash") == {"block_size": 8, "num_layers": 5}
+    assert method_spec("peagle", {"num_depths": 4})["args"]["num_depths"] == 4
+    assert trainer_kwargs("eagle3", 3, 1.0, "eager", None)["ttt_steps"] == 3
+    with pytest.raises(ValueError, match=r"draft.peagle: \['block_size'\] are not options of peagle"):
+        method_spec("peagle", {"block_size": 4})
+
+
 def test_summarise_per_position_methods():
     """P-EAGLE's marginal per-position accuracies 0.8, 0.5 give tau 1 + 0.8 + 0.8*0.5 = 2.2 (approximate);
     DFlash's expected accepted length is its own ratio eal_sum / eal_total."""
@@ -100,6 +123,9 @@ def test_export_writes_and_reloads_each_method(tiny_shards, tiny_target, trained
         assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 3
         assert ex.speculative_config(head, 3) == {"method": "eagle3", "parallel_drafting": True,
                                                   "model": str(head), "num_speculative_tokens": 3}
+        from eagle3build.head_format import trained_positions
+
+        assert trained_positions(head) == 8  # num_depths
         assert ex.draft_layers(head) == 1
     else:
         assert "embed_tokens.weight" not in names and len(names) == 6 + 5 * 11
@@ -152,6 +178,10 @@ def test_method_replans_training_and_what_follows_never_capture():
 
     train_default, train_dflash = params(base, "train_draft")["train"], params(other, "train_draft")["train"]
     assert "method" not in train_default and train_dflash == {**train_default, "method": "dflash"}
+    # a method's knobs join the param only once set away from speculators' defaults
+    assert not {"peagle_num_depths", "dflash_block_size", "dflash_num_layers"} & set(train_default)
+    other["draft"]["dflash"]["block_size"] = 4
+    assert params(other, "train_draft")["train"] == {**train_default, "method": "dflash", "dflash_block_size": 4}
     for stage in CONTRACTS:
         if stage != "train_draft":
             assert "draft.method" not in CONTRACTS[stage].triggers, stage

@@ -57,7 +57,7 @@ from typing import Any
 from .. import prompt_sets, vllm_engine, vocab_map
 from ..atomic import write_json
 from ..contract import StageSettings
-from ..head_format import draft_layers, speculative_config
+from ..head_format import draft_layers, speculative_config, trained_positions
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,12 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     base = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine()}, tmp, "baseline")
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
     runs = []
+    trained = trained_positions(head_dir)
     for k in ks:
+        if trained is not None and k > trained:
+            log.warning("k=%d: the head was trained to fill %d draft positions in one forward (draft.peagle.num_depths "
+                        "or draft.dflash.block_size - 1); its drafts beyond position %d are untrained", k, trained,
+                        trained)
         spec = speculative_config(head_dir, k)  # by the head's method: eagle3, peagle or dflash
         r = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine(k), "speculative_config": spec}, tmp,
                                   f"eagle3_k{k}")

@@ -42,7 +42,7 @@ from ..artifacts import Decisions
 from ..atomic import atomic_path
 from ..contract import StageSettings
 from ..head_format import HEAD_VARIANTS
-from ..head_model import SHIFTED_METHODS, build_model, method_flags, trainer_kwargs
+from ..head_model import METHOD_OPTIONS, SHIFTED_METHODS, build_model, method_flags, resolved_options, trainer_kwargs
 from ..shards import ShardReader, check_meta
 from . import ddp, online_data
 from .train_data import Batches, BatchLayout
@@ -69,7 +69,7 @@ OUTPUT_VERSION = 3  # 2: train.select (the best epoch's weights by simulated tau
 
 
 def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,
-          trust_remote_code: bool = False, method: str = "eagle3") -> Trainer:
+          trust_remote_code: bool = False, method: str = "eagle3", method_options: dict | None = None) -> Trainer:
     """Check the inputs against the compat report, build model, batches, optimizer and scheduler.
 
     ``torch.manual_seed(cfg.seed)`` comes first: the model's initial weights depend on it.
@@ -78,7 +78,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     Batches load as bf16 on CUDA (computed under bf16 autocast; half the host->device bytes)
     and fp32 on CPU (bf16 matmuls are ~20x slower there). ``method`` (config ``draft.method``, a
     ``head_model.METHODS`` key) picks speculators' model, its forward arguments (``head_model.trainer_kwargs``)
-    and whether rows are ``shift_batch``ed (``head_model.SHIFTED_METHODS``).
+    and whether rows are ``shift_batch``ed (``head_model.SHIFTED_METHODS``); ``method_options`` its knobs
+    (config ``draft.<method>.*``, ``head_model.method_spec``).
     The world size (packed rows per step): torchrun's process count, or ``world_size`` rows in one
     process; where ``checkpoint_every`` > 0 and this run saved a state, the state's
     (``train_state.resume_world``: a run saved on 8 GPUs resumes on 4 with two ranks' rows per process).
@@ -109,6 +110,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
                 "vocab": vocab_info["fingerprint"], "target": fp, "aux": aux}
     if method != "eagle3":  # an EAGLE-3 run's saved states keep their key
         settings["method"] = method
+        settings["method_options"] = resolved_options(method, method_options)
     if inputs.online:  # what the states are made from: a state saved online resumes only the same online run
         on = inputs.online
         settings["online"] = on.state_settings()
@@ -137,7 +139,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
                                              cfg, len(aux), int(d2t.shape[0]))
     torch.manual_seed(cfg.seed)
     model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device, trust_remote_code,
-                        method)
+                        method, method_options)
     hidden = model.config.transformer_layer_config.hidden_size
     ranks = [r for r in range(world) if r % processes == rank]  # all in one process; its own under torchrun
     # the eval batches: no noise, one rank's rows, whatever the world size
@@ -159,7 +161,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     net = ddp.wrap(model, device) if distributed else model
     if cfg.loss_implementation == "fused" and not device.startswith("cuda"):
         raise ValueError("train.loss_implementation 'fused' needs CUDA (a Triton kernel); use 'eager'")
-    call_kwargs = trainer_kwargs(method, cfg.ttt_steps, cfg.ttt_step_loss_decay, cfg.loss_implementation)
+    call_kwargs = trainer_kwargs(method, cfg.ttt_steps, cfg.ttt_step_loss_decay, cfg.loss_implementation,
+                                 method_options)
     params, opt, sched = _optimizer(model, cfg, total_steps, device)
     meta = {"target_fingerprint": fp, "aux_layer_ids": aux, "vocab_fingerprint": vocab_info["fingerprint"],
             "draft_vocab_size": int(d2t.shape[0]), "head_variant": cfg.head_variant,
@@ -202,7 +205,7 @@ def write_outputs(t: Trainer, state: TrainState, metrics: dict) -> None:
 
 
 def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,
-        trust_remote_code: bool = False, method: str = "eagle3") -> dict:
+        trust_remote_code: bool = False, method: str = "eagle3", method_options: dict | None = None) -> dict:
     """Train a draft head as :func:`train` describes (:func:`setup`, then resume from a saved
     :class:`TrainState` when ``checkpoint_every`` > 0, then :func:`train_epoch` and :func:`evaluate`
     per epoch); rank 0 writes the outputs. Returns ``metrics.json``'s content.
@@ -211,7 +214,7 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
         ShardMismatch, ValueError: as :func:`setup`.
         train_state.ResumeAcrossWorldSizes: as :func:`setup` (the state kept).
     """
-    t = setup(cfg, inputs, device, world_size, trust_remote_code, method)
+    t = setup(cfg, inputs, device, world_size, trust_remote_code, method, method_options)
     state = TrainState(t.model, t.opt, t.sched, world=t.world, key_any_world=t.key_any_world)
     if t.cfg.checkpoint_every > 0:
         state.load(t.inputs.state_dir, t.key)
@@ -272,11 +275,13 @@ def select_epoch(rule: str, state: TrainState) -> dict:
 def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_path: str, t2d_path: str,
           vocab_json: str, decisions_json: str, out_dir: str, *, world_size: int | None = None, device: str = "auto",
           trust_remote_code: bool = False, online: OnlineSettings | dict | None = None, method: str = "eagle3",
+          method_options: dict | None = None,
           **settings) -> dict:
     """Train a draft head on the shards and write ``out_dir`` (atomically, as one directory).
 
     ``settings`` are the config's ``train:`` keys (:class:`TrainConfig`, its defaults for
-    those left out); ``method`` the config's ``draft.method`` (``eagle3`` | ``peagle`` | ``dflash``).
+    those left out); ``method`` the config's ``draft.method`` (``eagle3`` | ``peagle`` | ``dflash``) and
+    ``method_options`` its ``draft.<method>.*`` knobs (``head_model.method_spec``; None: speculators' defaults).
     ``out_dir`` receives: ``config.json`` + ``model.safetensors``
     (speculators format, fp32 master weights), ``train_meta.json`` (target fingerprint,
     aux ids, vocab fingerprint, head flags — what export checks), ``metrics.json`` (per-step
@@ -315,7 +320,7 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
     """
     inputs = TrainInputs(target_dir, train_shards, eval_shards, d2t_path, t2d_path, vocab_json, decisions_json, out_dir,
                          online)
-    return fit(TrainConfig(**settings), inputs, device, world_size, trust_remote_code, method)
+    return fit(TrainConfig(**settings), inputs, device, world_size, trust_remote_code, method, method_options)
 
 
 def launch(kwargs: dict, nproc: int) -> None:
@@ -362,15 +367,17 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
                            list(inputs["train"]), list(inputs["eval"]), gpus)
     files = dict(target_dir=params["target_dir"], d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
                  vocab_json=inputs["vocab"], decisions_json=inputs["decisions"], out_dir=params["out_dir"])
+    method = settings["draft.method"]
+    options = settings[f"draft.{method}"] if METHOD_OPTIONS[method] else None
     if gpus > 1 and online is None:  # torchrun: the ranks get train's arguments as JSON
         launch(dict(files, train_shards=list(inputs["train"]), eval_shards=list(inputs["eval"]), device=device,
-                    trust_remote_code=trust, method=settings["draft.method"], **settings["train"]), nproc=gpus)
+                    trust_remote_code=trust, method=method, method_options=options, **settings["train"]), nproc=gpus)
         return
     # one process; online, the target over the job's GPUs and the draft on the first (train's docstring)
     shards = ([], []) if online else (list(inputs["train"]), list(inputs["eval"]))
     fit(TrainConfig(**settings["train"]), TrainInputs(train_shards=shards[0], eval_shards=shards[1], online=online,
                                                       **files), device, trust_remote_code=trust,
-        method=settings["draft.method"])
+        method=method, method_options=options)
 
 
 if __name__ == "__main__":
