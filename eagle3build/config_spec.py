@@ -653,6 +653,15 @@ KEYS: tuple[Key, ...] = (
         {"benchmark": "trigger:benchmark"},
     ),
     Key(
+        "benchmark.k_schedule_concurrencies",
+        {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        [],
+        "e.g. [1, 4, 16]: also sweep every k at these requests in flight, write the best k per batch-size band as "
+        "vLLM's num_speculative_tokens_per_batch_size and measure it (benchmark.json k_schedule); [] = none",
+        {"benchmark": "trigger:benchmark"},
+        quiet_default=True,
+    ),
+    Key(
         "benchmark.near_tie_max_logprob_gap",
         {"oneOf": [{"const": "auto"}, {"type": "number", "minimum": 0}]},
         "auto",

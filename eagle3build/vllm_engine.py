@@ -442,6 +442,37 @@ def decode_greedy(spec: dict) -> dict:
     return res
 
 
+def decode_sweep(spec: dict) -> dict:
+    """One engine, the same prompts decoded greedily at each of several concurrencies: the measurement behind a
+    k schedule by batch size (``serve.benchmark.k_schedule``). Runs inside the child process.
+
+    ``spec``: ``engine`` (``engine_args``, sized for the largest concurrency), ``prompts``
+    (``[{"id", "messages"}]``), ``max_tokens``, ``concurrencies`` (requests in flight, each >= 1), optionally
+    ``speculative_config``. After one warm-up call of as many requests as the largest concurrency, for each
+    concurrency ``c`` the prompts are decoded ``c`` at a time. Returns ``{"engine_start_s", "by_concurrency":
+    {str(c): {"wall_s", "output_tokens", "output_tokens_per_s", ..., and with a drafter τ and acceptance}}}``
+    (``_run_figures`` less token ids and texts).
+    """
+    from vllm import SamplingParams
+
+    llm, start_s = start_engine(spec["engine"], speculative_config=spec.get("speculative_config"))
+    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
+    msgs = [p["messages"] for p in spec["prompts"]]
+    llm.chat(msgs[:max(spec["concurrencies"])], sp, use_tqdm=False)  # warm-up of the largest batch's shapes
+    speculative = bool(spec.get("speculative_config"))
+    by_c = {}
+    for c in spec["concurrencies"]:
+        before = spec_counters(llm.get_metrics())
+        t1 = time.perf_counter()
+        outs = [o for i in range(0, len(msgs), c) for o in llm.chat(msgs[i:i + c], sp, use_tqdm=False)]
+        wall = time.perf_counter() - t1
+        fig = _run_figures(outs, wall, counter_delta(spec_counters(llm.get_metrics()), before), speculative)
+        for key in ("token_ids", "prompt_token_ids", "texts"):
+            fig.pop(key)
+        by_c[str(c)] = fig
+    return {"engine_start_s": round(start_s, 2), "by_concurrency": by_c}
+
+
 def top_logprobs(spec: dict) -> dict:
     """One engine (no drafter): for each ``items`` entry (``prompt_token_ids`` + ``prefix``, token
     ids) the engine's ``top`` most likely next tokens and their log-probabilities, from one greedy

@@ -339,6 +339,12 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
                                                          rf"{fits - 1} tokens"):
         run(fits + 15)
     assert specs == []
+    # a k-schedule concurrency above the prompts that run could never be put in flight: refused before any engine
+    with pytest.raises(ValueError, match=r"k_schedule_concurrencies \[1, 2\]: each must be from 1 to the 1 prompts"):
+        benchmark.benchmark(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
+                            str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=fits + 16,
+                            sets=["custom"], custom_prompts_path=str(pf), k_schedule_concurrencies=[2, 1])
+    assert specs == []
 
 
 def refusing_target(src, dest):
@@ -412,3 +418,67 @@ def test_classify_difference():
     assert benchmark.first_difference([1, 2], [1, 2]) is None and benchmark.first_difference([1], [1, 5]) == 1
     with pytest.raises(ValueError, match="do not differ"):
         benchmark.classify_difference([1], [1], top, 0.25)
+
+
+def test_best_ks_and_schedule_bands():
+    """Per concurrency the k of the most tokens/s, 0 where none beats the target alone; bands split at the
+    geometric midpoints (vLLM's inclusive [first, last, k] ranges from 1), one k's neighbours merged."""
+    sweep = {0: {1: 100.0, 4: 300.0, 16: 800.0},
+             1: {1: 150.0, 4: 360.0, 16: 790.0},
+             3: {1: 190.0, 4: 350.0, 16: 700.0}}
+    best = benchmark.best_ks(sweep, [1, 4, 16])
+    assert best == {1: 3, 4: 1, 16: 0}
+    assert benchmark.schedule_bands(best) == [[1, 2, 3], [3, 8, 1], [9, 16, 0]]
+    assert benchmark.schedule_bands({1: 2, 2: 2, 64: 1}) == [[1, 11, 2], [12, 64, 1]]
+    assert benchmark.schedule_bands({1: 0, 16: 0}) == [[1, 16, 0]]
+    assert benchmark.best_ks({0: {1: 10.0}, 2: {1: 10.0}}, [1]) == {1: 0}  # a tie is not faster
+
+
+def _sweep_engines(specs, tps):
+    """run_child stand-in for ``k_schedule``: ``tps[name][c]`` output tokens/s of each sweep engine."""
+
+    def fake_run_child(entry, spec, workdir, name):
+        assert entry == benchmark.SWEEP_ENTRY
+        specs.append((name, spec))
+        return {"engine_start_s": 1.0, "by_concurrency": {
+            str(c): {"output_tokens_per_s": tps[name][c],
+                     "mean_acceptance_length": 1.5 if spec.get("speculative_config") else None}
+            for c in spec["concurrencies"]}}
+
+    return fake_run_child
+
+
+def test_k_schedule_sweeps_chooses_and_serves_the_schedule(tmp_path, monkeypatch):
+    """One engine per configuration over every concurrency; the schedule engine gets vLLM's
+    num_speculative_tokens_per_batch_size and its largest k; never_slower compares it with the target alone."""
+    specs = []
+    tps = {"sweep_baseline": {1: 100.0, 4: 300.0}, "sweep_k1": {1: 140.0, 4: 330.0},
+           "sweep_k3": {1: 180.0, 4: 290.0}, "sweep_schedule": {1: 175.0, 4: 320.0}}
+    monkeypatch.setattr(vllm_engine, "run_child", _sweep_engines(specs, tps))
+    head = _head(tmp_path, [1, 2])
+    r = benchmark.k_schedule(tmp_path, _engine, [{"id": "a", "messages": []}] * 4, head, [1, 3], 8, [1, 4])
+    assert [n for n, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_schedule"]
+    assert all(s["engine"]["max_num_seqs"] == 4 and s["concurrencies"] == [1, 4] for _, s in specs)
+    assert r["best_k"] == {"1": 3, "4": 1} and r["schedule"] == [[1, 2, 3], [3, 4, 1]]
+    sched_spec = specs[-1][1]["speculative_config"]
+    assert sched_spec["num_speculative_tokens"] == 3
+    assert sched_spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 4, 1]]
+    assert r["scheduled"]["1"]["speedup"] == 1.75 and r["scheduled"]["4"]["speedup"] == pytest.approx(320 / 300,
+                                                                                                     abs=1e-4)
+    assert r["never_slower"] is True and r["sweep"][0]["k"] == 0
+    # the schedule measured slower than the target somewhere: reported, not hidden
+    tps["sweep_schedule"][4] = 290.0
+    assert benchmark.k_schedule(tmp_path, _engine, [{"id": "a", "messages": []}] * 4, head, [1, 3], 8,
+                                [1, 4])["never_slower"] is False
+    # no k beats the target anywhere: the schedule drafts nothing, no schedule engine starts
+    specs.clear()
+    tps.update(sweep_k1={1: 90.0, 4: 200.0}, sweep_k3={1: 80.0, 4: 100.0})
+    r = benchmark.k_schedule(tmp_path, _engine, [{"id": "a", "messages": []}] * 4, head, [1, 3], 8, [1, 4])
+    assert r["schedule"] == [[1, 4, 0]] and r["speculative_config"] is None and r["never_slower"] is True
+    assert [n for n, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3"]
+    import jsonschema
+
+    sub = json.loads(benchmark.SCHEMA.read_text())["properties"]["k_schedule"]
+    jsonschema.validate(r, sub)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**r, "schedule": [[1, 4]]}, sub)

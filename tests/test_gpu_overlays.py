@@ -43,6 +43,8 @@ def test_overlays_set_what_their_records_say():
     assert (b["concurrency"], b["num_prompts"], b["ks"]) == (16, 64, [1, 2, 3, 5])
     assert merged("h200_8k.yaml", "c16.yaml")["benchmark"]["num_prompts"] == 16
     assert merged("h200_8k.yaml", "ks25.yaml")["benchmark"]["ks"] == [2, 5]
+    b = merged("h200_8k.yaml", "kschedule.yaml")["benchmark"]
+    assert (b["k_schedule_concurrencies"], b["num_prompts"], b["ks"]) == ([1, 4, 16], 64, [1, 2, 3, 5])
     with pytest.raises(Exception, match="concurrenc"):
         bad = merged("h200_8k.yaml")
         bad["benchmark"]["concurrencyy"] = 16

@@ -49,6 +49,7 @@ overall figures sum the sets (tokens/s = all output tokens / summed wall time of
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -70,6 +71,7 @@ OUTPUT_VERSION = 3
 
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 TOP_ENTRY = "eagle3build.vllm_engine:top_logprobs"
+SWEEP_ENTRY = "eagle3build.vllm_engine:decode_sweep"
 NEAR_TIE_TOP = 5  # baseline log-probabilities read at a differing position
 # Near-tie threshold (nats) by engine dtype, for ``near_tie_max_logprob_gap: auto``. bf16 keeps 8
 # significant bits: a logit of magnitude 16-32 is rounded to 0.125, and the last hidden state of
@@ -116,6 +118,7 @@ def benchmark(
     near_tie_max_logprob_gap: float | str = "auto",
     trust_remote_code: bool = False,
     preflight_path: str | None = None,
+    k_schedule_concurrencies: list[int] | None = None,
 ) -> dict:
     """Baseline run plus one EAGLE-3 run per k over every prompt set; write ``out_json``
     (eagle3build/schemas/benchmark.schema.json).
@@ -141,6 +144,9 @@ def benchmark(
     CPU. ``near_tie_max_logprob_gap``: nats, or ``auto`` (``NEAR_TIE_GAP`` of the dtype).
     ``preflight_path``: the run's preflight.json (compat stage's pre-flight bound): the result then gets
     ``preflight``, each run's measured step cost against the table's (``step_costs.compare_benchmark``), logged.
+    ``k_schedule_concurrencies`` (e.g. ``[1, 4, 16]``): the result also gets ``k_schedule`` (``k_schedule``: a sweep
+    of every k at those concurrencies, the best k per batch-size band as vLLM's
+    ``num_speculative_tokens_per_batch_size``, and that configuration measured against the target alone).
 
     Raises:
         vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
@@ -148,7 +154,8 @@ def benchmark(
             is too long for ``max_model_len`` or refused by the chat template (before any engine starts).
         OSError, ValueError: the target's tokenizer cannot be loaded from ``target_dir``, or it has
             no chat template (transformers' errors, before any engine starts).
-        ValueError: ``max_tokens`` >= ``max_model_len``.
+        ValueError: ``max_tokens`` >= ``max_model_len``, or a ``k_schedule_concurrencies`` entry above the
+            number of prompts that run (it could not be put in flight; before any engine starts).
         RuntimeError: an engine run failed.
         FileNotFoundError, KeyError: ``head_dir`` has no ``model.safetensors`` holding ``d2t``.
         BenchmarkError: a prompt's output differs from the baseline's beyond a near-tie (the
@@ -177,6 +184,11 @@ def benchmark(
     log.info("prompts per set: %s (skipped as too long: %s)", {k: len(v) for k, v in by_set.items()}, skipped)
     n_prompts = sum(len(ps) for ps in by_set.values())
     in_flight = concurrency or n_prompts
+    sweep_cs = sorted(set(k_schedule_concurrencies or []))
+    if sweep_cs and (sweep_cs[0] < 1 or sweep_cs[-1] > n_prompts):
+        raise ValueError(f"benchmark.k_schedule_concurrencies {sweep_cs}: each must be from 1 to the {n_prompts} prompts "
+                         f"that run ({len(by_set)} set(s)), or that many requests are never in flight: raise "
+                         "benchmark.num_prompts")
 
     def engine(k: int = 0, eager: bool = False, seqs: int = in_flight) -> dict:
         # sized to the job: ``seqs`` sequences of max_model_len tokens; CUDA graphs up to one decode step's tokens
@@ -191,7 +203,97 @@ def benchmark(
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
         return _benchmark(Path(tmpdir), engine, by_set, head_dir, out_json, ks, max_tokens, served_name, max_model_len,
                           concurrency, num_prompts, gap, skipped, {k: len(v) for k, v in refused.items()},
-                          preflight_path)
+                          preflight_path, sweep_cs)
+
+
+def best_ks(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int]) -> dict[int, int]:
+    """The k to serve at each concurrency: ``sweep`` maps k (0 = the target alone) -> concurrency -> output
+    tokens/s; per concurrency the k of the most tokens/s, 0 where no k beats the target alone (so the
+    schedule is never slower than the target where it was measured)."""
+    out = {}
+    for c in concurrencies:
+        base = sweep[0][c]
+        k, tps = max(((k, by_c[c]) for k, by_c in sweep.items() if k), key=lambda kv: (kv[1], -kv[0]),
+                     default=(0, base))
+        out[c] = k if tps > base else 0
+    return out
+
+
+def schedule_bands(best: Mapping[int, int]) -> list[list[int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` (``[[first batch size, last, k], ...]``, inclusive, from
+    1; vllm/v1/spec_decode/dynamic/utils.py) from the best k per measured concurrency (``best_ks``): each
+    concurrency's k holds from the geometric midpoint with the one below it to that with the one above; the
+    last band ends at the largest measured concurrency (vLLM carries its k on to larger batches). Adjacent
+    bands of one k are merged. ``{1: 3, 4: 2, 16: 0}`` gives ``[[1, 2, 3], [3, 8, 2], [9, 16, 0]]``."""
+    cs = sorted(best)
+    bands: list[list[int]] = []
+    lo = 1
+    for i, c in enumerate(cs):
+        hi = c if i == len(cs) - 1 else max(c, int(math.sqrt(c * cs[i + 1])))
+        if bands and bands[-1][2] == best[c]:
+            bands[-1][1] = hi
+        else:
+            bands.append([lo, hi, best[c]])
+        lo = hi + 1
+    return bands
+
+
+def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[int], max_tokens: int,
+               concurrencies: list[int]) -> dict:
+    """Issue 40's k per batch size: every configuration (the target alone, the head at each of ``ks``) decodes
+    ``prompts`` at each of ``concurrencies`` in one engine (``vllm_engine.decode_sweep``); per concurrency the
+    best k (``best_ks``), as bands (``schedule_bands``) in vLLM's ``num_speculative_tokens_per_batch_size``; then
+    the head served with that schedule (and the largest k of it as ``num_speculative_tokens``) decodes the same
+    sweep. Returns ``{"concurrencies", "sweep": [{"k", "by_concurrency": {c: {"output_tokens_per_s",
+    "mean_acceptance_length", "speedup"}}}], "best_k", "schedule", "speculative_config", "scheduled":
+    {c: {...}}, "never_slower"}`` (``never_slower``: the schedule's tokens/s at least the target's at every
+    measured concurrency). A schedule of k 0 everywhere is the target alone: no engine, speed-up 1.
+    """
+    cmax = max(concurrencies)
+    common = {"prompts": prompts, "max_tokens": max_tokens, "concurrencies": concurrencies}
+
+    def figures(res: dict, base: dict | None) -> dict:
+        out = {}
+        for c in concurrencies:
+            f = res["by_concurrency"][str(c)]
+            out[str(c)] = {"output_tokens_per_s": f["output_tokens_per_s"],
+                           "mean_acceptance_length": f.get("mean_acceptance_length"),
+                           "speedup": round(f["output_tokens_per_s"] / base["by_concurrency"][str(c)]["output_tokens_per_s"], 4)
+                           if base else 1.0}
+        return out
+
+    base = vllm_engine.run_child(SWEEP_ENTRY, {**common, "engine": engine(seqs=cmax)}, tmp, "sweep_baseline")
+    runs = {0: base}
+    for k in ks:
+        runs[k] = vllm_engine.run_child(SWEEP_ENTRY, {**common, "engine": engine(k, seqs=cmax),
+                                                      "speculative_config": speculative_config(head_dir, k)},
+                                        tmp, f"sweep_k{k}")
+    tps = {k: {c: r["by_concurrency"][str(c)]["output_tokens_per_s"] for c in concurrencies} for k, r in runs.items()}
+    best = best_ks(tps, concurrencies)
+    bands = schedule_bands(best)
+    kmax = max(b[2] for b in bands)
+    spec = None
+    if kmax:
+        spec = {**speculative_config(head_dir, kmax), "num_speculative_tokens_per_batch_size": bands}
+        sched = vllm_engine.run_child(SWEEP_ENTRY, {**common, "engine": engine(kmax, seqs=cmax),
+                                                    "speculative_config": spec}, tmp, "sweep_schedule")
+        scheduled = figures(sched, base)
+    else:
+        scheduled = figures(base, None)
+    never_slower = all(v["speedup"] >= 1.0 for v in scheduled.values())
+    for c in concurrencies:
+        log.info("k schedule, %d in flight: best k %d (%s); served with the schedule %.2f tokens/s (x%.2f)", c,
+                 best[c], ", ".join(f"k={k}: {tps[k][c]:.1f} tokens/s" for k in sorted(tps)),
+                 scheduled[str(c)]["output_tokens_per_s"], scheduled[str(c)]["speedup"])
+    slower = [c for c in concurrencies if scheduled[str(c)]["speedup"] < 1.0]
+    if slower:
+        log.warning("k schedule %s: slower than the target alone at %s in flight", bands, slower)
+    else:
+        log.info("k schedule %s: never slower than the target alone at the measured concurrencies", bands)
+    return {"concurrencies": concurrencies,
+            "sweep": [{"k": k, "by_concurrency": figures(runs[k], base)} for k in sorted(runs)],
+            "best_k": {str(c): best[c] for c in concurrencies}, "schedule": bands, "speculative_config": spec,
+            "scheduled": scheduled, "never_slower": never_slower}
 
 
 def chat_token_counter(target_dir: str, trust_remote_code: bool = False) -> Callable[[list[dict]], int]:
@@ -214,7 +316,7 @@ def chat_token_counter(target_dir: str, trust_remote_code: bool = False) -> Call
 def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, out_json: str, ks: list[int],
                max_tokens: int, served_name: str, max_model_len: int, concurrency: int, num_prompts: int,
                gap: float, skipped_too_long: dict[str, int], skipped_template_error: dict[str, int] | None = None,
-               preflight_path: str | None = None) -> dict:
+               preflight_path: str | None = None, sweep_concurrencies: list[int] | None = None) -> dict:
     """``benchmark`` once the prompts are chosen: ``by_set`` (the prompts that run, per set),
     ``skipped_too_long`` and ``skipped_template_error`` (prompts skipped per set, written to
     ``settings.sets``), ``engine`` (k, eager, seqs -> ``engine_args``), ``gap`` (near-tie threshold,
@@ -307,6 +409,8 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
         from ..step_costs import compare_benchmark
 
         result["preflight"] = compare_benchmark(result, json.loads(Path(preflight_path).read_text()))
+    if sweep_concurrencies:
+        result["k_schedule"] = k_schedule(tmp, engine, prompts, head_dir, ks, max_tokens, sweep_concurrencies)
     validate(result)
     write_json(out_json, result)
     return result
@@ -448,4 +552,5 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
         gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
         sets=s["benchmark.sets"], custom_prompts_path=inputs["custom_prompts"] or None,
         near_tie_max_logprob_gap=s["benchmark.near_tie_max_logprob_gap"],
-        trust_remote_code=s["target.trust_remote_code"], preflight_path=inputs["preflight"] or None)
+        trust_remote_code=s["target.trust_remote_code"], preflight_path=inputs["preflight"] or None,
+        k_schedule_concurrencies=s["benchmark.k_schedule_concurrencies"])
