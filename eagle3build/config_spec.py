@@ -450,7 +450,7 @@ KEYS: tuple[Key, ...] = (
         {"type": "integer", "minimum": 2},
         8,
         "P-EAGLE: draft positions trained in one forward (speculators' num_depths, models/peagle/core.py); "
-        "read only where draft.method is peagle",
+        "read where draft.method is peagle (changing it retrains under any method: it is in train_draft's param)",
         {"train_draft": "trigger:train/peagle_num_depths"},
         quiet_default=True,
     ),
@@ -459,7 +459,7 @@ KEYS: tuple[Key, ...] = (
         {"type": "integer", "minimum": 2},
         8,
         "DFlash: tokens per drafted block, the anchor and block_size - 1 drafts (speculators' block_size, "
-        "models/dflash/core.py); read only where draft.method is dflash",
+        "models/dflash/core.py); read where draft.method is dflash (changing it retrains under any method)",
         {"train_draft": "trigger:train/dflash_block_size"},
         quiet_default=True,
     ),
@@ -467,7 +467,8 @@ KEYS: tuple[Key, ...] = (
         "draft.dflash.num_layers",
         {"type": "integer", "minimum": 1},
         5,
-        "DFlash: decoder layers of the draft (speculators' CLI default 5); read only where draft.method is dflash",
+        "DFlash: decoder layers of the draft (speculators' CLI default 5); read where draft.method is dflash "
+        "(changing it retrains under any method)",
         {"train_draft": "trigger:train/dflash_num_layers"},
         quiet_default=True,
     ),
@@ -667,9 +668,9 @@ KEYS: tuple[Key, ...] = (
         "auto",
         (
             "nats; a prompt whose greedy output with the head differs from the baseline's is a numerical near-tie "
-            "(counted) when the two tokens' baseline log-probabilities at the first difference are this close, else"
-            " the benchmark fails; auto = 0.25 for 16-bit engines, 0.001 for float32 "
-            "(eagle3build/serve/benchmark.py)"
+            "(counted) when the head's token at the first difference is this close to the target's most likely "
+            "token there (an eager reference engine's log-probabilities), else the benchmark fails; auto = 0.25 for "
+            "16-bit engines, 0.001 for float32 (eagle3build/serve/benchmark.py)"
         ),
         {"benchmark": "trigger:benchmark"},
     ),

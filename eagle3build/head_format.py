@@ -139,7 +139,7 @@ def trained_positions(head_dir: str | os.PathLike) -> int | None:
 
 def draft_layers(head_dir: str | os.PathLike) -> int:
     """Attention layers of the head in ``head_dir`` that take KV cache in vLLM (its ``transformer_layer_config``'s
-    ``num_hidden_layers``: 1 for eagle3 and peagle, 5 for this project's dflash).
+    ``num_hidden_layers``: 1 for eagle3 and peagle, ``draft.dflash.num_layers`` (5) for dflash).
 
     Raises:
         OSError, ValueError, KeyError: config.json cannot be read or lacks the field.

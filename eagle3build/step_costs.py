@@ -83,14 +83,16 @@ def bound_table(measured: dict, steps_s: dict, ks: list[int]) -> list[dict]:
 def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float = TOLERANCE) -> dict:
     """Measured against predicted, per EAGLE-3 run of a benchmark.json (``benchmark``): the measured step
     (time per output token x τ, overall) over the measured baseline step (its time per output token), against
-    the pre-flight table's ``step_cost_ratio`` at the same k and the nearest measured concurrency
-    (``settings.concurrency``; 0 = all prompts at once). Returns ``{"concurrency_used", "tolerance", "rows":
+    the pre-flight table's ``step_cost_ratio`` at the same k and the nearest measured concurrency to the
+    requests actually in flight (``settings.concurrency``, capped by each set's prompt count since the sets
+    run one after another; 0 = all of a set's prompts at once). Returns ``{"concurrency_used", "tolerance", "rows":
     [{"k", "measured_step_ms", "measured_baseline_step_ms", "measured_step_cost_ratio", "predicted_step_cost_ratio",
     "relative_error", "within_tolerance"}]}``; a k the table lacks gets ``predicted`` None.
     """
     # requests in flight: each set is decoded on its own, so at most its prompt count (16 asked of 4 prompts is 4)
     c = benchmark["settings"]["concurrency"]
-    conc = max(min(c, s["num_prompts"]) if c else s["num_prompts"] for s in benchmark["settings"]["sets"].values())
+    conc = max((min(c, s["num_prompts"]) if c else s["num_prompts"] for s in benchmark["settings"]["sets"].values()),
+               default=c or 1)
     table = preflight_result["table"]
     cs = sorted({r["concurrency"] for r in table})
     c_used = min(cs, key=lambda c: (abs(c - conc), c))

@@ -416,8 +416,9 @@ def decode_greedy(spec: dict) -> dict:
     msgs = [p["messages"] for p in spec["prompts"]]
     # warm-up, excluded from timing and counters below: as many requests as will be in flight, so the
     # batch shapes the timed groups use (and an MoE target's Triton kernels for them) are compiled first
-    llm.chat(msgs[:max(1, spec.get("concurrency") or len(msgs))], sp, use_tqdm=False)
     groups = spec.get("sets") or [{"name": None, "count": len(msgs)}]
+    warm = max(min(spec.get("concurrency") or g["count"], g["count"]) for g in groups)
+    llm.chat(msgs[:max(1, warm)], sp, use_tqdm=False)
     if sum(g["count"] for g in groups) != len(msgs):
         raise ValueError(f"sets {groups} do not partition the {len(msgs)} prompts")
     speculative = bool(spec.get("speculative_config"))

@@ -412,6 +412,8 @@ def test_classify_difference():
     # output token 0 comes from the target's prefill (no draft yet): the engines' difference, whatever the gap
     first = benchmark.classify_difference([10, 5], [12, 5], {0: top[3]}, 0.25)
     assert (first["kind"], first["gap"]) == ("first_token", pytest.approx(1.6))
+    # but a first token outside the reference's top list is no engine noise: a divergence
+    assert benchmark.classify_difference([10, 5], [13, 5], {0: top[3]}, 0.25)["kind"] == "divergence"
     assert benchmark.classify_difference([], [12], {}, 0.25)["kind"] == "divergence"  # the baseline gave nothing
     ended = benchmark.classify_difference([1, 2, 3], [1, 2, 3, 11], top, 0.25)  # the baseline stopped there
     assert (ended["baseline_token"], ended["kind"]) == (None, "divergence")
@@ -435,6 +437,8 @@ def test_best_ks_and_schedule_bands():
     # k 3 measured fastest at one request but none of its drafts was accepted there: noise, k 1 is served
     assert benchmark.best_ks(sweep, [1, 4, 16], {1: {1: 1.4, 4: 1.4, 16: 1.4}, 3: {1: 1.0, 4: 1.6, 16: 1.6}}) == \
         {1: 1, 4: 1, 16: 0}
+    # nor one that drafted nothing there (τ None)
+    assert benchmark.best_ks(sweep, [1], {1: {1: None}, 3: {1: 1.0}}) == {1: 0}
 
 
 def _sweep_engines(specs, tps):

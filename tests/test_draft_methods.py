@@ -186,3 +186,18 @@ def test_method_replans_training_and_what_follows_never_capture():
         if stage != "train_draft":
             assert "draft.method" not in CONTRACTS[stage].triggers, stage
             assert params(base, stage) == params(other, stage), stage
+
+
+def test_method_options_join_the_state_key_only_away_from_defaults(tiny_shards, tiny_target, tmp_path):
+    """A saved training state keys on the method's knobs only where they differ from speculators' defaults: a
+    state saved before the knobs were config keys resumes; one saved with other knobs does not."""
+    d, _, _ = tiny_shards
+    inputs = td.TrainInputs(str(tiny_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
+                            str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"),
+                            str(tmp_path / "ck"), None)
+    cfg = td.TrainConfig(epochs=1, max_steps=1, total_seq_len=128, seed=0, checkpoint_every=0)
+
+    def key(options):
+        return td.setup(cfg, inputs, "cpu", None, False, "dflash", options).key
+
+    assert key(None) == key({"block_size": 8, "num_layers": 5}) != key({"block_size": 4, "num_layers": 5})

@@ -7,7 +7,7 @@
 # pre-flight table) | online (kimi_k25_card_online.yaml up to train_draft) | bench16 (both builds' benchmark again
 # at 16 requests in flight: only the benchmark replans). The steps share
 # SECONDS; a step cut by the limit resumes in the next call (--rerun-incomplete). Logs and results go to $OUT.
-# Each Snakemake call stops 25-35 s before the deadline, so the results are packed before the device call ends
+# Each Snakemake call is sent TERM 25 s before the deadline (KILL 10 s later), so the results are packed before the device call ends
 # (2026-12-04: a build given the whole 585 s was killed by the call's own limit and brought back only its log).
 set -u
 limit=$1; shift
@@ -53,6 +53,7 @@ for step in "$@"; do
   esac
   run=$(grep -h '^run:' $cfg | tail -1 | awk '{print $2}')
   python3 -m snakemake --unlock --configfile $cfg > /dev/null 2>&1
+  left=$(( deadline - $(date +%s) ))
   timeout -k 10 "$(( left - 25 ))" python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete --keep-going \
       "${extra[@]}" --configfile $cfg >> "$OUT/r/snakemake_$step.log" 2>&1
   echo "$step rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"

