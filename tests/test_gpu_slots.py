@@ -47,7 +47,12 @@ def test_four_jobs_of_two_gpus_are_disjoint_and_concurrent(tmp_path):
 
 def test_fifth_job_waits_for_a_release(tmp_path):
     procs = [spawn(tmp_path, f"job{i}", hold=2.0) for i in range(4)]
-    time.sleep(0.5)
+    # the late job starts once all four hold their GPUs (each writes its file after acquiring): a fixed sleep
+    # raced on a loaded 2-core CI machine, where starting four Pythons took longer than 0.5 s
+    deadline = time.time() + 60
+    while not all((tmp_path / f"job{i}.json").exists() for i in range(4)):
+        assert time.time() < deadline, "the four jobs did not all acquire their GPUs within 60 s"
+        time.sleep(0.02)
     late = spawn(tmp_path, "late", hold=0.1)
     assert all(p.wait(timeout=60) == 0 for p in procs + [late])
     first_end = min(json.loads((tmp_path / f"job{i}.json").read_text())["end"] for i in range(4))
