@@ -186,6 +186,7 @@ def _tiny_paligemma(path):
     return path
 
 
+@pytest.mark.build_side  # 97 s: moved to the build's process, which ended 3 minutes before the other (CI of f610c41)
 @pytest.mark.parametrize("kind", ["qwen3-moe", "paligemma-wrapper"])
 def test_moe_and_multimodal_wrapper_equal_transformers(tmp_path, kind, request):
     """Through the stage function (engine in a child process): vLLM capture == transformers' hidden states."""
