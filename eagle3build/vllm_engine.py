@@ -426,13 +426,7 @@ def decode_greedy(spec: dict) -> dict:
     for g in groups:
         part = msgs[i0:i0 + g["count"]]
         i0 += g["count"]
-        c = spec.get("concurrency") or len(part)
-        before = spec_counters(llm.get_metrics())
-        t1 = time.perf_counter()
-        outs = [o for i in range(0, len(part), c) for o in llm.chat(part[i:i + c], sp, use_tqdm=False)]
-        wall = time.perf_counter() - t1
-        after = spec_counters(llm.get_metrics())
-        counters = counter_delta(after, before)
+        outs, wall, counters = _timed_chat(llm, part, spec.get("concurrency") or len(part), sp)
         per_set[g["name"]] = _run_figures(outs, wall, counters, speculative)
         all_outs += outs
         total_wall += wall
@@ -441,6 +435,16 @@ def decode_greedy(spec: dict) -> dict:
     if spec.get("sets"):
         res["sets"] = per_set
     return res
+
+
+def _timed_chat(llm, msgs: list, in_flight: int, sp):
+    """Decode chat prompts ``msgs`` ``in_flight`` at a time in ``llm``: ``(outputs, wall seconds, vLLM's
+    spec-decode counter deltas over the calls)``."""
+    before = spec_counters(llm.get_metrics())
+    t1 = time.perf_counter()
+    outs = [o for i in range(0, len(msgs), in_flight) for o in llm.chat(msgs[i:i + in_flight], sp, use_tqdm=False)]
+    wall = time.perf_counter() - t1
+    return outs, wall, counter_delta(spec_counters(llm.get_metrics()), before)
 
 
 def decode_sweep(spec: dict) -> dict:
@@ -463,11 +467,7 @@ def decode_sweep(spec: dict) -> dict:
     speculative = bool(spec.get("speculative_config"))
     by_c = {}
     for c in spec["concurrencies"]:
-        before = spec_counters(llm.get_metrics())
-        t1 = time.perf_counter()
-        outs = [o for i in range(0, len(msgs), c) for o in llm.chat(msgs[i:i + c], sp, use_tqdm=False)]
-        wall = time.perf_counter() - t1
-        fig = _run_figures(outs, wall, counter_delta(spec_counters(llm.get_metrics()), before), speculative)
+        fig = _run_figures(*_timed_chat(llm, msgs, c, sp), speculative)
         for key in ("token_ids", "prompt_token_ids", "texts"):
             fig.pop(key)
         by_c[str(c)] = fig

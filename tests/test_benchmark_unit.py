@@ -187,6 +187,30 @@ def test_decode_greedy_splits_counters_per_set(monkeypatch):
     assert "sets" not in res1 and res1["drafts"] == 6 and res1["accepted_per_position"] == [6, 3]
 
 
+def test_decode_sweep_counts_each_concurrency_on_its_own(monkeypatch):
+    """The same prompts at each concurrency, c at a time, after a warm-up of the largest batch: each
+    concurrency's counters and tokens are its own (the FakeLLM's 2 drafts and 3 accepted per request)."""
+    pytest.importorskip("vllm")
+    llm = FakeLLM()
+    calls = []
+    chat = llm.chat
+
+    def counting_chat(msgs, sp, use_tqdm=False):
+        calls.append(len(msgs))
+        return chat(msgs, sp, use_tqdm)
+
+    llm.chat = counting_chat
+    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine, **kw: (llm, 2.0))
+    prompts = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(4)]
+    res = vllm_engine.decode_sweep({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrencies": [1, 4],
+                                    "speculative_config": {"method": "eagle3"}})
+    assert calls == [4, 1, 1, 1, 1, 4]  # warm-up of 4, then 4 calls of one, then one call of 4
+    assert sorted(res["by_concurrency"]) == ["1", "4"] and res["engine_start_s"] == 2.0
+    for f in res["by_concurrency"].values():
+        assert (f["drafts"], f["accepted_tokens"], f["output_tokens"]) == (8, 12, 16)
+        assert f["mean_acceptance_length"] == pytest.approx(2.5) and "token_ids" not in f
+
+
 def _fake_engines(calls, top, changed=(1, 3)):
     """run_child stand-in: baseline and k=2 engines over chat (a, b) and humaneval (2 prompts); k=2 changes
     chat prompt b's output token ``changed[0]`` (the baseline's [1, 2]) to ``changed[1]``; ``top``: the

@@ -111,8 +111,9 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     if method != "eagle3":  # an EAGLE-3 run's saved states keep their key
         settings["method"] = method
         # the knobs only where set away from speculators' defaults: a state saved before they were keys resumes
-        if resolved_options(method, method_options) != resolved_options(method):
-            settings["method_options"] = resolved_options(method, method_options)
+        options = resolved_options(method, method_options)
+        if options != resolved_options(method):
+            settings["method_options"] = options
     if inputs.online:  # what the states are made from: a state saved online resumes only the same online run
         on = inputs.online
         settings["online"] = on.state_settings()
