@@ -151,6 +151,7 @@ def test_preflight_on_vllm_cpu(tmp_path, smol_target):
         assert all(v >= 256 for v in m["cached_tokens_min"].values())
         s = res["speculative"]["2"]["by_concurrency"][c]
         assert s["drafts"] > 0 and 1 <= s["tau"] <= 3 and s["step_s"] == pytest.approx(s["tpot_s"] * s["tau"])
+        assert 0 < s["tpot_s_min"] <= s["tpot_s"] <= s["tpot_s_max"] and s["tpot_s_second_pass"] > 0
     rows = {(r["concurrency"], r["k"]): r for r in res["table"]}
     assert sorted(rows) == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert rows[(1, 2)]["step_source"] == "measured" and rows[(1, 1)]["step_source"] == "estimated"

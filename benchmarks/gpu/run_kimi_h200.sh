@@ -4,8 +4,11 @@
 # STEP: target (write the Kimi-K2.5-shaped checkpoint, examples/targets/kimi_k25_shaped.py --preset card --seed 0,
 # under resources/targets/kimi-k25-card) | dense (the bundled target end to end with its pre-flight bound,
 # dense_preflight.yaml) | build (kimi_k25_card.yaml end to end) | head (the same up to the exported head and the
-# pre-flight table) | online (kimi_k25_card_online.yaml up to train_draft) | bench16 (both builds' benchmark again
-# at 16 requests in flight: only the benchmark replans). The steps share
+# pre-flight table) | online (kimi_k25_card_online.yaml up to train_draft, in the offline build's run: after `build`
+# only train_draft replans) | bench16 (the benchmark again at 16 requests in flight for each build with a head on
+# this machine: only the benchmark replans) | peagle, dflash (the dense build's head trained as P-EAGLE / DFlash
+# from the same shards, method_peagle.yaml / method_dflash.yaml: training, export with the load check, benchmark).
+# The steps share
 # SECONDS; a step cut by the limit resumes in the next call (--rerun-incomplete). Logs and results go to $OUT.
 # Each Snakemake call is sent TERM 25 s before the deadline (KILL 10 s later), so the results are packed before the device call ends
 # (2026-12-04: a build given the whole 585 s was killed by the call's own limit and brought back only its log).
@@ -36,9 +39,11 @@ for step in "$@"; do
     dense) cfg="$G/dense_preflight.yaml"; extra=() ;;
     build) cfg="$G/kimi_k25_card.yaml"; extra=() ;;
     online) cfg="$G/kimi_k25_card.yaml $G/kimi_k25_card_online.yaml"; extra=(--until train_draft) ;;
+    peagle|dflash) cfg="$G/dense_preflight.yaml $G/method_$step.yaml"; extra=() ;;
     bench16)
       for c in "$G/dense_preflight.yaml" "$G/kimi_k25_card.yaml"; do
         r=$(grep -h '^run:' $c | awk '{print $2}')
+        [ -f results/$r/head/config.json ] || { echo "bench16 $r: no exported head on this machine, skipped" | tee -a "$OUT/steps.log"; continue; }
         left=$(( deadline - $(date +%s) )); [ "$left" -lt 60 ] && break
         timeout -k 10 "$(( left - 25 ))" python3 -m snakemake --cores 16 --resources gpu=1 --rerun-incomplete results/$r/benchmark.json \
           --configfile $c $G/bench16.yaml >> "$OUT/r/snakemake_bench16.log" 2>&1
@@ -57,7 +62,7 @@ for step in "$@"; do
   timeout -k 10 "$(( left - 25 ))" python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete --keep-going \
       "${extra[@]}" --configfile $cfg >> "$OUT/r/snakemake_$step.log" 2>&1
   echo "$step rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
-  cp -r logs/$run "$OUT/r/logs_$run" 2>/dev/null
+  cp -r logs/$run "$OUT/r/logs_${run}_$step" 2>/dev/null
   for f in results/$run/*.json results/$run/*.md results/$run/checkpoint/*.json results/$run/head/*.json \
            results/$run/data/data_report.json results/$run/vocab/vocab.json results/$run/benchmarks/*.tsv; do
     [ -f "$f" ] && cp "$f" "$OUT/r/${run}_${step}_$(basename "$f")"
