@@ -663,6 +663,17 @@ KEYS: tuple[Key, ...] = (
         quiet_default=True,
     ),
     Key(
+        "benchmark.compare_heads",
+        {"type": "array", "items": {"type": "object", "additionalProperties": False, "required": ["name", "path"],
+                                    "properties": {"name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+                                                   "path": {"type": "string", "minLength": 1}}}},
+        [],
+        "other exported heads of this target to benchmark beside this run's (e.g. another run's results/R/head, "
+        "trained with another draft.method): each {name, path} at every k, the same prompts, one baseline; [] = none",
+        {"benchmark": "trigger:benchmark"},
+        quiet_default=True,
+    ),
+    Key(
         "benchmark.near_tie_max_logprob_gap",
         {"oneOf": [{"const": "auto"}, {"type": "number", "minimum": 0}]},
         "auto",

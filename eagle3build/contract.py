@@ -232,7 +232,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
           computed={"version": version}, decisions=(), packages=("speculators", "torch"),
           entry="eagle3build.serve.export_head:run_job"),
-    Stage("benchmark", "serve", inputs=("head", "head_config", "prompts", "custom_prompts", "preflight", "target"),
+    Stage("benchmark", "serve",
+          inputs=("head", "head_config", "prompts", "custom_prompts", "compare_heads", "preflight", "target"),
           computed={"version": version}, decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:run_job"),
     # Before training: vLLM engines on the serve job's GPUs time the target's verification steps alone and with an
     # untrained head (decisions.json: its aux layer ids and variant).

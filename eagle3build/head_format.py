@@ -107,6 +107,10 @@ def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# benchmark.json's label of the run's own head; benchmark.compare_heads names the others (serve.benchmark)
+OWN_HEAD = "head"
+
+
 def speculative_config(head_dir: str | os.PathLike, k: int) -> dict:
     """vLLM's ``speculative_config`` serving the head in ``head_dir`` with ``k`` draft tokens a step, by its
     method (``config.json``'s ``speculators_model_type``): eagle3 ``{"method": "eagle3"}``; peagle EAGLE-3 with

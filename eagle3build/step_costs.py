@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from .head_format import OWN_HEAD
+
 log = logging.getLogger(__name__)
 
 TOLERANCE = 0.15  # the benchmark's measured step-cost ratio should fall within this share of the table's
@@ -85,9 +87,11 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
     (time per output token x τ, overall) over the measured baseline step (its time per output token), against
     the pre-flight table's ``step_cost_ratio`` at the same k and the nearest measured concurrency to the
     requests actually in flight (``settings.concurrency``, capped by each set's prompt count since the sets
-    run one after another; 0 = all of a set's prompts at once). Returns ``{"concurrency_used", "tolerance", "rows":
-    [{"k", "measured_step_ms", "measured_baseline_step_ms", "measured_step_cost_ratio", "predicted_step_cost_ratio",
-    "relative_error", "within_tolerance"}]}``; a k the table lacks gets ``predicted`` None.
+    run one after another; 0 = all of a set's prompts at once). Only the run's own head's rows (the table
+    timed an untrained EAGLE-3 head of its shapes; ``benchmark.compare_heads``' rows are left out).
+    Returns ``{"concurrency_used", "tolerance", "rows": [{"k", "measured_step_ms", "measured_baseline_step_ms",
+    "measured_step_cost_ratio", "predicted_step_cost_ratio", "relative_error", "within_tolerance"}]}``;
+    a k the table lacks gets ``predicted`` None.
     """
     # requests in flight: each set is decoded on its own, so at most its prompt count (16 asked of 4 prompts is 4)
     c = benchmark["settings"]["concurrency"]
@@ -99,6 +103,8 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
     base = benchmark["baseline"]["time_per_output_token_s"]["mean"]
     rows = []
     for r in benchmark["eagle3"]:
+        if r.get("head", OWN_HEAD) != OWN_HEAD:  # a compared head (benchmark.compare_heads): not what the table timed
+            continue
         k, tau = r["num_speculative_tokens"], r["mean_acceptance_length"]
         step = r["time_per_output_token_s"]["mean"] * tau if tau else None
         pred = next((t for t in table if t["k"] == k and t["concurrency"] == c_used), None)

@@ -4,6 +4,7 @@ rule benchmark:
         head_config=f"{RES}/head/config.json",
         prompts=f"{RES}/data/prompts.jsonl",
         custom_prompts=custom_prompts_input,
+        compare_heads=compare_heads_input,
         preflight=preflight_input,
         target=TARGET_FILES,
     output:

@@ -191,6 +191,24 @@ def custom_prompts_input(wildcards):
     return config["data"]["prompts_file"] if "custom" in config["benchmark"]["sets"] else []
 
 
+# benchmark.compare_heads: named apart from the run's own head ("head") and from each other, and not the run's
+# own head directory; checked when planning, not after training (eagle3build.serve.benchmark checks it too).
+COMPARE_NAMES = [h["name"] for h in config["benchmark"]["compare_heads"]]
+if "head" in COMPARE_NAMES or len(set(COMPARE_NAMES)) < len(COMPARE_NAMES):
+    raise ValueError(
+        f"config: benchmark.compare_heads names {COMPARE_NAMES}: each must be unique and not 'head' (the run's own)"
+    )
+if any(os.path.normpath(h["path"]) == f"{RES}/head" for h in config["benchmark"]["compare_heads"]):
+    raise ValueError(f"config: benchmark.compare_heads lists {RES}/head, the run's own head, which runs anyway")
+
+
+def compare_heads_input(wildcards):
+    """benchmark.compare_heads: each other head's files, inputs of the benchmark (a retrained head reruns it)."""
+    return [
+        f"{h['path']}/{f}" for h in config["benchmark"]["compare_heads"] for f in ("config.json", "model.safetensors")
+    ]
+
+
 # The pre-flight speed-up bound (eagle3build.compat.preflight_bound): a GPU job, so `auto` runs it where
 # the serve jobs get GPUs; the benchmark then checks its measured steps against it.
 PREFLIGHT = f"{RES}/preflight.json"

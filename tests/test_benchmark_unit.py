@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -245,9 +246,9 @@ BY_SET = {"chat": [{"id": "a", "messages": []}, {"id": "b", "messages": []}],
           "humaneval": [{"id": "HumanEval/0", "messages": []}, {"id": "HumanEval/1", "messages": []}]}
 
 
-def _engine(k=0, eager=False, seqs=1):
+def _engine(k=0, eager=False, seqs=1, layers=None):
     return {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "dtype": "bfloat16", "max_num_seqs": seqs,
-            **({"enforce_eager": True} if eager else {})}
+            **({"enforce_eager": True} if eager else {}), **({"draft_layers": layers} if layers is not None else {})}
 
 
 def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
@@ -282,6 +283,68 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
             e["sets"]["humaneval"]["draft_vocab_coverage"]] == [0.5, 0.5, 0.5]
     assert json.loads(out.read_text()) == json.loads(json.dumps(r))
     assert "token_ids" not in r["baseline"]["sets"]["chat"] and "prompt_token_ids" not in r["eagle3"][0]
+
+
+def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
+    """benchmark.compare_heads: a P-EAGLE head of 2 layers benchmarked after the run's own head at the same k, over
+    the same prompts against the one baseline: its engine sized by its own layers, its rows named and their
+    method read from its config.json, its draft vocab coverage its own, its near-tie counted, the pre-flight and
+    the schema unchanged for the run's own rows."""
+    calls = []
+    monkeypatch.setattr(vllm_engine, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
+    seen = []
+    real = benchmark.vllm_engine.run_child
+
+    def spy(entry, spec, workdir, name):
+        seen.append((name, spec["engine"].get("draft_layers"), (spec.get("speculative_config") or {}).get("model")))
+        return real(entry, spec, workdir, name)
+
+    monkeypatch.setattr(vllm_engine, "run_child", spy)
+    own = _head(tmp_path, [2, 5])
+    (tmp_path / "p").mkdir()
+    other = _head(tmp_path / "p", [1, 2])
+    (Path(other) / "config.json").write_text(json.dumps({
+        "speculators_model_type": "peagle", "transformer_layer_config": {"num_hidden_layers": 2},
+        "speculators_config": {"proposal_methods": [{"speculative_tokens": 8}]}}))
+    heads = [{"name": "peagle", "path": other}]
+    r = benchmark._benchmark(tmp_path, _engine, BY_SET, own, tmp_path / "b.json", [2], 8, "m", 512, 1, 2, 0.25,
+                             {"chat": 0, "humaneval": 0}, compare_heads=heads)
+    assert [x[0] for x in seen] == ["baseline", "eagle3_k2", "compare_peagle_k2", "baseline_top_logprobs"]
+    assert seen[1][1:] == (None, own) and seen[2][1:] == (2, other)  # the own head's engine as before; P-EAGLE's 2 layers
+    assert [(e["head"], e["method"], e["num_speculative_tokens"]) for e in r["eagle3"]] == \
+        [("head", "eagle3", 2), ("peagle", "peagle", 2)]
+    own_row, peagle_row = r["eagle3"]
+    assert (own_row["draft_vocab_coverage"], peagle_row["draft_vocab_coverage"]) == (0.5, 1.0)
+    assert peagle_row["sets"]["chat"]["draft_vocab_coverage"] == 1.0
+    assert (peagle_row["near_ties"], peagle_row["lossless"], peagle_row["sets"]["chat"]["speedup"]) == (1, True, 1.5)
+    assert r["settings"]["compare_heads"] == heads
+    assert json.loads((tmp_path / "b.json").read_text()) == json.loads(json.dumps(r))
+    got = plot_benchmark.plot(tmp_path / "b.json", tmp_path / "b.png")  # side by side: the own head's k, then peagle's
+    assert list(got) == [2, "peagle k=2"] and got["peagle k=2"]["sets"]["chat"]["speedup"] == 1.5
+    # the pre-flight table timed the run's own head: the compared head's rows are left out
+    table = [{"k": 2, "concurrency": 1, "step_cost_ratio": 1.2, "step_ms": 2.4}]
+    from eagle3build.step_costs import compare_benchmark
+
+    assert [row["k"] for row in compare_benchmark(r, {"table": table})["rows"]] == [2]
+    monkeypatch.setattr(vllm_engine, "require_vllm", lambda **kw: None)
+    for names in (["head"], ["peagle", "peagle"]):
+        with pytest.raises(ValueError, match=r"compare_heads names .*: each must be unique"):
+            benchmark.benchmark("t", own, "p.jsonl", str(tmp_path / "x.json"), [2], 2, 8, "auto", "m",
+                                compare_heads=[{"name": n, "path": other} for n in names])
+    # without compared heads the runs are not named: a build's benchmark.json keeps its bytes
+    plain = benchmark._benchmark(tmp_path, _engine, BY_SET, own, tmp_path / "c.json", [2], 8, "m", 512, 1, 2, 0.25,
+                                 {"chat": 0, "humaneval": 0})
+    assert "head" not in plain["eagle3"][0] and "compare_heads" not in plain["settings"]
+
+
+def test_benchmark_names_a_compared_heads_divergence(tmp_path, monkeypatch):
+    """A compared head that changes a sure greedy token fails the job naming that head, its k and the prompt."""
+    monkeypatch.setattr(vllm_engine, "run_child", _fake_engines([], [[2, -0.05], [3, -3.05]]))
+    (tmp_path / "p").mkdir()
+    other = _head(tmp_path / "p", [1, 2])
+    with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b .*; peagle k=2 prompt b \(chat\) at output token 1"):
+        benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [2, 5]), tmp_path / "b.json", [2], 8, "m", 512,
+                             1, 2, 0.25, {"chat": 0, "humaneval": 0}, compare_heads=[{"name": "peagle", "path": other}])
 
 
 @pytest.mark.parametrize("top, why", [([[2, -0.05], [3, -3.05]], "3.0 nats apart"),

@@ -75,6 +75,46 @@ def test_online_hooks_run_equals_offline(tiny_shards, tiny_target, tmp_path):
     assert json.loads((tmp_path / "offline/train_meta.json").read_text())["capture_mode"] == "offline"
 
 
+def test_online_target_forwards_never_overlap_the_draft_forward(tiny_shards, tiny_target, tmp_path, monkeypatch):
+    """The target's forwards (the prefetch thread) and the draft's forward (the trainer's thread, where CUDA compiles
+    it) hold the target's guard in turn (online_states: FX tracing patches Module.__call__ for the whole process,
+    which broke the Kimi-shaped target's compiled MoE router on the H200): every draft forward of training and
+    evaluation, and every target call, inside the guard, never two at once."""
+    import threading
+    from collections import Counter
+
+    from eagle3build.train import online_states
+
+    events: list[tuple[str, str]] = []
+
+    class Spy:  # a lock that records who held it, in order
+        def __init__(self):
+            self.lock = threading.Lock()
+
+        def __enter__(self):
+            self.lock.acquire()
+            events.append(("in", threading.current_thread().name))
+
+        def __exit__(self, *exc):
+            events.append(("out", threading.current_thread().name))
+            self.lock.release()
+
+    init = online_states.HooksStates.__init__
+
+    def spy_init(self, *a, **k):
+        init(self, *a, **k)
+        self.guard = Spy()
+
+    monkeypatch.setattr(online_states.HooksStates, "__init__", spy_init)
+    d, _, _ = tiny_shards
+    m = td.train(**online_kwargs(d, tiny_target, tmp_path / "online", epochs=1, checkpoint_every=0, select="last"))
+    assert [k for k, _ in events] == ["in", "out"] * (len(events) // 2)  # held by one thread at a time
+    assert all(events[i][1] == events[i + 1][1] for i in range(0, len(events), 2))
+    held = Counter(name for k, name in events if k == "in")
+    assert held["MainThread"] >= m["steps"] + 1  # every training step's forward, and evaluation's
+    assert held["batch-prefetch"] >= m["steps"]  # the target's forwards for each step's samples
+
+
 def _vocab(d):
     from eagle3build import vocab_map
 

@@ -51,6 +51,30 @@ def test_online_mode_plans_no_shards(tmp_path):
     assert not any("hidden_states" in f for f in inputs)
 
 
+def test_compared_heads_are_inputs_of_the_benchmark(tmp_path):
+    """benchmark.compare_heads: each head's config.json and model.safetensors are the benchmark's inputs (another
+    run's head retrained reruns it); a head that is not there stops the plan, named."""
+    other = tmp_path / "other" / "head"
+    other.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors"):
+        (other / f).write_text("{}")
+    cfg = write_config(tmp_path / "c.yaml", benchmark={"compare_heads": [{"name": "peagle", "path": str(other)}]})
+    p = run(["-n", "results/default/benchmark.json", "--configfile", str(cfg)], tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    block = (p.stdout + p.stderr).split("rule benchmark:", 1)[1].split("\n\n", 1)[0]
+    inputs = block.split("input: ", 1)[1].split("\n", 1)[0].split(", ")
+    assert f"{other}/config.json" in inputs and f"{other}/model.safetensors" in inputs
+    (other / "model.safetensors").unlink()
+    p = run(["-n", "results/default/benchmark.json", "--configfile", str(cfg)], tmp_path)
+    assert p.returncode != 0 and f"{other}/model.safetensors" in p.stdout + p.stderr
+    for heads, why in (([{"name": "head", "path": str(other)}], "each must be unique and not 'head'"),
+                       ([{"name": "a", "path": str(other)}, {"name": "a", "path": str(other)}], "each must be unique"),
+                       ([{"name": "a", "path": "results/default/head/"}], "lists results/default/head, the run's own")):
+        bad = write_config(tmp_path / "bad.yaml", benchmark={"compare_heads": heads})
+        p = run(["-n", "--configfile", str(bad)], tmp_path)
+        assert p.returncode != 0 and why in p.stdout + p.stderr, heads
+
+
 def test_user_target_dir_skips_materialize(tmp_path, tiny_target):
     cfg = write_config(tmp_path / "c.yaml", target={"path": str(tiny_target)})
     jobs = planned_jobs(["--configfile", str(cfg)], tmp_path)

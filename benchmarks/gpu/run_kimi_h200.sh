@@ -7,7 +7,9 @@
 # pre-flight table) | online (kimi_k25_card_online.yaml up to train_draft, in the offline build's run: after `build`
 # only train_draft replans) | bench16 (the benchmark again at 16 requests in flight for each build with a head on
 # this machine: only the benchmark replans) | peagle, dflash (the dense build's head trained as P-EAGLE / DFlash
-# from the same shards, method_peagle.yaml / method_dflash.yaml: training, export with the load check, benchmark).
+# from the same shards, method_peagle.yaml / method_dflash.yaml: training, export with the load check, benchmark;
+# each head kept under results/heads/) | compare (the run's EAGLE-3 head and those two in one benchmark job,
+# compare_heads.yaml).
 # The steps share
 # SECONDS; a step cut by the limit resumes in the next call (--rerun-incomplete). Logs and results go to $OUT.
 # Each Snakemake call is sent TERM 25 s before the deadline (KILL 10 s later), so the results are packed before the device call ends
@@ -40,6 +42,7 @@ for step in "$@"; do
     build) cfg="$G/kimi_k25_card.yaml"; extra=() ;;
     online) cfg="$G/kimi_k25_card.yaml $G/kimi_k25_card_online.yaml"; extra=(--until train_draft) ;;
     peagle|dflash) cfg="$G/dense_preflight.yaml $G/method_$step.yaml"; extra=() ;;
+    compare) cfg="$G/dense_preflight.yaml $G/compare_heads.yaml"; extra=() ;;
     bench16)
       for c in "$G/dense_preflight.yaml" "$G/kimi_k25_card.yaml"; do
         r=$(grep -h '^run:' $c | awk '{print $2}')
@@ -61,13 +64,23 @@ for step in "$@"; do
   left=$(( deadline - $(date +%s) ))
   timeout -k 10 "$(( left - 25 ))" python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete --keep-going \
       "${extra[@]}" --configfile $cfg >> "$OUT/r/snakemake_$step.log" 2>&1
-  echo "$step rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
-  cp -r logs/$run "$OUT/r/logs_${run}_$step" 2>/dev/null
-  for f in results/$run/*.json results/$run/*.md results/$run/checkpoint/*.json results/$run/head/*.json \
-           results/$run/data/data_report.json results/$run/vocab/vocab.json results/$run/benchmarks/*.tsv; do
+  rc=$?
+  echo "$step rc $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
+  if [ "$step" = online ]; then  # the offline build's run: only what train_draft made is the online run's
+    mkdir -p "$OUT/r/logs_${run}_$step" && cp logs/$run/train_draft.log "$OUT/r/logs_${run}_$step/" 2>/dev/null
+    files="results/$run/checkpoint/*.json results/$run/benchmarks/train_draft.tsv"
+  else
+    cp -r logs/$run "$OUT/r/logs_${run}_$step" 2>/dev/null
+    files="results/$run/*.json results/$run/*.md results/$run/checkpoint/*.json results/$run/head/*.json
+           results/$run/data/data_report.json results/$run/vocab/vocab.json results/$run/benchmarks/*.tsv"
+  fi
+  for f in $files; do
     [ -f "$f" ] && cp "$f" "$OUT/r/${run}_${step}_$(basename "$f")"
   done
   du -sb results/$run/hidden_states/*/* > "$OUT/r/${run}_shard_bytes.txt" 2>/dev/null
+  # the P-EAGLE and DFlash heads kept for `compare` (the next method's training replaces the run's head)
+  case $step in peagle|dflash) grep -q "\"speculators_model_type\": *\"$step\"" results/$run/head/config.json 2>/dev/null &&
+      rm -rf results/heads/$step && mkdir -p results/heads && cp -r results/$run/head results/heads/$step ;; esac
   grep -h "Finished jobid\|Error in rule" "$OUT/r/snakemake_$step.log" | tail -20
 done
 kill $smi $live 2>/dev/null

@@ -175,7 +175,8 @@ def measure_speculative_steps(spec: dict) -> dict:
         tau = figs["mean_acceptance_length"]  # over the warm-up call too: tau of random drafts is near 1 either way
         tpot = statistics.median(tpots)
         # the spread over requests and a second pass in the same engine (after the other concurrencies): on the
-        # H200 the c = 1 step of one Kimi-shaped target read 5.78 ms on one machine and 9.23 on another
+        # H200 the c = 1 step of one Kimi-shaped target read 5.78 ms and 9.23 on two machines, and 7.10 then 9.14
+        # in the two passes of one engine (benchmarks/gpu/kimi_h200.md, calls 8-10)
         out["by_concurrency"][str(c)] = {"step_s": tpot * tau, "tpot_s": tpot, "tau": round(tau, 4),
                                          "drafts": figs["drafts"], "tpot_s_min": min(tpots), "tpot_s_max": max(tpots)}
         log.info("k=%d c=%d: speculative step %.3f ms (time per token %.3f ms x tau %.3f; requests %.3f-%.3f ms)",

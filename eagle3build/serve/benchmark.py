@@ -50,6 +50,7 @@ overall figures sum the sets (tokens/s = all output tokens / summed wall time of
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -60,7 +61,7 @@ from typing import Any
 from .. import prompt_sets, vllm_engine, vocab_map
 from ..atomic import write_json
 from ..contract import StageSettings
-from ..head_format import draft_layers, speculative_config, trained_positions
+from ..head_format import OWN_HEAD, draft_layers, method_of, speculative_config, trained_positions
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ def benchmark(
     trust_remote_code: bool = False,
     preflight_path: str | None = None,
     k_schedule_concurrencies: list[int] | None = None,
+    compare_heads: list[Mapping[str, str]] | None = None,
 ) -> dict:
     """Baseline run plus one EAGLE-3 run per k over every prompt set; write ``out_json``
     (eagle3build/schemas/benchmark.schema.json).
@@ -149,6 +151,11 @@ def benchmark(
     ``k_schedule_concurrencies`` (e.g. ``[1, 4, 16]``): the result also gets ``k_schedule`` (``k_schedule``: a sweep
     of every k at those concurrencies, the best k per batch-size band as vLLM's
     ``num_speculative_tokens_per_batch_size``, and that configuration measured against the target alone).
+    ``compare_heads`` (``[{"name", "path"}]``, ``benchmark.compare_heads``): other exported heads of this target
+    (any draft method), each run at every k after the run's own head, against the same baseline with the same
+    prompts, lossless check included; every run in ``eagle3`` then carries ``head`` (``head_format.OWN_HEAD`` for
+    the run's own, else its name) and ``method`` (without compared heads neither is written, so a build's
+    benchmark.json keeps its bytes). The pre-flight comparison and the k schedule are the own head's.
 
     Raises:
         vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
@@ -156,16 +163,23 @@ def benchmark(
             is too long for ``max_model_len`` or refused by the chat template (before any engine starts).
         OSError, ValueError: the target's tokenizer cannot be loaded from ``target_dir``, or it has
             no chat template (transformers' errors, before any engine starts).
-        ValueError: ``max_tokens`` >= ``max_model_len``, or a ``k_schedule_concurrencies`` entry above the
-            number of prompts that run (it could not be put in flight; before any engine starts).
+        ValueError: ``max_tokens`` >= ``max_model_len``, a ``k_schedule_concurrencies`` entry above the
+            number of prompts that run (it could not be put in flight), or a ``compare_heads`` name used twice
+            or equal to ``head_format.OWN_HEAD`` (before any engine starts).
         RuntimeError: an engine run failed.
-        FileNotFoundError, KeyError: ``head_dir`` has no ``model.safetensors`` holding ``d2t``.
+        FileNotFoundError, KeyError: ``head_dir`` (or a ``compare_heads`` path) has no ``model.safetensors``
+            holding ``d2t``, or a ``config.json`` naming a method vLLM serves and its layers (before any engine
+            starts).
         BenchmarkError: a prompt's output differs from the baseline's beyond a near-tie (the
             message names the prompt ids, k, the position and both tokens; nothing is written).
     """
     import tempfile
 
     vllm_engine.require_vllm(needed_by=os.fspath(out_json))
+    names = [h["name"] for h in compare_heads or []]
+    if OWN_HEAD in names or len(set(names)) < len(names):
+        raise ValueError(f"benchmark.compare_heads names {names}: each must be unique and not {OWN_HEAD!r} (the run's "
+                         "own head)")
     loaded = prompt_sets.load_sets(sets or ["chat"], num_prompts, chat_path=prompts_path, custom_path=custom_prompts_path)
     limit = max_model_len - max_tokens
     if limit < 1:
@@ -192,20 +206,21 @@ def benchmark(
                          f"that run ({len(by_set)} set(s)), or that many requests are never in flight: raise "
                          "benchmark.num_prompts")
 
-    def engine(k: int = 0, eager: bool = False, seqs: int = in_flight) -> dict:
-        # sized to the job: ``seqs`` sequences of max_model_len tokens; CUDA graphs up to one decode step's tokens
+    def engine(k: int = 0, eager: bool = False, seqs: int = in_flight, layers: int | None = None) -> dict:
+        # sized to the job: ``seqs`` sequences of max_model_len tokens; CUDA graphs up to one decode step's tokens;
+        # ``layers``: the serving head's KV-cached layers where it is not the run's own (a compared head)
         return vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_model_len,
                                        seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size,
                                        trust_remote_code=trust_remote_code, max_num_seqs=seqs,
                                        kv_cache_tokens=seqs * (max_model_len + k),
-                                       draft_layers=draft_layers(head_dir) if k else 0,
+                                       draft_layers=(draft_layers(head_dir) if layers is None else layers) if k else 0,
                                        eager=eager, graph_batch_tokens=seqs * (1 + k))
 
     gap = NEAR_TIE_GAP[engine()["dtype"]] if near_tie_max_logprob_gap == "auto" else float(near_tie_max_logprob_gap)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
         return _benchmark(Path(tmpdir), engine, by_set, head_dir, out_json, ks, max_tokens, served_name, max_model_len,
                           concurrency, num_prompts, gap, skipped, {k: len(v) for k, v in refused.items()},
-                          preflight_path, sweep_cs)
+                          preflight_path, sweep_cs, compare_heads)
 
 
 def best_ks(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int],
@@ -330,12 +345,16 @@ def chat_token_counter(target_dir: str, trust_remote_code: bool = False) -> Call
 def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, out_json: str, ks: list[int],
                max_tokens: int, served_name: str, max_model_len: int, concurrency: int, num_prompts: int,
                gap: float, skipped_too_long: dict[str, int], skipped_template_error: dict[str, int] | None = None,
-               preflight_path: str | None = None, sweep_concurrencies: list[int] | None = None) -> dict:
+               preflight_path: str | None = None, sweep_concurrencies: list[int] | None = None,
+               compare_heads: list[Mapping[str, str]] | None = None) -> dict:
     """``benchmark`` once the prompts are chosen: ``by_set`` (the prompts that run, per set),
     ``skipped_too_long`` and ``skipped_template_error`` (prompts skipped per set, written to
-    ``settings.sets``), ``engine`` (k, eager, seqs -> ``engine_args``), ``gap`` (near-tie threshold,
-    nats); engines' files under ``tmp``."""
-    draft = draft_vocab_ids(head_dir)  # before any engine starts: a head without d2t fails here
+    ``settings.sets``), ``engine`` (k, eager, seqs, layers -> ``engine_args``; ``layers`` given for a compared head's
+    engines), ``gap`` (near-tie threshold, nats); engines' files under ``tmp``."""
+    heads = [(OWN_HEAD, head_dir), *((h["name"], h["path"]) for h in compare_heads or [])]
+    # before any engine starts: a head without d2t, or whose config.json names no method vLLM serves, fails here
+    drafts = {name: draft_vocab_ids(d) for name, d in heads}
+    served = {name: (speculative_config(d, 1)["method"], draft_layers(d), trained_positions(d)) for name, d in heads}
     prompts = [p for ps in by_set.values() for p in ps]
     set_of = [name for name, ps in by_set.items() for _ in ps]
     groups = [{"name": name, "count": len(ps)} for name, ps in by_set.items()]
@@ -343,24 +362,29 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     base = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine()}, tmp, "baseline")
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
     runs = []
-    trained = trained_positions(head_dir)
-    for k in ks:
-        if trained is not None and k > trained:
-            log.warning("k=%d: the head was trained to fill %d draft positions in one forward (draft.peagle.num_depths "
-                        "or draft.dflash.block_size - 1); its drafts beyond position %d are untrained", k, trained,
-                        trained)
-        spec = speculative_config(head_dir, k)  # by the head's method: eagle3, peagle or dflash
-        r = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine(k), "speculative_config": spec}, tmp,
-                                  f"eagle3_k{k}")
-        r["num_speculative_tokens"] = k
-        runs.append(r)
+    for head, hdir in heads:
+        _, layers, trained = served[head]
+        for k in ks:
+            if trained is not None and k > trained:
+                log.warning("%s k=%d: the head was trained to fill %d draft positions in one forward "
+                            "(draft.peagle.num_depths or draft.dflash.block_size - 1); its drafts beyond position %d are "
+                            "untrained", head, k, trained, trained)
+            spec = speculative_config(hdir, k)  # by the head's method: eagle3, peagle or dflash
+            eng = engine(k) if head == OWN_HEAD else engine(k, layers=layers)
+            r = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": eng, "speculative_config": spec}, tmp,
+                                      f"eagle3_k{k}" if head == OWN_HEAD else f"compare_{head}_k{k}")
+            r["num_speculative_tokens"] = k
+            if compare_heads:  # named only where heads are compared: a build without them keeps its bytes
+                r.update(head=head, method=method_of(json.loads((Path(hdir) / "config.json").read_text())))
+            runs.append(r)
     tops = baseline_top_logprobs(tmp, engine, base, runs)
-    # the baseline's tokens inside the head's draft vocab: one figure per set, the same for every k
-    cover = {name: draft_vocab_coverage(base["sets"][name]["token_ids"], draft) for name in by_set}
-    cover_all = draft_vocab_coverage(base["token_ids"], draft)
+    # the baseline's tokens inside each head's draft vocab: one figure per set, the same for every k
+    cover = {h: {name: draft_vocab_coverage(base["sets"][name]["token_ids"], d) for name in by_set}
+             for h, d in drafts.items()}
+    cover_all = {h: draft_vocab_coverage(base["token_ids"], d) for h, d in drafts.items()}
     for r in runs:
-        k = r["num_speculative_tokens"]
-        r["draft_vocab_coverage"] = cover_all
+        k, head, who = r["num_speculative_tokens"], r.get("head", OWN_HEAD), _who(r)
+        r["draft_vocab_coverage"] = cover_all[head]
         diffs = [dict(classify_difference(base["token_ids"][i], r["token_ids"][i], tops.get(i), gap),
                       prompt_id=p["id"], set=set_of[i])
                  for i, p in enumerate(prompts) if base["token_ids"][i] != r["token_ids"][i]]
@@ -368,13 +392,13 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
         for name, ps in by_set.items():
             r["sets"][name].update(compare(base["sets"][name], r["sets"][name], ps,
                                            [d for d in diffs if d["set"] == name]),
-                                   draft_vocab_coverage=cover[name])
-            log.info("k=%d %s: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties), draft vocab "
-                     "coverage %s", k, name, r["sets"][name]["mean_acceptance_length"],
+                                   draft_vocab_coverage=cover[head][name])
+            log.info("%s %s: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties), draft vocab "
+                     "coverage %s", who, name, r["sets"][name]["mean_acceptance_length"],
                      r["sets"][name]["output_tokens_per_s"], r["sets"][name]["speedup"],
                      r["sets"][name]["prompts_differing_from_baseline"], r["sets"][name]["near_ties"],
                      r["sets"][name]["draft_vocab_coverage"])
-        log.info("k=%d overall: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties)", k,
+        log.info("%s overall: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties)", who,
                  r["mean_acceptance_length"], r["output_tokens_per_s"], r["speedup"],
                  r["prompts_differing_from_baseline"], r["near_ties"])
     for r in [base, *runs]:
@@ -386,21 +410,19 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     for r in runs:
         for d in r["differences"]:
             if d["kind"] == "first_token":
-                log.warning("k=%d prompt %s (%s): the first output token differs (baseline %s, with the head %s): it "
+                log.warning("%s prompt %s (%s): the first output token differs (baseline %s, with the head %s): it "
                             "comes from the target's prefill before any draft, so the two engines computed the target "
-                            "differently; not counted against the head", r["num_speculative_tokens"], d["prompt_id"],
+                            "differently; not counted against the head", _who(r), d["prompt_id"],
                             d["set"], d["baseline_token"], d["run_token"])
-    divergent = [(r["num_speculative_tokens"], d) for r in runs for d in r["differences"] if d["kind"] == "divergence"]
+    divergent = [(_who(r), d) for r in runs for d in r["differences"] if d["kind"] == "divergence"]
     if divergent:
-        import json
-
-        for k, d in divergent:
-            log.error("k=%d: real divergence: %s", k, json.dumps(d))
+        for who, d in divergent:
+            log.error("%s: real divergence: %s", who, json.dumps(d))
         raise BenchmarkError(
             f"{out_json}: the head changed greedy outputs beyond a near-tie (more than {gap} nats below the target's "
             "most likely token, or outside its top " + str(NEAR_TIE_TOP) + "): " + "; ".join(
-                f"k={k} prompt {d['prompt_id']} ({d['set']}) at output token {d['position']}: baseline "
-                f"{d['baseline_token']}, with the head {d['run_token']}" for k, d in divergent))
+                f"{who} prompt {d['prompt_id']} ({d['set']}) at output token {d['position']}: baseline "
+                f"{d['baseline_token']}, with the head {d['run_token']}" for who, d in divergent))
     eng = engine()
     result = {
         "versions": software_versions(BENCHMARK_PACKAGES, keep_missing=False),
@@ -417,9 +439,9 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
         "baseline": base,
         "eagle3": runs,
     }
+    if compare_heads:
+        result["settings"]["compare_heads"] = [{"name": h["name"], "path": h["path"]} for h in compare_heads]
     if preflight_path:
-        import json
-
         from ..step_costs import compare_benchmark
 
         result["preflight"] = compare_benchmark(result, json.loads(Path(preflight_path).read_text()))
@@ -428,6 +450,12 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     validate(result)
     write_json(out_json, result)
     return result
+
+
+def _who(run: Mapping[str, Any]) -> str:
+    """A run's name in logs and errors: ``k=3`` for the run's own head, ``NAME k=3`` for a compared one."""
+    k, head = run["num_speculative_tokens"], run.get("head", OWN_HEAD)
+    return f"k={k}" if head == OWN_HEAD else f"{head} k={k}"
 
 
 def draft_vocab_ids(head_dir: str | os.PathLike) -> frozenset[int]:
@@ -569,4 +597,4 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
         sets=s["benchmark.sets"], custom_prompts_path=inputs["custom_prompts"] or None,
         near_tie_max_logprob_gap=s["benchmark.near_tie_max_logprob_gap"],
         trust_remote_code=s["target.trust_remote_code"], preflight_path=inputs["preflight"] or None,
-        k_schedule_concurrencies=s["benchmark.k_schedule_concurrencies"])
+        k_schedule_concurrencies=s["benchmark.k_schedule_concurrencies"], compare_heads=s["benchmark.compare_heads"])

@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 
 from ..atomic import atomic_path
+from ..head_format import OWN_HEAD
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
 OUTPUT_VERSION = 1
@@ -25,8 +26,10 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     """Write ``out_png`` (two panels, 10 x 4 inches at 80 dpi) from ``benchmark_json``.
 
     Left: acceptance rate per draft position, one line per k and prompt set (τ in the
-    legend). Right: speed-up bars per k, one bar per set and one for all sets together.
-    Returns ``{k: {"tau": τ, "speedup": x, "sets": {set: {"tau": τ, "speedup": x}}}}`` for the runs plotted.
+    legend). Right: speed-up bars per k, one bar per set and one for all sets together. Heads compared beside
+    the run's own (``benchmark.compare_heads``) get their runs side by side, named ``NAME k=K``.
+    Returns ``{key: {"tau": τ, "speedup": x, "sets": {set: {"tau": τ, "speedup": x}}}}`` for the runs plotted,
+    ``key`` the k of the run's own head's runs and ``"NAME k=K"`` of a compared head's.
 
     Raises:
         artifacts.ArtifactError: benchmark.json is not JSON or does not match its schema.
@@ -48,13 +51,18 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     styles = ["-", "--", ":", "-."]
     fig, (a, s) = plt.subplots(1, 2, figsize=(10, 4))
     out = {}
+    def key(r: dict):
+        k, head = r["num_speculative_tokens"], r.get("head", OWN_HEAD)
+        return k if head == OWN_HEAD else f"{head} k={k}"
+
     for r in runs:
-        k = r["num_speculative_tokens"]
+        k = key(r)
+        who = f"k={k}" if isinstance(k, int) else k
         out[k] = {"tau": r["mean_acceptance_length"], "speedup": r["speedup"], "sets": {}}
         for j, name in enumerate(names):
             x = r["sets"][name]
             rates, tau = x["acceptance_rate_per_position"] or [], x["mean_acceptance_length"]
-            label = f"k={k} {name}, τ={tau:.2f}" if tau else f"k={k} {name}"
+            label = f"{who} {name}, τ={tau:.2f}" if tau else f"{who} {name}"
             a.plot(range(1, len(rates) + 1), rates, marker="o", ls=styles[j % len(styles)], label=label)
             out[k]["sets"][name] = {"tau": tau, "speedup": x["speedup"]}
     a.set_xlabel("draft position")
@@ -69,9 +77,10 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
         ups = [r["speedup"] if name == "all" else r["sets"][name]["speedup"] for r in runs]
         bars = s.bar(xs + (j - (len(groups) - 1) / 2) * width, ups, width, label=name)
         s.bar_label(bars, labels=[f"{u:.2f}x" for u in ups], fontsize="small")
-    s.set_xticks(xs, [str(r["num_speculative_tokens"]) for r in runs])
+    s.set_xticks(xs, [str(key(r)).replace(" k=", "\nk=") for r in runs])
     s.axhline(1.0, color="black", lw=1, ls="--", label=f"baseline {b['baseline']['output_tokens_per_s']:.1f} tok/s")
-    s.set_xlabel("num_speculative_tokens (k)")
+    compared = any(r.get("head", OWN_HEAD) != OWN_HEAD for r in runs)
+    s.set_xlabel("head and num_speculative_tokens (k)" if compared else "num_speculative_tokens (k)")
     s.set_ylabel("speed-up (output tokens/s vs baseline)")
     s.set_title("speed-up per prompt set")
     s.legend(fontsize="small")

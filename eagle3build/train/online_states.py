@@ -17,6 +17,18 @@ shards. A private module of the train subpackage (``online_data`` uses it); noth
 
 Both return, per sample, ``(aux [T, A*H], last [T, H])`` on the CPU in the storage dtype
 (float32 after fp8 dequantisation), as ``shards.ShardReader`` returns a shard's sample.
+
+The target's forwards run in the trainer's process, on the prefetch thread, while the trainer's thread runs
+the draft, whose ``forward`` speculators compiles on CUDA (``models/utils.py``, ``conditional_torch_compile``).
+Compiling traces with FX, which patches ``torch.nn.Module.__call__`` for the whole process (torch/fx/
+_symbolic_trace.py, ``_Patcher``), so a target forward on the other thread runs through the tracer's wrapper:
+on the H200 (vLLM 0.26, 2026-12-04) the Kimi-shaped target's MoE router, itself a ``torch.compile``d function
+(vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py), failed there with "Detected that you are
+using FX to symbolically trace a dynamo-optimized function". Each backend's ``guard`` (a lock) keeps the two
+apart: ``states`` holds it for the target's forwards and the trainer for each draft forward and backward (the
+forward compiles and recompiles there; the backward is compiled lazily at its first call, torch/_functorch/
+_aot_autograd/graph_compile.py, and inductor traces with FX too); the optimizer step and the GPU's queued work
+still overlap the target.
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 
 import numpy as np
@@ -72,6 +85,7 @@ class HooksStates:
         self.tokens_per_batch = tokens_per_batch
         self.device = next(self.cap.stack.layers[0].parameters()).device
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.guard = threading.Lock()  # held for the forwards, and by the trainer for the draft's (module doc)
         log.info("online target (hooks) loaded in %.1f s on %s, %s", self.load_s, self.device, self.model.dtype)
 
     def states(self, ids: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -82,7 +96,7 @@ class HooksStates:
         out: list = [None] * len(ids)
         lengths = [len(x) for x in ids]
         ctx = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-        with ctx:
+        with self.guard, ctx:
             for batch in plan_batches(lengths, self.tokens_per_batch):
                 x, att = padded_batch([ids[j] for j in batch], self.device)
                 aux, last = unpad(*self.cap.capture(x, att), att)
@@ -134,6 +148,7 @@ class VllmStates:
         self.llm, self.install, self.load_s = start_capture_engine(engine, aux_layer_ids)
         self.num_aux = len(aux_layer_ids)
         self.storage_dtype = storage_dtype
+        self.guard = threading.Lock()  # held for the engine's forwards, and by the trainer for the draft's (module doc)
         log.info("online target (vLLM engine, tensor parallel %d) started in %.1f s: %s", max(1, gpus), self.load_s,
                  self.install)
 
@@ -150,12 +165,13 @@ class VllmStates:
         from ..vllm_capture import SAMPLE_KEY, _rank0
 
         lengths = [len(x) for x in ids]
-        self.llm.collective_rpc("eagle3_begin_online", args=(lengths, os.getpid()))
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in x]) for x in ids]
         params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, extra_args={SAMPLE_KEY: j})
                   for j in range(len(ids))]
-        self.llm.generate(prompts, params, use_tqdm=False)
-        res = _rank0(self.llm.collective_rpc("eagle3_take_online"))
+        with self.guard:
+            self.llm.collective_rpc("eagle3_begin_online", args=(lengths, os.getpid()))
+            self.llm.generate(prompts, params, use_tqdm=False)
+            res = _rank0(self.llm.collective_rpc("eagle3_take_online"))
         return [shard_rounding(a, b, self.storage_dtype, self.num_aux) for a, b in res["states"]]
 
     def close(self) -> None:

@@ -231,7 +231,7 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
         if state.step >= t.total_steps:
             break
         train_epoch(t, state, epoch, speed)
-        ev = evaluate(t.model, t.eval_b, t.device, t.call_kwargs, t.cfg.ttt_steps) if t.eval_b else {}
+        ev = evaluate(t.model, t.eval_b, t.device, t.call_kwargs, t.cfg.ttt_steps, t.target) if t.eval_b else {}
         state.epochs.append({"epoch": epoch, "step": state.step, "eval": ev,
                              "train_loss_last": state.history[-1]["loss"] if state.history else None})
         state.epoch, state.pos = epoch + 1, 0

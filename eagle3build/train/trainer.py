@@ -226,9 +226,11 @@ def train_step(t: Trainer, rows: list[dict], speed: Throughput) -> tuple[dict, t
         with contextlib.ExitStack() as ctx:
             if t.place.distributed and not last:
                 ctx.enter_context(t.net.no_sync())
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.cuda):
-                _, loss, metrics = t.net(**to_device(row, t.device), **t.call_kwargs)
-            (loss / rows_per_process).backward()
+            # forward and backward: torch compiles the backward lazily, at the first backward (online_states)
+            with target_guard(t.target):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.cuda):
+                    _, loss, metrics = t.net(**to_device(row, t.device), **t.call_kwargs)
+                (loss / rows_per_process).backward()
         accumulate(acc, metrics)
         speed.tokens += int((row["document_ids"] != -1).sum())
     gnorm = torch.nn.utils.clip_grad_norm_(t.params, t.cfg.grad_clip)
@@ -275,17 +277,24 @@ def train_epoch(t: Trainer, state: TrainState, epoch: int, speed: Throughput) ->
     bar.close()
 
 
+def target_guard(target):
+    """The online target's ``guard`` (``online_states``: its forwards on the prefetch thread and the draft's
+    compiled forward and backward here never run at once), or a no-op offline (``target`` None)."""
+    return target.guard if target is not None else contextlib.nullcontext()
+
+
 @torch.no_grad()
-def evaluate(model, batches: Batches, device: str, call_kwargs: dict, ttt_steps: int) -> dict:
+def evaluate(model, batches: Batches, device: str, call_kwargs: dict, ttt_steps: int, target=None) -> dict:
     """Loss, accuracy per TTT step and simulated τ over the eval shards (every batch of
     ``batches``' epoch 0, this one process; ``train_metrics.summarise`` gives the fields).
-    ``model`` is speculators' ``Eagle3DraftModel`` (not its DDP wrapper); it is left in train mode."""
+    ``model`` is speculators' ``Eagle3DraftModel`` (not its DDP wrapper); it is left in train mode.
+    ``target``: online, the target computing the states (its ``guard`` is held for each draft forward)."""
     model.eval()
     acc: dict[str, float] = {}
     for rows in batches.prefetch(batches.epoch(0), pin=device.startswith("cuda")):
         for batch in rows:
             b = to_device(batch, device)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
+            with target_guard(target), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
                 _, _, metrics = model(**b, **call_kwargs)
             accumulate(acc, metrics)
     model.train()
