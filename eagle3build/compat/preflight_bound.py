@@ -164,9 +164,14 @@ def measure_speculative_steps(spec: dict) -> dict:
     llm, start_s = vllm_engine.start_engine(spec["engine"], speculative_config=spec["speculative_config"])
     req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
     out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
-    for c in spec["concurrencies"]:
+
+    def cached(c: int) -> list[list[int]]:  # c fresh contexts, already in the prefix cache
         prefixes = [req.fresh(int(spec["context_tokens"])) for _ in range(c)]
         req.gen(prefixes, SamplingParams(max_tokens=1, temperature=0.0))
+        return prefixes
+
+    for c in spec["concurrencies"]:
+        prefixes = cached(c)
         before = spec_counters(llm.get_metrics())
         tpots = req.decode_steps(prefixes, spec["repeats"])
         figs = spec_figures(counter_delta(spec_counters(llm.get_metrics()), before))
@@ -183,9 +188,7 @@ def measure_speculative_steps(spec: dict) -> dict:
                  spec["speculative_config"]["num_speculative_tokens"], c, 1e3 * tpot * tau, 1e3 * tpot, tau,
                  1e3 * min(tpots), 1e3 * max(tpots))
     for c in spec["concurrencies"]:
-        prefixes = [req.fresh(int(spec["context_tokens"])) for _ in range(c)]
-        req.gen(prefixes, SamplingParams(max_tokens=1, temperature=0.0))
-        out["by_concurrency"][str(c)]["tpot_s_second_pass"] = statistics.median(req.decode_steps(prefixes,
+        out["by_concurrency"][str(c)]["tpot_s_second_pass"] = statistics.median(req.decode_steps(cached(c),
                                                                                                  spec["repeats"]))
     return out
 

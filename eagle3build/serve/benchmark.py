@@ -354,7 +354,11 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     heads = [(OWN_HEAD, head_dir), *((h["name"], h["path"]) for h in compare_heads or [])]
     # before any engine starts: a head without d2t, or whose config.json names no method vLLM serves, fails here
     drafts = {name: draft_vocab_ids(d) for name, d in heads}
-    served = {name: (speculative_config(d, 1)["method"], draft_layers(d), trained_positions(d)) for name, d in heads}
+    served = {}  # per head: its method, KV-cached layers and trained positions, each read once here
+    for name, d in heads:
+        speculative_config(d, 1)  # a method vLLM does not serve raises here
+        served[name] = (method_of(json.loads((Path(d) / "config.json").read_text())), draft_layers(d),
+                        trained_positions(d))
     prompts = [p for ps in by_set.values() for p in ps]
     set_of = [name for name, ps in by_set.items() for _ in ps]
     groups = [{"name": name, "count": len(ps)} for name, ps in by_set.items()]
@@ -363,7 +367,7 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
     runs = []
     for head, hdir in heads:
-        _, layers, trained = served[head]
+        method, layers, trained = served[head]
         for k in ks:
             if trained is not None and k > trained:
                 log.warning("%s k=%d: the head was trained to fill %d draft positions in one forward "
@@ -375,7 +379,7 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
                                       f"eagle3_k{k}" if head == OWN_HEAD else f"compare_{head}_k{k}")
             r["num_speculative_tokens"] = k
             if compare_heads:  # named only where heads are compared: a build without them keeps its bytes
-                r.update(head=head, method=method_of(json.loads((Path(hdir) / "config.json").read_text())))
+                r.update(head=head, method=method)
             runs.append(r)
     tops = baseline_top_logprobs(tmp, engine, base, runs)
     # the baseline's tokens inside each head's draft vocab: one figure per set, the same for every k
