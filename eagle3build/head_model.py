@@ -74,7 +74,13 @@ def method_flags(method: str, head_variant: str) -> dict[str, bool]:
     key): eagle3 the variant's; peagle the variant's with ``norm_output`` and ``fc_norm`` off, the two that
     vLLM's P-EAGLE config parser drops (vllm transformers_utils/configs/speculators/algos.py ``update_peagle``,
     0.26 and 0.32: it keeps ``norm_before_residual`` and ``norm_before_fc`` only), so the head is served as
-    trained; dflash none (its config has no such flags).
+    trained, and with ``norm_before_fc`` off too (speculators' own P-EAGLE default, models/peagle/core.py): vLLM
+    0.26 cannot load a parallel-drafting head with it on a GPU. Its drafter's ``load_model``
+    (vllm/v1/spec_decode/llm_base_proposer.py:1416) passes the 1-D ``mask_hidden.view(-1)`` through
+    ``combine_hidden_states``, whose ``input_norm`` (vllm/model_executor/models/llama_eagle3.py:368) runs
+    vLLM's CUDA ``rms_norm`` (vllm/kernels/vllm_c.py:40) on a 1-D tensor: "Dimension out of range (expected to
+    be in range of [-1, 0], but got -2)" (H200, 2026-12-04, benchmarks/gpu/kimi_h200.md). dflash: none (its
+    config has no such flags).
 
     Raises:
         KeyError: ``head_variant`` is not a ``HEAD_VARIANTS`` key.
@@ -83,7 +89,7 @@ def method_flags(method: str, head_variant: str) -> dict[str, bool]:
     if method == "dflash":
         return {}
     if method == "peagle":
-        flags.update(norm_output=False, fc_norm=False)
+        flags.update(norm_output=False, fc_norm=False, norm_before_fc=False)
     return flags
 
 

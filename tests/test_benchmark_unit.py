@@ -322,7 +322,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     got = plot_benchmark.plot(tmp_path / "b.json", tmp_path / "b.png")  # side by side: the own head's k, then peagle's
     assert list(got) == [2, "peagle k=2"] and got["peagle k=2"]["sets"]["chat"]["speedup"] == 1.5
     # the pre-flight table timed the run's own head: the compared head's rows are left out
-    table = [{"k": 2, "concurrency": 1, "step_cost_ratio": 1.2, "step_ms": 2.4}]
+    table = [{"k": 2, "concurrency": 1, "step_cost_ratio": 1.2, "step_ms": 2.4, "decode_step_ms": 2.0}]
     from eagle3build.step_costs import compare_benchmark
 
     assert [row["k"] for row in compare_benchmark(r, {"table": table})["rows"]] == [2]

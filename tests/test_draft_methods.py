@@ -48,9 +48,11 @@ def test_method_trains_with_speculators_model(trained, method, depths):
     assert shapes["fc.weight"] == (64, 3 * 64) and shapes["d2t"] == (256,)
     if method == "peagle":
         assert shapes["mask_hidden"] == (1, 1, 192) and shapes["embed_tokens.weight"] == (49152, 64)
-        # eagle3.1's flags (the fixture's decisions) less the two vLLM's P-EAGLE parser drops
+        # eagle3.1's flags (the fixture's decisions) less the two vLLM's P-EAGLE parser drops and norm_before_fc
+        # (vLLM 0.26's parallel-drafting load runs its CUDA rms_norm on a 1-D tensor: head_model.method_flags)
         assert {k: cfg[k] for k in meta["head_flags"]} == meta["head_flags"] == {
-            "norm_before_residual": True, "norm_before_fc": True, "norm_output": False, "fc_norm": False}
+            "norm_before_residual": True, "norm_before_fc": False, "norm_output": False, "fc_norm": False}
+        assert "input_norm.weight" not in shapes
         assert shapes["layers.0.self_attn.q_proj.weight"] == (64, 128)  # [embed, hidden]: 2H in
     else:
         assert "embed_tokens.weight" not in shapes and "mask_hidden" not in shapes
@@ -132,7 +134,9 @@ def test_export_writes_and_reloads_each_method(tiny_shards, tiny_target, trained
         names = set(f.keys())
         assert f.get_tensor("fc.weight").dtype == torch.bfloat16
     if method == "peagle":
-        assert "mask_hidden" in names and "embed_tokens.weight" in names and len(names) == 18
+        # no input_norm.weight: P-EAGLE heads are built without norm_before_fc (head_model.method_flags)
+        assert "mask_hidden" in names and "embed_tokens.weight" in names and "input_norm.weight" not in names
+        assert len(names) == 17
         assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 3
         assert ex.speculative_config(head, 3) == {"method": "eagle3", "parallel_drafting": True,
                                                   "model": str(head), "num_speculative_tokens": 3}

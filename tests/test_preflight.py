@@ -69,6 +69,13 @@ def test_compare_benchmark_against_the_table():
     k3, k1 = res["rows"]
     assert k3["measured_step_cost_ratio"] == pytest.approx(1.9) and k3["predicted_step_cost_ratio"] == pytest.approx(1.825)
     assert k3["relative_error"] == pytest.approx(0.075 / 1.825, abs=1e-4) and k3["within_tolerance"] is True
+    # the ratio's two sides on their own: step 3.8 ms against the table's 3.65 ms (+4.1 %), decode 2 ms against 2 ms
+    assert k3["predicted_step_ms"] == pytest.approx(3.65) and k3["predicted_decode_step_ms"] == pytest.approx(2.0)
+    assert k3["step_relative_error"] == pytest.approx(3.8 / 3.65 - 1, abs=1e-4) and k3["decode_relative_error"] == 0
+    # a baseline 20 % faster than the pre-flight's decode step moves the ratio by +25 % with the same step
+    fast = step_costs.compare_benchmark(_benchmark(1, 0.0016, [(3, 2.0, 0.0019)]), pre)["rows"][0]
+    assert fast["decode_relative_error"] == pytest.approx(-0.2) and fast["step_relative_error"] == k3["step_relative_error"]
+    assert fast["relative_error"] == pytest.approx(3.8 / 1.6 / 1.825 - 1, abs=1e-4) and fast["within_tolerance"] is False
     assert k1["predicted_step_cost_ratio"] == pytest.approx(1.275) and k1["within_tolerance"] is False
     # concurrency 0 = all 8 prompts at once: the nearest table is c = 1 (|8 - 1| < |8 - 16|); a k without a row
     res = step_costs.compare_benchmark(_benchmark(0, 0.002, [(2, 2.0, 0.002)]), pre)

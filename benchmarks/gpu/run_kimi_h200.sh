@@ -4,8 +4,8 @@
 # STEP: target (write the Kimi-K2.5-shaped checkpoint, examples/targets/kimi_k25_shaped.py --preset card --seed 0,
 # under resources/targets/kimi-k25-card) | dense (the bundled target end to end with its pre-flight bound,
 # dense_preflight.yaml) | build (kimi_k25_card.yaml end to end) | head (the same up to the exported head and the
-# pre-flight table) | online (kimi_k25_card_online.yaml up to train_draft, in the offline build's run: after `build`
-# only train_draft replans) | bench16 (the benchmark again at 16 requests in flight for each build with a head on
+# pre-flight table) | online (kimi_k25_card_online.yaml end to end, in the offline build's run: after `build`
+# train_draft, the export and the benchmark replan; 2026-12-04 it ran up to train_draft) | bench16 (the benchmark again at 16 requests in flight for each build with a head on
 # this machine: only the benchmark replans) | peagle, dflash (the dense build's head trained as P-EAGLE / DFlash
 # from the same shards, method_peagle.yaml / method_dflash.yaml: training, export with the load check, benchmark;
 # each head kept under results/heads/) | compare (the run's EAGLE-3 head and those two in one benchmark job,
@@ -40,7 +40,7 @@ for step in "$@"; do
       continue ;;
     dense) cfg="$G/dense_preflight.yaml"; extra=() ;;
     build) cfg="$G/kimi_k25_card.yaml"; extra=() ;;
-    online) cfg="$G/kimi_k25_card.yaml $G/kimi_k25_card_online.yaml"; extra=(--until train_draft) ;;
+    online) cfg="$G/kimi_k25_card.yaml $G/kimi_k25_card_online.yaml"; extra=() ;;
     peagle|dflash) cfg="$G/dense_preflight.yaml $G/method_$step.yaml"; extra=() ;;
     compare) cfg="$G/dense_preflight.yaml $G/compare_heads.yaml"; extra=() ;;
     bench16)
@@ -66,14 +66,9 @@ for step in "$@"; do
       "${extra[@]}" --configfile $cfg >> "$OUT/r/snakemake_$step.log" 2>&1
   rc=$?
   echo "$step rc $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
-  if [ "$step" = online ]; then  # the offline build's run: only what train_draft made is the online run's
-    mkdir -p "$OUT/r/logs_${run}_$step" && cp logs/$run/train_draft.log "$OUT/r/logs_${run}_$step/" 2>/dev/null
-    files="results/$run/checkpoint/*.json results/$run/benchmarks/train_draft.tsv"
-  else
-    cp -r logs/$run "$OUT/r/logs_${run}_$step" 2>/dev/null
-    files="results/$run/*.json results/$run/*.md results/$run/checkpoint/*.json results/$run/head/*.json
-           results/$run/data/data_report.json results/$run/vocab/vocab.json results/$run/benchmarks/*.tsv"
-  fi
+  cp -r logs/$run "$OUT/r/logs_${run}_$step" 2>/dev/null
+  files="results/$run/*.json results/$run/*.md results/$run/checkpoint/*.json results/$run/head/*.json
+         results/$run/data/data_report.json results/$run/vocab/vocab.json results/$run/benchmarks/*.tsv"
   for f in $files; do
     [ -f "$f" ] && cp "$f" "$OUT/r/${run}_${step}_$(basename "$f")"
   done

@@ -70,7 +70,8 @@ log = logging.getLogger(__name__)
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 # 2: near-ties told from divergences (differences, near_ties, divergences, lossless); over-long prompts skipped
 # 3: draft_vocab_coverage per EAGLE-3 run and set
-OUTPUT_VERSION = 3
+# 4: the pre-flight comparison's step and decode step each against the table's (step_costs.compare_benchmark)
+OUTPUT_VERSION = 4
 
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 TOP_ENTRY = "eagle3build.vllm_engine:top_logprobs"
