@@ -154,3 +154,17 @@ def test_tau_guard_refuses_a_reference_of_other_settings(tmp_path):
                             "--k", "5", "--num-prompts", "16", "--max-tokens", "256", "--reference", str(path)],
                            capture_output=True, text=True, timeout=300, cwd=REPO)
         assert p.returncode == 2 and str(path) in p.stderr and needle in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_decode_step_ab_on_vllm_cpu(tmp_path, smol_target):
+    """One engine of vLLM's CPU backend (max_num_seqs 1), the decode step timed at two lengths after a cached
+    context: a row per length, the longest the reference (ratio 1), the figures positive."""
+    p = _run("decode_step_ab.py", str(smol_target), "--gpus", "0", "--engines", "1:1", "--lengths", "4", "8",
+             "--repeats", "1", "--json", str(tmp_path / "ab.json"))
+    r = json.loads((tmp_path / "ab.json").read_text())
+    assert [(x["max_num_seqs"], x["graph_tokens"], x["decode_tokens"]) for x in r["rows"]] == [(1, 1, 4), (1, 1, 8)]
+    assert all(x["decode_step_ms"] > 0 for x in r["rows"]) and r["rows"][1]["ratio_to_reference"] == 1.0
+    assert r["reference"] == {"max_num_seqs": 1, "graph_tokens": 1, "decode_tokens": 8}
+    assert (r["versions"].get("vllm") or r["versions"]["vllm-cpu"]) and r["engine_start_s"]["1:1"] > 0
+    assert re.search(r"^\s+1\s+1\s+4\s+\d+\.\d{3}\s+\d\.\d{3}$", p.stdout, re.M)

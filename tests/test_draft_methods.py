@@ -218,3 +218,26 @@ def test_method_options_join_the_state_key_only_away_from_defaults(tiny_shards, 
         return td.setup(cfg, inputs, "cpu", None, False, "dflash", options).key
 
     assert key(None) == key({"block_size": 8, "num_layers": 5}) != key({"block_size": 4, "num_layers": 5})
+
+
+@pytest.mark.parametrize("method,norm_before_fc,hinted", [("peagle", True, True), ("peagle", False, False),
+                                                          ("eagle3", True, False)])
+def test_load_check_failure_names_a_stale_peagle_head(tmp_path, monkeypatch, method, norm_before_fc, hinted):
+    """A P-EAGLE head trained with norm_before_fc (before head_model.method_flags turned it off) that vLLM fails to
+    serve gets the cause and the retrain command in the export's error; other heads get vLLM's error alone."""
+    from eagle3build import vllm_engine
+    from eagle3build.serve import export_head as ex
+
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"speculators_model_type": method, "norm_before_fc": norm_before_fc,
+                                                  "transformer_layer_config": {"num_hidden_layers": 1}}))
+
+    def fail(*a, **kw):
+        raise RuntimeError("Engine core initialization failed")
+
+    monkeypatch.setattr(vllm_engine, "run_child", fail)
+    with pytest.raises(ex.ExportError, match="Engine core initialization failed") as e:
+        ex.check_loads_with_vllm(head, str(tmp_path / "target"), "t", gpus=0)
+    assert ("snakemake --forcerun train_draft" in str(e.value)) is hinted
+    assert ("norm_before_fc" in str(e.value)) is hinted

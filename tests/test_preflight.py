@@ -71,16 +71,21 @@ def test_compare_benchmark_against_the_table():
     assert k3["relative_error"] == pytest.approx(0.075 / 1.825, abs=1e-4) and k3["within_tolerance"] is True
     # the ratio's two sides on their own: step 3.8 ms against the table's 3.65 ms (+4.1 %), decode 2 ms against 2 ms
     assert k3["predicted_step_ms"] == pytest.approx(3.65) and k3["predicted_decode_step_ms"] == pytest.approx(2.0)
-    assert k3["step_relative_error"] == pytest.approx(3.8 / 3.65 - 1, abs=1e-4) and k3["decode_relative_error"] == 0
+    assert k3["step_relative_error"] == pytest.approx(3.8 / 3.65 - 1, abs=1e-4)
+    assert k3["decode_relative_error"] == 0
     # a baseline 20 % faster than the pre-flight's decode step moves the ratio by +25 % with the same step
     fast = step_costs.compare_benchmark(_benchmark(1, 0.0016, [(3, 2.0, 0.0019)]), pre)["rows"][0]
-    assert fast["decode_relative_error"] == pytest.approx(-0.2) and fast["step_relative_error"] == k3["step_relative_error"]
-    assert fast["relative_error"] == pytest.approx(3.8 / 1.6 / 1.825 - 1, abs=1e-4) and fast["within_tolerance"] is False
+    assert fast["decode_relative_error"] == pytest.approx(-0.2)
+    assert fast["step_relative_error"] == k3["step_relative_error"] and fast["within_tolerance"] is False
+    assert fast["relative_error"] == pytest.approx(3.8 / 1.6 / 1.825 - 1, abs=1e-4)
+    assert 1 + fast["relative_error"] == pytest.approx((1 + fast["step_relative_error"]) / 0.8, abs=1e-3)
     assert k1["predicted_step_cost_ratio"] == pytest.approx(1.275) and k1["within_tolerance"] is False
     # concurrency 0 = all 8 prompts at once: the nearest table is c = 1 (|8 - 1| < |8 - 16|); a k without a row
     res = step_costs.compare_benchmark(_benchmark(0, 0.002, [(2, 2.0, 0.002)]), pre)
     assert res["concurrency_used"] == 1 and res["rows"][0]["predicted_step_cost_ratio"] is None
-    assert res["rows"][0]["within_tolerance"] is None
+    assert res["rows"][0]["within_tolerance"] is None and res["rows"][0]["step_relative_error"] is None
+    # the decode step does not depend on k: compared even where the table lacks the k
+    assert res["rows"][0]["predicted_decode_step_ms"] == 2.0 and res["rows"][0]["decode_relative_error"] == 0
     assert step_costs.compare_benchmark(_benchmark(12, 0.002, [], num_prompts=16), pre)["concurrency_used"] == 16
     # 12 asked of a set of 8 prompts puts 8 in flight, nearer c = 1 than 16
     assert step_costs.compare_benchmark(_benchmark(12, 0.002, []), pre)["concurrency_used"] == 1

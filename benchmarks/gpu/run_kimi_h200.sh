@@ -5,11 +5,14 @@
 # under resources/targets/kimi-k25-card) | dense (the bundled target end to end with its pre-flight bound,
 # dense_preflight.yaml) | build (kimi_k25_card.yaml end to end) | head (the same up to the exported head and the
 # pre-flight table) | online (kimi_k25_card_online.yaml end to end, in the offline build's run: after `build`
-# train_draft, the export and the benchmark replan; 2026-12-04 it ran up to train_draft) | bench16 (the benchmark again at 16 requests in flight for each build with a head on
-# this machine: only the benchmark replans) | peagle, dflash (the dense build's head trained as P-EAGLE / DFlash
+# train_draft, the export and the benchmark replan; about 1,000 s on a fresh machine, the pre-flight included;
+# until 2026-12-04 it stopped at train_draft) | bench16 (the benchmark again at 16 requests in flight for each build
+# with a head on this machine: only the benchmark replans; after `online` the Kimi run's head is the online one, so
+# run bench16 before it) | peagle, dflash (the dense build's head trained as P-EAGLE / DFlash
 # from the same shards, method_peagle.yaml / method_dflash.yaml: training, export with the load check, benchmark;
 # each head kept under results/heads/) | compare (the run's EAGLE-3 head and those two in one benchmark job,
-# compare_heads.yaml).
+# compare_heads.yaml) | decodeab (benchmarks/decode_step_ab.py on each target already on this machine: the
+# pre-flight's decode step in the pre-flight's engine and in the benchmark's baseline engine, 32 and 96 tokens).
 # The steps share
 # SECONDS; a step cut by the limit resumes in the next call (--rerun-incomplete). Logs and results go to $OUT.
 # Each Snakemake call is sent TERM 25 s before the deadline (KILL 10 s later), so the results are packed before the device call ends
@@ -53,6 +56,15 @@ for step in "$@"; do
         echo "bench16 $r rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
         cp results/$r/benchmark.json "$OUT/r/${r}_bench16_benchmark.json" 2>/dev/null
         cp logs/$r/benchmark.log "$OUT/r/${r}_bench16_benchmark.log" 2>/dev/null
+      done
+      continue ;;
+    decodeab)  # the pre-flight's decode step against the benchmark's baseline engine, each target on this machine
+      for t in resources/targets/smollm2-135m-instruct resources/targets/kimi-k25-card; do
+        [ -f $t/config.json ] || { echo "decodeab $(basename $t): not on this machine, skipped" | tee -a "$OUT/steps.log"; continue; }
+        left=$(( deadline - $(date +%s) )); [ "$left" -lt 90 ] && break
+        timeout -k 10 "$(( left - 25 ))" python3 benchmarks/decode_step_ab.py $t --gpus 1 \
+          --json "$OUT/r/decode_ab_$(basename $t).json" >> "$OUT/r/decode_ab.log" 2>&1
+        echo "decodeab $(basename $t) rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
       done
       continue ;;
   head) cfg="$G/kimi_k25_card.yaml"; extra=(results/kimi-k25-card/preflight.json results/kimi-k25-card/compat.md

@@ -77,16 +77,17 @@ class _Requests:
     def gen(self, prompts: list[list[int]], sp):
         return self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
 
-    def decode_steps(self, prefixes: list[list[int]], repeats: int) -> list[float]:
-        """Per request of ``repeats`` calls (one request per prefix, in flight together): its time per output
-        token (vLLM's timestamps: (last - first token) / (tokens - 1), seconds), after one warm-up call.
+    def decode_steps(self, prefixes: list[list[int]], repeats: int, tokens: int = DECODE_TOKENS) -> list[float]:
+        """Per request of ``repeats`` calls (one request per prefix, in flight together, ``tokens`` output tokens
+        each): its time per output token (vLLM's timestamps: (last - first token) / (tokens - 1), seconds), after
+        one warm-up call.
 
         Raises:
             RuntimeError: vLLM returned no per-request timestamps (stats logging off).
         """
         from vllm import SamplingParams
 
-        sp = SamplingParams(max_tokens=DECODE_TOKENS, temperature=0.0, ignore_eos=True)
+        sp = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
         self.gen([p + self.fresh(1) for p in prefixes], sp)  # warm-up of the decode path
         out = []
         for _ in range(repeats):
@@ -103,7 +104,9 @@ def measure_in_engine(spec: dict) -> dict:
 
     ``spec``: ``engine`` (``vllm_engine.engine_args``), ``concurrencies`` (sequences in flight),
     ``verify_tokens`` (the ``n`` of the n-token steps, 1 first), ``context_tokens`` (cached context per
-    sequence, a multiple of the KV block size), ``repeats``, ``vocab_size``, ``seed``. Returns
+    sequence, a multiple of the KV block size), ``repeats``, ``vocab_size``, ``seed``; optional
+    ``decode_lengths``: more output lengths (tokens) to time the decode step at, each concurrency then also gets
+    ``decode_step_s_by_length`` (``{str(tokens): s}``; ``benchmarks/decode_step_ab.py``). Returns
     ``{"engine_start_s", "by_concurrency": {c: {"decode_step_s", "forward_s": {n: s}, "cached_tokens_min":
     {n: int}}}}``, seconds as medians over the requests of ``repeats`` calls.
 
@@ -138,6 +141,10 @@ def measure_in_engine(spec: dict) -> dict:
             cached[str(n)] = min(hits)
         out["by_concurrency"][str(c)] = {"decode_step_s": statistics.median(decode), "forward_s": fwd,
                                          "cached_tokens_min": cached}
+        if spec.get("decode_lengths"):
+            out["by_concurrency"][str(c)]["decode_step_s_by_length"] = {
+                str(t): statistics.median(req.decode_steps(prefixes, spec["repeats"], int(t)))
+                for t in spec["decode_lengths"]}
         log.info("c=%d: decode step %.3f ms, n-token steps %s ms", c, 1e3 * statistics.median(decode),
                  {n: round(1e3 * v, 3) for n, v in fwd.items()})
     return out

@@ -164,6 +164,17 @@ def export(
     return head_meta
 
 
+def _stale_peagle_hint(head_dir: str | os.PathLike) -> str:
+    """A hint for a P-EAGLE head with ``norm_before_fc`` (trained before head_model.method_flags turned it off for
+    P-EAGLE): vLLM 0.26 fails to load it on a GPU, and train_draft does not replan by itself. '' otherwise."""
+    cfg = json.loads((Path(head_dir) / "config.json").read_text())
+    if method_of(cfg) == "peagle" and cfg.get("norm_before_fc"):
+        return (" (this P-EAGLE head has norm_before_fc, which vLLM 0.26's parallel drafting cannot load on a GPU: "
+                "llm_base_proposer.py's load_model runs its CUDA rms_norm on the 1-D mask_hidden. Heads trained "
+                "now leave it off; retrain this one: snakemake --forcerun train_draft)")
+    return ""
+
+
 LOAD_CHECK_MAX_MODEL_LEN = 256  # tokens: the check's one prompt and its 8 answer tokens
 
 
@@ -194,7 +205,7 @@ def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_n
         try:
             r = vllm_engine.run_child(RUN_ENTRY, spec, tmp, "vllm_load_check")
         except RuntimeError as e:
-            raise ExportError(f"vLLM cannot serve {head_dir} as a draft head: {e}") from e
+            raise ExportError(f"vLLM cannot serve {head_dir} as a draft head: {e}{_stale_peagle_hint(head_dir)}") from e
     if not r.get("drafts"):
         raise ExportError(f"vLLM loaded {head_dir} but proposed no draft tokens with it")
     log.info("vLLM served the head: %d drafts, %d accepted, in %.1f s", r["drafts"], r["accepted_tokens"], r["process_s"])
