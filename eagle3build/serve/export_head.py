@@ -167,7 +167,10 @@ def export(
 def _stale_peagle_hint(head_dir: str | os.PathLike) -> str:
     """A hint for a P-EAGLE head with ``norm_before_fc`` (trained before head_model.method_flags turned it off for
     P-EAGLE): vLLM 0.26 fails to load it on a GPU, and train_draft does not replan by itself. '' otherwise."""
-    cfg = json.loads((Path(head_dir) / "config.json").read_text())
+    try:
+        cfg = json.loads((Path(head_dir) / "config.json").read_text())
+    except (OSError, ValueError):  # the load check's own error is the one to show
+        return ""
     if method_of(cfg) == "peagle" and cfg.get("norm_before_fc"):
         return (" (this P-EAGLE head has norm_before_fc, which vLLM 0.26's parallel drafting cannot load on a GPU: "
                 "llm_base_proposer.py's load_model runs its CUDA rms_norm on the 1-D mask_hidden. Heads trained "
