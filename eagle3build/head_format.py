@@ -111,6 +111,26 @@ def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 OWN_HEAD = "head"
 
 
+def check_compare_names(compare_heads: list[dict]) -> None:
+    """``benchmark.compare_heads`` (``[{"name", "path"}]``): each name unique and not ``OWN_HEAD``. Called when
+    planning (rules/common.smk) and by the benchmark itself (serve.benchmark, usable without Snakemake).
+
+    Raises:
+        ValueError: a name used twice or equal to ``OWN_HEAD``.
+    """
+    names = [h["name"] for h in compare_heads]
+    if OWN_HEAD in names or len(set(names)) < len(names):
+        raise ValueError(f"benchmark.compare_heads names {names}: each must be unique and not {OWN_HEAD!r} (the run's "
+                         "own head)")
+
+
+def run_label(run: dict) -> str:
+    """A benchmark.json run's name in logs, errors and plots: ``k=3`` for the run's own head's run at k = 3,
+    ``NAME k=3`` for a compared head's (its ``head``, ``benchmark.compare_heads``' name)."""
+    k, head = run["num_speculative_tokens"], run.get("head", OWN_HEAD)
+    return f"k={k}" if head == OWN_HEAD else f"{head} k={k}"
+
+
 def speculative_config(head_dir: str | os.PathLike, k: int) -> dict:
     """vLLM's ``speculative_config`` serving the head in ``head_dir`` with ``k`` draft tokens a step, by its
     method (``config.json``'s ``speculators_model_type``): eagle3 ``{"method": "eagle3"}``; peagle EAGLE-3 with

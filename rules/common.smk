@@ -6,7 +6,7 @@ import sys
 from snakemake.common import get_function_params, overwrite_function_params
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build import contract, staleness
+from eagle3build import contract, head_format, staleness
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -191,13 +191,9 @@ def custom_prompts_input(wildcards):
     return config["data"]["prompts_file"] if "custom" in config["benchmark"]["sets"] else []
 
 
-# benchmark.compare_heads: named apart from the run's own head ("head") and from each other, and not the run's
-# own head directory; checked when planning, not after training (eagle3build.serve.benchmark checks it too).
-COMPARE_NAMES = [h["name"] for h in config["benchmark"]["compare_heads"]]
-if "head" in COMPARE_NAMES or len(set(COMPARE_NAMES)) < len(COMPARE_NAMES):
-    raise ValueError(
-        f"config: benchmark.compare_heads names {COMPARE_NAMES}: each must be unique and not 'head' (the run's own)"
-    )
+# benchmark.compare_heads: named apart from the run's own head and from each other, and not the run's own head
+# directory; checked when planning, not after training (eagle3build.serve.benchmark checks the names too).
+head_format.check_compare_names(config["benchmark"]["compare_heads"])
 if any(os.path.normpath(h["path"]) == f"{RES}/head" for h in config["benchmark"]["compare_heads"]):
     raise ValueError(f"config: benchmark.compare_heads lists {RES}/head, the run's own head, which runs anyway")
 

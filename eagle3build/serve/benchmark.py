@@ -61,7 +61,15 @@ from typing import Any
 from .. import prompt_sets, vllm_engine, vocab_map
 from ..atomic import write_json
 from ..contract import StageSettings
-from ..head_format import OWN_HEAD, draft_layers, method_of, speculative_config, trained_positions
+from ..head_format import (
+    OWN_HEAD,
+    check_compare_names,
+    draft_layers,
+    method_of,
+    run_label,
+    speculative_config,
+    trained_positions,
+)
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
 
 log = logging.getLogger(__name__)
@@ -177,10 +185,7 @@ def benchmark(
     import tempfile
 
     vllm_engine.require_vllm(needed_by=os.fspath(out_json))
-    names = [h["name"] for h in compare_heads or []]
-    if OWN_HEAD in names or len(set(names)) < len(names):
-        raise ValueError(f"benchmark.compare_heads names {names}: each must be unique and not {OWN_HEAD!r} (the run's "
-                         "own head)")
+    check_compare_names(compare_heads or [])
     loaded = prompt_sets.load_sets(sets or ["chat"], num_prompts, chat_path=prompts_path, custom_path=custom_prompts_path)
     limit = max_model_len - max_tokens
     if limit < 1:
@@ -388,7 +393,7 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
              for h, d in drafts.items()}
     cover_all = {h: draft_vocab_coverage(base["token_ids"], d) for h, d in drafts.items()}
     for r in runs:
-        k, head, who = r["num_speculative_tokens"], r.get("head", OWN_HEAD), _who(r)
+        k, head, who = r["num_speculative_tokens"], r.get("head", OWN_HEAD), run_label(r)
         r["draft_vocab_coverage"] = cover_all[head]
         diffs = [dict(classify_difference(base["token_ids"][i], r["token_ids"][i], tops.get(i), gap),
                       prompt_id=p["id"], set=set_of[i])
@@ -417,9 +422,9 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
             if d["kind"] == "first_token":
                 log.warning("%s prompt %s (%s): the first output token differs (baseline %s, with the head %s): it "
                             "comes from the target's prefill before any draft, so the two engines computed the target "
-                            "differently; not counted against the head", _who(r), d["prompt_id"],
+                            "differently; not counted against the head", run_label(r), d["prompt_id"],
                             d["set"], d["baseline_token"], d["run_token"])
-    divergent = [(_who(r), d) for r in runs for d in r["differences"] if d["kind"] == "divergence"]
+    divergent = [(run_label(r), d) for r in runs for d in r["differences"] if d["kind"] == "divergence"]
     if divergent:
         for who, d in divergent:
             log.error("%s: real divergence: %s", who, json.dumps(d))
@@ -455,12 +460,6 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     validate(result)
     write_json(out_json, result)
     return result
-
-
-def _who(run: Mapping[str, Any]) -> str:
-    """A run's name in logs and errors: ``k=3`` for the run's own head, ``NAME k=3`` for a compared one."""
-    k, head = run["num_speculative_tokens"], run.get("head", OWN_HEAD)
-    return f"k={k}" if head == OWN_HEAD else f"{head} k={k}"
 
 
 def draft_vocab_ids(head_dir: str | os.PathLike) -> frozenset[int]:

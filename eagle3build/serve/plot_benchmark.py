@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 
 from ..atomic import atomic_path
-from ..head_format import OWN_HEAD
+from ..head_format import OWN_HEAD, run_label
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
 OUTPUT_VERSION = 1
@@ -51,13 +51,13 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     styles = ["-", "--", ":", "-."]
     fig, (a, s) = plt.subplots(1, 2, figsize=(10, 4))
     out = {}
-    def key(r: dict):
-        k, head = r["num_speculative_tokens"], r.get("head", OWN_HEAD)
-        return k if head == OWN_HEAD else f"{head} k={k}"
+
+    def key(r: dict):  # the returned dict's key: k for the run's own head, its label for a compared one
+        return r["num_speculative_tokens"] if r.get("head", OWN_HEAD) == OWN_HEAD else run_label(r)
 
     for r in runs:
         k = key(r)
-        who = f"k={k}" if isinstance(k, int) else k
+        who = run_label(r)
         out[k] = {"tau": r["mean_acceptance_length"], "speedup": r["speedup"], "sets": {}}
         for j, name in enumerate(names):
             x = r["sets"][name]
