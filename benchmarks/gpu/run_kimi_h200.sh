@@ -11,7 +11,8 @@
 # run bench16 before it) | peagle, dflash (the dense build's head trained as P-EAGLE / DFlash
 # from the same shards, method_peagle.yaml / method_dflash.yaml: training, export with the load check, benchmark;
 # each head kept under results/heads/) | compare (the run's EAGLE-3 head and those two in one benchmark job,
-# compare_heads.yaml) | decodeab (benchmarks/decode_step_ab.py on each target already on this machine: the
+# compare_heads.yaml) | peer (speculators' own training entry point on the dense run's shards, benchmarks/peer_route.py,
+# then the benchmark with both heads, compare_peer.yaml) | decodeab (benchmarks/decode_step_ab.py on each target already on this machine: the
 # pre-flight's decode step in the pre-flight's engine and in the benchmark's baseline engine, 32 and 96 tokens).
 # The steps share
 # SECONDS; a step cut by the limit resumes in the next call (--rerun-incomplete). Logs and results go to $OUT.
@@ -46,6 +47,16 @@ for step in "$@"; do
     online) cfg="$G/kimi_k25_card.yaml $G/kimi_k25_card_online.yaml"; extra=() ;;
     peagle|dflash) cfg="$G/dense_preflight.yaml $G/method_$step.yaml"; extra=() ;;
     compare) cfg="$G/dense_preflight.yaml $G/compare_heads.yaml"; extra=() ;;
+    peer)  # speculators' own entry point trains a head from the dense run's shards, then one benchmark serves both
+      # once per machine: a call that resumes a cut benchmark keeps the head it benchmarks
+      [ -f results/heads/speculators/peer_route.json ] || { timeout -k 10 "$(( left - 25 ))" python3 \
+          benchmarks/peer_route.py --configfile "$G/dense_preflight.yaml" --out results/heads/speculators \
+          > "$OUT/r/peer_route.log" 2>&1; echo "peer_route rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"; }
+      cp results/heads/speculators/peer_route.json "$OUT/r/" 2>/dev/null
+      cp results/heads/speculators/train.log "$OUT/r/peer_train.log" 2>/dev/null
+      cp results/heads/speculators/checkpoints/run.yaml "$OUT/r/peer_run.yaml" 2>/dev/null
+      [ -f results/heads/speculators/head/config.json ] || continue
+      cfg="$G/dense_preflight.yaml $G/compare_peer.yaml"; extra=() ;;
     bench16)
       for c in "$G/dense_preflight.yaml" "$G/kimi_k25_card.yaml"; do
         r=$(grep -h '^run:' $c | awk '{print $2}')
