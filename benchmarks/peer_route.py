@@ -6,14 +6,20 @@ From a built run (its shards under ``results/<run>/hidden_states/``, its compat 
 1. writes speculators' offline data directory from the shards (``eagle3build.speculators_data``: the same
    train and eval samples, the same aux layers, token frequencies over the train samples only);
 2. runs ``python -m speculators.train`` (speculators/train/__main__.py, the entry point behind ``speculators
-   train``) on it with the run's epochs, learning rate, TTT steps, tokens per step, seed and draft vocabulary
-   size, and speculators' own defaults for the rest (its optimizer, schedule, attention kernel and loss);
+   train``) on it with every run setting speculators has a flag for (``train_command``: epochs, lr, weight
+   decay, schedule and warm-up, TTT steps and their loss decay, tokens per step, seed, max steps; the draft
+   vocabulary size; the compat report's aux layers; full attention in the draft layer, as our heads have), and
+   speculators' own choices for the rest: its optimizer (Muon on the 2-D weights, AdamW on the others, at the
+   run's lr and weight decay), fused loss, flex attention, ``norm_before_fc`` and ``norm_output`` on; more flags
+   after ``--`` (e.g. ``-- --optimizer adamw``). The resolved flags (speculators' ``run.yaml``) go into the record;
 3. keeps the last epoch's checkpoint as a head (``config.json`` + ``model.safetensors``: what vLLM loads), to
-   be listed in ``benchmark.compare_heads`` (``benchmarks/gpu/compare_peer.yaml``).
+   be listed in ``benchmark.compare_heads`` (``benchmarks/gpu/compare_peer.yaml``). Ours keeps the epoch of
+   ``train.select``: the same one where the run has one epoch.
 
-Both routes read the same captured states, so the capture is not part of either side's time: the record holds
-the conversion and the peer's training (wall seconds), and our run's training job (its Snakemake benchmark
-file) beside them.
+Both routes read the same captured states, so the capture is not part of either side's time. The record holds
+the peer's conversion and training (wall seconds, its vocabulary map included) and, from the run's Snakemake
+benchmark files, our train_draft job's seconds: our vocab map and export (with its vLLM load check) have no
+such file, so they are not in it.
 
 speculators' ``Trainer`` needs an accelerator (speculators/train/trainer.py picks ``cuda`` where
 ``torch.accelerator`` finds none): on a CPU, ``--dry-run`` passes speculators' own ``--dry-run`` (the head built
@@ -48,7 +54,8 @@ HEAD_FILES = ("config.json", "model.safetensors")
 
 def merged_config(configfiles: list[str]) -> dict:
     """config.yaml updated by each of ``configfiles`` in turn (Snakemake's own merge of several ``--configfile``s,
-    snakemake.utils.update_config)."""
+    snakemake.utils.update_config). Not validated against schemas/config.schema.yaml: the run these files made
+    was, and this script reads only keys config.yaml sets."""
     from snakemake.utils import update_config
 
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -73,19 +80,31 @@ def run_shards(res: Path) -> dict[str, list[Path]]:
     return shards
 
 
+# train.schedule -> speculators' --scheduler-type; speculators' "none" is a constant lr without our linear warm-up
+SCHEDULES = {"cosine": "cosine", "constant": "none"}
+
+
 def train_command(cfg: dict, target: str, data: Path, save: Path, log_dir: Path, aux_layer_ids: list[int],
                   ratio: float, num_workers: int, dry_run: bool, extra: list[str]) -> list[str]:
     """speculators' training command for the run's settings (``python -m speculators.train`` with its flags,
-    speculators/train/config/schema.py): the run's epochs, lr, TTT steps, tokens per step, seed, max steps and
-    draft vocabulary size; the aux layers of its compat report; speculators' defaults for the rest."""
+    speculators/train/config/schema.py): each ``train`` setting speculators has a flag for (epochs, lr, weight
+    decay of both optimizer groups, schedule and warm-up ratio, TTT steps and their loss decay, tokens per step,
+    seed, max steps), the draft vocabulary size, the compat report's aux layers, full attention in the one draft
+    layer (``--full-attention-indices 0``: speculators' default is a 2,048-token sliding window, which our heads do
+    not have), every row's hidden states required (``--on-missing raise``), no resume (``save`` starts empty)."""
     t = cfg["train"]
     cmd = [sys.executable, "-m", "speculators.train", "--verifier-name-or-path", target, "--data-path", str(data),
            "--save-path", str(save), "--log-dir", str(log_dir), "--speculator-type", "eagle3",
            "--target-layer-ids", *map(str, aux_layer_ids), "--draft-vocab-size", str(cfg["vocab"]["draft_vocab_size"]),
-           "--epochs", str(t["epochs"]), "--lr", str(t["lr"]), "--ttt-steps", str(t["ttt_steps"]),
+           "--full-attention-indices", "0",
+           "--epochs", str(t["epochs"]), "--lr", str(t["lr"]), "--weight-decay", str(t["weight_decay"]),
+           "--muon-weight-decay", str(t["weight_decay"]), "--scheduler-type", SCHEDULES[t["schedule"]],
+           "--ttt-steps", str(t["ttt_steps"]), "--ttt-step-loss-decay", str(t["ttt_step_loss_decay"]),
            "--total-seq-len", str(t["total_seq_len"]), "--seed", str(t["seed"]),
            "--train-data-ratio", repr(ratio), "--on-missing", "raise", "--num-workers", str(num_workers),
            "--no-resume-from-checkpoint"]
+    if t["schedule"] == "cosine":
+        cmd += ["--scheduler-warmup-ratio", str(t["warmup_ratio"])]
     if t.get("max_steps"):
         cmd += ["--max-steps", str(t["max_steps"])]
     if cfg["target"].get("trust_remote_code"):
@@ -95,29 +114,52 @@ def train_command(cfg: dict, target: str, data: Path, save: Path, log_dir: Path,
     return cmd + extra
 
 
-def last_checkpoint(save: Path, dry_run: bool) -> Path:
-    """The folder of the checkpoint to serve: the highest epoch under ``save`` (speculators/train/checkpointer.py
-    ``model_path``: ``save/<epoch>/model.safetensors``), or ``save`` itself after ``--dry-run``.
+def last_checkpoint(save: Path, epochs: int, max_steps: int | None, dry_run: bool) -> Path:
+    """The folder of the checkpoint to serve: ``save/<epochs - 1>`` (speculators/train/checkpointer.py
+    ``model_path``: ``save/<epoch>/model.safetensors``, epochs from 0; with ``max_steps`` the highest epoch
+    saved), or ``save`` itself after ``--dry-run``.
 
     Raises:
-        FileNotFoundError: no checkpoint holds config.json and model.safetensors.
+        RuntimeError: ``save/interrupted`` exists: speculators caught a signal, saved there and exited 0
+            (speculators/train/graceful_shutdown.py), so the run did not finish.
+        FileNotFoundError: that checkpoint lacks config.json or model.safetensors (the epochs found named).
     """
-    epochs = sorted((int(d.name) for d in save.iterdir() if d.is_dir() and d.name.isdigit()), reverse=True)
-    for d in ([save] if dry_run else [save / str(e) for e in epochs]):
-        if all((d / f).exists() for f in HEAD_FILES):
-            return d
-    raise FileNotFoundError(f"{save}: no checkpoint with {' and '.join(HEAD_FILES)} (epochs found: {epochs})")
+    if (save / "interrupted").exists():
+        raise RuntimeError(f"{save / 'interrupted'}: speculators' training was interrupted; no finished head")
+    epochs_found = sorted(int(d.name) for d in save.iterdir() if d.is_dir() and not d.is_symlink() and d.name.isdigit())
+    if dry_run:
+        want = save
+    elif max_steps:
+        want = save / str(epochs_found[-1]) if epochs_found else save / "0"
+    else:
+        want = save / str(epochs - 1)
+    if not all((want / f).exists() for f in HEAD_FILES):
+        raise FileNotFoundError(f"{want}: no {' and '.join(HEAD_FILES)} (epochs saved: {epochs_found})")
+    return want
 
 
 def job_seconds(tsv: Path) -> float | None:
-    """Wall seconds of a Snakemake benchmark file (its ``s`` column), None where it is absent."""
+    """Wall seconds of a Snakemake benchmark file (its first row's ``s`` column), None where the file is absent
+    or has no row."""
     if not tsv.exists():
         return None
     with tsv.open() as f:
-        return round(float(next(csv.DictReader(f, delimiter="\t"))["s"]), 1)
+        row = next(csv.DictReader(f, delimiter="\t"), None)
+    return None if row is None else round(float(row["s"]), 1)
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """The command line (module docstring); writes ``OUT/data``, ``OUT/checkpoints``, ``OUT/train.log``,
+    ``OUT/head`` and the record (``--json``, default ``OUT/peer_route.json``) and returns the record.
+
+    Raises:
+        SystemExit: a run whose ``draft.method`` is not eagle3, or speculators' training failed (its log's tail).
+        artifacts.ArtifactError: the run has no readable compat decisions (``results/<run>/decisions.json``).
+        FileNotFoundError: a split has no shards, or the training left no checkpoint (``run_shards``,
+            ``last_checkpoint``).
+        shards.ShardMismatch: a shard of another target or other aux layers than the decisions.
+        RuntimeError: speculators' training was interrupted (``last_checkpoint``).
+    """
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", action="append", required=True, help="the run's overlays, as given to snakemake")
     ap.add_argument("--workdir", default=str(REPO), help="the build's working directory (results/ under it)")
@@ -133,14 +175,16 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"peer_route.py: draft.method {cfg['draft']['method']!r}; the peer route trains eagle3 heads")
     wd = Path(a.workdir).resolve()
     res = wd / "results" / cfg["run"]
-    target = cfg["target"]["path"] or str(wd / "resources/targets" / cfg["target"]["bundled"])
-    aux = artifacts.Decisions.load(res / "decisions.json").aux_layer_ids
+    # a relative target.path is the workdir's, as for snakemake (speculators runs in OUT)
+    target = str((wd / (cfg["target"]["path"] or f"resources/targets/{cfg['target']['bundled']}")).resolve())
+    decisions = artifacts.Decisions.load(res / "decisions.json")
+    aux = decisions.aux_layer_ids
     shards = run_shards(res)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
-    data = write_speculators_data(shards["train"], shards["eval"], out / "data")
+    data = write_speculators_data(shards["train"], shards["eval"], out / "data", decisions.target_fingerprint, aux)
     print(f"peer_route: data {data['num_train']} + {data['num_eval']} rows, {data['tokens']} tokens, "
           f"{data['bytes']} bytes in {data['seconds']} s", file=sys.stderr, flush=True)
     save = out / "checkpoints"
@@ -154,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     if p.returncode != 0:
         tail = (out / "train.log").read_text()[-3000:]
         raise SystemExit(f"peer_route.py: speculators train failed (rc {p.returncode}), {out / 'train.log'}:\n{tail}")
-    ckpt = last_checkpoint(save, a.dry_run)
+    ckpt = last_checkpoint(save, int(cfg["train"]["epochs"]), cfg["train"].get("max_steps"), a.dry_run)
     with atomic_path(out / "head") as tmp:
         tmp.mkdir()
         for f in HEAD_FILES:
@@ -164,7 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
     bench = res / "benchmarks"
     record = {
         "command": " ".join(sys.argv), "configfiles": a.configfile, "run": cfg["run"], "target": target,
-        "dry_run": a.dry_run, "speculators_command": cmd[1:], "data": data,
+        "dry_run": a.dry_run, "speculators_command": cmd[1:],
+        "speculators_run_yaml": yaml.safe_load((save / "run.yaml").read_text()), "data": data,
         "peer": {"convert_s": data["seconds"], "train_s": train_s, "data_to_head_s": total_s,
                  "checkpoint": str(ckpt), "head": str(out / "head")},
         "ours": {"train_draft_s": job_seconds(bench / "train_draft.tsv"),

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .atomic import atomic_path
-from .shards import ShardReader
+from .shards import ShardReader, check_meta
 
 TOKEN_FREQ = "token_freq.pt"
 
@@ -48,13 +48,17 @@ def train_data_ratio(num_train: int, num_eval: int) -> float:
 
 
 def write_speculators_data(train_shards: Sequence[str | os.PathLike], eval_shards: Sequence[str | os.PathLike],
-                           out_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> dict:
+                           out_dir: str | os.PathLike, target_fingerprint: str, aux_layer_ids: Sequence[int],
+                           dtype: torch.dtype = torch.bfloat16) -> dict:
     """Write the samples of ``train_shards`` then ``eval_shards`` (our shard files, docs/shard-format.md) as
     speculators' offline data directory ``out_dir`` (the module docstring), atomically: a temporary sibling
-    renamed into place, so a killed run leaves no directory speculators would read.
+    renamed into place, so a killed run leaves no directory speculators would read. Every shard must be of
+    ``target_fingerprint`` and ``aux_layer_ids`` (the run's compat report: what the head will be told), as our
+    trainer requires (``shards.check_meta``).
 
     Each sample's states go to ``hidden_states/hs_{row}.safetensors``: ``hidden_states`` [seq, A + 1, H] in
-    ``dtype`` (fp8 shards are dequantised first), ``token_ids`` int64 [seq].
+    ``dtype`` (speculators' ``--hidden-states-dtype``, bf16 by default: bf16 shards are copied bit for bit, fp8
+    shards dequantised first, float32 shards rounded to bf16), ``token_ids`` int64 [seq].
 
     Returns:
         ``{"num_train", "num_eval", "tokens", "bytes", "seconds", "train_data_ratio", "hidden_size",
@@ -62,7 +66,8 @@ def write_speculators_data(train_shards: Sequence[str | os.PathLike], eval_shard
         dataset and token frequencies), wall seconds, the ratio to pass as ``--train-data-ratio``.
 
     Raises:
-        ValueError: no train or no eval samples, or shards of different aux layers or hidden sizes (named).
+        ValueError: no train or no eval samples (``out_dir`` named).
+        shards.ShardMismatch: a shard of another target or other aux layers (the shard and both values named).
     """
     import datasets
     from safetensors.torch import save_file
@@ -72,12 +77,13 @@ def write_speculators_data(train_shards: Sequence[str | os.PathLike], eval_shard
     readers = [(split, ShardReader(p)) for split, paths in (("train", train_shards), ("eval", eval_shards))
                for p in paths]
     counts = {s: sum(len(r) for sp, r in readers if sp == s) for s in ("train", "eval")}
-    ratio = train_data_ratio(counts["train"], counts["eval"])
-    first = readers[0][1]
+    try:
+        ratio = train_data_ratio(counts["train"], counts["eval"])
+    except ValueError as e:
+        raise ValueError(f"{out_dir}: {e} in the shards given") from e
     for _, r in readers:
-        if r.meta.aux_layer_ids != first.meta.aux_layer_ids or r.meta.hidden_size != first.meta.hidden_size:
-            raise ValueError(f"{r.path}: aux_layer_ids {r.meta.aux_layer_ids}, hidden size {r.meta.hidden_size}, "
-                             f"but {first.path} has {first.meta.aux_layer_ids}, {first.meta.hidden_size}")
+        check_meta(r.path, r.meta, target_fingerprint, list(aux_layer_ids))
+    first = readers[0][1]
     hidden = int(first.meta.hidden_size)
     cols: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     tokens = 0
