@@ -205,3 +205,15 @@ def test_peer_route_dry_run(tiny_shards, tiny_target, tmp_path):
     shutil.rmtree(res / "hidden_states/eval")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert p.returncode != 0 and "hidden_states/eval: no shard-*.safetensors" in p.stderr
+
+
+def test_compare_peer_overlay_names_the_head_peer_route_writes():
+    """benchmarks/gpu/compare_peer.yaml serves the head that run_kimi_h200.sh's `peer` step has peer_route.py write
+    (its --out, then /head): a wrong path would stop the device call's plan on a missing input."""
+    import re
+
+    script = (REPO / "benchmarks/gpu/run_kimi_h200.sh").read_text()
+    out = re.search(r"benchmarks/peer_route\.py \\\s*--configfile \S+ --out (\S+)", script).group(1)
+    heads = yaml.safe_load((REPO / "benchmarks/gpu/compare_peer.yaml").read_text())["benchmark"]["compare_heads"]
+    assert heads == [{"name": "speculators", "path": f"{out}/head"}]
+    assert f"[ -f {out}/head/config.json ]" in script

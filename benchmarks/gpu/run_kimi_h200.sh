@@ -12,8 +12,9 @@
 # from the same shards, method_peagle.yaml / method_dflash.yaml: training, export with the load check, benchmark;
 # each head kept under results/heads/) | compare (the run's EAGLE-3 head and those two in one benchmark job,
 # compare_heads.yaml) | peer (speculators' own training entry point on the dense run's shards, benchmarks/peer_route.py,
-# then the benchmark with both heads, compare_peer.yaml) | decodeab (benchmarks/decode_step_ab.py on each target already on this machine: the
-# pre-flight's decode step in the pre-flight's engine and in the benchmark's baseline engine, 32 and 96 tokens).
+# then the benchmark with both heads, compare_peer.yaml) | decodeab (benchmarks/decode_step_ab.py on the dense target, materialized if absent, then on the
+# Kimi-shaped one if on this machine: the pre-flight's decode step in the pre-flight's engine and in the benchmark's
+# baseline engine, 32 and 96 tokens).
 # The steps share
 # SECONDS; a step cut by the limit resumes in the next call (--rerun-incomplete). Logs and results go to $OUT.
 # Each Snakemake call is sent TERM 25 s before the deadline (KILL 10 s later), so the results are packed before the device call ends
@@ -79,7 +80,11 @@ for step in "$@"; do
         cp logs/$r/benchmark.log "$OUT/r/${r}_bench16_benchmark.log" 2>/dev/null
       done
       continue ;;
-    decodeab)  # the pre-flight's decode step against the benchmark's baseline engine, each target on this machine
+    decodeab)  # the pre-flight's decode step against the benchmark's baseline engine: the dense target (materialized
+      # here if absent, about 30 s: it is the one whose pre-flight misses by 23 %), then the Kimi-shaped one if present
+      [ -f resources/targets/smollm2-135m-instruct/config.json ] || timeout -k 10 "$(( left - 25 ))" python3 -m snakemake \
+          --cores 16 resources/targets/smollm2-135m-instruct/config.json --configfile "$G/dense_preflight.yaml" \
+          >> "$OUT/r/snakemake_decodeab.log" 2>&1
       for t in resources/targets/smollm2-135m-instruct resources/targets/kimi-k25-card; do
         [ -f $t/config.json ] || { echo "decodeab $(basename $t): not on this machine, skipped" | tee -a "$OUT/steps.log"; continue; }
         left=$(( deadline - $(date +%s) )); [ "$left" -lt 90 ] && break
