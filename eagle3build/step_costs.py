@@ -94,11 +94,17 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
     requests actually in flight (``settings.concurrency``, capped by each set's prompt count since the sets
     run one after another; 0 = all of a set's prompts at once). Only the run's own head's rows (the table
     timed an untrained EAGLE-3 head of its shapes; ``benchmark.compare_heads``' rows are left out).
-    Returns ``{"concurrency_used", "tolerance", "rows": [{"k", "measured_step_ms", "measured_baseline_step_ms",
+    Returns ``{"concurrency_used", "tolerance", "draft_cost", "rows": [{"k", "measured_step_ms", "measured_baseline_step_ms",
     "measured_step_cost_ratio", "predicted_step_ms", "predicted_decode_step_ms", "predicted_step_cost_ratio",
     "relative_error", "within_tolerance", "step_relative_error", "decode_relative_error"}]}`` (times in ms). A k
     the table lacks gets ``predicted_step_ms``, ``predicted_step_cost_ratio``, ``relative_error``,
     ``within_tolerance`` and ``step_relative_error`` None.
+
+    ``draft_cost`` (every head, ``benchmark.compare_heads``' included: the target's verification at a k does not
+    depend on the head): ``[{"head", "k", "step_ms", "verify_step_ms", "draft_ms_per_step", "draft_ms_per_token"}]``,
+    the measured step less the target's verification of k + 1 tokens, taken as the table's ``target_verify_ratio``
+    times this benchmark's own baseline step (so the pre-flight's offset in the decode step, ``decode_relative_error``,
+    does not enter): what drafting costs each head a step, in ms (issue 40 item 2).
 
     ``relative_error`` (the check, against ``tolerance``) is the ratio's: measured / predicted - 1. The ratio's
     two sides are also compared on their own, each as measured / predicted - 1 (a fraction; below 0: the
@@ -141,4 +147,15 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
             log.info("k=%d: step %.3f ms = %.2f baseline steps measured, %.2f predicted by the pre-flight table "
                      "(c=%d): %+.1f %% (the step alone %+.1f %%, the baseline's decode step %+.1f %%)", k, 1e3 * step,
                      ratio, p, c_used, 100 * err, 100 * step_err, 100 * decode_err)
-    return {"concurrency_used": c_used, "tolerance": tolerance, "rows": rows}
+    draft_cost = []
+    for r in benchmark["eagle3"]:
+        k, tau = r["num_speculative_tokens"], r["mean_acceptance_length"]
+        t = next((t for t in table if t["k"] == k and t["concurrency"] == c_used), None)
+        if t is None or not tau or not base:
+            continue
+        step_ms = 1e3 * r["time_per_output_token_s"]["mean"] * tau
+        verify_ms = 1e3 * base * t["target_verify_ratio"]
+        draft_cost.append({"head": r.get("head", OWN_HEAD), "k": k, "step_ms": round(step_ms, 4),
+                           "verify_step_ms": round(verify_ms, 4), "draft_ms_per_step": round(step_ms - verify_ms, 4),
+                           "draft_ms_per_token": round((step_ms - verify_ms) / k, 4)})
+    return {"concurrency_used": c_used, "tolerance": tolerance, "draft_cost": draft_cost, "rows": rows}

@@ -269,6 +269,9 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     assert e["prompts_differing_from_baseline"] == 1 and e["speedup"] == pytest.approx(20 / (80 / 4.8))
     assert (e["near_ties"], e["divergences"], e["lossless"]) == (1, 0, True)
     assert (e["sets"]["chat"]["near_ties"], e["sets"]["humaneval"]["near_ties"]) == (1, 0)
+    # the step with the head: 0.55 s a token x tau 2 = 1,100 ms, 2 of the baseline's 0.55 s decode steps
+    assert (e["step_ms"], e["step_cost_ratio"]) == (1100.0, 2.0)
+    assert (e["sets"]["chat"]["step_ms"], e["sets"]["humaneval"]["step_cost_ratio"]) == (1100.0, 2.0)
     (d,) = e["differences"]
     assert (d["prompt_id"], d["set"], d["position"], d["baseline_token"], d["run_token"], d["kind"]) == \
         ("b", "chat", 1, 2, 3, "near_tie")
@@ -321,11 +324,16 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "b.json").read_text()) == json.loads(json.dumps(r))
     got = plot_benchmark.plot(tmp_path / "b.json", tmp_path / "b.png")  # side by side: the own head's k, then peagle's
     assert list(got) == [2, "peagle k=2"] and got["peagle k=2"]["sets"]["chat"]["speedup"] == 1.5
-    # the pre-flight table timed the run's own head: the compared head's rows are left out
-    table = [{"k": 2, "concurrency": 1, "step_cost_ratio": 1.2, "step_ms": 2.4, "decode_step_ms": 2.0}]
+    # the pre-flight table timed the run's own head: the compared head's rows are left out of the check; the draft
+    # cost is every head's: step 1,100 ms less the target's verification, 1.1 x the 550 ms baseline step
+    table = [{"k": 2, "concurrency": 1, "step_cost_ratio": 1.2, "step_ms": 2.4, "decode_step_ms": 2.0,
+              "target_verify_ratio": 1.1}]
     from eagle3build.step_costs import compare_benchmark
 
-    assert [row["k"] for row in compare_benchmark(r, {"table": table})["rows"]] == [2]
+    cmp = compare_benchmark(r, {"table": table})
+    assert [row["k"] for row in cmp["rows"]] == [2]
+    assert [(d["head"], d["k"], d["verify_step_ms"], d["draft_ms_per_step"], d["draft_ms_per_token"])
+            for d in cmp["draft_cost"]] == [("head", 2, 605.0, 495.0, 247.5), ("peagle", 2, 605.0, 495.0, 247.5)]
     monkeypatch.setattr(vllm_engine, "require_vllm", lambda **kw: None)
     for names in (["head"], ["peagle", "peagle"]):
         with pytest.raises(ValueError, match=r"compare_heads names .*: each must be unique"):

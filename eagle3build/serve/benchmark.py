@@ -79,7 +79,8 @@ log = logging.getLogger(__name__)
 # 2: near-ties told from divergences (differences, near_ties, divergences, lossless); over-long prompts skipped
 # 3: draft_vocab_coverage per EAGLE-3 run and set
 # 4: the pre-flight comparison's step and decode step each against the table's (step_costs.compare_benchmark)
-OUTPUT_VERSION = 4
+# 5: step_ms and step_cost_ratio per run and set; the pre-flight comparison's draft_cost for every head
+OUTPUT_VERSION = 5
 
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 TOP_ENTRY = "eagle3build.vllm_engine:top_logprobs"
@@ -501,10 +502,23 @@ def compare(base: dict, run: dict, prompts: list[dict], differences: list[dict] 
     near = sum(d["kind"] == "near_tie" for d in differences)
     first = sum(d["kind"] == "first_token" for d in differences)
     diverged = len(differences) - near - first
-    return {"speedup": run["output_tokens_per_s"] / base["output_tokens_per_s"],
+    return {**step_cost(base, run), "speedup": run["output_tokens_per_s"] / base["output_tokens_per_s"],
             "prompts_differing_from_baseline": len(differing), "differing_prompt_ids": differing,
             "outputs_identical": not differing, "near_ties": near, "first_token_differences": first,
             "divergences": diverged, "lossless": diverged == 0, "differences": differences}
+
+
+def step_cost(base: dict, run: dict) -> dict:
+    """The mean engine step with the head, ``step_ms`` = ``run``'s time per output token (mean, s) x its τ (mean
+    acceptance length: tokens a step emits), in ms, and ``step_cost_ratio`` = that step over ``base``'s time per
+    output token: what one speculative step costs in the target's own decode steps (the τ that breaks even;
+    benchmarks/speedup_split.py splits the same step across k). Heads served at one k verify the same k + 1 tokens
+    a step, so their ``step_ms`` differ by what drafting costs each. None where the run drafted nothing (τ None)."""
+    tau, tpot = run.get("mean_acceptance_length"), run["time_per_output_token_s"]["mean"]
+    step = tpot * tau if tau and tpot else None
+    base_tpot = base["time_per_output_token_s"]["mean"]
+    return {"step_ms": round(1e3 * step, 4) if step else None,
+            "step_cost_ratio": round(step / base_tpot, 4) if step and base_tpot else None}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
