@@ -13,7 +13,8 @@ where ``a + b k`` is less than τ baseline steps, and its ceiling at τ -> k + 1
 
     python benchmarks/speedup_split.py results/R/benchmark.json [more.json ...] [--json out.json]
 
-Prints, per file and set: the baseline step, ``a``, ``b``, per k τ, the step time, the
+Prints, per file, head (the run's own and each of ``benchmark.compare_heads``, each fitted on its own) and set:
+the baseline step, ``a``, ``b``, per k τ, the step time, the
 speed-up measured and the ceiling.
 """
 from __future__ import annotations
@@ -26,14 +27,23 @@ from pathlib import Path
 import numpy as np
 
 
-def split(result: dict, set_name: str | None = None) -> dict:
-    """The step-time split of one benchmark.json (``set_name``: one prompt set; None: overall)."""
+def heads(result: dict) -> list[str]:
+    """The heads of one benchmark.json in run order: the run's own (``head``) and each of
+    ``benchmark.compare_heads`` (a run without a ``head`` field is the run's own)."""
+    return list(dict.fromkeys(r.get("head", "head") for r in result["eagle3"]))
+
+
+def split(result: dict, set_name: str | None = None, head: str = "head") -> dict:
+    """The step-time split of one benchmark.json (``set_name``: one prompt set; None: overall) for one ``head``
+    (``heads``): the line is fitted over that head's k only (heads draft at different costs)."""
     def pick(run):
         return run if set_name is None else run["sets"][set_name]
 
     base_tpot = pick(result["baseline"])["time_per_output_token_s"]["mean"]
     rows = []
     for r in result["eagle3"]:
+        if r.get("head", "head") != head:
+            continue
         f = pick(r)
         tau = f["mean_acceptance_length"]
         if tau is None:
@@ -42,7 +52,7 @@ def split(result: dict, set_name: str | None = None) -> dict:
         tpot = f["time_per_output_token_s"]["mean"]
         rows.append({"k": k, "tau": round(tau, 3), "tpot_ms": round(1e3 * tpot, 3), "step_ms": round(1e3 * tpot * tau, 3),
                      "speedup": round(f["speedup"], 3)})
-    out = {"set": set_name or "overall", "concurrency": result["settings"]["concurrency"],
+    out = {"set": set_name or "overall", "head": head, "concurrency": result["settings"]["concurrency"],
            "baseline_step_ms": round(1e3 * base_tpot, 3), "rows": rows}
     if len({r["k"] for r in rows}) >= 2:
         ks = np.array([r["k"] for r in rows], float)
@@ -63,15 +73,17 @@ def main(argv=None) -> list[dict]:
     out = []
     for path in a.benchmarks:
         result = json.loads(Path(path).read_text())
-        for name in [None, *result["settings"]["sets"]]:
-            s = dict(split(result, name), file=str(path))
-            out.append(s)
-            fixed = (f"fixed a = {s['fixed_ms']} ms ({s['fixed_over_baseline_step']}x the baseline step), "
-                     f"b = {s['per_draft_token_ms']} ms per draft token" if "fixed_ms" in s else "one k: no split")
-            print(f"{path} [{s['set']}, concurrency {s['concurrency']}]: baseline step {s['baseline_step_ms']} ms; {fixed}")
-            for r in s["rows"]:
-                ceiling = f", ceiling x{r['ceiling_speedup']}" if "ceiling_speedup" in r else ""
-                print(f"  k={r['k']}: tau {r['tau']}, step {r['step_ms']} ms, speed-up x{r['speedup']}{ceiling}")
+        for head in heads(result):
+            for name in [None, *result["settings"]["sets"]]:
+                s = dict(split(result, name, head), file=str(path))
+                out.append(s)
+                fixed = (f"fixed a = {s['fixed_ms']} ms ({s['fixed_over_baseline_step']}x the baseline step), "
+                         f"b = {s['per_draft_token_ms']} ms per draft token" if "fixed_ms" in s else "one k: no split")
+                print(f"{path} [{head}, {s['set']}, concurrency {s['concurrency']}]: baseline step "
+                      f"{s['baseline_step_ms']} ms; {fixed}")
+                for r in s["rows"]:
+                    ceiling = f", ceiling x{r['ceiling_speedup']}" if "ceiling_speedup" in r else ""
+                    print(f"  k={r['k']}: tau {r['tau']}, step {r['step_ms']} ms, speed-up x{r['speedup']}{ceiling}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     return out

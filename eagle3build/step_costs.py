@@ -94,17 +94,24 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
     requests actually in flight (``settings.concurrency``, capped by each set's prompt count since the sets
     run one after another; 0 = all of a set's prompts at once). Only the run's own head's rows (the table
     timed an untrained EAGLE-3 head of its shapes; ``benchmark.compare_heads``' rows are left out).
-    Returns ``{"concurrency_used", "tolerance", "draft_cost", "rows": [{"k", "measured_step_ms", "measured_baseline_step_ms",
-    "measured_step_cost_ratio", "predicted_step_ms", "predicted_decode_step_ms", "predicted_step_cost_ratio",
-    "relative_error", "within_tolerance", "step_relative_error", "decode_relative_error"}]}`` (times in ms). A k
+    Returns ``{"concurrency_used", "tolerance", "draft_cost", "rows": [{"k", "measured_step_ms",
+    "measured_baseline_step_ms", "measured_step_cost_ratio", "predicted_step_ms", "predicted_decode_step_ms",
+    "predicted_step_cost_ratio", "relative_error", "within_tolerance", "step_relative_error",
+    "decode_relative_error"}]}`` (times in ms). A k
     the table lacks gets ``predicted_step_ms``, ``predicted_step_cost_ratio``, ``relative_error``,
     ``within_tolerance`` and ``step_relative_error`` None.
 
-    ``draft_cost`` (every head, ``benchmark.compare_heads``' included: the target's verification at a k does not
-    depend on the head): ``[{"head", "k", "step_ms", "verify_step_ms", "draft_ms_per_step", "draft_ms_per_token"}]``,
-    the measured step less the target's verification of k + 1 tokens, taken as the table's ``target_verify_ratio``
-    times this benchmark's own baseline step (so the pre-flight's offset in the decode step, ``decode_relative_error``,
-    does not enter): what drafting costs each head a step, in ms (issue 40 item 2).
+    ``draft_cost`` (issue 40 item 2), one row per run of every head (``benchmark.compare_heads``' included: the
+    target's verification at a k does not depend on the head): ``[{"head", "method", "k", "step_ms",
+    "verify_step_ms", "draft_ms_per_step", "draft_ms_per_drafted_token"}]`` in ms. ``verify_step_ms`` is the
+    target's own step over k + 1 tokens, this benchmark's baseline step plus k x the table's
+    ``verify_ms_per_token`` (a slope: a per-step offset between the pre-flight's engine and this one, as
+    ``decode_relative_error`` shows, cancels out of it); ``draft_ms_per_step`` the measured step (``step_ms``: time
+    per output token x τ) less that: what drafting costs the head a step, with everything else a speculative step
+    adds (the drafter's forwards, rejection sampling, the proposer's bookkeeping). It may come out below 0 by
+    noise (it is not clamped). ``draft_ms_per_drafted_token`` is that over k: EAGLE-3's cost per draft forward,
+    but for a parallel drafter (P-EAGLE, DFlash: one forward for all k; ``method``, where the run names it) an
+    amortised figure that falls with k. A run without τ, or a k the table lacks, gets None in the computed fields.
 
     ``relative_error`` (the check, against ``tolerance``) is the ratio's: measured / predicted - 1. The ratio's
     two sides are also compared on their own, each as measured / predicted - 1 (a fraction; below 0: the
@@ -149,13 +156,17 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
                      ratio, p, c_used, 100 * err, 100 * step_err, 100 * decode_err)
     draft_cost = []
     for r in benchmark["eagle3"]:
-        k, tau = r["num_speculative_tokens"], r["mean_acceptance_length"]
+        k, tau, tpot = r["num_speculative_tokens"], r["mean_acceptance_length"], r["time_per_output_token_s"]["mean"]
         t = next((t for t in table if t["k"] == k and t["concurrency"] == c_used), None)
-        if t is None or not tau or not base:
-            continue
-        step_ms = 1e3 * r["time_per_output_token_s"]["mean"] * tau
-        verify_ms = 1e3 * base * t["target_verify_ratio"]
-        draft_cost.append({"head": r.get("head", OWN_HEAD), "k": k, "step_ms": round(step_ms, 4),
-                           "verify_step_ms": round(verify_ms, 4), "draft_ms_per_step": round(step_ms - verify_ms, 4),
-                           "draft_ms_per_token": round((step_ms - verify_ms) / k, 4)})
+        step = 1e3 * tpot * tau if tau and tpot else None
+        verify = 1e3 * base + k * t["verify_ms_per_token"] if t and base else None
+        draft = step - verify if step is not None and verify is not None else None
+        draft_cost.append({"head": r.get("head", OWN_HEAD), "method": r.get("method"), "k": k,
+                           "step_ms": round(step, 4) if step is not None else None,
+                           "verify_step_ms": round(verify, 4) if verify is not None else None,
+                           "draft_ms_per_step": round(draft, 4) if draft is not None else None,
+                           "draft_ms_per_drafted_token": round(draft / k, 4) if draft is not None else None})
+        if draft is not None:
+            log.info("%s k=%d: step %.3f ms, of which the target's verification %.3f ms and drafting %.3f ms",
+                     r.get("head", OWN_HEAD), k, step, verify, draft)
     return {"concurrency_used": c_used, "tolerance": tolerance, "draft_cost": draft_cost, "rows": rows}

@@ -95,14 +95,29 @@ def test_speedup_split_tiny(tmp_path):
         return dict(f, num_speculative_tokens=k) if k else f
 
     taus = {1: 1.6, 2: 2.0, 3: 2.3, 5: 2.5}
+    # a compared head (benchmark.compare_heads) drafting all k in one forward: 2.4 ms + 0.1 ms a draft, fitted apart
     result = {"settings": {"concurrency": 1, "sets": {"chat": {}}}, "baseline": run(0.002),
-              "eagle3": [run((2 + 0.5 * k) / 1e3 / t, t, k) for k, t in taus.items()]}
+              "eagle3": [dict(run((2 + 0.5 * k) / 1e3 / t, t, k), head="head") for k, t in taus.items()]
+              + [dict(run((2.4 + 0.1 * k) / 1e3 / t, t, k), head="peagle") for k, t in taus.items()]}
     (tmp_path / "b.json").write_text(json.dumps(result))
     p = _run("speedup_split.py", str(tmp_path / "b.json"), "--json", str(tmp_path / "s.json"))
-    assert "fixed a = 2.0 ms (1.0x the baseline step), b = 0.5 ms per draft token" in p.stdout
-    overall = json.loads((tmp_path / "s.json").read_text())[0]
+    assert "[head, overall, concurrency 1]: baseline step 2.0 ms; fixed a = 2.0 ms (1.0x the baseline step), " \
+           "b = 0.5 ms per draft token" in p.stdout
+    assert "[peagle, overall, concurrency 1]: baseline step 2.0 ms; fixed a = 2.4 ms (1.2x the baseline step), " \
+           "b = 0.1 ms per draft token" in p.stdout
+    splits = json.loads((tmp_path / "s.json").read_text())
+    assert [(s["head"], s["set"]) for s in splits] == [("head", "overall"), ("head", "chat"), ("peagle", "overall"),
+                                                       ("peagle", "chat")]
+    overall = splits[0]
     assert overall["rows"][2] == {"k": 3, "tau": 2.3, "tpot_ms": round(3.5 / 2.3, 3), "step_ms": 3.5,
                                   "speedup": round(2.3 * 2 / 3.5, 3), "ceiling_speedup": round(4 * 2 / 3.5, 3)}
+    # a benchmark.json without compared heads (no `head` on its runs) is the run's own head alone
+    for r in result["eagle3"]:
+        r.pop("head")
+    result["eagle3"] = result["eagle3"][:4]
+    (tmp_path / "b.json").write_text(json.dumps(result))
+    p = _run("speedup_split.py", str(tmp_path / "b.json"))
+    assert "[head, overall, concurrency 1]: baseline step 2.0 ms; fixed a = 2.0 ms" in p.stdout and "peagle" not in p.stdout
 
 
 @pytest.mark.slow

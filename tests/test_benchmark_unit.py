@@ -237,6 +237,9 @@ def _fake_engines(calls, top, changed=(1, 3)):
                    sets=sets)
         if k:
             res.update({x: v for x, v in _spec(k, 2.0, 1.0).items() if x not in ("speedup",)})
+            # time per output token with the head: 0.3 s overall, 0.25 s on chat (the baseline's: 0.55 s everywhere)
+            res["time_per_output_token_s"] = {**STATS, "mean": 0.3}
+            sets["chat"]["time_per_output_token_s"] = {**STATS, "mean": 0.25}
         return res
 
     return fake_run_child
@@ -269,9 +272,11 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     assert e["prompts_differing_from_baseline"] == 1 and e["speedup"] == pytest.approx(20 / (80 / 4.8))
     assert (e["near_ties"], e["divergences"], e["lossless"]) == (1, 0, True)
     assert (e["sets"]["chat"]["near_ties"], e["sets"]["humaneval"]["near_ties"]) == (1, 0)
-    # the step with the head: 0.55 s a token x tau 2 = 1,100 ms, 2 of the baseline's 0.55 s decode steps
-    assert (e["step_ms"], e["step_cost_ratio"]) == (1100.0, 2.0)
-    assert (e["sets"]["chat"]["step_ms"], e["sets"]["humaneval"]["step_cost_ratio"]) == (1100.0, 2.0)
+    # the step with the head: time per output token x tau 2, over the baseline's 0.55 s a token: overall 0.3 s ->
+    # 600 ms, 1.0909 decode steps; chat 0.25 s -> 500 ms, 0.9091; humaneval 0.55 s -> 1,100 ms, 2
+    assert (e["step_ms"], e["step_cost_ratio"]) == (600.0, 1.0909)
+    assert (e["sets"]["chat"]["step_ms"], e["sets"]["chat"]["step_cost_ratio"]) == (500.0, 0.9091)
+    assert (e["sets"]["humaneval"]["step_ms"], e["sets"]["humaneval"]["step_cost_ratio"]) == (1100.0, 2.0)
     (d,) = e["differences"]
     assert (d["prompt_id"], d["set"], d["position"], d["baseline_token"], d["run_token"], d["kind"]) == \
         ("b", "chat", 1, 2, 3, "near_tie")
@@ -300,7 +305,10 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
 
     def spy(entry, spec, workdir, name):
         seen.append((name, spec["engine"].get("draft_layers"), (spec.get("speculative_config") or {}).get("model")))
-        return real(entry, spec, workdir, name)
+        res = real(entry, spec, workdir, name)
+        if name.startswith("compare_"):  # the P-EAGLE head's steps are quicker: 0.2 s a token overall
+            res["time_per_output_token_s"] = {**STATS, "mean": 0.2}
+        return res
 
     monkeypatch.setattr(vllm_engine, "run_child", spy)
     own = _head(tmp_path, [2, 5])
@@ -325,15 +333,17 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     got = plot_benchmark.plot(tmp_path / "b.json", tmp_path / "b.png")  # side by side: the own head's k, then peagle's
     assert list(got) == [2, "peagle k=2"] and got["peagle k=2"]["sets"]["chat"]["speedup"] == 1.5
     # the pre-flight table timed the run's own head: the compared head's rows are left out of the check; the draft
-    # cost is every head's: step 1,100 ms less the target's verification, 1.1 x the 550 ms baseline step
+    # cost is every head's: its step (600 ms; P-EAGLE's 0.2 s x tau 2 = 400 ms) less the target's verification,
+    # the 550 ms baseline step + 2 x 10 ms
     table = [{"k": 2, "concurrency": 1, "step_cost_ratio": 1.2, "step_ms": 2.4, "decode_step_ms": 2.0,
-              "target_verify_ratio": 1.1}]
+              "verify_ms_per_token": 10.0}]
     from eagle3build.step_costs import compare_benchmark
 
     cmp = compare_benchmark(r, {"table": table})
     assert [row["k"] for row in cmp["rows"]] == [2]
-    assert [(d["head"], d["k"], d["verify_step_ms"], d["draft_ms_per_step"], d["draft_ms_per_token"])
-            for d in cmp["draft_cost"]] == [("head", 2, 605.0, 495.0, 247.5), ("peagle", 2, 605.0, 495.0, 247.5)]
+    assert [(d["head"], d["method"], d["k"], d["step_ms"], d["verify_step_ms"], d["draft_ms_per_step"],
+             d["draft_ms_per_drafted_token"]) for d in cmp["draft_cost"]] == \
+        [("head", "eagle3", 2, 600.0, 570.0, 30.0, 15.0), ("peagle", "peagle", 2, 400.0, 570.0, -170.0, -85.0)]
     monkeypatch.setattr(vllm_engine, "require_vllm", lambda **kw: None)
     for names in (["head"], ["peagle", "peagle"]):
         with pytest.raises(ValueError, match=r"compare_heads names .*: each must be unique"):
@@ -543,7 +553,7 @@ def _sweep_engines(specs, tps):
         assert entry == benchmark.SWEEP_ENTRY
         specs.append((name, spec))
         return {"engine_start_s": 1.0, "by_concurrency": {
-            str(c): {"output_tokens_per_s": tps[name][c],
+            str(c): {"output_tokens_per_s": tps[name][c], "time_per_output_token_s": {"mean": c / tps[name][c]},
                      "mean_acceptance_length": 1.5 if spec.get("speculative_config") else None}
             for c in spec["concurrencies"]}}
 
@@ -568,6 +578,10 @@ def test_k_schedule_sweeps_chooses_and_serves_the_schedule(tmp_path, monkeypatch
     assert r["scheduled"]["1"]["speedup"] == 1.75 and r["scheduled"]["4"]["speedup"] == pytest.approx(320 / 300,
                                                                                                      abs=1e-4)
     assert r["never_slower"] is True and r["sweep"][0]["k"] == 0
+    # k = 3 at one in flight: 1/180 s a token x tau 1.5 = 8.3333 ms a step, 0.8333 of the target's 10 ms
+    k3 = r["sweep"][2]["by_concurrency"]["1"]
+    assert (r["sweep"][2]["k"], k3["step_ms"], k3["step_cost_ratio"]) == (3, 8.3333, 0.8333)
+    assert r["sweep"][0]["by_concurrency"]["1"]["step_ms"] is None  # the target alone drafts nothing
     # the schedule measured slower than the target somewhere: reported, not hidden
     tps["sweep_schedule"][4] = 290.0
     assert benchmark.k_schedule(tmp_path, _engine, [{"id": "a", "messages": []}] * 4, head, [1, 3], 8,

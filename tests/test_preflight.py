@@ -80,17 +80,21 @@ def test_compare_benchmark_against_the_table():
     assert fast["relative_error"] == pytest.approx(3.8 / 1.6 / 1.825 - 1, abs=1e-4)
     assert 1 + fast["relative_error"] == pytest.approx((1 + fast["step_relative_error"]) / 0.8, abs=1e-3)
     assert k1["predicted_step_cost_ratio"] == pytest.approx(1.275) and k1["within_tolerance"] is False
-    # what drafting costs a step: the measured step less the table's target_verify_ratio x this baseline's step
-    # (k = 3: 3.8 - 1.075 x 2 = 1.65 ms, 0.55 a draft; k = 1: 3.6 - 1.025 x 2 = 1.55 ms)
-    assert [(d["head"], d["k"], d["verify_step_ms"], d["draft_ms_per_step"], d["draft_ms_per_token"])
-            for d in res["draft_cost"]] == [("head", 3, 2.15, 1.65, 0.55), ("head", 1, 2.05, 1.55, 1.55)]
-    # the pre-flight's decode offset does not enter: the same runs over a 20 % faster baseline scale the verify
+    # what drafting costs a step: the measured step less the target's verification, this baseline's step + k x the
+    # table's slope (0.05 ms a token) (k = 3: 3.8 - (2 + 0.15) = 1.65 ms, 0.55 a draft; k = 1: 3.6 - 2.05 = 1.55 ms)
+    assert [(d["head"], d["k"], d["step_ms"], d["verify_step_ms"], d["draft_ms_per_step"],
+             d["draft_ms_per_drafted_token"]) for d in res["draft_cost"]] == \
+        [("head", 3, 3.8, 2.15, 1.65, 0.55), ("head", 1, 3.6, 2.05, 1.55, 1.55)]
+    # the pre-flight's decode step does not enter: over a baseline 0.4 ms faster the verification is 0.4 ms less
     assert fast["measured_baseline_step_ms"] == 1.6
     fast_cost = step_costs.compare_benchmark(_benchmark(1, 0.0016, [(3, 2.0, 0.0019)]), pre)["draft_cost"][0]
-    assert (fast_cost["verify_step_ms"], fast_cost["draft_ms_per_step"]) == (1.72, 2.08)
+    assert (fast_cost["verify_step_ms"], fast_cost["draft_ms_per_step"]) == (1.75, 2.05)
     # concurrency 0 = all 8 prompts at once: the nearest table is c = 1 (|8 - 1| < |8 - 16|); a k without a row
-    res = step_costs.compare_benchmark(_benchmark(0, 0.002, [(2, 2.0, 0.002)]), pre)
+    res = step_costs.compare_benchmark(_benchmark(0, 0.002, [(2, 2.0, 0.002), (3, None, 0.002)]), pre)
     assert res["concurrency_used"] == 1 and res["rows"][0]["predicted_step_cost_ratio"] is None
+    # a k the table lacks: its step, no verification or draft cost; a run that drafted nothing (tau None): no step
+    assert [(d["k"], d["step_ms"], d["verify_step_ms"], d["draft_ms_per_step"]) for d in res["draft_cost"]] == \
+        [(2, 4.0, None, None), (3, None, 2.15, None)]
     assert res["rows"][0]["within_tolerance"] is None and res["rows"][0]["step_relative_error"] is None
     # the decode step does not depend on k: compared even where the table lacks the k
     assert res["rows"][0]["predicted_decode_step_ms"] == 2.0 and res["rows"][0]["decode_relative_error"] == 0

@@ -151,13 +151,16 @@ def benchmark(
     per position, speed-up against the baseline (the same set's tokens/s) and the lossless
     check (prompts whose greedy token ids differ from the baseline's, each classified as a
     numerical near-tie or a divergence: ``classify_difference``), and ``draft_vocab_coverage``, the
-    share of the baseline's output tokens inside the head's draft vocab (the same for every k).
+    share of the baseline's output tokens inside the head's draft vocab (the same for every k), and the mean
+    engine step with the head and its cost in the baseline's decode steps (``step_cost``: ``step_ms``,
+    ``step_cost_ratio``).
     Engine start seconds and
     their breakdown (``vllm_engine.startup_breakdown``) per run. ``gpus``: GPUs the job holds
     (the engines' tensor parallel size; 0 = CPU); ``dtype`` ``auto`` = bf16 on GPUs, float32 on
     CPU. ``near_tie_max_logprob_gap``: nats, or ``auto`` (``NEAR_TIE_GAP`` of the dtype).
     ``preflight_path``: the run's preflight.json (compat stage's pre-flight bound): the result then gets
-    ``preflight``, each run's measured step cost against the table's (``step_costs.compare_benchmark``), logged.
+    ``preflight``, each run's measured step cost against the table's, and every head's drafting cost a step
+    (``draft_cost``; ``step_costs.compare_benchmark``), logged.
     ``k_schedule_concurrencies`` (e.g. ``[1, 4, 16]``): the result also gets ``k_schedule`` (``k_schedule``: a sweep
     of every k at those concurrencies, the best k per batch-size band as vLLM's
     ``num_speculative_tokens_per_batch_size``, and that configuration measured against the target alone).
@@ -279,9 +282,9 @@ def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[i
     best k (``best_ks``), as bands (``schedule_bands``) in vLLM's ``num_speculative_tokens_per_batch_size``; then
     the head served with that schedule (and the largest k of it as ``num_speculative_tokens``) decodes the same
     sweep. Returns ``{"concurrencies", "sweep": [{"k", "by_concurrency": {c: {"output_tokens_per_s",
-    "mean_acceptance_length", "speedup"}}}], "best_k", "schedule", "speculative_config", "scheduled":
-    {c: {...}}, "never_slower"}`` (``never_slower``: the schedule's tokens/s at least the target's at every
-    measured concurrency). A schedule of k 0 everywhere is the target alone: no engine, speed-up 1.
+    "mean_acceptance_length", "speedup", "step_ms", "step_cost_ratio"}}}], "best_k", "schedule",
+    "speculative_config", "scheduled": {c: {...}}, "never_slower"}`` (``never_slower``: the schedule's tokens/s
+    at least the target's at every measured concurrency). A schedule of k 0 everywhere is the target alone: no engine, speed-up 1.
     """
     cmax = max(concurrencies)
     common = {"prompts": prompts, "max_tokens": max_tokens, "concurrencies": concurrencies}
@@ -293,7 +296,8 @@ def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[i
             out[str(c)] = {"output_tokens_per_s": f["output_tokens_per_s"],
                            "mean_acceptance_length": f.get("mean_acceptance_length"),
                            "speedup": round(f["output_tokens_per_s"] / base["by_concurrency"][str(c)]["output_tokens_per_s"], 4)
-                           if base else 1.0}
+                           if base else 1.0,
+                           **(step_cost(base["by_concurrency"][str(c)], f) if base else {})}
         return out
 
     base = vllm_engine.run_child(SWEEP_ENTRY, {**common, "engine": engine(seqs=cmax)}, tmp, "sweep_baseline")
@@ -492,7 +496,8 @@ def draft_vocab_coverage(token_ids: list[list[int]], draft: frozenset[int]) -> f
 
 
 def compare(base: dict, run: dict, prompts: list[dict], differences: list[dict] | None = None) -> dict:
-    """Speed-up (``run`` tokens/s over ``base`` tokens/s, same prompts) and the lossless check: the ids of
+    """Speed-up (``run`` tokens/s over ``base`` tokens/s, same prompts), the step with the head (``step_cost``)
+    and the lossless check: the ids of
     ``prompts`` whose greedy token ids differ between the two runs (``token_ids`` in prompt order), and
     of ``differences`` (``classify_difference`` results of those prompts) how many are near-ties and
     how many differ at the first token (the target's own engine noise: ``classify_difference``) and how
@@ -513,7 +518,10 @@ def step_cost(base: dict, run: dict) -> dict:
     acceptance length: tokens a step emits), in ms, and ``step_cost_ratio`` = that step over ``base``'s time per
     output token: what one speculative step costs in the target's own decode steps (the τ that breaks even;
     benchmarks/speedup_split.py splits the same step across k). Heads served at one k verify the same k + 1 tokens
-    a step, so their ``step_ms`` differ by what drafting costs each. None where the run drafted nothing (τ None)."""
+    a step, so their ``step_ms`` differ by what drafting costs each. None where the run drafted nothing (τ None)
+    or a time per output token is 0 (no request of two tokens). The mean time per output token is over requests
+    and τ over drafts, so the product is the mean step where requests are alike in length; the times are read to
+    10 µs (``vllm_engine.summary``), about 0.5 % of a 2 ms step."""
     tau, tpot = run.get("mean_acceptance_length"), run["time_per_output_token_s"]["mean"]
     step = tpot * tau if tau and tpot else None
     base_tpot = base["time_per_output_token_s"]["mean"]
