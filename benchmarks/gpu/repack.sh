@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# After ../shared/device/pack.sh (which packs vLLM 0.26.0, the project's wheels and `git archive HEAD` into
-# .carry/part-NN): add the wheels the lent machine lacks for benchmarks/peer_route.py (speculators' training entry
+# After the device tool's packer (pack.sh, outside this project: it packs vLLM 0.26.0, the project's wheels and
+# `git archive HEAD` into .carry/part-NN): add the wheels the lent machine lacks for benchmarks/peer_route.py (speculators' training entry
 # point imports rich: speculators/train/logger.py), then split again into 52 MiB parts (58 MiB parts plus the carry
 # overhead went over the 64 MiB a call carries once the payload grew: 2026-12-04). Run from the project's root:
-#     ../shared/device/pack.sh && bash benchmarks/gpu/repack.sh
+#     <the packer> && bash benchmarks/gpu/repack.sh
 # unpack.sh (copied by pack.sh) installs every wheel under pay/whl, so nothing else changes on the machine.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
