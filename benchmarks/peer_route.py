@@ -31,7 +31,6 @@ and saved untrained), which is what the smoke test runs.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 import subprocess
@@ -43,6 +42,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import recipe_sweep  # noqa: E402  (config merge and job seconds, as the recorded sweeps read them)
 
 from eagle3build import artifacts  # noqa: E402
 from eagle3build.atomic import atomic_path, write_json  # noqa: E402
@@ -53,15 +55,15 @@ HEAD_FILES = ("config.json", "model.safetensors")
 
 
 def merged_config(configfiles: list[str]) -> dict:
-    """config.yaml updated by each of ``configfiles`` in turn (Snakemake's own merge of several ``--configfile``s,
-    snakemake.utils.update_config). Not validated against schemas/config.schema.yaml: the run these files made
-    was, and this script reads only keys config.yaml sets."""
+    """config.yaml updated by each of ``configfiles`` in turn, as snakemake merges several ``--configfile``s
+    (recipe_sweep.merged_config, snakemake.utils.update_config). Not validated against the config schema: the run
+    these files made was, and this script reads only keys config.yaml sets."""
     from snakemake.utils import update_config
 
-    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
-    for f in configfiles:
-        update_config(cfg, yaml.safe_load(Path(f).read_text()))
-    return cfg
+    rest: dict = {}
+    for f in configfiles[1:]:
+        update_config(rest, yaml.safe_load(Path(f).read_text()))
+    return recipe_sweep.merged_config(Path(configfiles[0]), rest)
 
 
 def run_shards(res: Path) -> dict[str, list[Path]]:
@@ -138,16 +140,6 @@ def last_checkpoint(save: Path, epochs: int, max_steps: int | None, dry_run: boo
     return want
 
 
-def job_seconds(tsv: Path) -> float | None:
-    """Wall seconds of a Snakemake benchmark file (its first row's ``s`` column), None where the file is absent
-    or has no row."""
-    if not tsv.exists():
-        return None
-    with tsv.open() as f:
-        row = next(csv.DictReader(f, delimiter="\t"), None)
-    return None if row is None else round(float(row["s"]), 1)
-
-
 def main(argv: list[str] | None = None) -> dict:
     """The command line (module docstring); writes ``OUT/data``, ``OUT/checkpoints``, ``OUT/train.log``,
     ``OUT/head`` and the record (``--json``, default ``OUT/peer_route.json``) and returns the record.
@@ -205,15 +197,14 @@ def main(argv: list[str] | None = None) -> dict:
             shutil.copy2(ckpt / f, tmp / f)
     total_s = round(time.perf_counter() - t0, 1)
 
-    bench = res / "benchmarks"
+    ours = recipe_sweep.stage_seconds(res / "benchmarks", since=0.0)  # the run's Snakemake benchmark files
     record = {
         "command": " ".join(sys.argv), "configfiles": a.configfile, "run": cfg["run"], "target": target,
         "dry_run": a.dry_run, "speculators_command": cmd[1:],
         "speculators_run_yaml": yaml.safe_load((save / "run.yaml").read_text()), "data": data,
         "peer": {"convert_s": data["seconds"], "train_s": train_s, "data_to_head_s": total_s,
                  "checkpoint": str(ckpt), "head": str(out / "head")},
-        "ours": {"train_draft_s": job_seconds(bench / "train_draft.tsv"),
-                 "capture_s": round(sum(job_seconds(f) for f in (bench / "capture_hidden_states").glob("*.tsv")), 1)},
+        "ours": {"train_draft_s": ours.get("train_draft"), "capture_s": ours.get("capture_hidden_states")},
         "software": software_versions(BENCHMARK_PACKAGES, keep_missing=False), "hardware": hardware(),
     }
     write_json(a.json or out / "peer_route.json", record)

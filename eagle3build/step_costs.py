@@ -82,6 +82,14 @@ def bound_table(measured: dict, steps_s: dict, ks: list[int]) -> list[dict]:
     return rows
 
 
+def speculative_step_s(run: dict) -> float | None:
+    """The mean engine step of a benchmark run with a head, in seconds: its time per output token (mean over
+    requests) x τ (mean acceptance length: tokens a step emits; benchmarks/speedup_split.py). None where the run
+    drafted nothing (τ None) or no request had two tokens (time per output token 0)."""
+    tau, tpot = run.get("mean_acceptance_length"), run["time_per_output_token_s"]["mean"]
+    return tpot * tau if tau and tpot else None
+
+
 def _relative(measured: float | None, predicted: float | None) -> float | None:
     """``measured / predicted - 1``, rounded to 4 places; None where either is missing or 0."""
     return round(measured / predicted - 1, 4) if measured and predicted else None
@@ -131,21 +139,31 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
     base = benchmark["baseline"]["time_per_output_token_s"]["mean"]
     decode_ms = next(t["decode_step_ms"] for t in table if t["concurrency"] == c_used)  # one T_decode per concurrency
     decode_err = _relative(1e3 * base, decode_ms)
-    rows = []
+    rows, draft_cost = [], []
     for r in benchmark["eagle3"]:
-        if r.get("head", OWN_HEAD) != OWN_HEAD:  # a compared head (benchmark.compare_heads): not what the table timed
+        k, head, step = r["num_speculative_tokens"], r.get("head", OWN_HEAD), speculative_step_s(r)
+        t = next((t for t in table if t["k"] == k and t["concurrency"] == c_used), None)
+        # every head: its step less the target's verification (this baseline's step + k x the table's slope)
+        verify = 1e3 * base + k * t["verify_ms_per_token"] if t and base else None
+        draft = 1e3 * step - verify if step is not None and verify is not None else None
+        draft_cost.append({"head": head, "method": r.get("method"), "k": k,
+                           "step_ms": round(1e3 * step, 4) if step is not None else None,
+                           "verify_step_ms": round(verify, 4) if verify is not None else None,
+                           "draft_ms_per_step": round(draft, 4) if draft is not None else None,
+                           "draft_ms_per_drafted_token": round(draft / k, 4) if draft is not None else None})
+        if draft is not None:
+            log.info("%s k=%d: step %.3f ms, of which the target's verification %.3f ms and drafting %.3f ms",
+                     head, k, 1e3 * step, verify, draft)
+        if head != OWN_HEAD:  # a compared head (benchmark.compare_heads): not what the table timed
             continue
-        k, tau = r["num_speculative_tokens"], r["mean_acceptance_length"]
-        step = r["time_per_output_token_s"]["mean"] * tau if tau else None
-        pred = next((t for t in table if t["k"] == k and t["concurrency"] == c_used), None)
         ratio = step / base if step and base else None
-        p = pred["step_cost_ratio"] if pred else None
+        p = t["step_cost_ratio"] if t else None
         err = (ratio - p) / p if ratio is not None and p else None
-        step_err = _relative(1e3 * step if step else None, pred["step_ms"] if pred else None)
-        rows.append({"k": k, "tau": tau, "measured_step_ms": round(1e3 * step, 4) if step else None,
+        step_err = _relative(1e3 * step if step else None, t["step_ms"] if t else None)
+        rows.append({"k": k, "tau": r["mean_acceptance_length"], "measured_step_ms": round(1e3 * step, 4) if step else None,
                      "measured_baseline_step_ms": round(1e3 * base, 4),
                      "measured_step_cost_ratio": round(ratio, 4) if ratio is not None else None,
-                     "predicted_step_ms": pred["step_ms"] if pred else None,
+                     "predicted_step_ms": t["step_ms"] if t else None,
                      "predicted_decode_step_ms": decode_ms,
                      "predicted_step_cost_ratio": p, "relative_error": round(err, 4) if err is not None else None,
                      "within_tolerance": abs(err) <= tolerance if err is not None else None,
@@ -154,19 +172,4 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
             log.info("k=%d: step %.3f ms = %.2f baseline steps measured, %.2f predicted by the pre-flight table "
                      "(c=%d): %+.1f %% (the step alone %+.1f %%, the baseline's decode step %+.1f %%)", k, 1e3 * step,
                      ratio, p, c_used, 100 * err, 100 * step_err, 100 * decode_err)
-    draft_cost = []
-    for r in benchmark["eagle3"]:
-        k, tau, tpot = r["num_speculative_tokens"], r["mean_acceptance_length"], r["time_per_output_token_s"]["mean"]
-        t = next((t for t in table if t["k"] == k and t["concurrency"] == c_used), None)
-        step = 1e3 * tpot * tau if tau and tpot else None
-        verify = 1e3 * base + k * t["verify_ms_per_token"] if t and base else None
-        draft = step - verify if step is not None and verify is not None else None
-        draft_cost.append({"head": r.get("head", OWN_HEAD), "method": r.get("method"), "k": k,
-                           "step_ms": round(step, 4) if step is not None else None,
-                           "verify_step_ms": round(verify, 4) if verify is not None else None,
-                           "draft_ms_per_step": round(draft, 4) if draft is not None else None,
-                           "draft_ms_per_drafted_token": round(draft / k, 4) if draft is not None else None})
-        if draft is not None:
-            log.info("%s k=%d: step %.3f ms, of which the target's verification %.3f ms and drafting %.3f ms",
-                     r.get("head", OWN_HEAD), k, step, verify, draft)
     return {"concurrency_used": c_used, "tolerance": tolerance, "draft_cost": draft_cost, "rows": rows}

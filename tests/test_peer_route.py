@@ -145,17 +145,6 @@ def test_last_checkpoint_is_the_last_epoch(tmp_path):
         pr.last_checkpoint(save, 2, None, False)
 
 
-def test_job_seconds(tmp_path):
-    """Snakemake's benchmark file: the first row's `s`; none where absent or header-only."""
-    pr = _peer_route()
-    tsv = tmp_path / "b.tsv"
-    assert pr.job_seconds(tsv) is None
-    tsv.write_text("s\th:m:s\tmax_rss\n")
-    assert pr.job_seconds(tsv) is None
-    tsv.write_text("s\th:m:s\tmax_rss\n101.2345\t0:01:41\t2000\n")
-    assert pr.job_seconds(tsv) == 101.2
-
-
 @pytest.mark.slow
 def test_peer_route_dry_run(tiny_shards, tiny_target, tmp_path):
     """benchmarks/peer_route.py over a run's results: speculators' entry point builds the EAGLE-3 head from the

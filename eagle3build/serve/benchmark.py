@@ -71,6 +71,7 @@ from ..head_format import (
     trained_positions,
 )
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
+from ..step_costs import compare_benchmark, speculative_step_s
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +285,8 @@ def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[i
     sweep. Returns ``{"concurrencies", "sweep": [{"k", "by_concurrency": {c: {"output_tokens_per_s",
     "mean_acceptance_length", "speedup", "step_ms", "step_cost_ratio"}}}], "best_k", "schedule",
     "speculative_config", "scheduled": {c: {...}}, "never_slower"}`` (``never_slower``: the schedule's tokens/s
-    at least the target's at every measured concurrency). A schedule of k 0 everywhere is the target alone: no engine, speed-up 1.
+    at least the target's at every measured concurrency). A schedule of k 0 everywhere is the target alone: no
+    engine, speed-up 1.
     """
     cmax = max(concurrencies)
     common = {"prompts": prompts, "max_tokens": max_tokens, "concurrencies": concurrencies}
@@ -457,8 +459,6 @@ def _benchmark(tmp: Path, engine, by_set: dict[str, list[dict]], head_dir: str, 
     if compare_heads:
         result["settings"]["compare_heads"] = [{"name": h["name"], "path": h["path"]} for h in compare_heads]
     if preflight_path:
-        from ..step_costs import compare_benchmark
-
         result["preflight"] = compare_benchmark(result, json.loads(Path(preflight_path).read_text()))
     if sweep_concurrencies:
         result["k_schedule"] = k_schedule(tmp, engine, prompts, head_dir, ks, max_tokens, sweep_concurrencies)
@@ -522,8 +522,7 @@ def step_cost(base: dict, run: dict) -> dict:
     or a time per output token is 0 (no request of two tokens). The mean time per output token is over requests
     and τ over drafts, so the product is the mean step where requests are alike in length; the times are read to
     10 µs (``vllm_engine.summary``), about 0.5 % of a 2 ms step."""
-    tau, tpot = run.get("mean_acceptance_length"), run["time_per_output_token_s"]["mean"]
-    step = tpot * tau if tau and tpot else None
+    step = speculative_step_s(run)
     base_tpot = base["time_per_output_token_s"]["mean"]
     return {"step_ms": round(1e3 * step, 4) if step else None,
             "step_cost_ratio": round(step / base_tpot, 4) if step and base_tpot else None}
