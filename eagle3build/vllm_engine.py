@@ -264,8 +264,9 @@ def child_env(base: dict | None = None) -> dict:
     return env
 
 
-def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str) -> dict:
+def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str, env: dict | None = None) -> dict:
     """Run ``entry`` (``"module:function"``) on ``spec`` in a fresh Python process; return its result.
+    ``env``: variables set in that process over ``child_env``'s (e.g. vLLM's ``VLLM_USE_V2_MODEL_RUNNER``).
 
     The child's stdout/stderr (vLLM's engine core included) are copied line by line to this
     process's stderr (the job's log) and scanned for vLLM's start-up lines
@@ -288,7 +289,8 @@ def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str) -> 
     # process_group=0: the child leads a group of its own, which its engine processes join; it kills
     # that group when this process dies (_die_with_parent), and so does this one when it leaves early
     proc = subprocess.Popen([sys.executable, "-m", "eagle3build.vllm_engine", "run", entry, str(spec_path),
-                             str(out_path)], env={**child_env(), PARENT_ENV: str(os.getpid())}, stdout=subprocess.PIPE,
+                             str(out_path)], env={**child_env(), **(env or {}), PARENT_ENV: str(os.getpid())},
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, process_group=0)
     try:
         return _wait_child(proc, entry, name, out_path, t0)
@@ -348,7 +350,13 @@ _STARTUP_PATTERNS = {
     "kv_cache_tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
 }
 _BACKEND = re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z_0-9]+) (?:attention )?backend")
-_STARTUP_HINT = re.compile("|".join([p.pattern for p in _STARTUP_PATTERNS.values()] + [_BACKEND.pattern]))
+# The model runner: vLLM 0.26's worker logs "Using V2 Model Runner" when it runs V2 (vllm/v1/worker/gpu_worker.py),
+# and its config warns "...; using the V1 model runner instead." where V2 cannot serve the engine (vllm/config/vllm.py
+# ``use_v2_model_runner``: P-EAGLE's parallel drafting, a CPU without Triton). V1 by default (an MoE target) or by
+# VLLM_USE_V2_MODEL_RUNNER=0 logs neither.
+_RUNNER = re.compile(r"(Using V2 Model Runner)|using the V1 model runner instead")
+_STARTUP_HINT = re.compile("|".join([p.pattern for p in _STARTUP_PATTERNS.values()] + [_BACKEND.pattern,
+                                                                                       _RUNNER.pattern]))
 
 
 def startup_breakdown(lines: list[str], engine_start_s: float | None = None) -> dict:
@@ -356,7 +364,8 @@ def startup_breakdown(lines: list[str], engine_start_s: float | None = None) -> 
     seconds loading the model (``model_load_s``, of which ``weights_s``), initialising the engine
     (``init_engine_s``: memory profiling, KV cache, warm-up, of which ``torch_compile_s``,
     ``profile_run_s``, ``cuda_graphs_s``), the KV cache (``kv_cache_gib`` per GPU, ``kv_cache_tokens``),
-    the attention backend; with ``engine_start_s`` (the ``LLM(...)`` call, seconds) also
+    the attention backend, the model runner (``model_runner``: ``v1``/``v2``, where vLLM said which); with
+    ``engine_start_s`` (the ``LLM(...)`` call, seconds) also
     ``other_s``: what the lines do not account for (engine-core process start, imports,
     tokenizer, worker start). A figure vLLM did not print is absent."""
     out: dict = {}
@@ -369,6 +378,9 @@ def startup_breakdown(lines: list[str], engine_start_s: float | None = None) -> 
         m = _BACKEND.search(line)
         if m and "attention_backend" not in out:
             out["attention_backend"] = m.group(1)
+        m = _RUNNER.search(line)
+        if m and "model_runner" not in out:
+            out["model_runner"] = "v2" if m.group(1) else "v1"
     if engine_start_s is not None:
         out["engine_start_s"] = round(float(engine_start_s), 2)
         known = out.get("model_load_s", out.get("weights_s", 0.0)) + out.get("init_engine_s", 0.0)

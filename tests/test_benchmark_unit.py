@@ -528,73 +528,177 @@ def test_classify_difference():
 
 
 def test_best_ks_and_schedule_bands():
-    """Per concurrency the k of the most tokens/s, 0 where none beats the target alone; bands split at the
-    geometric midpoints (vLLM's inclusive [first, last, k] ranges from 1), one k's neighbours merged."""
+    """Per concurrency the k of the most tokens/s, 0 where none beats the head held at k 0, and 0 everywhere where
+    the schedule does not beat the target alone on balance; bands split at the geometric midpoints (vLLM's
+    inclusive [first, last, k] ranges from 1), one k's neighbours merged."""
     sweep = {0: {1: 100.0, 4: 300.0, 16: 800.0},
              1: {1: 150.0, 4: 360.0, 16: 790.0},
              3: {1: 190.0, 4: 350.0, 16: 700.0}}
-    best = benchmark.best_ks(sweep, [1, 4, 16])
+    target = {1: 105.0, 4: 310.0, 16: 820.0}
+    best = benchmark.best_ks(sweep, [1, 4, 16], target)
     assert best == {1: 3, 4: 1, 16: 0}
     assert benchmark.schedule_bands(best) == [[1, 2, 3], [3, 8, 1], [9, 16, 0]]
     assert benchmark.schedule_bands({1: 2, 2: 2, 64: 1}) == [[1, 11, 2], [12, 64, 1]]
     assert benchmark.schedule_bands({1: 0, 16: 0}) == [[1, 16, 0]]
-    assert benchmark.best_ks({0: {1: 10.0}, 2: {1: 10.0}}, [1]) == {1: 0}  # a tie is not faster
+    assert benchmark.best_ks({0: {1: 10.0}, 2: {1: 10.0}}, [1], {1: 9.0}) == {1: 0}  # a tie is not faster
+    assert benchmark.best_ks({0: {1: 10.0}, 2: {1: 12.0}, 3: {1: 12.0}}, [1], {1: 9.0}) == {1: 2}  # nor a larger k
     # k 3 measured fastest at one request but none of its drafts was accepted there: noise, k 1 is served
-    assert benchmark.best_ks(sweep, [1, 4, 16], {1: {1: 1.4, 4: 1.4, 16: 1.4}, 3: {1: 1.0, 4: 1.6, 16: 1.6}}) == \
-        {1: 1, 4: 1, 16: 0}
+    taus = {1: {1: 1.4, 4: 1.4, 16: 1.4}, 3: {1: 1.0, 4: 1.6, 16: 1.6}}
+    assert benchmark.best_ks(sweep, [1, 4, 16], target, taus) == {1: 1, 4: 1, 16: 0}
     # nor one that drafted nothing there (τ None)
-    assert benchmark.best_ks(sweep, [1], {1: {1: None}, 3: {1: 1.0}}) == {1: 0}
+    assert benchmark.best_ks(sweep, [1], target, {1: {1: None}, 3: {1: 1.0}}) == {1: 0}
+    # k 1 everywhere beats k 0 but not the target alone on balance: log(101/100 x 285/300 x 750/800) < 0
+    assert benchmark.best_ks({0: {1: 95.0, 4: 280.0, 16: 740.0}, 1: {1: 101.0, 4: 285.0, 16: 750.0}}, [1, 4, 16],
+                             {1: 100.0, 4: 300.0, 16: 800.0}) == {1: 0, 4: 0, 16: 0}
+    with pytest.raises(KeyError):
+        benchmark.best_ks({1: {1: 10.0}}, [1], {1: 9.0})  # no k 0 to compare with
+    with pytest.raises(KeyError):
+        benchmark.best_ks(sweep, [1, 4, 16], {1: 100.0})  # the target alone not measured at 4
+
+
+def test_parallel_k_for_a_peagle_head():
+    """A P-EAGLE schedule holds 0 and one k: the k whose tokens/s, served everywhere, gains most over the target
+    alone (sum of logs over the concurrencies), among the k whose drafts were accepted somewhere."""
+    sweep = {1: {1: 150.0, 4: 360.0, 16: 790.0},
+             3: {1: 190.0, 4: 350.0, 16: 700.0}}
+    target = {1: 100.0, 4: 300.0, 16: 800.0}
+    # k 1: log(1.5 x 1.2 x 0.9875) = 0.575; k 3: log(1.9 x 1.1667 x 0.875) = 0.662
+    assert benchmark.parallel_k(sweep, [1, 4, 16], target) == 3
+    assert benchmark.parallel_k({**sweep, 3: {1: 170.0, 4: 350.0, 16: 700.0}}, [1, 4, 16], target) == 1  # 0.551
+    assert benchmark.parallel_k({1: {1: 12.0}, 2: {1: 12.0}}, [1], {1: 10.0}) == 1  # a tie: the smaller k
+    assert benchmark.parallel_k({1: {1: 9.0}, 2: {1: 8.0}}, [1], {1: 10.0}) == 0  # none pays
+    # k 3's drafts never accepted: only k 1 is a candidate
+    assert benchmark.parallel_k(sweep, [1, 4, 16], target, {1: {1: 1.3}, 3: {1: 1.0, 4: None, 16: 1.0}}) == 1
+    assert benchmark.parallel_k({1: {1: 0.0}}, [1], {1: 10.0}) == 0  # nothing decoded: no gain
 
 
 def _sweep_engines(specs, tps):
-    """run_child stand-in for ``k_schedule``: ``tps[name][c]`` output tokens/s of each sweep engine."""
+    """run_child stand-in for ``k_schedule``: ``tps[name][c]`` output tokens/s of each sweep engine; ``specs`` gets
+    each call's name, spec and extra environment."""
 
-    def fake_run_child(entry, spec, workdir, name):
+    def fake_run_child(entry, spec, workdir, name, env=None):
         assert entry == benchmark.SWEEP_ENTRY
-        specs.append((name, spec))
+        specs.append((name, spec, env))
+        sc = spec.get("speculative_config")
+        drafts = bool(sc) and sc["num_speculative_tokens_per_batch_size"] != [[1, 4, 0]]
         return {"engine_start_s": 1.0, "by_concurrency": {
             str(c): {"output_tokens_per_s": tps[name][c], "time_per_output_token_s": {"mean": c / tps[name][c]},
-                     "mean_acceptance_length": 1.5 if spec.get("speculative_config") else None}
+                     "mean_acceptance_length": 1.5 if drafts else None}
             for c in spec["concurrencies"]}}
 
     return fake_run_child
 
 
+def _sched_engine(k=0, eager=False, seqs=1, layers=None):
+    """``_engine`` that also records the k it was sized for (KV cache and draft layers)."""
+    return {**_engine(k, eager, seqs, layers), "k": k}
+
+
+V1 = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+PROMPTS4 = [{"id": "a", "messages": []}] * 4
+
+
 def test_k_schedule_sweeps_chooses_and_serves_the_schedule(tmp_path, monkeypatch):
-    """One engine per configuration over every concurrency; the schedule engine gets vLLM's
-    num_speculative_tokens_per_batch_size and its largest k; never_slower compares it with the target alone."""
+    """The target alone on the job's runner, then the head at k 1, 3 and 0, each as a one-band schedule on the V1
+    runner, over every concurrency; the schedule engine gets vLLM's num_speculative_tokens_per_batch_size and its
+    largest k; never_slower compares it with the target alone."""
     specs = []
-    tps = {"sweep_baseline": {1: 100.0, 4: 300.0}, "sweep_k1": {1: 140.0, 4: 330.0},
+    tps = {"sweep_baseline": {1: 100.0, 4: 300.0}, "sweep_k0": {1: 90.0, 4: 280.0}, "sweep_k1": {1: 140.0, 4: 330.0},
            "sweep_k3": {1: 180.0, 4: 290.0}, "sweep_schedule": {1: 175.0, 4: 320.0}}
     monkeypatch.setattr(vllm_engine, "run_child", _sweep_engines(specs, tps))
     head = _head(tmp_path, [1, 2])
-    r = benchmark.k_schedule(tmp_path, _engine, [{"id": "a", "messages": []}] * 4, head, [1, 3], 8, [1, 4])
-    assert [n for n, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_schedule"]
-    assert all(s["engine"]["max_num_seqs"] == 4 and s["concurrencies"] == [1, 4] for _, s in specs)
+    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
+    assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0", "sweep_schedule"]
+    assert all(s["engine"]["max_num_seqs"] == 4 and s["concurrencies"] == [1, 4] for _, s, _ in specs)
+    # the target alone sized without a drafter on the job's runner; every engine with the head on V1, sized for its k
+    assert specs[0][2] is None and "speculative_config" not in specs[0][1] and specs[0][1]["engine"]["k"] == 0
+    assert [env for _, _, env in specs[1:]] == [V1] * 4
+    assert [s["engine"]["k"] for _, s, _ in specs[1:]] == [1, 3, 1, 3]
+    assert [s["speculative_config"]["num_speculative_tokens_per_batch_size"] for _, s, _ in specs[1:4]] == \
+        [[[1, 4, 1]], [[1, 4, 3]], [[1, 4, 0]]]
+    assert [s["speculative_config"]["num_speculative_tokens"] for _, s, _ in specs[1:4]] == [1, 3, 1]
     assert r["best_k"] == {"1": 3, "4": 1} and r["schedule"] == [[1, 2, 3], [3, 4, 1]]
     sched_spec = specs[-1][1]["speculative_config"]
-    assert sched_spec["num_speculative_tokens"] == 3
+    assert sched_spec["num_speculative_tokens"] == 3 and sched_spec["method"] == "eagle3"
     assert sched_spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 4, 1]]
+    assert r["speculative_config"] == sched_spec
+    assert (r["model_runner"], r["env"]) == ("v1", V1)
     assert r["scheduled"]["1"]["speedup"] == 1.75 and r["scheduled"]["4"]["speedup"] == pytest.approx(320 / 300,
                                                                                                      abs=1e-4)
-    assert r["never_slower"] is True and r["sweep"][0]["k"] == 0
+    assert r["never_slower"] is True
+    assert [(e["k"], e["num_speculative_tokens"]) for e in r["sweep"]] == [(0, 1), (1, 1), (3, 3)]
+    assert r["baseline"]["by_concurrency"]["4"]["output_tokens_per_s"] == 300.0
     # k = 3 at one in flight: 1/180 s a token x tau 1.5 = 8.3333 ms a step, 0.8333 of the target's 10 ms
     k3 = r["sweep"][2]["by_concurrency"]["1"]
-    assert (r["sweep"][2]["k"], k3["step_ms"], k3["step_cost_ratio"]) == (3, 8.3333, 0.8333)
-    assert r["sweep"][0]["by_concurrency"]["1"]["step_ms"] is None  # the target alone drafts nothing
-    # the schedule measured slower than the target somewhere: reported, not hidden
-    tps["sweep_schedule"][4] = 290.0
-    assert benchmark.k_schedule(tmp_path, _engine, [{"id": "a", "messages": []}] * 4, head, [1, 3], 8,
-                                [1, 4])["never_slower"] is False
-    # no k beats the target anywhere: the schedule drafts nothing, no schedule engine starts
-    specs.clear()
-    tps.update(sweep_k1={1: 90.0, 4: 200.0}, sweep_k3={1: 80.0, 4: 100.0})
-    r = benchmark.k_schedule(tmp_path, _engine, [{"id": "a", "messages": []}] * 4, head, [1, 3], 8, [1, 4])
-    assert r["schedule"] == [[1, 4, 0]] and r["speculative_config"] is None and r["never_slower"] is True
-    assert [n for n, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3"]
+    assert (k3["step_ms"], k3["step_cost_ratio"]) == (8.3333, 0.8333)
+    # the head held at k 0: one token a step, 1/90 s against the target's 1/100 s: a step 1.11 of the target's
+    k0 = r["sweep"][0]["by_concurrency"]["1"]
+    assert (k0["speedup"], k0["step_ms"], k0["step_cost_ratio"], k0["mean_acceptance_length"]) == \
+        (0.9, 11.1111, 1.1111, None)
     import jsonschema
 
     sub = json.loads(benchmark.SCHEMA.read_text())["properties"]["k_schedule"]
     jsonschema.validate(r, sub)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**r, "schedule": [[1, 4]]}, sub)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({k: v for k, v in r.items() if k != "baseline"}, sub)
+    # the schedule measured slower than the target somewhere: reported, not hidden
+    tps["sweep_schedule"][4] = 290.0
+    assert benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])["never_slower"] is False
+    # k 0 beats every k at 4 in flight but is still slower than the target alone: 0 there (the schedule pays on
+    # balance: log(180/100 x 295/300) > 0), and the measured schedule is slower at 4
+    tps.update(sweep_k0={1: 95.0, 4: 295.0}, sweep_k1={1: 140.0, 4: 280.0}, sweep_k3={1: 180.0, 4: 260.0},
+               sweep_schedule={1: 178.0, 4: 294.0})
+    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
+    assert r["schedule"] == [[1, 2, 3], [3, 4, 0]] and r["never_slower"] is False
+    assert r["speculative_config"]["num_speculative_tokens"] == 3
+    # no k beats k 0 anywhere: the schedule drafts nothing, the target alone is served, no schedule engine starts
+    specs.clear()
+    tps.update(sweep_k1={1: 90.0, 4: 200.0}, sweep_k3={1: 80.0, 4: 100.0})
+    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
+    assert r["schedule"] == [[1, 4, 0]] and r["speculative_config"] is None and r["never_slower"] is True
+    assert r["env"] == {} and r["best_k"] == {"1": 0, "4": 0}
+    assert r["scheduled"]["4"] == {"output_tokens_per_s": 300.0, "mean_acceptance_length": None, "speedup": 1.0}
+    assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0"]
+    jsonschema.validate(r, sub)
+
+
+def test_k_schedule_of_a_peagle_head_holds_one_k(tmp_path, monkeypatch):
+    """A P-EAGLE head's schedule holds 0 and one k (vLLM's V1 runner stops at any other k in a band), that k chosen
+    first and k 0 measured with it configured; served with parallel drafting. An EAGLE-3 head with the same figures
+    mixes k 3 and k 1."""
+    tps = {"sweep_baseline": {1: 100.0, 4: 300.0}, "sweep_k0": {1: 90.0, 4: 280.0}, "sweep_k1": {1: 140.0, 4: 330.0},
+           "sweep_k3": {1: 180.0, 4: 290.0}, "sweep_schedule": {1: 175.0, 4: 320.0}}
+    specs = []
+    monkeypatch.setattr(vllm_engine, "run_child", _sweep_engines(specs, tps))
+    head = Path(_head(tmp_path, [1, 2]))
+    (head / "config.json").write_text('{"speculators_model_type": "peagle", '
+                                      '"transformer_layer_config": {"num_hidden_layers": 1}}')
+    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    # over the target alone, served everywhere: k 1 log(1.4 x 1.1) = 0.432, k 3 log(1.8 x 0.9667) = 0.554: k 3;
+    # k 0 then measured with num_speculative_tokens 3; at 4 in flight k 3 (290) beats k 0 (280)
+    assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0", "sweep_schedule"]
+    k0_spec = specs[3][1]
+    assert k0_spec["speculative_config"]["num_speculative_tokens"] == 3 and k0_spec["engine"]["k"] == 3
+    assert k0_spec["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 4, 0]]
+    assert r["best_k"] == {"1": 3, "4": 3} and r["schedule"] == [[1, 4, 3]]
+    assert [(e["k"], e["num_speculative_tokens"]) for e in r["sweep"]] == [(0, 3), (1, 1), (3, 3)]
+    assert r["speculative_config"]["parallel_drafting"] is True
+    assert r["speculative_config"]["num_speculative_tokens"] == 3
+    # k 0 faster than k 3 at 4 in flight: bands of 3 and 0, never k 1 beside them
+    tps["sweep_k0"][4] = 295.0
+    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    assert r["schedule"] == [[1, 2, 3], [3, 4, 0]]
+    # no k pays over the target alone: its k 0 is not measured, the target alone is served
+    specs.clear()
+    tps.update(sweep_k1={1: 95.0, 4: 250.0}, sweep_k3={1: 99.0, 4: 200.0})
+    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3"]
+    assert r["schedule"] == [[1, 4, 0]] and r["speculative_config"] is None and r["sweep"][0]["k"] == 1
+    # the same figures for an EAGLE-3 head: k 3 at 1 in flight, k 1 at 4
+    tps.update(sweep_k1={1: 140.0, 4: 330.0}, sweep_k3={1: 180.0, 4: 290.0})
+    (head / "config.json").write_text('{"speculators_model_type": "eagle3", '
+                                      '"transformer_layer_config": {"num_hidden_layers": 1}}')
+    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    assert r["schedule"] == [[1, 2, 3], [3, 4, 1]] and "parallel_drafting" not in r["speculative_config"]

@@ -208,6 +208,14 @@ def test_startup_breakdown_reads_vllms_lines():
     assert all(vllm_engine._STARTUP_HINT.search(x) for x in lines)
     assert vllm_engine.startup_breakdown(["reserved 0.56 GiB memory for KV Cache as specified"])["kv_cache_gib"] == 0.56
     assert "engine start 132.0 s (attention_backend FLASH_ATTN" in vllm_engine.format_startup(st, 140.0)
+    # the model runner, where vLLM names it (vLLM 0.26 on an H200: the dense target; P-EAGLE's fallback)
+    v2 = "(EngineCore pid=5605) INFO 12-04 20:22:59 [gpu_worker.py:378] Using V2 Model Runner"
+    v1 = ("(EngineCore pid=7) WARNING 12-04 [vllm.py:725] Model Runner V2 does not yet support parallel drafting for "
+          "EAGLE speculative decoding; using the V1 model runner instead.")
+    assert vllm_engine._STARTUP_HINT.search(v2) and vllm_engine._STARTUP_HINT.search(v1)
+    assert vllm_engine.startup_breakdown(lines + [v2])["model_runner"] == "v2"
+    assert vllm_engine.startup_breakdown([v1, v1])["model_runner"] == "v1"
+    assert "model_runner" not in st
 
 
 def test_run_child_copies_the_childs_output_and_times_it(tmp_path, capfd, monkeypatch):
@@ -217,6 +225,11 @@ def test_run_child_copies_the_childs_output_and_times_it(tmp_path, capfd, monkey
     assert r["y"] == 6 and r["process_s"] > 0 and r["startup"] == {"model_load_s": 2.5, "engine_start_s": 4.0,
                                                                    "other_s": 1.5}
     assert "Model loading took 0.1 GiB and 2.5 seconds" in capfd.readouterr().err
+    # the job's environment reaches the child, and run_child's env overrides it there
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert vllm_engine.run_child("tests_child_entry:entry", {"x": 1}, tmp_path, "echo")["runner_env"] == "1"
+    assert vllm_engine.run_child("tests_child_entry:entry", {"x": 1}, tmp_path, "echo",
+                                 env={"VLLM_USE_V2_MODEL_RUNNER": "0"})["runner_env"] == "0"
 
 
 TINY_REMOTE_CONFIG = '''from transformers import PretrainedConfig

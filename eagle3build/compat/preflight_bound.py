@@ -54,7 +54,8 @@ from ..step_costs import bound_table
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
-OUTPUT_VERSION = 3  # 2: the whole step measured with an untrained head in vLLM (no eager stand-in); 3: its spread
+OUTPUT_VERSION = 4  # 2: the whole step measured with an untrained head in vLLM (no eager stand-in); 3: its spread;
+# 4: measured.startup.model_runner (vllm_engine.startup_breakdown)
 SCHEMA = "eagle3build.preflight/1"
 ENTRY = "eagle3build.compat.preflight_bound:measure_in_engine"
 SPEC_ENTRY = "eagle3build.compat.preflight_bound:measure_speculative_steps"
