@@ -635,8 +635,8 @@ KEYS: tuple[Key, ...] = (
         "benchmark.max_tokens",
         {"type": "integer", "minimum": 1},
         64,
-        "per request; the CPU default keeps the benchmark to a few minutes",
-        {"benchmark": "trigger:benchmark"},
+        "per request; the CPU default keeps the benchmark to a few minutes (also the pre-flight's decode length)",
+        {"benchmark": "trigger:benchmark", "preflight_bound": "trigger"},
     ),
     Key(
         "benchmark.max_model_len",

@@ -154,6 +154,25 @@ def test_plan_runs_it_only_where_serving_has_gpus(tmp_path):
         "materialize_target": 1, "compat_report": 1, "preflight_bound": 1}
 
 
+def test_preflight_times_the_benchmarks_length(tmp_path, monkeypatch):
+    """The job times decode and speculative steps over benchmark.max_tokens output tokens (time per output token
+    falls with length: the H200 A/B in benchmarks/gpu/h200_decode_step_ab_smollm2.json); fewer than 2 is refused
+    before any engine starts."""
+    seen = {}
+    monkeypatch.setattr(preflight_bound, "preflight", lambda **kw: seen.update(kw) or {})
+    settings = {"preflight.max_k": "auto", "benchmark.ks": [3], "preflight.concurrencies": [1, 16],
+                "vocab.draft_vocab_size": 32, "target.served_name": "t", "target.serve_dtype": "auto",
+                "preflight.context_tokens": 256, "preflight.repeats": 5, "target.trust_remote_code": False,
+                "target.pipeline_parallel_size": 1, "benchmark.max_tokens": 96}
+    preflight_bound.run_job({"decisions": "d.json"}, {"json": "p.json"}, settings, {"target_dir": "t"}, {"gpu": 1})
+    assert (seen["decode_tokens"], seen["gpus"], seen["concurrencies"]) == (96, 1, [1, 16])
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"decode_tokens \(benchmark.max_tokens\) 1 must be at least 2"):
+        preflight_bound.preflight("t", str(tmp_path / "p.json"), max_k=3, benchmark_ks=[3], concurrencies=[1],
+                                  draft_vocab_size=32, served_name="t", decisions_json="d.json", decode_tokens=1)
+    assert not (tmp_path / "p.json").exists()
+
+
 @pytest.mark.vllm
 def test_preflight_on_vllm_cpu(tmp_path, smol_target):
     """Two engines on vLLM's CPU backend (the target alone; the target with the untrained head at the benchmark's
@@ -166,9 +185,10 @@ def test_preflight_on_vllm_cpu(tmp_path, smol_target):
     out = tmp_path / "preflight.json"
     res = preflight_bound.preflight(str(smol_target), str(out), max_k=2, benchmark_ks=[2, 7], concurrencies=[1, 2],
                                     draft_vocab_size=2048, served_name="smol", decisions_json=str(dec), gpus=0,
-                                    context_tokens=200, repeats=1)
+                                    context_tokens=200, repeats=1, decode_tokens=12)
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))
     assert res["settings"]["context_tokens"] == 256 and res["settings"]["measured_ks"] == [2]  # k 7 > max_k
+    assert res["settings"]["decode_tokens"] == 12
     for c in ("1", "2"):
         m = res["measured"]["by_concurrency"][c]
         assert sorted(m["forward_s"]) == ["1", "2", "3"] and m["decode_step_s"] > 0

@@ -54,12 +54,17 @@ from ..step_costs import bound_table
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
-OUTPUT_VERSION = 4  # 2: the whole step measured with an untrained head in vLLM (no eager stand-in); 3: its spread;
-# 4: measured.startup.model_runner (vllm_engine.startup_breakdown)
+OUTPUT_VERSION = 5  # 2: the whole step measured with an untrained head in vLLM (no eager stand-in); 3: its spread;
+# 4: measured.startup.model_runner (vllm_engine.startup_breakdown); 5: decode length = benchmark.max_tokens
 SCHEMA = "eagle3build.preflight/1"
 ENTRY = "eagle3build.compat.preflight_bound:measure_in_engine"
 SPEC_ENTRY = "eagle3build.compat.preflight_bound:measure_speculative_steps"
-DECODE_TOKENS = 32  # output tokens per request of the plain-decoding measurement
+# Output tokens per request of the decode and speculative-step measurements where none is given: the benchmark's
+# own length is (``preflight(decode_tokens=...)``, the job's benchmark.max_tokens). Time per output token falls with
+# the request's length: the bundled target on an H200 (vLLM 0.26.0, benchmarks/gpu/h200_decode_step_ab_smollm2.json)
+# read 2.30 ms a token over 32 tokens and 1.73 over 96 in one engine (2.46 / 1.88 in the pre-flight's engine size),
+# so a pre-flight timed at 32 tokens against a benchmark at 96 missed the decode step by 18-23 % (issue 37).
+DECODE_TOKENS = 32
 
 
 class _Requests:
@@ -105,7 +110,8 @@ def measure_in_engine(spec: dict) -> dict:
 
     ``spec``: ``engine`` (``vllm_engine.engine_args``), ``concurrencies`` (sequences in flight),
     ``verify_tokens`` (the ``n`` of the n-token steps, 1 first), ``context_tokens`` (cached context per
-    sequence, a multiple of the KV block size), ``repeats``, ``vocab_size``, ``seed``; optional
+    sequence, a multiple of the KV block size), ``repeats``, ``vocab_size``, ``seed``; optional ``decode_tokens``
+    (output tokens per request of the decode measurement, ``DECODE_TOKENS`` where absent) and
     ``decode_lengths``: more output lengths (tokens) to time the decode step at, each concurrency then also gets
     ``decode_step_s_by_length`` (``{str(tokens): s}``; ``benchmarks/decode_step_ab.py``). Returns
     ``{"engine_start_s", "by_concurrency": {c: {"decode_step_s", "forward_s": {n: s}, "cached_tokens_min":
@@ -125,7 +131,7 @@ def measure_in_engine(spec: dict) -> dict:
     for c in spec["concurrencies"]:
         prefixes = [req.fresh(ctx) for _ in range(c)]
         req.gen(prefixes, one)  # fills the prefix cache (and warms up)
-        decode = req.decode_steps(prefixes, spec["repeats"])
+        decode = req.decode_steps(prefixes, spec["repeats"], int(spec.get("decode_tokens", DECODE_TOKENS)))
         fwd, cached = {}, {}
         for n in spec["verify_tokens"]:
             req.gen([p + req.fresh(n) for p in prefixes], one)  # warm-up of this shape
@@ -154,13 +160,14 @@ def measure_in_engine(spec: dict) -> dict:
 def measure_speculative_steps(spec: dict) -> dict:
     """Inside an engine child: serve the target with ``spec["speculative_config"]`` (an untrained EAGLE-3 head at
     one k) and time its steps at each concurrency as the benchmark does: time per output token (median over the
-    requests of ``repeats`` calls of ``c`` requests with a ``context_tokens``-token context, ``DECODE_TOKENS``
+    requests of ``repeats`` calls of ``c`` requests with a ``context_tokens``-token context, ``decode_tokens``
     tokens each) x τ (1 + accepted / drafts, vLLM's spec-decode counters over those calls; EAGLE-3 paper).
 
     ``spec``: ``engine``, ``speculative_config``, ``concurrencies``, ``context_tokens``, ``repeats``,
-    ``vocab_size``, ``seed``. Returns ``{"engine_start_s", "by_concurrency": {c: {"step_s", "tpot_s", "tau",
-    "drafts", "tpot_s_min", "tpot_s_max", "tpot_s_second_pass"}}}`` (seconds; the second pass times the same
-    concurrencies again in the same engine, after all of them: the engine's own repeatability).
+    ``vocab_size``, ``seed``, optional ``decode_tokens`` (``DECODE_TOKENS`` where absent). Returns
+    ``{"engine_start_s", "by_concurrency": {c: {"step_s", "tpot_s", "tau", "drafts", "tpot_s_min", "tpot_s_max",
+    "tpot_s_second_pass"}}}`` (seconds; the second pass times the same concurrencies again in the same engine,
+    after all of them: the engine's own repeatability).
 
     Raises:
         RuntimeError: no per-request timestamps, or the engine drafted nothing (the head did not run).
@@ -171,6 +178,7 @@ def measure_speculative_steps(spec: dict) -> dict:
 
     llm, start_s = vllm_engine.start_engine(spec["engine"], speculative_config=spec["speculative_config"])
     req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
+    tokens = int(spec.get("decode_tokens", DECODE_TOKENS))
     out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
 
     def cached(c: int) -> list[list[int]]:  # c fresh contexts, already in the prefix cache
@@ -181,7 +189,7 @@ def measure_speculative_steps(spec: dict) -> dict:
     for c in spec["concurrencies"]:
         prefixes = cached(c)
         before = spec_counters(llm.get_metrics())
-        tpots = req.decode_steps(prefixes, spec["repeats"])
+        tpots = req.decode_steps(prefixes, spec["repeats"], tokens)
         figs = spec_figures(counter_delta(spec_counters(llm.get_metrics()), before))
         if not figs["drafts"]:
             raise RuntimeError(f"c={c}: the engine drafted nothing with {spec['speculative_config']}")
@@ -197,14 +205,14 @@ def measure_speculative_steps(spec: dict) -> dict:
                  1e3 * min(tpots), 1e3 * max(tpots))
     for c in spec["concurrencies"]:
         out["by_concurrency"][str(c)]["tpot_s_second_pass"] = statistics.median(req.decode_steps(cached(c),
-                                                                                                 spec["repeats"]))
+                                                                                                 spec["repeats"], tokens))
     return out
 
 
 def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks: list[int], concurrencies: list[int],
               draft_vocab_size: int, served_name: str, decisions_json: str, dtype: str = "auto", gpus: int = 0,
               context_tokens: int = 256, repeats: int = 5, seed: int = 0, trust_remote_code: bool = False,
-              pipeline_parallel_size: int = 1) -> dict:
+              pipeline_parallel_size: int = 1, decode_tokens: int = DECODE_TOKENS) -> dict:
     """Measure the target's step costs alone (``measure_in_engine``, one engine) and with an untrained head
     (``measure_speculative_steps``, one engine per measured k), each in a child process, and write ``out_json``:
     settings, measurements, ``bound_table``'s rows, versions and hardware.
@@ -215,13 +223,15 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
     ``draft_vocab_size``: the head's draft vocab (tokens); ``decisions_json``: the compat report's decisions
     (the head's aux layer ids and variant); ``gpus``: the job's GPUs (0 = vLLM's CPU backend); ``dtype``: the
     engine's (``auto`` = bf16 on GPUs, fp32 on CPU); ``context_tokens``: cached context per sequence (rounded
-    up to a multiple of 256, which every KV block size of vLLM divides).
+    up to a multiple of 256, which every KV block size of vLLM divides); ``decode_tokens``: output tokens per
+    request of the decode and speculative-step measurements (the job passes benchmark.max_tokens, the length the
+    benchmark's measured steps are checked at; time per output token falls with length, ``DECODE_TOKENS``).
 
     Raises:
         vllm_engine.VLLMUnavailable: no importable vLLM.
         artifacts.ArtifactError: ``decisions_json`` is missing or does not match its schema.
         ValueError: ``max_k`` below 1 (or ``auto`` with no ``benchmark_ks``), an empty ``concurrencies``, a
-            concurrency below 1, or a draft vocab larger than the target's.
+            concurrency below 1, ``decode_tokens`` below 2, or a draft vocab larger than the target's.
         RuntimeError: an engine failed, a context missed the prefix cache (``measure_in_engine``), or the
             head drafted nothing (``measure_speculative_steps``).
     """
@@ -230,12 +240,15 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
     ks = list(range(1, (max(benchmark_ks, default=0) if max_k == "auto" else int(max_k)) + 1))
     if not ks or not concurrencies or min(concurrencies) < 1:
         raise ValueError(f"preflight: ks {ks} and concurrencies {concurrencies} must be non-empty lists of integers >= 1")
+    if decode_tokens < 2:
+        raise ValueError(f"preflight: decode_tokens (benchmark.max_tokens) {decode_tokens} must be at least 2: a time per "
+                         "output token needs two output tokens")
     measured_ks = sorted(set(benchmark_ks) & set(ks)) or [max(ks)]
     vllm_engine.require_vllm(needed_by=os.fspath(out_json))
     decisions = Decisions.load(decisions_json)
     ctx = -(-context_tokens // 256) * 256
     k_max, c_max = max(ks), max(concurrencies)
-    max_len = ctx + DECODE_TOKENS + 16
+    max_len = ctx + decode_tokens + 16
 
     def engine(k: int, verify_tokens: int) -> dict:
         # every prefix stays cached while the other requests come and go; graphs up to one step's tokens
@@ -249,7 +262,7 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
 
     vocab = text_config(load_config(target_dir, trust_remote_code)).vocab_size
     common = {"concurrencies": sorted(set(concurrencies)), "context_tokens": ctx, "repeats": repeats,
-              "vocab_size": vocab, "seed": seed}
+              "vocab_size": vocab, "seed": seed, "decode_tokens": decode_tokens}
     eng = engine(0, k_max + 1)
     with tempfile.TemporaryDirectory(prefix="eagle3-preflight-") as tmp:
         measured = vllm_engine.run_child(ENTRY, {**common, "engine": eng, "verify_tokens": list(range(1, k_max + 2))},
@@ -276,7 +289,7 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
                            "context_tokens": ctx, "repeats": repeats, "dtype": eng["dtype"],
                            "draft_vocab_size": draft_vocab_size, "aux_layer_ids": decisions.aux_layer_ids,
                            "head_variant": decisions.head_variant,
-                           "tensor_parallel_size": eng["tensor_parallel_size"], "decode_tokens": DECODE_TOKENS},
+                           "tensor_parallel_size": eng["tensor_parallel_size"], "decode_tokens": decode_tokens},
               "target": {"dir_name": Path(target_dir).name, "served_name": served_name},
               "measured": {"engine_start_s": measured["engine_start_s"], "startup": measured.get("startup"),
                            "by_concurrency": measured["by_concurrency"]},
@@ -299,4 +312,5 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
         draft_vocab_size=s["vocab.draft_vocab_size"], served_name=s["target.served_name"],
         decisions_json=inputs["decisions"], dtype=s["target.serve_dtype"],
         gpus=resources.get("gpu", 0), context_tokens=s["preflight.context_tokens"], repeats=s["preflight.repeats"],
-        trust_remote_code=s["target.trust_remote_code"], pipeline_parallel_size=s["target.pipeline_parallel_size"])
+        trust_remote_code=s["target.trust_remote_code"], pipeline_parallel_size=s["target.pipeline_parallel_size"],
+        decode_tokens=s["benchmark.max_tokens"])
