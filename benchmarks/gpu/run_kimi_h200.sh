@@ -90,7 +90,8 @@ for step in "$@"; do
         left=$(( deadline - $(date +%s) )); [ "$left" -lt 90 ] && break
         timeout -k 10 "$(( left - 25 ))" python3 benchmarks/decode_step_ab.py $t --gpus 1 \
           --json "$OUT/r/decode_ab_$(basename $t).json" >> "$OUT/r/decode_ab.log" 2>&1
-        echo "decodeab $(basename $t) rc $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
+        rc=$?  # before the $(basename) below, which resets $? (call 16 logged rc 0 for a run its timeout killed)
+        echo "decodeab $(basename $t) rc $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
       done
       continue ;;
   head) cfg="$G/kimi_k25_card.yaml"; extra=(results/kimi-k25-card/preflight.json results/kimi-k25-card/compat.md

@@ -59,11 +59,12 @@ OUTPUT_VERSION = 5  # 2: the whole step measured with an untrained head in vLLM 
 SCHEMA = "eagle3build.preflight/1"
 ENTRY = "eagle3build.compat.preflight_bound:measure_in_engine"
 SPEC_ENTRY = "eagle3build.compat.preflight_bound:measure_speculative_steps"
-# Output tokens per request of the decode and speculative-step measurements where none is given: the benchmark's
-# own length is (``preflight(decode_tokens=...)``, the job's benchmark.max_tokens). Time per output token falls with
-# the request's length: the bundled target on an H200 (vLLM 0.26.0, benchmarks/gpu/h200_decode_step_ab_smollm2.json)
-# read 2.30 ms a token over 32 tokens and 1.73 over 96 in one engine (2.46 / 1.88 in the pre-flight's engine size),
-# so a pre-flight timed at 32 tokens against a benchmark at 96 missed the decode step by 18-23 % (issue 37).
+# Output tokens per request of the decode and speculative-step measurements where none is given; the job passes
+# the benchmark's cap, benchmark.max_tokens, the length the benchmark's steps are checked at. Time per output token
+# falls with a request's length: the bundled target at one request in flight on an H200 (vLLM 0.26.0,
+# benchmarks/gpu/h200_decode_step_ab_smollm2.json) read 2.30 ms a token over 32 tokens and 1.73 over 96 in one engine
+# (2.46 and 1.88 in the pre-flight's engine size), and a pre-flight timed at 32 tokens read the decode step 23 % above
+# the benchmark's at 96 (2.39 against 1.95 ms; benchmarks/gpu/kimi_h200.md, calls 12-16).
 DECODE_TOKENS = 32
 
 
@@ -225,7 +226,8 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
     engine's (``auto`` = bf16 on GPUs, fp32 on CPU); ``context_tokens``: cached context per sequence (rounded
     up to a multiple of 256, which every KV block size of vLLM divides); ``decode_tokens``: output tokens per
     request of the decode and speculative-step measurements (the job passes benchmark.max_tokens, the length the
-    benchmark's measured steps are checked at; time per output token falls with length, ``DECODE_TOKENS``).
+    benchmark's measured steps are checked at, a cap the benchmark's requests may stop before; default
+    ``DECODE_TOKENS``).
 
     Raises:
         vllm_engine.VLLMUnavailable: no importable vLLM.
