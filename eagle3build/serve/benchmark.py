@@ -252,14 +252,8 @@ def best_ks(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int], 
         KeyError: ``sweep`` lacks k 0, or ``sweep`` or ``baseline`` lacks a concurrency.
     """
 
-    def useful(k: int, c: int) -> bool:
-        if taus is None:
-            return True
-        t = taus.get(k, {}).get(c)
-        return t is not None and t > 1.0  # None: the engine drafted nothing there
-
     def choose(c: int) -> int:
-        k, tps = max(((k, by_c[c]) for k, by_c in sweep.items() if k and useful(k, c)),
+        k, tps = max(((k, by_c[c]) for k, by_c in sweep.items() if k and _accepted(taus, k, c)),
                      key=lambda kv: (kv[1], -kv[0]), default=(0, sweep[0][c]))
         return k if tps > sweep[0][c] else 0
 
@@ -287,12 +281,21 @@ def parallel_k(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int
     """
     best, best_gain = 0, 0.0
     for k in sorted(k for k in sweep if k):
-        if taus is not None and not any((taus.get(k, {}).get(c) or 1.0) > 1.0 for c in concurrencies):
+        if not any(_accepted(taus, k, c) for c in concurrencies):
             continue
         gain = _log_gain({c: sweep[k][c] for c in concurrencies}, baseline)
         if gain > best_gain:
             best, best_gain = k, gain
     return best
+
+
+def _accepted(taus: Mapping[int, Mapping[int, float | None]] | None, k: int, c: int) -> bool:
+    """Whether k's drafts were accepted at concurrency c (τ above 1; τ None: the engine drafted nothing there);
+    True where no τ are given (``best_ks``, ``parallel_k``)."""
+    if taus is None:
+        return True
+    t = taus.get(k, {}).get(c)
+    return t is not None and t > 1.0
 
 
 def _log_gain(tps: Mapping[int, float], baseline: Mapping[int, float]) -> float:
