@@ -91,9 +91,16 @@ def train_command(cfg: dict, target: str, data: Path, save: Path, log_dir: Path,
     """speculators' training command for the run's settings (``python -m speculators.train`` with its flags,
     speculators/train/config/schema.py): each ``train`` setting speculators has a flag for (epochs, lr, weight
     decay of both optimizer groups, schedule and warm-up ratio, TTT steps and their loss decay, tokens per step,
-    seed, max steps), the draft vocabulary size, the compat report's aux layers, full attention in the one draft
-    layer (``--full-attention-indices 0``: speculators' default is a 2,048-token sliding window, which our heads do
-    not have), every row's hidden states required (``--on-missing raise``), no resume (``save`` starts empty)."""
+    seed, max steps, the loss implementation), the draft vocabulary size, the compat report's aux layers, full
+    attention in the one draft layer (``--full-attention-indices 0``: speculators' default is a 2,048-token sliding
+    window, which our heads do not have), every row's hidden states required (``--on-missing raise``), no resume
+    (``save`` starts empty).
+
+    The loss implementation is the run's ``train.loss_implementation`` (``eager`` by default), not speculators'
+    default ``fused``: on the lent H200 (torch 2.11.0+cu130, 2026-12-05) the fused KL kernel failed inside the
+    draft's compiled forward (speculators/losses/fused.py:343, ``loss_backward_kernel`` launched in the autograd
+    backward; torch/_dynamo/side_effects.py:418 asserts that its autotune ``configs`` list, shared with
+    ``loss_forward_kernel``, is "already tracked for mutation"), and our own train_draft trains with the same loss."""
     t = cfg["train"]
     cmd = [sys.executable, "-m", "speculators.train", "--verifier-name-or-path", target, "--data-path", str(data),
            "--save-path", str(save), "--log-dir", str(log_dir), "--speculator-type", "eagle3",
@@ -104,7 +111,7 @@ def train_command(cfg: dict, target: str, data: Path, save: Path, log_dir: Path,
            "--ttt-steps", str(t["ttt_steps"]), "--ttt-step-loss-decay", str(t["ttt_step_loss_decay"]),
            "--total-seq-len", str(t["total_seq_len"]), "--seed", str(t["seed"]),
            "--train-data-ratio", repr(ratio), "--on-missing", "raise", "--num-workers", str(num_workers),
-           "--no-resume-from-checkpoint"]
+           "--no-resume-from-checkpoint", "--loss-implementation", t["loss_implementation"]]
     if t["schedule"] == "cosine":
         cmd += ["--scheduler-warmup-ratio", str(t["warmup_ratio"])]
     if t.get("max_steps"):

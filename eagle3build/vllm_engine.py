@@ -426,13 +426,15 @@ def decode_greedy(spec: dict) -> dict:
     # sampling path (6x fewer tokens/s measured here).
     sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
     msgs = [p["messages"] for p in spec["prompts"]]
-    # warm-up, excluded from timing and counters below: as many requests as will be in flight, so the
-    # batch shapes the timed groups use (and an MoE target's Triton kernels for them) are compiled first
     groups = spec.get("sets") or [{"name": None, "count": len(msgs)}]
-    warm = max(min(spec.get("concurrency") or g["count"], g["count"]) for g in groups)
-    llm.chat(msgs[:max(1, warm)], sp, use_tqdm=False)
     if sum(g["count"] for g in groups) != len(msgs):
         raise ValueError(f"sets {groups} do not partition the {len(msgs)} prompts")
+    i0, batches = 0, []
+    for g in groups:  # the timed calls' batches: each group's prompts, `concurrency` at a time
+        n = spec.get("concurrency") or g["count"]
+        batches += [msgs[i:i + n] for i in range(i0, i0 + g["count"], n)]
+        i0 += g["count"]
+    warm_up(llm, batches, sp)
     speculative = bool(spec.get("speculative_config"))
     per_set, all_outs, all_counters, total_wall, i0 = {}, [], {}, 0.0, 0
     for g in groups:
@@ -447,6 +449,31 @@ def decode_greedy(spec: dict) -> dict:
     if spec.get("sets"):
         res["sets"] = per_set
     return res
+
+
+def warm_up(llm, batches: list[list], sp) -> None:
+    """Untimed, before a timed decode of ``batches`` (lists of chat prompts, each list one ``llm.chat`` call, in
+    the timed order) with ``SamplingParams`` ``sp``: the largest batch decoded at full length (the decode path at
+    that many requests in flight), then every batch again at 2 output tokens (each batch's prefill shape and one
+    decode or verify step), then vLLM's prefix cache emptied, so that the timed prefills are computed, not read
+    from the cache. vLLM's counters move; callers read them as deltas around the timed calls.
+
+    Why every batch: an MoE target's Triton kernels (vLLM's ``fused_moe_kernel``) are compiled on the first use
+    of each prefill shape. On the H200 (vLLM 0.26.0) with a cold Triton cache, the Kimi-shaped target's time to
+    first token read 0.46-0.54 s against 0.05-0.12 s warm, and the baseline's output tokens/s 139 against 369
+    (benchmarks/gpu/kimi_h200.md, calls 10, 16 and 20), when the warm-up was one batch.
+
+    Raises:
+        RuntimeError: vLLM did not empty its prefix cache (``LLM.reset_prefix_cache`` returned False).
+    """
+    from vllm import SamplingParams
+
+    llm.chat(max(batches, key=len), sp, use_tqdm=False)
+    short = SamplingParams(temperature=sp.temperature, max_tokens=2)
+    for b in batches:
+        llm.chat(b, short, use_tqdm=False)
+    if llm.reset_prefix_cache() is False:
+        raise RuntimeError("vLLM did not empty its prefix cache after the warm-up (LLM.reset_prefix_cache)")
 
 
 def _timed_chat(llm, msgs: list, in_flight: int, sp):
@@ -475,7 +502,7 @@ def decode_sweep(spec: dict) -> dict:
     llm, start_s = start_engine(spec["engine"], speculative_config=spec.get("speculative_config"))
     sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
     msgs = [p["messages"] for p in spec["prompts"]]
-    llm.chat(msgs[:max(spec["concurrencies"])], sp, use_tqdm=False)  # warm-up of the largest batch's shapes
+    warm_up(llm, [msgs[i:i + c] for c in spec["concurrencies"] for i in range(0, len(msgs), c)], sp)
     speculative = bool(spec.get("speculative_config"))
     by_c = {}
     for c in spec["concurrencies"]:

@@ -137,6 +137,11 @@ class FakeLLM:
     def __init__(self):
         self.c = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0, 0]}
         self.t = 0.0
+        self.resets = 0
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+        return True
 
     def chat(self, msgs, sp, use_tqdm=False):
         outs = []
@@ -205,11 +210,31 @@ def test_decode_sweep_counts_each_concurrency_on_its_own(monkeypatch):
     prompts = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(4)]
     res = vllm_engine.decode_sweep({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrencies": [1, 4],
                                     "speculative_config": {"method": "eagle3"}})
-    assert calls == [4, 1, 1, 1, 1, 4]  # warm-up of 4, then 4 calls of one, then one call of 4
+    # warm-up: the batch of 4 at full length, every timed batch at 2 tokens (4 of one, one of 4), the prefix
+    # cache emptied; then the timed calls: 4 calls of one, one call of 4
+    assert calls == [4, 1, 1, 1, 1, 4] + [1, 1, 1, 1, 4] and llm.resets == 1
     assert sorted(res["by_concurrency"]) == ["1", "4"] and res["engine_start_s"] == 2.0
     for f in res["by_concurrency"].values():
         assert (f["drafts"], f["accepted_tokens"], f["output_tokens"]) == (8, 12, 16)
         assert f["mean_acceptance_length"] == pytest.approx(2.5) and "token_ids" not in f
+
+
+def test_warm_up_covers_every_timed_batch_then_empties_the_prefix_cache():
+    """The warm-up decodes the largest batch at full length, then each timed batch at 2 output tokens (its
+    prefill shape: an MoE target's Triton kernels compile per shape), then empties vLLM's prefix cache so the
+    timed prefills are computed; an engine that keeps its cache is refused."""
+    pytest.importorskip("vllm")
+    from vllm import SamplingParams
+
+    llm, seen = FakeLLM(), []
+    chat = llm.chat
+    llm.chat = lambda msgs, sp, use_tqdm=False: seen.append((len(msgs), sp.max_tokens)) or chat(msgs, sp)
+    a, b, c = ([{"role": "user", "content": t}] for t in "abc")
+    vllm_engine.warm_up(llm, [[a], [b, c], [a]], SamplingParams(temperature=0.0, max_tokens=96))
+    assert seen == [(2, 96), (1, 2), (2, 2), (1, 2)] and llm.resets == 1
+    llm.reset_prefix_cache = lambda: False
+    with pytest.raises(RuntimeError, match="prefix cache"):
+        vllm_engine.warm_up(llm, [[a]], SamplingParams(temperature=0.0, max_tokens=8))
 
 
 def _fake_engines(calls, top, changed=(1, 3)):

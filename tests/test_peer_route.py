@@ -179,6 +179,7 @@ def test_peer_route_dry_run(tiny_shards, tiny_target, tmp_path):
     assert (y["scheduler"]["scheduler_type"], y["scheduler"]["scheduler_warmup_ratio"]) == ("cosine", 0.1)
     assert y["trainer"]["epochs"] == 1 and y["trainer"]["no_resume_from_checkpoint"] is True
     assert y["generation"]["on_missing"] == "raise"
+    assert y["loss"]["loss_implementation"] == "eager"  # the run's (config.yaml), not speculators' default "fused"
     head = json.loads((tmp_path / "peer/head/config.json").read_text())
     assert head["speculators_model_type"] == "eagle3" and head["draft_vocab_size"] == 32
     assert head["eagle_aux_hidden_state_layer_ids"] == TINY_AUX
