@@ -192,6 +192,8 @@ def test_preflight_on_vllm_cpu(tmp_path, smol_target):
     for c in ("1", "2"):
         m = res["measured"]["by_concurrency"][c]
         assert sorted(m["forward_s"]) == ["1", "2", "3"] and m["decode_step_s"] > 0
+        assert 0 < m["decode_step_s_min"] <= m["decode_step_s"] <= m["decode_step_s_max"]
+        assert m["decode_step_s_second_pass"] > 0
         assert all(v >= 256 for v in m["cached_tokens_min"].values())
         s = res["speculative"]["2"]["by_concurrency"][c]
         assert s["drafts"] > 0 and 1 <= s["tau"] <= 3 and s["step_s"] == pytest.approx(s["tpot_s"] * s["tau"])

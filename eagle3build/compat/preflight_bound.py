@@ -54,8 +54,10 @@ from ..step_costs import bound_table
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
-OUTPUT_VERSION = 5  # 2: the whole step measured with an untrained head in vLLM (no eager stand-in); 3: its spread;
-# 4: measured.startup.model_runner (vllm_engine.startup_breakdown); 5: decode length = benchmark.max_tokens
+# 2: the whole step measured with an untrained head in vLLM (no eager stand-in); 3: its spread;
+# 4: measured.startup.model_runner (vllm_engine.startup_breakdown); 5: decode length = benchmark.max_tokens;
+# 6: the decode step's spread and second pass (decode_step_s_min / _max / _second_pass)
+OUTPUT_VERSION = 6
 SCHEMA = "eagle3build.preflight/1"
 ENTRY = "eagle3build.compat.preflight_bound:measure_in_engine"
 SPEC_ENTRY = "eagle3build.compat.preflight_bound:measure_speculative_steps"
@@ -115,8 +117,10 @@ def measure_in_engine(spec: dict) -> dict:
     (output tokens per request of the decode measurement, ``DECODE_TOKENS`` where absent) and
     ``decode_lengths``: more output lengths (tokens) to time the decode step at, each concurrency then also gets
     ``decode_step_s_by_length`` (``{str(tokens): s}``; ``benchmarks/decode_step_ab.py``). Returns
-    ``{"engine_start_s", "by_concurrency": {c: {"decode_step_s", "forward_s": {n: s}, "cached_tokens_min":
-    {n: int}}}}``, seconds as medians over the requests of ``repeats`` calls.
+    ``{"engine_start_s", "by_concurrency": {c: {"decode_step_s", "decode_step_s_min", "decode_step_s_max",
+    "decode_step_s_second_pass", "forward_s": {n: s}, "cached_tokens_min": {n: int}}}}``, seconds as medians over
+    the requests of ``repeats`` calls (min / max: over those requests; the second pass: the decode step timed
+    again in the same engine after every concurrency's n-token steps, the engine's own repeatability).
 
     Raises:
         RuntimeError: the engine served no per-request timestamps (stats logging off), or a step's
@@ -128,11 +132,12 @@ def measure_in_engine(spec: dict) -> dict:
     req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
     one = SamplingParams(max_tokens=1, temperature=0.0)
     out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
-    ctx = int(spec["context_tokens"])
+    ctx, tokens = int(spec["context_tokens"]), int(spec.get("decode_tokens", DECODE_TOKENS))
+    prefixes_by_c = {}
     for c in spec["concurrencies"]:
-        prefixes = [req.fresh(ctx) for _ in range(c)]
+        prefixes = prefixes_by_c[c] = [req.fresh(ctx) for _ in range(c)]
         req.gen(prefixes, one)  # fills the prefix cache (and warms up)
-        decode = req.decode_steps(prefixes, spec["repeats"], int(spec.get("decode_tokens", DECODE_TOKENS)))
+        decode = req.decode_steps(prefixes, spec["repeats"], tokens)
         fwd, cached = {}, {}
         for n in spec["verify_tokens"]:
             req.gen([p + req.fresh(n) for p in prefixes], one)  # warm-up of this shape
@@ -147,14 +152,23 @@ def measure_in_engine(spec: dict) -> dict:
                                    "cache large enough, context_tokens a multiple of the block size?)")
             fwd[str(n)] = statistics.median(vals)
             cached[str(n)] = min(hits)
-        out["by_concurrency"][str(c)] = {"decode_step_s": statistics.median(decode), "forward_s": fwd,
+        out["by_concurrency"][str(c)] = {"decode_step_s": statistics.median(decode), "decode_step_s_min": min(decode),
+                                         "decode_step_s_max": max(decode), "forward_s": fwd,
                                          "cached_tokens_min": cached}
         if spec.get("decode_lengths"):
             out["by_concurrency"][str(c)]["decode_step_s_by_length"] = {
                 str(t): statistics.median(req.decode_steps(prefixes, spec["repeats"], int(t)))
                 for t in spec["decode_lengths"]}
-        log.info("c=%d: decode step %.3f ms, n-token steps %s ms", c, 1e3 * statistics.median(decode),
+        log.info("c=%d: decode step %.3f ms (requests %.3f-%.3f ms), n-token steps %s ms", c,
+                 1e3 * statistics.median(decode), 1e3 * min(decode), 1e3 * max(decode),
                  {n: round(1e3 * v, 3) for n, v in fwd.items()})
+    # the decode step again, after everything else in this engine: on the H200 the c = 1 decode step over 96 tokens
+    # of the bundled target read 1.44 and 1.875 ms in two engines of the same shape (benchmarks/gpu/kimi_h200.md,
+    # calls 17-20); a second pass tells an engine's drift within its life from the spread between instances
+    for c, prefixes in prefixes_by_c.items():
+        second = statistics.median(req.decode_steps(prefixes, spec["repeats"], tokens))
+        out["by_concurrency"][str(c)]["decode_step_s_second_pass"] = second
+        log.info("c=%d: decode step, second pass %.3f ms", c, 1e3 * second)
     return out
 
 
