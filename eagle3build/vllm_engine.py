@@ -397,11 +397,15 @@ def format_startup(st: dict, process_s: float | None = None) -> str:
 
 
 def start_engine(engine: dict, **kwargs):
-    """``vllm.LLM(**engine, **kwargs)`` and the seconds it took to start. Call inside the child."""
+    """``vllm.LLM(**engine, **kwargs)`` and the seconds it took to start. Call inside the child.
+
+    Every kernel compiled after the engine's warm-up is logged (``jit_monitor_verbose``, an engine argument of
+    vLLM 0.26 and 0.32, ``vllm/config/observability.py``; without it vLLM logs each kernel's name once), so a
+    timed call that compiles shows it in the job's log; ``engine`` can set it False."""
     from vllm import LLM
 
     t0 = time.perf_counter()
-    llm = LLM(**engine, **kwargs)
+    llm = LLM(**{"jit_monitor_verbose": True, **engine}, **kwargs)
     return llm, time.perf_counter() - t0
 
 
@@ -413,11 +417,16 @@ def decode_greedy(spec: dict) -> dict:
     ``sets``: ``[{"name": str, "count": int}]``, consecutive groups of ``prompts`` (counts sum to
     ``len(prompts)``). Each group is decoded on its own, one after the other in the same engine,
     with wall time and vLLM's (engine-global) spec-decode counters read before and after it, so
-    each group gets its own figures; without ``sets`` all prompts are one group.
+    each group gets its own figures; without ``sets`` all prompts are one group. The timed calls follow
+    ``warm_up`` over the same batches (the groups' prompts, ``concurrency`` at a time).
     Returns per-run figures over all prompts: engine start and wall seconds (sum over groups),
     output tokens and tokens/s, request latency / TTFT / TPOT summaries, token ids and texts; with
     a drafter also vLLM's spec-decode counters, τ = 1 + accepted / drafts (EAGLE-3 paper) and
     acceptance rates. With ``sets`` also ``"sets": {name: the same figures for that group}``.
+
+    Raises:
+        ValueError: the ``sets`` counts do not sum to the number of prompts.
+        RuntimeError: vLLM did not empty its prefix cache after the warm-up (``_empty_prefix_cache``).
     """
     from vllm import SamplingParams
 
@@ -429,18 +438,17 @@ def decode_greedy(spec: dict) -> dict:
     groups = spec.get("sets") or [{"name": None, "count": len(msgs)}]
     if sum(g["count"] for g in groups) != len(msgs):
         raise ValueError(f"sets {groups} do not partition the {len(msgs)} prompts")
-    i0, batches = 0, []
-    for g in groups:  # the timed calls' batches: each group's prompts, `concurrency` at a time
-        n = spec.get("concurrency") or g["count"]
-        batches += [msgs[i:i + n] for i in range(i0, i0 + g["count"], n)]
-        i0 += g["count"]
-    warm_up(llm, batches, sp)
-    speculative = bool(spec.get("speculative_config"))
-    per_set, all_outs, all_counters, total_wall, i0 = {}, [], {}, 0.0, 0
+    parts, i0 = [], 0
     for g in groups:
-        part = msgs[i0:i0 + g["count"]]
+        parts.append(msgs[i0:i0 + g["count"]])
         i0 += g["count"]
-        outs, wall, counters = _timed_chat(llm, part, spec.get("concurrency") or len(part), sp)
+    in_flight = [spec.get("concurrency") or len(part) for part in parts]
+    # one pass: the groups are timed one after the other without emptying the prefix cache between them
+    warm_up(llm, [[b for part, n in zip(parts, in_flight) for b in _batches(part, n)]], sp)
+    speculative = bool(spec.get("speculative_config"))
+    per_set, all_outs, all_counters, total_wall = {}, [], {}, 0.0
+    for g, part, n in zip(groups, parts, in_flight):
+        outs, wall, counters = _timed_chat(llm, part, n, sp)
         per_set[g["name"]] = _run_figures(outs, wall, counters, speculative)
         all_outs += outs
         total_wall += wall
@@ -451,29 +459,53 @@ def decode_greedy(spec: dict) -> dict:
     return res
 
 
-def warm_up(llm, batches: list[list], sp) -> None:
-    """Untimed, before a timed decode of ``batches`` (lists of chat prompts, each list one ``llm.chat`` call, in
-    the timed order) with ``SamplingParams`` ``sp``: the largest batch decoded at full length (the decode path at
-    that many requests in flight), then every batch again at 2 output tokens (each batch's prefill shape and one
-    decode or verify step), then vLLM's prefix cache emptied, so that the timed prefills are computed, not read
-    from the cache. vLLM's counters move; callers read them as deltas around the timed calls.
+def _batches(msgs: list, in_flight: int) -> list[list]:
+    """``msgs`` in consecutive batches of ``in_flight`` (the last may be shorter): one ``llm.chat`` call each."""
+    return [msgs[i:i + in_flight] for i in range(0, len(msgs), in_flight)]
 
-    Why every batch: an MoE target's Triton kernels (vLLM's ``fused_moe_kernel``) are compiled on the first use
-    of each prefill shape. On the H200 (vLLM 0.26.0) with a cold Triton cache, the Kimi-shaped target's time to
-    first token read 0.46-0.54 s against 0.05-0.12 s warm, and the baseline's output tokens/s 139 against 369
-    (benchmarks/gpu/kimi_h200.md, calls 10, 16 and 20), when the warm-up was one batch.
+
+def _empty_prefix_cache(llm) -> None:
+    """vLLM's prefix cache emptied (``LLM.reset_prefix_cache``, vLLM 0.26 and 0.32: a bool).
 
     Raises:
-        RuntimeError: vLLM did not empty its prefix cache (``LLM.reset_prefix_cache`` returned False).
+        RuntimeError: vLLM did not empty it (blocks still held by a request).
     """
-    from vllm import SamplingParams
-
-    llm.chat(max(batches, key=len), sp, use_tqdm=False)
-    short = SamplingParams(temperature=sp.temperature, max_tokens=2)
-    for b in batches:
-        llm.chat(b, short, use_tqdm=False)
     if llm.reset_prefix_cache() is False:
-        raise RuntimeError("vLLM did not empty its prefix cache after the warm-up (LLM.reset_prefix_cache)")
+        raise RuntimeError("vLLM did not empty its prefix cache (LLM.reset_prefix_cache returned False)")
+
+
+def warm_up(llm, passes: list[list[list]], sp) -> None:
+    """Untimed, before timed decodes: ``passes`` are the timed passes, each a list of batches (lists of chat
+    prompts, one ``llm.chat`` call each, in the timed order) that starts from an empty prefix cache; ``sp`` the
+    timed ``SamplingParams``. The largest batch is decoded at full length (the decode path at that many requests
+    in flight); then, for each pass, the prefix cache is emptied and every batch decoded again at 2 output tokens
+    (its prefill, with the same cache state as its timed call, and one decode or verify step); then the cache is
+    emptied, so that the timed prefills are computed, not read from this warm-up (prompts within a pass still
+    share what they share, such as a chat template's system prompt). vLLM's counters move; callers read them as
+    deltas around the timed calls.
+
+    Why every batch: on the H200 (vLLM 0.26.0) the Kimi-shaped target's benchmark, when it was the machine's first
+    on that target and its warm-up was one batch, decoded at normal speed per output token but its first tokens
+    took 0.46-0.54 s against 0.05-0.12 s in later attempts over the same prompts (benchmarks/gpu/kimi_h200.md,
+    calls 10, 16 and 20). Prefill shapes new to the engine are one candidate (vLLM compiles an MoE target's Triton
+    kernels on first use); `start_engine` logs every compile, so the next run on the card shows whether any still
+    falls in the timed calls.
+
+    Raises:
+        ValueError: no batch in ``passes``.
+        RuntimeError: vLLM did not empty its prefix cache (``_empty_prefix_cache``).
+    """
+    batches = [b for p in passes for b in p]
+    if not batches:
+        raise ValueError("warm_up: no batch to warm up")
+    llm.chat(max(batches, key=len), sp, use_tqdm=False)
+    short = sp.clone()
+    short.max_tokens = 2
+    for p in passes:
+        _empty_prefix_cache(llm)
+        for b in p:
+            llm.chat(b, short, use_tqdm=False)
+    _empty_prefix_cache(llm)
 
 
 def _timed_chat(llm, msgs: list, in_flight: int, sp):
@@ -481,7 +513,7 @@ def _timed_chat(llm, msgs: list, in_flight: int, sp):
     spec-decode counter deltas over the calls)``."""
     before = spec_counters(llm.get_metrics())
     t1 = time.perf_counter()
-    outs = [o for i in range(0, len(msgs), in_flight) for o in llm.chat(msgs[i:i + in_flight], sp, use_tqdm=False)]
+    outs = [o for b in _batches(msgs, in_flight) for o in llm.chat(b, sp, use_tqdm=False)]
     wall = time.perf_counter() - t1
     return outs, wall, counter_delta(spec_counters(llm.get_metrics()), before)
 
@@ -492,20 +524,24 @@ def decode_sweep(spec: dict) -> dict:
 
     ``spec``: ``engine`` (``engine_args``, sized for the largest concurrency), ``prompts``
     (``[{"id", "messages"}]``), ``max_tokens``, ``concurrencies`` (requests in flight, each >= 1), optionally
-    ``speculative_config``. After one warm-up call of as many requests as the largest concurrency, for each
-    concurrency ``c`` the prompts are decoded ``c`` at a time. Returns ``{"engine_start_s", "by_concurrency":
-    {str(c): {"wall_s", "output_tokens", "output_tokens_per_s", ..., and with a drafter τ and acceptance}}}``
-    (``_run_figures`` less token ids and texts).
+    ``speculative_config``. After the warm-up (``warm_up``: every concurrency's batches), for each concurrency
+    ``c`` the prefix cache is emptied and the prompts are decoded ``c`` at a time. Returns ``{"engine_start_s",
+    "by_concurrency": {str(c): {"wall_s", "output_tokens", "output_tokens_per_s", ..., and with a drafter τ and
+    acceptance}}}`` (``_run_figures`` less token ids and texts).
+
+    Raises:
+        RuntimeError: vLLM did not empty its prefix cache (``_empty_prefix_cache``).
     """
     from vllm import SamplingParams
 
     llm, start_s = start_engine(spec["engine"], speculative_config=spec.get("speculative_config"))
     sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
     msgs = [p["messages"] for p in spec["prompts"]]
-    warm_up(llm, [msgs[i:i + c] for c in spec["concurrencies"] for i in range(0, len(msgs), c)], sp)
+    warm_up(llm, [_batches(msgs, c) for c in spec["concurrencies"]], sp)
     speculative = bool(spec.get("speculative_config"))
     by_c = {}
     for c in spec["concurrencies"]:
+        _empty_prefix_cache(llm)  # each concurrency's prefills computed, as the first one's
         fig = _run_figures(*_timed_chat(llm, msgs, c, sp), speculative)
         for key in ("token_ids", "prompt_token_ids", "texts"):
             fig.pop(key)

@@ -176,7 +176,7 @@ def test_decode_greedy_splits_counters_per_set(monkeypatch):
                                      "speculative_config": {"method": "eagle3"},
                                      "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 2}]})
     c, h = res["sets"]["chat"], res["sets"]["humaneval"]
-    # the warm-up request (a chat prompt) is excluded: 3 chat requests -> 6 drafts, 9 accepted
+    # the warm-up requests are excluded: 3 chat requests -> 6 drafts, 9 accepted
     assert (c["drafts"], c["draft_tokens"], c["accepted_tokens"], c["accepted_per_position"]) == (6, 12, 9, [6, 3])
     assert c["mean_acceptance_length"] == pytest.approx(1 + 9 / 6) and c["acceptance_rate_per_position"] == [1.0, 0.5]
     assert (h["drafts"], h["accepted_tokens"], h["accepted_per_position"]) == (4, 2, [2, 0])
@@ -194,8 +194,8 @@ def test_decode_greedy_splits_counters_per_set(monkeypatch):
 
 
 def test_decode_sweep_counts_each_concurrency_on_its_own(monkeypatch):
-    """The same prompts at each concurrency, c at a time, after a warm-up of the largest batch: each
-    concurrency's counters and tokens are its own (the FakeLLM's 2 drafts and 3 accepted per request)."""
+    """The same prompts at each concurrency, c at a time, after the warm-up: each concurrency's counters and
+    tokens are its own (the FakeLLM's 2 drafts and 3 accepted per request)."""
     pytest.importorskip("vllm")
     llm = FakeLLM()
     calls = []
@@ -210,9 +210,10 @@ def test_decode_sweep_counts_each_concurrency_on_its_own(monkeypatch):
     prompts = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(4)]
     res = vllm_engine.decode_sweep({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrencies": [1, 4],
                                     "speculative_config": {"method": "eagle3"}})
-    # warm-up: the batch of 4 at full length, every timed batch at 2 tokens (4 of one, one of 4), the prefix
-    # cache emptied; then the timed calls: 4 calls of one, one call of 4
-    assert calls == [4, 1, 1, 1, 1, 4] + [1, 1, 1, 1, 4] and llm.resets == 1
+    # warm-up: the batch of 4 at full length, then every timed batch at 2 tokens (4 of one, one of 4), each
+    # concurrency from an empty prefix cache; then the timed calls, each concurrency from an empty cache: 4 calls
+    # of one, one call of 4
+    assert calls == [4, 1, 1, 1, 1, 4] + [1, 1, 1, 1, 4] and llm.resets == 3 + 2
     assert sorted(res["by_concurrency"]) == ["1", "4"] and res["engine_start_s"] == 2.0
     for f in res["by_concurrency"].values():
         assert (f["drafts"], f["accepted_tokens"], f["output_tokens"]) == (8, 12, 16)
@@ -220,21 +221,43 @@ def test_decode_sweep_counts_each_concurrency_on_its_own(monkeypatch):
 
 
 def test_warm_up_covers_every_timed_batch_then_empties_the_prefix_cache():
-    """The warm-up decodes the largest batch at full length, then each timed batch at 2 output tokens (its
-    prefill shape: an MoE target's Triton kernels compile per shape), then empties vLLM's prefix cache so the
-    timed prefills are computed; an engine that keeps its cache is refused."""
+    """The warm-up decodes the largest batch at full length, then each pass's batches at 2 output tokens from an
+    empty prefix cache (each prefill as in its timed call: an MoE target's kernels compile per shape), then
+    empties the cache so the timed prefills are computed; an engine that keeps its cache is refused."""
     pytest.importorskip("vllm")
     from vllm import SamplingParams
 
     llm, seen = FakeLLM(), []
-    chat = llm.chat
+    chat, reset = llm.chat, llm.reset_prefix_cache
     llm.chat = lambda msgs, sp, use_tqdm=False: seen.append((len(msgs), sp.max_tokens)) or chat(msgs, sp)
+    llm.reset_prefix_cache = lambda: seen.append("reset") or reset()
     a, b, c = ([{"role": "user", "content": t}] for t in "abc")
-    vllm_engine.warm_up(llm, [[a], [b, c], [a]], SamplingParams(temperature=0.0, max_tokens=96))
-    assert seen == [(2, 96), (1, 2), (2, 2), (1, 2)] and llm.resets == 1
+    sp = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
+    vllm_engine.warm_up(llm, [[[a], [b, c]], [[a]]], sp)
+    assert seen == [(2, 96), "reset", (1, 2), (2, 2), "reset", (1, 2), "reset"]
+    assert sp.max_tokens == 96  # the timed params are left as they were
     llm.reset_prefix_cache = lambda: False
     with pytest.raises(RuntimeError, match="prefix cache"):
-        vllm_engine.warm_up(llm, [[a]], SamplingParams(temperature=0.0, max_tokens=8))
+        vllm_engine.warm_up(llm, [[[a]]], SamplingParams(temperature=0.0, max_tokens=8))
+    with pytest.raises(ValueError, match="no batch"):
+        vllm_engine.warm_up(llm, [[]], sp)
+
+
+def test_decode_greedy_times_each_set_in_its_own_batches(monkeypatch):
+    """Sets of 3 and 4 prompts at 2 in flight: the warm-up and the timed calls use the same batches, none across
+    two sets (3 = 2 + 1, 4 = 2 + 2)."""
+    pytest.importorskip("vllm")
+    llm, calls = FakeLLM(), []
+    chat = llm.chat
+    llm.chat = lambda msgs, sp, use_tqdm=False: calls.append(([m[-1]["content"] for m in msgs], sp.max_tokens)) \
+        or chat(msgs, sp)
+    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine, **kw: (llm, 1.0))
+    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"p{i}"}]} for i in range(7)]
+    res = vllm_engine.decode_greedy({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrency": 2,
+                                     "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 4}]})
+    batches = [["p0", "p1"], ["p2"], ["p3", "p4"], ["p5", "p6"]]
+    assert calls == [(["p0", "p1"], 8)] + [(b, 2) for b in batches] + [(b, 8) for b in batches]
+    assert res["sets"]["chat"]["output_tokens"] == 12 and res["sets"]["humaneval"]["output_tokens"] == 16
 
 
 def _fake_engines(calls, top, changed=(1, 3)):

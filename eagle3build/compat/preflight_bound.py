@@ -164,7 +164,7 @@ def measure_in_engine(spec: dict) -> dict:
                  {n: round(1e3 * v, 3) for n, v in fwd.items()})
     # the decode step again, after everything else in this engine: on the H200 the c = 1 decode step over 96 tokens
     # of the bundled target read 1.44 and 1.875 ms in two engines of the same shape (benchmarks/gpu/kimi_h200.md,
-    # calls 17-20); a second pass tells an engine's drift within its life from the spread between instances
+    # calls 16 and 18); a second pass tells an engine's drift within its life from the spread between instances
     for c, prefixes in prefixes_by_c.items():
         second = statistics.median(req.decode_steps(prefixes, spec["repeats"], tokens))
         out["by_concurrency"][str(c)]["decode_step_s_second_pass"] = second

@@ -83,8 +83,9 @@ log = logging.getLogger(__name__)
 # 5: step_ms and step_cost_ratio per run and set; the pre-flight comparison's draft_cost for every head
 # 6: k_schedule served on vLLM's V1 runner, its sweep's k 0 the head held at k 0, the target alone as baseline;
 #    each run's startup.model_runner (P-EAGLE runs on V1, EAGLE-3 and DFlash on V2 for a dense target in vLLM 0.26)
-# 7: the warm-up decodes every timed batch's prefill before timing and empties the prefix cache
-#    (vllm_engine.warm_up: an MoE target's first-token times read 5-10x slow with a cold Triton cache)
+# 7: the warm-up decodes every timed batch's prefill before timing and empties the prefix cache (vllm_engine.warm_up:
+#    the Kimi-shaped target's first tokens read 5-10x slow in a machine's first benchmark on it); the sweep empties
+#    the prefix cache before each concurrency
 OUTPUT_VERSION = 7
 
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
