@@ -442,7 +442,7 @@ def decode_greedy(spec: dict) -> dict:
     for g in groups:
         parts.append(msgs[i0:i0 + g["count"]])
         i0 += g["count"]
-    in_flight = [spec.get("concurrency") or len(part) for part in parts]
+    in_flight = [spec.get("concurrency") or max(1, len(part)) for part in parts]  # a set may be empty
     # one pass: the groups are timed one after the other without emptying the prefix cache between them
     warm_up(llm, [[b for part, n in zip(parts, in_flight) for b in _batches(part, n)]], sp)
     speculative = bool(spec.get("speculative_config"))

@@ -258,6 +258,11 @@ def test_decode_greedy_times_each_set_in_its_own_batches(monkeypatch):
     batches = [["p0", "p1"], ["p2"], ["p3", "p4"], ["p5", "p6"]]
     assert calls == [(["p0", "p1"], 8)] + [(b, 2) for b in batches] + [(b, 8) for b in batches]
     assert res["sets"]["chat"]["output_tokens"] == 12 and res["sets"]["humaneval"]["output_tokens"] == 16
+    # all in flight (concurrency 0) with a set left empty (every prompt of it skipped): no call for it
+    calls.clear()
+    res = vllm_engine.decode_greedy({"engine": {}, "prompts": prompts[:3], "max_tokens": 8, "concurrency": 0,
+                                     "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 0}]})
+    assert [len(b) for b, _ in calls] == [3, 3, 3] and res["sets"]["humaneval"]["output_tokens"] == 0
 
 
 def _fake_engines(calls, top, changed=(1, 3)):
