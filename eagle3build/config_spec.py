@@ -446,6 +446,18 @@ KEYS: tuple[Key, ...] = (
         quiet_default=True,
     ),
     Key(
+        "draft.compare_methods",
+        {"type": "array", "items": {"type": "string", "enum": ["eagle3", "peagle", "dflash"]}, "uniqueItems": True},
+        [],
+        (
+            "other draft methods trained from this run's shards (results/<run>/methods/<method>/checkpoint and "
+            "head, each with this config's settings and its own draft.method) and served beside the run's head in "
+            "its benchmark, each named by its method; [] = none"
+        ),
+        {"benchmark": "trigger:benchmark"},
+        quiet_default=True,
+    ),
+    Key(
         "draft.peagle.num_depths",
         {"type": "integer", "minimum": 2},
         8,

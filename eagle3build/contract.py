@@ -307,12 +307,18 @@ RULE_ENTRIES: dict[str, str] = {
 }
 
 
+# Rules that run a stage's job on other paths (rules/*.smk ``use rule STAGE as RULE``): draft.compare_methods' heads
+STAGE_OF_RULE: dict[str, str] = {"train_draft_method": "train_draft", "export_head_method": "export_head"}
+
+
 def entry(rule: str) -> str:
-    """The entry (``module:function``) the adapter calls for ``rule``: its stage contract's, or ``RULE_ENTRIES``'.
+    """The entry (``module:function``) the adapter calls for ``rule``: its stage contract's (``STAGE_OF_RULE``
+    names the stage of a rule derived from one), or ``RULE_ENTRIES``'.
 
     Raises:
-        KeyError: ``rule`` is neither a stage nor in ``RULE_ENTRIES``.
+        KeyError: ``rule`` is neither a stage, nor derived from one, nor in ``RULE_ENTRIES``.
     """
+    rule = STAGE_OF_RULE.get(rule, rule)
     if rule in CONTRACTS:
         return CONTRACTS[rule].entry
     if rule in RULE_ENTRIES:

@@ -124,6 +124,26 @@ def check_compare_names(compare_heads: list[dict]) -> None:
                          "own head)")
 
 
+def method_heads(res: str, method: str, compare_methods: list[str], compare_heads: list[dict]) -> list[dict]:
+    """The heads of ``draft.compare_methods`` (``compare_methods``), trained from the run's shards beside its own
+    head of method ``method`` (``draft.method``), as ``benchmark.compare_heads`` entries: ``[{"name": m, "path":
+    f"{res}/methods/{m}/head"}]`` in the listed order (``res``: the run's results folder, results/<run>). Called
+    when planning (rules/common.smk: the benchmark's inputs) and by the benchmark job (the heads it serves).
+
+    Raises:
+        ValueError: a listed method is the run's own ``method``, is listed twice, or its name is one of
+            ``compare_heads``' (the benchmark names each head once).
+    """
+    if method in compare_methods or len(set(compare_methods)) < len(compare_methods):
+        raise ValueError(f"draft.compare_methods {compare_methods}: each once, and not draft.method ({method!r}), "
+                         "whose head is the run's own")
+    taken = sorted({h["name"] for h in compare_heads} & set(compare_methods))
+    if taken:
+        raise ValueError(f"draft.compare_methods and benchmark.compare_heads both name {taken}: the benchmark names "
+                         "each head once (rename the compare_heads entry)")
+    return [{"name": m, "path": f"{res}/methods/{m}/head"} for m in compare_methods]
+
+
 def run_label(run: dict) -> str:
     """A benchmark.json run's name in logs, errors and plots: ``k=3`` for the run's own head's run at k = 3,
     ``NAME k=3`` for a compared head's (its ``head``, ``benchmark.compare_heads``' name)."""

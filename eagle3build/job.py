@@ -55,10 +55,11 @@ def setup(smk) -> logging.Logger:
     if offline:
         for var in OFFLINE_VARS:
             os.environ[var] = "1"  # inherited by child processes (the vLLM engine) too
-    from .contract import CONTRACTS
+    from .contract import CONTRACTS, STAGE_OF_RULE
     from .staleness import package_versions
 
-    contract = CONTRACTS.get(getattr(smk, "rule", None))
+    rule = getattr(smk, "rule", None)
+    contract = CONTRACTS.get(STAGE_OF_RULE.get(rule, rule))
     if contract is not None and contract.packages:  # what this job's environment holds (docs/staleness.md)
         log.info("packages that shape this stage's output: %s", package_versions(contract.packages))
     import torch

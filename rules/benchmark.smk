@@ -24,6 +24,7 @@ rule benchmark:
         **stage_params("benchmark"),
         target_dir=target_dir,
         head_dir=lambda w, input: os.path.dirname(input.head),
+        method_heads=method_heads_param,
         settings=job_settings_param("benchmark"),
     script:
         "../scripts/run_stage.py"

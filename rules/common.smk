@@ -30,6 +30,7 @@ TARGET_WEIGHTS_PROBLEM = config["target"]["path"] and staleness.target_weights_p
 # The rules whose jobs read the target's weights (the others read its config and tokenizer only).
 READS_TARGET_WEIGHTS = frozenset(
     {"preflight_bound", "regenerate_responses", "capture_hidden_states", "train_draft", "export_head", "benchmark"}
+    | set(contract.STAGE_OF_RULE)  # train_draft_method, export_head_method
 )
 if TARGET_WEIGHTS_PROBLEM:
     logger.warning(f"{TARGET_WEIGHTS_PROBLEM}; it plans, but a build stops before its first job that reads them")
@@ -103,14 +104,15 @@ JOB_ENV = (
 )
 
 
-def stage_params(stage):
+def stage_params(stage, cfg=None):
     """A stage rule's rerun-trigger params, one per ``Param`` of its contract
-    (eagle3build.contract.CONTRACTS[stage].params), by name: ``params: **stage_params(stage)``.
+    (eagle3build.contract.CONTRACTS[stage].params), by name: ``params: **stage_params(stage)``; of config ``cfg``
+    where given (``method_config``), else the workflow's.
     The `version` param is the stage's OUTPUT_VERSION and the installed versions of the packages that
     shape its output, or the job's conda environment (JOB_ENV); no packages when the config's
     staleness.track_package_versions is false."""
     ctx = contract.PlanContext(stage, _RECORDED_DECISIONS, JOB_ENV, REGENERATED)
-    return {p.name: contract.param_value(p, config, ctx) for p in contract.CONTRACTS[stage].params}
+    return {p.name: contract.param_value(p, cfg or config, ctx) for p in contract.CONTRACTS[stage].params}
 
 
 def job_settings_param(stage):
@@ -151,6 +153,7 @@ NUM_SAMPLES = {
 wildcard_constraints:
     split="train|eval",
     shard=r"\d{5}",
+    method="eagle3|peagle|dflash",
 
 
 def num_shards(split):
@@ -198,11 +201,57 @@ if any(os.path.normpath(h["path"]) == f"{RES}/head" for h in config["benchmark"]
     raise ValueError(f"config: benchmark.compare_heads lists {RES}/head, the run's own head, which runs anyway")
 
 
+# draft.compare_methods: heads of other draft methods, trained from this run's shards under results/<run>/methods/
+# (rules train_draft_method, export_head_method) and served by the benchmark beside the run's own head
+COMPARE_METHODS = config["draft"]["compare_methods"]
+METHOD_HEADS = head_format.method_heads(
+    RES, config["draft"]["method"], COMPARE_METHODS, config["benchmark"]["compare_heads"]
+)
+
+
 def compare_heads_input(wildcards):
-    """benchmark.compare_heads: each other head's files, inputs of the benchmark (a retrained head reruns it)."""
+    """benchmark.compare_heads and draft.compare_methods: each other head's files, inputs of the benchmark (a
+    retrained head reruns it; a method's head is built first)."""
     return [
-        f"{h['path']}/{f}" for h in config["benchmark"]["compare_heads"] for f in ("config.json", "model.safetensors")
+        f"{h['path']}/{f}"
+        for h in config["benchmark"]["compare_heads"] + METHOD_HEADS
+        for f in ("config.json", "model.safetensors")
     ]
+
+
+def method_heads_param(wildcards, input):
+    """The draft.compare_methods heads ({name, path}) the benchmark serves after benchmark.compare_heads'; a derived
+    param (from ``input``): Snakemake does not compare it, the benchmark's ``benchmark`` param holds the methods."""
+    return METHOD_HEADS
+
+
+def method_config(method):
+    """The workflow's config with ``draft.method`` set to ``method``: what a draft.compare_methods job reads."""
+    return {**config, "draft": {**config["draft"], "method": method}}
+
+
+def method_stage_params(stage):
+    """``stage_params(stage)`` for each draft.compare_methods job, by its ``method`` wildcard: one callable of
+    the wildcards per param, so Snakemake compares each method's values as the run's own job's."""
+    by_method = {m: stage_params(stage, method_config(m)) for m in COMPARE_METHODS}
+
+    def param(name):
+        def value(wildcards):
+            return by_method[wildcards.method][name]
+
+        return signature_once(value)
+
+    return {p.name: param(p.name) for p in contract.CONTRACTS[stage].params}
+
+
+def method_job_settings_param(stage):
+    """``job_settings_param(stage)`` for each draft.compare_methods job: the settings of ``method_config``."""
+    settings = {m: contract.job_settings(stage, method_config(m)) for m in COMPARE_METHODS}
+
+    def job_settings(wildcards, threads):
+        return settings[wildcards.method]
+
+    return signature_once(job_settings)
 
 
 # The pre-flight speed-up bound (eagle3build.compat.preflight_bound): a GPU job, so `auto` runs it where

@@ -29,3 +29,19 @@ rule export_head:
         settings=job_settings_param("export_head"),
     script:
         "../scripts/run_stage.py"
+
+
+# draft.compare_methods: each other method's checkpoint exported (and load-checked) as the run's own is.
+use rule export_head as export_head_method with:
+    input:
+        checkpoint=f"{RES}/methods/{{method}}/checkpoint/model.safetensors",
+        d2t=f"{RES}/vocab/d2t.npy",
+        t2d=f"{RES}/vocab/t2d.npy",
+        vocab=f"{RES}/vocab/vocab.json",
+        target=TARGET_FILES,
+    output:
+        config=f"{RES}/methods/{{method}}/head/config.json",
+        weights=f"{RES}/methods/{{method}}/head/model.safetensors",
+        meta=f"{RES}/methods/{{method}}/head/head_meta.json",
+    log:
+        f"{LOGS}/export_head_{{method}}.log",

@@ -32,3 +32,22 @@ rule train_draft:
         settings=job_settings_param("train_draft"),
     script:
         "../scripts/run_stage.py"
+
+
+# draft.compare_methods: each other method's head trained from the same shards and vocab map, with the same
+# settings but its own draft.method, under results/<run>/methods/<method>/ (served by the benchmark beside the
+# run's own head). Snakemake compares each method's params as train_draft's.
+use rule train_draft as train_draft_method with:
+    output:
+        config=f"{RES}/methods/{{method}}/checkpoint/config.json",
+        weights=f"{RES}/methods/{{method}}/checkpoint/model.safetensors",
+        meta=f"{RES}/methods/{{method}}/checkpoint/train_meta.json",
+        metrics=f"{RES}/methods/{{method}}/checkpoint/metrics.json",
+        curves=report(f"{RES}/methods/{{method}}/checkpoint/curves.png", category="3. Training"),
+    log:
+        f"{LOGS}/train_draft_{{method}}.log",
+    benchmark:
+        f"{BENCH}/train_draft_{{method}}.tsv"
+    params:
+        **method_stage_params("train_draft"),
+        settings=method_job_settings_param("train_draft"),

@@ -91,7 +91,9 @@ def test_config_keys_name_the_methods_and_defaults_of_head_model():
 
     keys = {k.path: k for k in KEYS}
     assert keys["draft.method"].schema["enum"] == list(METHODS)
-    knobs = {p: k.default for p, k in keys.items() if p.startswith("draft.") and p != "draft.method"}
+    assert keys["draft.compare_methods"].schema["items"]["enum"] == list(METHODS)
+    knobs = {p: k.default for p, k in keys.items()
+             if p.startswith("draft.") and p not in ("draft.method", "draft.compare_methods")}
     assert knobs == {f"draft.{m}.{o}": v for m in METHODS for o, v in resolved_options(m).items()}
     assert all(set(resolved_options(m)) == set(METHOD_OPTIONS[m]) for m in METHODS)
 
@@ -109,6 +111,28 @@ def test_summarise_per_position_methods():
     acc = {"loss_sum": 1.0, "loss_total": 1.0, "position_1_acc_sum": 3.0, "position_1_acc_total": 4.0,
            "eal_sum": 7.0, "eal_total": 4.0}
     assert summarise(acc, 1)["simulated_acceptance_length"] == 1.75
+
+
+def test_compare_methods_heads_and_their_rules_entries():
+    """draft.compare_methods: the benchmark's compared heads under results/<run>/methods/, in the listed order; the
+    rules derived from train_draft and export_head run those stages' entries."""
+    from eagle3build import contract
+    from eagle3build.head_format import method_heads
+
+    assert method_heads("results/r", "eagle3", ["dflash", "peagle"], [{"name": "other", "path": "x"}]) == [
+        {"name": "dflash", "path": "results/r/methods/dflash/head"},
+        {"name": "peagle", "path": "results/r/methods/peagle/head"}]
+    assert method_heads("results/r", "eagle3", [], []) == []
+    with pytest.raises(ValueError, match=r"not draft.method \('peagle'\)"):
+        method_heads("results/r", "peagle", ["peagle"], [])
+    with pytest.raises(ValueError, match="each once"):
+        method_heads("results/r", "eagle3", ["dflash", "dflash"], [])
+    with pytest.raises(ValueError, match=r"both name \['peagle'\]"):
+        method_heads("results/r", "eagle3", ["peagle"], [{"name": "peagle", "path": "x"}])
+    assert contract.entry("train_draft_method") == contract.CONTRACTS["train_draft"].entry
+    assert contract.entry("export_head_method") == contract.CONTRACTS["export_head"].entry
+    with pytest.raises(KeyError, match="has no entry"):
+        contract.entry("benchmark_method")
 
 
 def test_unknown_method_is_refused():

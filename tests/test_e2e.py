@@ -219,6 +219,10 @@ RERUN_MATRIX = [
     ("online training", {"capture": {"mode": "online"}}, DOWNSTREAM_OF_TRAIN),
     ("online queue and memory split only", {"capture": {"online": {"queue_depth": 5, "target_memory_fraction": 0.3}}},
      {}),
+    # Another method's head from the same shards: its training and export, and the benchmark that serves it;
+    # never capture, nor the run's own head.
+    ("another draft method beside the run's", {"draft": {"compare_methods": ["peagle"]}},
+     {"train_draft_method": 1, "export_head_method": 1, "benchmark": 1, "plot_benchmark": 1, "all": 1}),
 ]
 
 
@@ -772,6 +776,28 @@ def test_online_training_on_a_copy_of_the_reduced_build(built, tmp_path):
             assert (b[k] - a[k]).norm() <= 1e-4 * a[k].norm(), k
     assert planned_jobs([target, "--configfile", str(online)], copy) == {}
     assert planned_jobs([target, "--configfile", str(REPO / "tests/reduced.yaml")], copy) == {"train_draft": 1}
+
+
+def test_compare_method_trains_from_the_run_shards(built, tmp_path):
+    """draft.compare_methods [peagle] through Snakemake on a copy of the reduced build: the P-EAGLE head is trained
+    from the run's shards and vocab map with its settings (same steps and tokens as the run's own training) and
+    exported under results/reduced/methods/peagle/; no shard, and not the run's own checkpoint, is rewritten."""
+    wd, res = built
+    copy = copy_build(wd, tmp_path / "wd")
+    before = {f: f.stat().st_mtime_ns for d in ("hidden_states", "checkpoint") for f in (copy / "results/reduced" / d).rglob("*")}
+    cfg = _changed_config(copy, tmp_path, {"draft": {"compare_methods": ["peagle"]}})
+    target = "results/reduced/methods/peagle/head/config.json"
+    assert planned_jobs([target, "--configfile", str(cfg)], copy) == {"train_draft_method": 1, "export_head_method": 1}
+    p = run([target, "--configfile", str(cfg)], copy)
+    assert p.returncode == 0, p.stderr[-3000:]
+    method = copy / "results/reduced/methods/peagle"
+    assert json.loads((method / "head/config.json").read_text())["speculators_model_type"] == "peagle"
+    assert json.loads((method / "checkpoint/config.json").read_text())["speculators_model_type"] == "peagle"
+    own, theirs = (json.loads((d / "checkpoint/metrics.json").read_text()) for d in (res, method))
+    assert theirs["steps"] == own["steps"] and theirs["train_tokens_this_process"] == own["train_tokens_this_process"]
+    assert (copy / "logs/reduced/train_draft_peagle.log").stat().st_size > 0
+    assert {f: f.stat().st_mtime_ns for f in before} == before
+    assert planned_jobs([target, "--configfile", str(cfg)], copy) == {}
 
 
 def test_tau_guard_script_smoke(built, tmp_path):

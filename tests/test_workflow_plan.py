@@ -75,6 +75,53 @@ def test_compared_heads_are_inputs_of_the_benchmark(tmp_path):
         assert p.returncode != 0 and why in p.stdout + p.stderr, heads
 
 
+def test_compare_methods_train_from_the_run_shards_into_its_benchmark(tmp_path):
+    """draft.compare_methods: each listed method gets a training and an export job of its own under
+    results/<run>/methods/<method>/, from the run's shards and vocab map (no second capture), whose params are the
+    run's own training's with that method; the benchmark serves them (its inputs, its `benchmark` param).
+    A listed method that is the run's own, or a name benchmark.compare_heads already uses, stops the plan."""
+    import json
+    import subprocess
+    import sys
+
+    cfg = write_config(tmp_path / "c.yaml", draft={"compare_methods": ["peagle", "dflash"]})
+    jobs = planned_jobs(["--configfile", str(cfg)], tmp_path)
+    assert jobs == {**FULL_PLAN, "train_draft_method": 2, "export_head_method": 2}
+    p = run(["-n", "results/default/benchmark.json", "--configfile", str(cfg)], tmp_path)
+    block = (p.stdout + p.stderr).split("rule benchmark:", 1)[1].split("\n\n", 1)[0]
+    inputs = block.split("input: ", 1)[1].split("\n", 1)[0].split(", ")
+    for m in ("peagle", "dflash"):
+        assert f"results/default/methods/{m}/head/model.safetensors" in inputs
+    p = run(["-n", "results/default/methods/peagle/checkpoint/config.json", "--configfile", str(cfg)], tmp_path)
+    block = (p.stdout + p.stderr).split("rule train_draft_method:", 1)[1].split("\n\n", 1)[0]
+    assert "results/default/hidden_states/train/shard-00000.safetensors" in block
+    assert "results/default/vocab/d2t.npy" in block and "log: logs/default/train_draft_peagle.log" in block
+
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    out = subprocess.run([sys.executable, str(REPO / "tests/plan_params.py"), str(cfg), str(wd)], capture_output=True,
+                         text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    params = json.loads(out.stdout)
+    own = params["train_draft[]"]
+    for m in ("peagle", "dflash"):
+        theirs = params[f"train_draft_method[method={m}]"]
+        # the same params but the `train` section's method
+        assert [v for v in theirs if "'method'" not in v] == [v for v in own if "'lr'" not in v]
+        (train,) = [v for v in theirs if "'method'" in v]
+        assert train == next(v for v in own if "'lr'" in v).replace("'max_steps': None, ",
+                                                                        f"'max_steps': None, 'method': '{m}', ")
+        assert params[f"export_head_method[method={m}]"] == params["export_head[]"]
+    assert any("'compare_methods': ['peagle', 'dflash']" in v for v in params["benchmark[]"])
+
+    for draft, heads, why in (({"method": "peagle", "compare_methods": ["peagle"]}, [], "and not draft.method ('peagle')"),
+                              ({"compare_methods": ["dflash"]}, [{"name": "dflash", "path": str(tmp_path)}],
+                               "both name ['dflash']")):
+        bad = write_config(tmp_path / "bad.yaml", draft=draft, benchmark={"compare_heads": heads})
+        p = run(["-n", "--configfile", str(bad)], tmp_path)
+        assert p.returncode != 0 and why in p.stdout + p.stderr, draft
+
+
 def test_user_target_dir_skips_materialize(tmp_path, tiny_target):
     cfg = write_config(tmp_path / "c.yaml", target={"path": str(tiny_target)})
     jobs = planned_jobs(["--configfile", str(cfg)], tmp_path)

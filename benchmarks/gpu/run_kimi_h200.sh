@@ -11,7 +11,8 @@
 # run bench16 before it) | peagle, dflash (the dense build's head trained as P-EAGLE / DFlash
 # from the same shards, method_peagle.yaml / method_dflash.yaml: training, export with the load check, benchmark;
 # each head kept under results/heads/) | compare (the run's EAGLE-3 head and those two in one benchmark job,
-# compare_heads.yaml) | peer (speculators' own training entry point on the dense run's shards, benchmarks/peer_route.py,
+# compare_heads.yaml) | methods (the same three heads in one build, draft.compare_methods: compare_methods.yaml; one
+# benchmark job, no retraining of the run's own head; after `peer` on this machine, the peer's head in it too) | peer (speculators' own training entry point on the dense run's shards, benchmarks/peer_route.py,
 # then the benchmark with both heads, compare_peer.yaml) | decodeab (benchmarks/decode_step_ab.py on the dense target, materialized if absent, then on the
 # Kimi-shaped one if on this machine: the pre-flight's decode step in the pre-flight's engine and in the benchmark's
 # baseline engine, 32 and 96 tokens).
@@ -48,6 +49,8 @@ for step in "$@"; do
     online) cfg="$G/kimi_k25_card.yaml $G/kimi_k25_card_online.yaml"; extra=() ;;
     peagle|dflash) cfg="$G/dense_preflight.yaml $G/method_$step.yaml"; extra=() ;;
     compare) cfg="$G/dense_preflight.yaml $G/compare_heads.yaml"; extra=() ;;
+    methods) cfg="$G/dense_preflight.yaml $G/compare_methods.yaml"; extra=()  # with the peer's head where `peer` made it
+      [ -f results/heads/speculators/head/config.json ] && cfg="$cfg $G/compare_peer.yaml" ;;
     peer)  # speculators' own entry point trains a head from the dense run's shards, then one benchmark serves both
       # the dense run's shards first (its build up to capture), then the peer's head from them, once per machine:
       # a call that resumes a cut benchmark keeps the head it benchmarks (resume with `peer` alone: `dense` first
@@ -112,6 +115,9 @@ for step in "$@"; do
     [ -f "$f" ] && cp "$f" "$OUT/r/${run}_${step}_$(basename "$f")"
   done
   du -sb results/$run/hidden_states/*/* > "$OUT/r/${run}_shard_bytes.txt" 2>/dev/null
+  for f in results/$run/methods/*/checkpoint/*.json results/$run/methods/*/head/*.json; do  # draft.compare_methods'
+    [ -f "$f" ] && cp "$f" "$OUT/r/${run}_${step}_$(echo "${f#results/$run/methods/}" | tr / _)"
+  done
   # the P-EAGLE and DFlash heads kept for `compare` (the next method's training replaces the run's head)
   case $step in peagle|dflash) grep -q "\"speculators_model_type\": *\"$step\"" results/$run/head/config.json 2>/dev/null &&
       rm -rf results/heads/$step && mkdir -p results/heads && cp -r results/$run/head results/heads/$step ;; esac

@@ -715,7 +715,9 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
             params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
     """Rule ``benchmark``'s entry (``eagle3build.job.run_stage``): ``benchmark`` the head of ``params["head_dir"]``
     on the job's ``resources["gpu"]`` GPUs into ``outputs["json"]``; the ``custom_prompts`` and ``preflight``
-    inputs where the rule has them (an empty list: none). Returns the benchmark; raises what ``benchmark`` raises."""
+    inputs where the rule has them (an empty list: none); the compared heads: ``benchmark.compare_heads``, then
+    ``params["method_heads"]`` (draft.compare_methods', ``head_format.method_heads``; absent: none). Returns the
+    benchmark; raises what ``benchmark`` raises."""
     s = settings
     return benchmark(
         target_dir=params["target_dir"], head_dir=params["head_dir"], prompts_path=inputs["prompts"],
@@ -726,4 +728,5 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
         sets=s["benchmark.sets"], custom_prompts_path=inputs["custom_prompts"] or None,
         near_tie_max_logprob_gap=s["benchmark.near_tie_max_logprob_gap"],
         trust_remote_code=s["target.trust_remote_code"], preflight_path=inputs["preflight"] or None,
-        k_schedule_concurrencies=s["benchmark.k_schedule_concurrencies"], compare_heads=s["benchmark.compare_heads"])
+        k_schedule_concurrencies=s["benchmark.k_schedule_concurrencies"],
+        compare_heads=[*s["benchmark.compare_heads"], *params.get("method_heads", [])])
