@@ -116,6 +116,8 @@ class Key:
 
 
 SECTION_DOCS = {"resources.cpu": "the CPU stages: compat_report, prepare_data, build_vocab_map"}
+# draft.method's choices, as speculators and vLLM name them (head_model.METHODS, which imports torch, has the same)
+DRAFT_METHODS = ["eagle3", "peagle", "dflash"]
 KEYS: tuple[Key, ...] = (
     Key(
         "run",
@@ -435,7 +437,7 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "draft.method",
-        {"type": "string", "enum": ["eagle3", "peagle", "dflash"]},
+        {"type": "string", "enum": DRAFT_METHODS},
         "eagle3",
         (
             "the draft head's kind, as speculators and vLLM name it: eagle3 (one token a forward, training-time "
@@ -447,7 +449,7 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "draft.compare_methods",
-        {"type": "array", "items": {"type": "string", "enum": ["eagle3", "peagle", "dflash"]}, "uniqueItems": True},
+        {"type": "array", "items": {"type": "string", "enum": DRAFT_METHODS}, "uniqueItems": True},
         [],
         (
             "other draft methods trained from this run's shards (results/<run>/methods/<method>/checkpoint and "

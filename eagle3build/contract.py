@@ -311,14 +311,19 @@ RULE_ENTRIES: dict[str, str] = {
 STAGE_OF_RULE: dict[str, str] = {"train_draft_method": "train_draft", "export_head_method": "export_head"}
 
 
+def stage_of(rule: str) -> str:
+    """The stage whose job ``rule`` runs: the stage a derived rule names in ``STAGE_OF_RULE``, else ``rule``."""
+    return STAGE_OF_RULE.get(rule, rule)
+
+
 def entry(rule: str) -> str:
-    """The entry (``module:function``) the adapter calls for ``rule``: its stage contract's (``STAGE_OF_RULE``
-    names the stage of a rule derived from one), or ``RULE_ENTRIES``'.
+    """The entry (``module:function``) the adapter calls for ``rule``: its stage contract's (``stage_of``), or
+    ``RULE_ENTRIES``'.
 
     Raises:
         KeyError: ``rule`` is neither a stage, nor derived from one, nor in ``RULE_ENTRIES``.
     """
-    rule = STAGE_OF_RULE.get(rule, rule)
+    rule = stage_of(rule)
     if rule in CONTRACTS:
         return CONTRACTS[rule].entry
     if rule in RULE_ENTRIES:

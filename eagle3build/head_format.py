@@ -131,17 +131,22 @@ def method_heads(res: str, method: str, compare_methods: list[str], compare_head
     when planning (rules/common.smk: the benchmark's inputs) and by the benchmark job (the heads it serves).
 
     Raises:
-        ValueError: a listed method is the run's own ``method``, is listed twice, or its name is one of
-            ``compare_heads``' (the benchmark names each head once).
+        ValueError: a listed method is the run's own ``method``, is listed twice, or its name or head folder is
+            one of ``compare_heads``' (the benchmark serves each head once, under one name).
     """
     if method in compare_methods or len(set(compare_methods)) < len(compare_methods):
         raise ValueError(f"draft.compare_methods {compare_methods}: each once, and not draft.method ({method!r}), "
                          "whose head is the run's own")
+    heads = [{"name": m, "path": f"{res}/methods/{m}/head"} for m in compare_methods]
     taken = sorted({h["name"] for h in compare_heads} & set(compare_methods))
     if taken:
         raise ValueError(f"draft.compare_methods and benchmark.compare_heads both name {taken}: the benchmark names "
                          "each head once (rename the compare_heads entry)")
-    return [{"name": m, "path": f"{res}/methods/{m}/head"} for m in compare_methods]
+    twice = sorted({os.path.normpath(h["path"]) for h in compare_heads} & {h["path"] for h in heads})
+    if twice:
+        raise ValueError(f"benchmark.compare_heads lists {twice}, a head of draft.compare_methods, which the benchmark "
+                         "serves anyway")
+    return heads
 
 
 def run_label(run: dict) -> str:

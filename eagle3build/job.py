@@ -55,11 +55,10 @@ def setup(smk) -> logging.Logger:
     if offline:
         for var in OFFLINE_VARS:
             os.environ[var] = "1"  # inherited by child processes (the vLLM engine) too
-    from .contract import CONTRACTS, STAGE_OF_RULE
+    from .contract import CONTRACTS, stage_of
     from .staleness import package_versions
 
-    rule = getattr(smk, "rule", None)
-    contract = CONTRACTS.get(STAGE_OF_RULE.get(rule, rule))
+    contract = CONTRACTS.get(stage_of(getattr(smk, "rule", None)))
     if contract is not None and contract.packages:  # what this job's environment holds (docs/staleness.md)
         log.info("packages that shape this stage's output: %s", package_versions(contract.packages))
     import torch

@@ -6,7 +6,7 @@ import sys
 from snakemake.common import get_function_params, overwrite_function_params
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build import contract, head_format, staleness
+from eagle3build import config_spec, contract, head_format, staleness
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -115,29 +115,32 @@ def stage_params(stage, cfg=None):
     return {p.name: contract.param_value(p, cfg or config, ctx) for p in contract.CONTRACTS[stage].params}
 
 
-def job_settings_param(stage):
+def job_settings_param(stage, by_method=False):
     """A stage job's settings (eagle3build.contract.StageSettings: its trigger and runtime keys' values),
     as a param made from ``threads``: Snakemake takes it as derived and does not compare it, so the
     runtime keys in it (resources, sizes for a disk check) plan nothing; the triggers are compared
-    through ``stage_params``."""
+    through ``stage_params``. ``by_method``: those of ``method_config(wildcards.method)`` (the
+    draft.compare_methods rules)."""
     settings = contract.job_settings(stage, config)
 
     def job_settings(wildcards, threads):
-        return settings
+        return contract.job_settings(stage, method_config(wildcards.method)) if by_method else settings
 
     return signature_once(job_settings)
 
 
 def check_contracts(rules):
-    """Each stage rule's named inputs are those of its contract (eagle3build.contract.CONTRACTS).
+    """Each stage rule's named inputs, and each derived rule's (contract.STAGE_OF_RULE), are those of its stage's
+    contract (eagle3build.contract.CONTRACTS).
 
     Raises:
         ValueError: a rule's inputs differ from its contract's.
     """
-    for stage, c in contract.CONTRACTS.items():
-        names = set(getattr(rules, stage).input.keys())
+    for name in [*contract.CONTRACTS, *contract.STAGE_OF_RULE]:  # a derived rule restates its stage's inputs
+        c = contract.CONTRACTS[contract.stage_of(name)]
+        names = set(getattr(rules, name).input.keys())
         if names != set(c.inputs):
-            raise ValueError(f"the inputs of {stage}, {sorted(names)}, are not its contract's {sorted(c.inputs)}")
+            raise ValueError(f"the inputs of {name}, {sorted(names)}, are not its contract's {sorted(c.inputs)}")
 
 
 # One file target per shard: shard i of a split holds samples [i*S, min((i+1)*S, N)).
@@ -153,7 +156,7 @@ NUM_SAMPLES = {
 wildcard_constraints:
     split="train|eval",
     shard=r"\d{5}",
-    method="eagle3|peagle|dflash",
+    method="|".join(config_spec.DRAFT_METHODS),
 
 
 def num_shards(split):
@@ -231,27 +234,21 @@ def method_config(method):
 
 
 def method_stage_params(stage):
-    """``stage_params(stage)`` for each draft.compare_methods job, by its ``method`` wildcard: one callable of
+    """``stage_params(stage)`` for a draft.compare_methods job, of ``method_config`` by its ``method`` wildcard (any
+    method: a head asked for by path is built too, though only the listed ones are benchmarked): one callable of
     the wildcards per param, so Snakemake compares each method's values as the run's own job's."""
-    by_method = {m: stage_params(stage, method_config(m)) for m in COMPARE_METHODS}
+    by_method = {}
 
     def param(name):
         def value(wildcards):
-            return by_method[wildcards.method][name]
+            m = wildcards.method
+            if m not in by_method:
+                by_method[m] = stage_params(stage, method_config(m))
+            return by_method[m][name]
 
         return signature_once(value)
 
     return {p.name: param(p.name) for p in contract.CONTRACTS[stage].params}
-
-
-def method_job_settings_param(stage):
-    """``job_settings_param(stage)`` for each draft.compare_methods job: the settings of ``method_config``."""
-    settings = {m: contract.job_settings(stage, method_config(m)) for m in COMPARE_METHODS}
-
-    def job_settings(wildcards, threads):
-        return settings[wildcards.method]
-
-    return signature_once(job_settings)
 
 
 # The pre-flight speed-up bound (eagle3build.compat.preflight_bound): a GPU job, so `auto` runs it where

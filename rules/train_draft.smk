@@ -43,11 +43,15 @@ use rule train_draft as train_draft_method with:
         weights=f"{RES}/methods/{{method}}/checkpoint/model.safetensors",
         meta=f"{RES}/methods/{{method}}/checkpoint/train_meta.json",
         metrics=f"{RES}/methods/{{method}}/checkpoint/metrics.json",
-        curves=report(f"{RES}/methods/{{method}}/checkpoint/curves.png", category="3. Training"),
+        curves=report(
+            f"{RES}/methods/{{method}}/checkpoint/curves.png",
+            category="3. Training",
+            subcategory="{method}",
+        ),
     log:
         f"{LOGS}/train_draft_{{method}}.log",
     benchmark:
         f"{BENCH}/train_draft_{{method}}.tsv"
     params:
         **method_stage_params("train_draft"),
-        settings=method_job_settings_param("train_draft"),
+        settings=job_settings_param("train_draft", by_method=True),

@@ -129,6 +129,9 @@ def test_compare_methods_heads_and_their_rules_entries():
         method_heads("results/r", "eagle3", ["dflash", "dflash"], [])
     with pytest.raises(ValueError, match=r"both name \['peagle'\]"):
         method_heads("results/r", "eagle3", ["peagle"], [{"name": "peagle", "path": "x"}])
+    with pytest.raises(ValueError, match=r"lists \['results/r/methods/dflash/head'\], a head of draft.compare_methods"):
+        method_heads("results/r", "eagle3", ["dflash"], [{"name": "d", "path": "results/r/methods/dflash/head/"}])
+    assert contract.stage_of("train_draft_method") == "train_draft" and contract.stage_of("benchmark") == "benchmark"
     assert contract.entry("train_draft_method") == contract.CONTRACTS["train_draft"].entry
     assert contract.entry("export_head_method") == contract.CONTRACTS["export_head"].entry
     with pytest.raises(KeyError, match="has no entry"):

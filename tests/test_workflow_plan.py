@@ -80,6 +80,7 @@ def test_compare_methods_train_from_the_run_shards_into_its_benchmark(tmp_path):
     results/<run>/methods/<method>/, from the run's shards and vocab map (no second capture), whose params are the
     run's own training's with that method; the benchmark serves them (its inputs, its `benchmark` param).
     A listed method that is the run's own, or a name benchmark.compare_heads already uses, stops the plan."""
+    import ast
     import json
     import subprocess
     import sys
@@ -102,17 +103,18 @@ def test_compare_methods_train_from_the_run_shards_into_its_benchmark(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "tests/plan_params.py"), str(cfg), str(wd)], capture_output=True,
                          text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
-    params = json.loads(out.stdout)
+    params = {job: [ast.literal_eval(v) for v in values] for job, values in json.loads(out.stdout).items()}
     own = params["train_draft[]"]
+    (own_train,) = [v for v in own if isinstance(v, dict) and "lr" in v]
+    assert "method" not in own_train
     for m in ("peagle", "dflash"):
         theirs = params[f"train_draft_method[method={m}]"]
-        # the same params but the `train` section's method
-        assert [v for v in theirs if "'method'" not in v] == [v for v in own if "'lr'" not in v]
-        (train,) = [v for v in theirs if "'method'" in v]
-        assert train == next(v for v in own if "'lr'" in v).replace("'max_steps': None, ",
-                                                                        f"'max_steps': None, 'method': '{m}', ")
+        # the run's own training's params, but the `train` section names the method
+        (train,) = [v for v in theirs if isinstance(v, dict) and "lr" in v]
+        assert train == {**own_train, "method": m}
+        assert [v for v in theirs if v is not train] == [v for v in own if v is not own_train]
         assert params[f"export_head_method[method={m}]"] == params["export_head[]"]
-    assert any("'compare_methods': ['peagle', 'dflash']" in v for v in params["benchmark[]"])
+    assert any(isinstance(v, dict) and v.get("compare_methods") == ["peagle", "dflash"] for v in params["benchmark[]"])
 
     for draft, heads, why in (({"method": "peagle", "compare_methods": ["peagle"]}, [], "and not draft.method ('peagle')"),
                               ({"compare_methods": ["dflash"]}, [{"name": "dflash", "path": str(tmp_path)}],
