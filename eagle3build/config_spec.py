@@ -437,7 +437,7 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "draft.method",
-        {"type": "string", "enum": DRAFT_METHODS},
+        {"type": "string", "enum": list(DRAFT_METHODS)},
         "eagle3",
         (
             "the draft head's kind, as speculators and vLLM name it: eagle3 (one token a forward, training-time "
@@ -449,7 +449,7 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "draft.compare_methods",
-        {"type": "array", "items": {"type": "string", "enum": DRAFT_METHODS}, "uniqueItems": True},
+        {"type": "array", "items": {"type": "string", "enum": list(DRAFT_METHODS)}, "uniqueItems": True},
         [],
         (
             "other draft methods trained from this run's shards (results/<run>/methods/<method>/checkpoint and "
