@@ -128,7 +128,7 @@ def method_heads(res: str, method: str, compare_methods: list[str], compare_head
     """The heads of ``draft.compare_methods`` (``compare_methods``), trained from the run's shards beside its own
     head of method ``method`` (``draft.method``), as ``benchmark.compare_heads`` entries: ``[{"name": m, "path":
     f"{res}/methods/{m}/head"}]`` in the listed order (``res``: the run's results folder, results/<run>). Called
-    when planning (rules/common.smk: the benchmark's inputs) and by the benchmark job (the heads it serves).
+    when planning (rules/common.smk: the benchmark's inputs, and its ``method_heads`` param, the heads it serves).
 
     Raises:
         ValueError: a listed method is the run's own ``method``, is listed twice, or its name or head folder is
