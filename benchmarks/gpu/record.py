@@ -19,7 +19,9 @@ flight), ``recipe-k5``, ``recipe-c16`` (16 in flight, 64 prompts a set), ``ksche
 per batch size at 1, 4, 16 and 32 in flight), ``methods`` (the recipe's P-EAGLE and DFlash heads beside its
 EAGLE-3 head, one benchmark job), ``peer`` (speculators' own training entry point on the recipe's shards,
 benchmarks/peer_route.py, then one benchmark of both heads), ``dense`` (the bundled target with its pre-flight
-bound), ``kimi``, ``kimi-online`` (the Kimi-K2.5-shaped target, offline and online capture), ``kimi-c16``.
+bound), ``dense-methods`` (the same build with P-EAGLE and DFlash heads from its shards, served beside its
+EAGLE-3 head in its one benchmark job, the pre-flight's comparison included), ``dense-kschedule``, ``kimi``,
+``kimi-online`` (the Kimi-K2.5-shaped target, offline and online capture), ``kimi-c16``.
 
 The commit is read from ``COMMIT`` beside this file: ``git archive`` writes HEAD's hash into it
 (``.gitattributes``: export-subst), which is how the project travels to a lent machine; in a checkout it is
@@ -98,6 +100,9 @@ RECORDS: dict[str, Record] = {
     "methods": Record((RECIPE, f"{GPU}/compare_methods.yaml")),
     "peer": Record((RECIPE, f"{GPU}/compare_peer.yaml"), prepare=_peer),
     "dense": Record((f"{GPU}/dense_preflight.yaml",), targets=("results/smollm2-preflight/preflight.json",)),
+    "dense-methods": Record((f"{GPU}/dense_preflight.yaml", f"{GPU}/compare_methods.yaml"),
+                            targets=("results/smollm2-preflight/preflight.json",)),
+    "dense-kschedule": Record((f"{GPU}/dense_preflight.yaml", f"{GPU}/kschedule.yaml")),
     "kimi": Record((f"{GPU}/kimi_k25_card.yaml",), targets=("results/kimi-k25-card/preflight.json",),
                    prepare=_kimi_target),
     "kimi-online": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/kimi_k25_card_online.yaml"), prepare=_kimi_target),
