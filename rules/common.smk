@@ -6,7 +6,7 @@ import sys
 from snakemake.common import get_function_params, overwrite_function_params
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build import config_spec, contract, head_format, staleness
+from eagle3build import config_spec, contract, head_format, staleness, vllm_engine
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -290,6 +290,17 @@ def gpu_model_res(job):
     executors read it (SLURM: ``--gpus=<model>:<n>``); nothing for a CPU job or an unset model."""
     model = config["resources"]["gpu_model"]
     return {"gpu_model": model} if model and job and res(job, "gpu") > 0 else {}
+
+
+def engine_layout_res(job, starts_engine=True):
+    """The layout of the vLLM engine a job of resources section ``job`` starts, as resources the dry-run shows
+    beside its ``gpu``: ``tensor_parallel_size`` and ``pipeline_parallel_size`` (vllm_engine.engine_layout of
+    the section's GPUs and target.pipeline_parallel_size: the function the job lays its engine out with, from
+    the same numbers). Nothing where the job starts no engine (``starts_engine`` false). No ``--resources``
+    limit names them: Snakemake only shows them; they are no params, so they replan nothing."""
+    if not starts_engine:
+        return {}
+    return vllm_engine.engine_layout(res(job, "gpu"), config["target"]["pipeline_parallel_size"])
 
 
 # Jobs that start a vLLM engine (benchmark, regenerate_responses, export_head's load check, capture
