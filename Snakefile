@@ -73,3 +73,10 @@ rule all:
         f"{RES}/benchmark.json",
         f"{RES}/report/benchmark.png",
         preflight_input,
+
+
+# A built run's intermediate that is gone while what was made from it is present: said at planning
+# (docs/staleness.md); after rule all, whose inputs Snakemake plans when missing. Only where the plan is made,
+# not in a job's own Snakemake (a cluster job parses the Snakefile again, while its output is still missing).
+if workflow.is_main_process:
+    warn_missing_intermediates(workflow.rules)

@@ -143,6 +143,26 @@ def check_contracts(rules):
             raise ValueError(f"the inputs of {name}, {sorted(names)}, are not its contract's {sorted(c.inputs)}")
 
 
+def warn_missing_intermediates(rules):
+    """Warn, at planning, of each intermediate of a built run that is gone while what was made from it is present
+    (eagle3build.staleness.missing_intermediates): Snakemake 9 plans nothing for it and says nothing. Names the
+    files, the command that rebuilds them and what is replanned after. ``rules``: the workflow's rules; those
+    with wildcards in their outputs are producers only (their files are read through the rules that list them);
+    the inputs of rules without outputs (rule ``all``) are targets, which Snakemake plans when missing."""
+    steps = [
+        staleness.Step(r.name, tuple(str(f) for f in r.input if isinstance(f, str)), tuple(map(str, r.output)))
+        for r in rules
+        if r.output and not r.has_wildcards()
+    ]
+
+    def producer_of(path):
+        return next((r.name for r in rules if r.output and r.is_producer(path)), None)
+
+    targets = frozenset(str(f) for r in rules if not r.output for f in r.input if isinstance(f, str))
+    for m in staleness.missing_intermediates(steps, producer_of, targets):
+        logger.warning(staleness.missing_intermediate_message(m))
+
+
 # One file target per shard: shard i of a split holds samples [i*S, min((i+1)*S, N)).
 # A shard's params depend only on its own range, so raising N adds shards and
 # leaves the full ones up to date.
