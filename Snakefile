@@ -2,6 +2,7 @@
 # training checkpoint -> vLLM-format head -> benchmark JSON. See README.md.
 import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import min_version, validate
 
@@ -14,13 +15,21 @@ configfile: f"{workflow.basedir}/config.yaml"
 
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build import config_spec
+from eagle3build import config_errors, config_spec
 
 # A config written before a key was renamed still runs: its old key moves to the new path (config_spec.RENAMED).
 for old, new in config_spec.upgrade(config):
     logger.warning(f"config: {old} is now {new} (eagle3build/config_spec.py); read as such")
 
-validate(config, "schemas/config.schema.yaml")
+# A config that fails the schema stops here in one line (eagle3build.config_errors: the key, the file, the closest
+# valid name); EAGLE3BUILD_FULL_CONFIG_ERRORS=1 shows Snakemake's own message (the whole config and schema).
+try:
+    validate(config, "schemas/config.schema.yaml")
+except WorkflowError:
+    short = config_errors.explain(config, f"{workflow.basedir}/schemas/config.schema.yaml", workflow)
+    if short is None:
+        raise
+    raise WorkflowError(short) from None
 
 
 include: "rules/common.smk"
@@ -64,3 +73,10 @@ rule all:
         f"{RES}/benchmark.json",
         f"{RES}/report/benchmark.png",
         preflight_input,
+
+
+# A built run's intermediate that is gone while what was made from it is present: said at planning
+# (docs/staleness.md); after rule all, whose inputs Snakemake plans when missing. Only where the plan is made,
+# not in a job's own Snakemake (a cluster job parses the Snakefile again, while its output is still missing).
+if workflow.is_main_process:
+    warn_missing_intermediates(workflow.rules)

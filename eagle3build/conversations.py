@@ -567,7 +567,7 @@ def _turn(t: dict, role_key: str, text_key: str, pos: int = 0) -> dict:
     if not isinstance(text, str):
         raise _Skip("non_string_text", f"{where} is {type(text).__name__}, not a string or a list of content parts")
     if not text.strip() and not calls:
-        return _raise("empty_text")
+        return _raise("empty_text", f"{where} is {'empty' if not text else 'blank (whitespace only)'}")
     msg = {"role": role, "content": text}
     if calls:
         msg["tool_calls"] = calls
@@ -584,8 +584,17 @@ def _turn(t: dict, role_key: str, text_key: str, pos: int = 0) -> dict:
     return msg
 
 
-def _raise(reason: str):
-    raise _Skip(reason)
+def _raise(reason: str, detail: str = ""):
+    raise _Skip(reason, detail)
+
+
+def _json_type(value) -> str:
+    """``value``'s JSON type name (``array``, ``string``, ``number``, ``boolean``, ``null``), for a skip's detail."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {list: "array", str: "string", int: "number", float: "number"}.get(type(value), type(value).__name__)
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -621,7 +630,7 @@ def normalise(record: object, source: str, index: int, counters: Counters) -> Co
 
 def _normalise(record: object, counters: Counters) -> Conversation:
     if not isinstance(record, dict):
-        raise _Skip("not_an_object")
+        raise _Skip("not_an_object", f"the record is a JSON {_json_type(record)}, not an object with a turn list")
     if isinstance(record.get("conversations"), list):
         turns, role_key, text_key = record["conversations"], "from", "value"
     elif isinstance(record.get("messages"), list):
@@ -638,7 +647,8 @@ def _normalise(record: object, counters: Counters) -> Conversation:
             raise _Skip("missing_key", f"turn lacks {role_key!r}/{text_key!r}")
         m = _turn(t, role_key, text_key, len(msgs))
         if m["role"] == "system" and msgs:
-            raise _Skip("system_not_first")
+            raise _Skip("system_not_first", f"turn {len(msgs)} is a system turn after a {msgs[-1]['role']} turn; "
+                        "a system turn may only open the conversation")
         msgs.append(m)
 
     system = [msgs.pop(0)] if msgs and msgs[0]["role"] == "system" else []
@@ -661,7 +671,8 @@ def _normalise(record: object, counters: Counters) -> Conversation:
         counters.fixed["fixed_trailing_user" if merged[-1]["role"] == "user" else "fixed_trailing_tool"] += 1
         merged.pop()
     if not any(m["role"] == "assistant" for m in merged):
-        raise _Skip("no_assistant_turn")
+        roles = ", ".join(trailing) or "none"
+        raise _Skip("no_assistant_turn", f"no assistant turn to train on (the turns' roles: {roles})")
     for m in merged[:-1]:
         m.pop("token_ids", None)  # a regenerated answer's tokens are used for the last turn only
     last_kept = len(merged) == len(trailing)  # the record's own last turn ends the conversation

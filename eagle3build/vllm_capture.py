@@ -477,9 +477,9 @@ def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, token
         ParallelismError: ``pipeline_parallel_size > 1``.
     """
     from .plans import capture_kv_cache_tokens
-    from .vllm_engine import engine_args
+    from .vllm_engine import engine_args, engine_layout
 
-    check_parallelism(max(1, gpus), pipeline_parallel_size)
+    check_parallelism(**engine_layout(gpus, pipeline_parallel_size))
     step = max(tokens_per_step, 16)
     # Eager (hooks need Python calls; no compile, graphs or autotuning to pay for) and a KV cache
     # for one step's prompts plus a prompt split over steps, twice over for the scheduler's

@@ -98,6 +98,20 @@ KV_CACHE_MARGIN = 1.25
 KV_CACHE_FLOOR_BYTES = 64 << 20
 
 
+def engine_layout(gpus: int, pipeline_parallel_size: int = 1) -> dict[str, int]:
+    """How an engine on a job's ``gpus`` GPUs (0 = CPU) is laid out: ``{"tensor_parallel_size": gpus (1 on
+    CPU), "pipeline_parallel_size": pipeline_parallel_size}`` (``target.pipeline_parallel_size``), vLLM's
+    argument names. ``engine_args`` passes these to vLLM; the planner shows them in each engine job's resources
+    (rules/common.smk, ``engine_layout_res``), so the dry-run reads the layout from this one function.
+
+    Raises:
+        ValueError: ``pipeline_parallel_size`` < 1.
+    """
+    if pipeline_parallel_size < 1:
+        raise ValueError(f"target.pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
+    return {"tensor_parallel_size": max(1, gpus), "pipeline_parallel_size": pipeline_parallel_size}
+
+
 def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: int, seed: int = 0,
                 dtype: str = "auto", pipeline_parallel_size: int = 1, trust_remote_code: bool = False,
                 max_num_seqs: int | None = None, kv_cache_tokens: int | None = None, draft_layers: int = 0,
@@ -125,8 +139,6 @@ def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: 
     Raises:
         ValueError: ``pipeline_parallel_size`` < 1, or a 16-bit dtype on CPU.
     """
-    if pipeline_parallel_size < 1:
-        raise ValueError(f"target.pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
     kw = {
         "model": os.path.abspath(target_dir),
         "tokenizer": os.path.abspath(target_dir),
@@ -135,8 +147,7 @@ def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: 
         "max_model_len": max_model_len,
         "seed": seed,
         "disable_log_stats": False,
-        "tensor_parallel_size": max(1, gpus),
-        "pipeline_parallel_size": pipeline_parallel_size,
+        **engine_layout(gpus, pipeline_parallel_size),
     }
     if trust_remote_code:
         kw["trust_remote_code"] = True

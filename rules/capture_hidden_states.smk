@@ -16,6 +16,7 @@ rule capture_hidden_states:
     threads: config["resources"]["capture"]["threads"]
     resources:
         **gpu_model_res("capture"),
+        **engine_layout_res("capture", capture_may_use_vllm()),
         gpu=res("capture", "gpu"),
         mem_mb=attempt_mem_mb(res("capture", "mem_mb")) if capture_may_use_vllm() else res("capture", "mem_mb"),
         runtime=res("capture", "runtime"),

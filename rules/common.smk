@@ -6,7 +6,7 @@ import sys
 from snakemake.common import get_function_params, overwrite_function_params
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build import config_spec, contract, head_format, staleness
+from eagle3build import config_spec, contract, head_format, staleness, vllm_engine
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -141,6 +141,26 @@ def check_contracts(rules):
         names = set(getattr(rules, name).input.keys())
         if names != set(c.inputs):
             raise ValueError(f"the inputs of {name}, {sorted(names)}, are not its contract's {sorted(c.inputs)}")
+
+
+def warn_missing_intermediates(rules):
+    """Warn, at planning, of each intermediate of a built run that is gone while what was made from it is present
+    (eagle3build.staleness.missing_intermediates): Snakemake 9 plans nothing for it and says nothing. Names the
+    files, the command that rebuilds them and what is replanned after. ``rules``: the workflow's rules; those
+    with wildcards in their outputs are producers only (their files are read through the rules that list them);
+    the inputs of rules without outputs (rule ``all``) are targets, which Snakemake plans when missing."""
+    steps = [
+        staleness.Step(r.name, tuple(str(f) for f in r.input if isinstance(f, str)), tuple(map(str, r.output)))
+        for r in rules
+        if r.output and not r.has_wildcards()
+    ]
+
+    def producer_of(path):
+        return next((r.name for r in rules if r.output and r.is_producer(path)), None)
+
+    targets = frozenset(str(f) for r in rules if not r.output for f in r.input if isinstance(f, str))
+    for m in staleness.missing_intermediates(steps, producer_of, targets):
+        logger.warning(staleness.missing_intermediate_message(m))
 
 
 # One file target per shard: shard i of a split holds samples [i*S, min((i+1)*S, N)).
@@ -290,6 +310,17 @@ def gpu_model_res(job):
     executors read it (SLURM: ``--gpus=<model>:<n>``); nothing for a CPU job or an unset model."""
     model = config["resources"]["gpu_model"]
     return {"gpu_model": model} if model and job and res(job, "gpu") > 0 else {}
+
+
+def engine_layout_res(job, starts_engine=True):
+    """The layout of the vLLM engine a job of resources section ``job`` starts, as resources the dry-run shows
+    beside its ``gpu``: ``tensor_parallel_size`` and ``pipeline_parallel_size`` (vllm_engine.engine_layout of
+    the section's GPUs and target.pipeline_parallel_size: the function the job lays its engine out with, from
+    the same numbers). Nothing where the job starts no engine (``starts_engine`` false). No ``--resources``
+    limit names them: Snakemake only shows them; they are no params, so they replan nothing."""
+    if not starts_engine:
+        return {}
+    return vllm_engine.engine_layout(res(job, "gpu"), config["target"]["pipeline_parallel_size"])
 
 
 # Jobs that start a vLLM engine (benchmark, regenerate_responses, export_head's load check, capture

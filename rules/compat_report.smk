@@ -56,6 +56,7 @@ rule preflight_bound:
     threads: config["resources"]["serve"]["threads"]
     resources:
         **gpu_model_res("serve"),
+        **engine_layout_res("serve"),
         gpu=res("serve", "gpu"),
         mem_mb=attempt_mem_mb(res("serve", "mem_mb")),
         runtime=res("serve", "runtime"),

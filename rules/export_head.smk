@@ -18,6 +18,7 @@ rule export_head:
     threads: export_res("threads")
     resources:
         **gpu_model_res("serve" if config["export"]["vllm_load_check"] != "never" else None),
+        **engine_layout_res("serve", config["export"]["vllm_load_check"] != "never"),
         gpu=export_res("gpu"),
         mem_mb=attempt_mem_mb(export_res("mem_mb")),
         runtime=export_res("runtime"),

@@ -15,6 +15,7 @@ rule regenerate_responses:
     threads: config["resources"]["serve"]["threads"]
     resources:
         **gpu_model_res("serve"),
+        **engine_layout_res("serve", config["data"]["regenerate"]["backend"] != "transformers"),
         gpu=res("serve", "gpu"),
         mem_mb=attempt_mem_mb(res("serve", "mem_mb")),
         runtime=res("serve", "runtime"),

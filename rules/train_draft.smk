@@ -22,6 +22,8 @@ rule train_draft:
     threads: config["resources"]["train"]["threads"]
     resources:
         **gpu_model_res("train"),
+        # online: the capture engine beside the trainer, on the job's GPUs
+        **engine_layout_res("train", ONLINE and capture_may_use_vllm()),
         gpu=res("train", "gpu"),
         mem_mb=res("train", "mem_mb"),
         runtime=res("train", "runtime"),

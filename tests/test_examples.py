@@ -48,6 +48,38 @@ def test_kimi_with_blackwell_profile(tmp_path):
     jobs = planned_resources(args, workdir(tmp_path))
     assert {(j["gpu"], j["gpu_model"]) for r in GPU_RULES for j in jobs[r]} == {("8", "rtx_pro_6000_blackwell")}
     assert planned_jobs(args, tmp_path)["capture_hidden_states"] == 161
+    # each engine's layout in the plan, beside its GPUs: tensor-parallel over the job's 8 cards, one pipeline stage
+    # (capture: backend auto may take vllm for this MoE target); no engine in training offline nor in the CPU jobs
+    assert engine_layouts(jobs) == {**dict.fromkeys(ENGINE_RULES, {("8", "1")}), "train_draft": {None}}
+
+
+ENGINE_RULES = ("capture_hidden_states", "preflight_bound", "export_head", "benchmark")
+
+
+def engine_layouts(jobs):
+    """Rule -> the set of (tensor_parallel_size, pipeline_parallel_size) of its planned jobs (None: not shown)."""
+    layouts = {r: {(j["tensor_parallel_size"], j["pipeline_parallel_size"]) if "tensor_parallel_size" in j else None
+                   for j in js} for r, js in jobs.items()}
+    assert {r for r, v in layouts.items() if v != {None}} <= set(ENGINE_RULES)
+    return {r: v for r, v in layouts.items() if r in (*ENGINE_RULES, "train_draft")}
+
+
+def test_the_plan_shows_the_layout_the_engines_are_given(tmp_path):
+    """The Kimi example with two pipeline stages (target.pipeline_parallel_size) and its capture pinned to the hooks
+    backend: the plan shows each serving engine's layout as vllm_engine.engine_args gives it to vLLM, and no capture
+    engine."""
+    from eagle3build import vllm_engine
+
+    over = tmp_path / "pp2.yaml"
+    over.write_text(yaml.safe_dump({"target": {"pipeline_parallel_size": 2}, "capture": {"backend": "hooks"}}))
+    (tmp_path / "wd").mkdir()
+    jobs = planned_resources(["--configfile", str(REPO / "examples/configs/kimi-k2.5-8x-rtx-pro-6000.yaml"), str(over)],
+                             workdir(tmp_path / "wd"))
+    eng = vllm_engine.engine_args(str(REPO / "examples/targets/kimi-k2.5-shape"), gpus=int(jobs["benchmark"][0]["gpu"]),
+                                  served_name="m", max_model_len=8, pipeline_parallel_size=2)
+    assert (eng["tensor_parallel_size"], eng["pipeline_parallel_size"]) == (8, 2)
+    assert engine_layouts(jobs) == {"capture_hidden_states": {None}, "preflight_bound": {("8", "2")},
+                                    "export_head": {("8", "2")}, "benchmark": {("8", "2")}, "train_draft": {None}}
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

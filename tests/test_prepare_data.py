@@ -78,6 +78,62 @@ def test_normalise_skips_are_counted(record, reason):
     assert c.skipped == {reason: 1}
 
 
+@pytest.mark.parametrize(
+    "record, reason, detail",
+    [
+        ([1, 2], "not_an_object", "the record is a JSON array, not an object with a turn list"),
+        ("text", "not_an_object", "the record is a JSON string, not an object with a turn list"),
+        (conv(("human", "  "), ("gpt", "x")), "empty_text", "turn 0 (human) value is blank (whitespace only)"),
+        (conv(("user", ""), ("assistant", "x"), key="messages"), "empty_text", "turn 0 (user) content is empty"),
+        (conv(("human", "a"), ("system", "s"), ("gpt", "b")), "system_not_first",
+         "turn 1 is a system turn after a user turn; a system turn may only open the conversation"),
+        (conv(("human", "q1"), ("human", "q2")), "no_assistant_turn",
+         "no assistant turn to train on (the turns' roles: user)"),
+        (conv(("human", "q"), ("tool", "r"), key="messages"), "tool_result_without_call",
+         "a tool turn that follows no assistant tool call"),
+    ],
+)
+def test_normalise_skips_say_why_in_words(record, reason, detail):
+    """Every skip of the data report carries its reason in words (data_report.json's skip_examples)."""
+    c = pd.Counters()
+    assert pd.normalise(record, "f.json", 7, c) is None
+    assert c.examples == {reason: [{"source": "f.json", "index": 7, "detail": detail}]}
+
+
+def _answer_start_by_template(tok, question: str) -> int:
+    """Where the answer to one user turn starts: the length of the render with the generation prompt."""
+    return len(tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                       tokenize=True, return_dict=True)["input_ids"])
+
+
+def test_too_few_supervised_tokens_is_said_in_words(tmp_path, smol_target):
+    """A conversation whose answer starts beyond data.max_seq_len is skipped with the numbers in words: the token
+    its answer starts at (as the chat template renders it whole) and max_seq_len; a short answer, its count."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_target)
+    long_q, cut_q = "word " * 100, "word " * 30
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps([dict(conv(("human", "hi"), ("gpt", "Hello! How can I help you today, friend?")), id="ok"),
+                             dict(conv(("human", long_q), ("gpt", "short answer here")), id="long"),
+                             dict(conv(("human", cut_q), ("gpt", "a longer answer that the cut leaves in part")),
+                                  id="cut"),
+                             dict(conv(("human", "q"), ("gpt", "ok")), id="short")]))
+    out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
+    rep = pd.prepare([{"path": str(f), "max_samples": None}], smol_target, *out, max_seq_len=64,
+                     min_supervised_tokens=8, eval_fraction=0.01, seed=0)
+    long_start, cut_start = _answer_start_by_template(tok, long_q), _answer_start_by_template(tok, cut_q)
+    assert long_start > 64 and 64 - 8 < cut_start < 64  # the cases the test means
+    assert rep["skipped"] == {"too_few_supervised_tokens": 3} and rep["kept"] == 1
+    assert [e["detail"] for e in rep["skip_examples"]["too_few_supervised_tokens"]] == [
+        f"the supervised answer starts at token {long_start}, beyond data.max_seq_len 64: the cut keeps none of it",
+        f"the supervised answer starts at token {cut_start} and data.max_seq_len is 64: the cut keeps "
+        f"{64 - cut_start} of its tokens, fewer than data.min_supervised_tokens 8",
+        "only 2 supervised (answer) tokens, fewer than data.min_supervised_tokens 8",
+    ]
+    assert json.loads(out[3].read_text())["skip_examples"] == rep["skip_examples"]
+
+
 def test_normalise_fixes_order():
     c = pd.Counters()
     rec = conv(("gpt", "lead"), ("human", "q1"), ("human", "q2"), ("gpt", "a"), ("human", "trailing"))

@@ -3,9 +3,13 @@ the target's files and fingerprint (eagle3build.staleness, eagle3build.target)."
 from __future__ import annotations
 
 import json
+import os
+import re
 import struct
+from pathlib import Path
 
 import pytest
+from smk import REPO, planned_jobs, run
 
 from eagle3build import staleness
 from eagle3build.target import content_files, fingerprint
@@ -170,3 +174,81 @@ def test_version_params_carry_the_job_environment_under_sdm_conda(tmp_path, sdm)
     expected = env if sdm else staleness.package_versions(staleness.STAGE_PACKAGES["train_draft"])
     assert versions["train_draft"]["packages"] == ({"environment": expected} if sdm else expected)
     assert versions["compat_report"]["packages"] == {}
+
+
+def _touch(*paths):
+    for p in paths:
+        Path(p).parent.mkdir(parents=True, exist_ok=True)
+        Path(p).touch()
+
+
+def test_a_missing_intermediate_is_named_with_its_reader_rebuild_and_followers(tmp_path, monkeypatch):
+    """A built run's shard gone while the checkpoint made from it is present: one entry naming the file, its producer
+    and reader, the command that rebuilds it and the rules replanned after; nothing for a fresh run or a target."""
+    monkeypatch.chdir(tmp_path)
+    shards = [f"h/shard-{i:05d}.st" for i in range(5)]
+    steps = [staleness.Step("train_draft", (*shards, "d.json"), ("ckpt/config.json", "ckpt/model.st")),
+             staleness.Step("export_head", ("ckpt/model.st",), ("head/config.json", "head/model.st")),
+             staleness.Step("benchmark", ("head/model.st",), ("bench.json",)),
+             staleness.Step("plot", ("bench.json",), ("bench.png",))]
+    producers = {**dict.fromkeys(shards, "capture"), "d.json": "compat_report", "ckpt/model.st": "train_draft",
+                 "head/model.st": "export_head", "bench.json": "benchmark"}
+    assert staleness.missing_intermediates(steps, producers.get) == []  # nothing built: nothing to say
+    _touch(*shards, "d.json", "ckpt/config.json", "ckpt/model.st", "head/config.json", "head/model.st", "bench.json",
+           "bench.png")
+    assert staleness.missing_intermediates(steps, producers.get) == []
+    Path(shards[1]).unlink()
+    (m,) = staleness.missing_intermediates(steps, producers.get)
+    assert m == staleness.MissingIntermediate("capture", ("h/shard-00001.st",), ("train_draft",), "ckpt/config.json",
+                                              ("train_draft", "export_head", "benchmark", "plot"))
+    assert staleness.missing_intermediate_message(m) == (
+        "h/shard-00001.st is missing while ckpt/config.json, made from it by train_draft, is present: Snakemake "
+        "rebuilds a missing file only for a job planned to read it, so unless this plan runs train_draft it stays "
+        "missing (docs/staleness.md). Rebuild with `snakemake h/shard-00001.st <your options>`; the next run then "
+        "replans train_draft, export_head, benchmark, plot (the rebuilt file is newer than what they made)")
+    assert staleness.missing_intermediates(steps, producers.get, frozenset({"h/shard-00001.st"})) == []  # a target
+    for s in shards:
+        Path(s).unlink(missing_ok=True)
+    Path("head/model.st").unlink()
+    many, head = staleness.missing_intermediates(steps, producers.get)
+    assert (many.producer, len(many.files), head.files, head.readers, head.follows) == (
+        "capture", 5, ("head/model.st",), ("benchmark",), ("benchmark", "plot"))
+    assert staleness.missing_intermediate_message(many).startswith(
+        "5 files of rule capture (h/shard-00000.st, h/shard-00001.st, h/shard-00002.st, ...) are missing while "
+        "ckpt/config.json, made from them by train_draft, is present")
+    assert "Rebuild with `snakemake <your options> --forcerun capture --until capture (every capture job)`" in (
+        staleness.missing_intermediate_message(many))
+
+
+def _fake_finished_run(wd: Path, config: Path) -> None:
+    """Every output of the plan of ``config`` in ``wd``, as empty files of one time: what a finished run looks like to
+    Snakemake's plan (no input newer than an output; no metadata, so no params compared)."""
+    p = run(["-n", "--configfile", str(config)], wd)
+    assert p.returncode == 0, p.stderr[-2000:]
+    outputs = [f for m in re.finditer(r"^    output: (.*)$", p.stdout, re.M) for f in m.group(1).split(", ")]
+    assert len(outputs) > 20
+    for f in outputs:
+        _touch(wd / f)
+        os.utime(wd / f, (1e9, 1e9))
+
+
+def test_the_plan_names_a_deleted_intermediate(tmp_path):
+    """A finished run with one shard deleted: Snakemake plans nothing (its reader, train_draft, is up to date), and
+    the plan says which file is gone, the command that rebuilds it and what the next run replans."""
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    config = REPO / "tests/reduced.yaml"
+    _fake_finished_run(wd, config)
+    clean = run(["-n", "--configfile", str(config)], wd)
+    assert "Nothing to be done" in clean.stdout + clean.stderr and "is missing while" not in clean.stdout + clean.stderr
+    shard = "results/reduced/hidden_states/train/shard-00001.safetensors"
+    (wd / shard).unlink()
+    p = run(["-n", "--configfile", str(config)], wd)
+    out = (p.stdout + p.stderr).splitlines()
+    assert p.returncode == 0 and "Nothing to be done (all requested files are present and up to date)." in out
+    assert (f"{shard} is missing while results/reduced/checkpoint/config.json, made from it by train_draft, is "
+            "present: Snakemake rebuilds a missing file only for a job planned to read it, so unless this plan runs "
+            "train_draft it stays missing (docs/staleness.md). Rebuild with `snakemake "
+            f"{shard} <your options>`; the next run then replans train_draft, export_head, benchmark, plot_benchmark "
+            "(the rebuilt file is newer than what they made)") in out
+    assert planned_jobs([shard, "--configfile", str(config)], wd) == {"capture_hidden_states": 1}  # the command

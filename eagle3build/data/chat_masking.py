@@ -231,6 +231,31 @@ def tokenize_batch(
     return out
 
 
+# A length no render reaches: tokenize_batch at this max_seq_len keeps a conversation whole.
+UNBOUNDED_TOKENS = 1 << 40
+
+
+def answer_start(tokenizer, messages: list[dict], max_seq_len: int, tools: list | None = None,
+                 tail: list[int] | None = None) -> int | None:
+    """The index (0-based, in tokens) of the first supervised token of the conversation ``messages``
+    rendered whole, that is without the cut at ``max_seq_len`` that ``tokenize_batch`` makes; None where
+    it has no supervised token at all or its render fails. ``max_seq_len`` is only the shortcut: where
+    the cut render already holds a supervised token, that one's index is the answer. Costs a second
+    tokenization of the conversation (used for skipped records only: the data report's detail).
+    """
+    for limit in (max_seq_len, UNBOUNDED_TOKENS):
+        (enc,) = tokenize_batch(tokenizer, [messages], limit, [tools], [tail])
+        if not isinstance(enc, tuple):
+            return None
+        ids, mask, truncated = enc
+        hits = np.flatnonzero(mask)
+        if hits.size:
+            return int(hits[0])
+        if not truncated:
+            return None
+    return None
+
+
 def transformers_assistant_mask(tokenizer, messages: list[dict], tools: list | None,
                                 length: int) -> tuple[np.ndarray, np.ndarray] | None:
     """transformers' ``return_assistant_tokens_mask`` for a template with ``{% generation %}``

@@ -35,7 +35,8 @@ repeated conversation      skip   ``duplicate_conversation``: same content as an
 template cannot locate     skip   ``template_mismatch`` (assistant text not found in the render)
 template drops tool calls  skip   ``template_drops_tool_calls``: a called function's name is not in the render
 template raises            skip   ``template_error`` (e.g. a template that refuses a system turn; its message is kept)
-too few supervised tokens  skip   ``too_few_supervised_tokens`` (after truncation)
+too few supervised tokens  skip   ``too_few_supervised_tokens`` (after truncation); the detail says where
+                                  the answer starts, in tokens, against ``max_seq_len``
 =========================  =====  ==========================================================
 
 Roles: human/user -> user; gpt/chatgpt/bing/bard/assistant/model -> assistant; system/developer;
@@ -93,7 +94,7 @@ from ..conversations import (
     template_messages,
 )
 from ..tokens import write_tokens
-from .chat_masking import TemplateRaised, open_last_turn, reasoning_key, tokenize_batch
+from .chat_masking import TemplateRaised, answer_start, open_last_turn, reasoning_key, tokenize_batch
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,21 @@ def check_benchmark_prompts(tok, chat: list[dict], sets: list[str] | None, promp
 
 def _percentile(values: list[int], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
+
+
+def too_few_supervised_detail(supervised: int, minimum: int, max_seq_len: int, start: int | None) -> str:
+    """The data report's words for a ``too_few_supervised_tokens`` skip: ``supervised`` answer tokens kept
+    (of at least ``minimum``, data.min_supervised_tokens) within ``max_seq_len`` tokens (data.max_seq_len);
+    ``start``: the index of the answer's first token in the whole render (``chat_masking.answer_start``),
+    None where the conversation was not cut."""
+    if start is None:
+        return (f"only {supervised} supervised (answer) token{'s' if supervised != 1 else ''}, fewer than "
+                f"data.min_supervised_tokens {minimum}")
+    if start >= max_seq_len:
+        return (f"the supervised answer starts at token {start}, beyond data.max_seq_len {max_seq_len}: "
+                "the cut keeps none of it")
+    return (f"the supervised answer starts at token {start} and data.max_seq_len is {max_seq_len}: the cut keeps "
+            f"{supervised} of its tokens, fewer than data.min_supervised_tokens {minimum}")
 
 
 def prepare(
@@ -317,7 +333,11 @@ def prepare(
                 if conv.last_turn_unfinished and tail is None:
                     mask = open_last_turn(ids, mask, special_ids)
                 if int(mask.sum()) < min_supervised_tokens:
-                    counters.skip("too_few_supervised_tokens", str(path), index, f"{int(mask.sum())} < {min_supervised_tokens}")
+                    start = answer_start(tok, template_messages(conv.messages[:-1] if tail is not None else conv.messages,
+                                                                rkey), max_seq_len, conv.tools, tail) \
+                        if was_truncated else None
+                    counters.skip("too_few_supervised_tokens", str(path), index,
+                                  too_few_supervised_detail(int(mask.sum()), min_supervised_tokens, max_seq_len, start))
                     continue
                 unfinished += conv.last_turn_unfinished
                 _count_turns(extra, conv, tok, ids, rendered, rkey, tail is not None)
