@@ -185,6 +185,7 @@ def test_decode_step_ab_on_vllm_cpu(tmp_path, smol_target):
     assert re.search(r"^\s+1\s+1\s+4\s+\d+\.\d{3}\s+\d\.\d{3}$", p.stdout, re.M)
 
 
+@pytest.mark.slow
 def test_gpu_record_driver_dry_run(tmp_path):
     """benchmarks/gpu/record.py --dry-run: each named record's config files validate and Snakemake plans its build up
     to the benchmark (a log per record), no record written."""
