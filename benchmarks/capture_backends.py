@@ -55,8 +55,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from eagle3build import vllm_capture as vc  # noqa: E402
 from eagle3build.capture.capture_hidden_states import capture_shard  # noqa: E402
 from eagle3build.shards import ShardMeta, ShardReader  # noqa: E402

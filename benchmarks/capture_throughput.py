@@ -23,14 +23,11 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3build.capture.capture_hidden_states import capture_shard  # noqa: E402
 from eagle3build.data.prepare_data import write_tokens  # noqa: E402

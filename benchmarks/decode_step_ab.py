@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3build import vllm_engine  # noqa: E402
 from eagle3build.compat.preflight_bound import ENTRY  # noqa: E402

@@ -21,13 +21,11 @@ import json
 import os
 import platform
 import struct
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from eagle3build.target import fingerprint  # noqa: E402
 

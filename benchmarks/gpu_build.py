@@ -26,16 +26,14 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import yaml
+from eagle3build.benchkit import keep_head, load_config
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 STAGES = ("materialize_target", "compat_report", "prepare_data", "capture_hidden_states", "build_vocab_map",
           "train_draft", "export_head")
 
@@ -115,20 +113,6 @@ def scaling_run(res: Path, cfg: dict, target_dir: str, nproc: int, steps: int, o
             "tokens_per_s_per_gpu": round(m["tokens_per_s"] / nproc, 1)}
 
 
-def keep_head(res: Path, dest: Path) -> None:
-    """Copy the head of ``res`` (results/<run>) without ``embed_tokens.weight`` (vLLM and speculators
-    take it from the target) to ``dest``, and the benchmark prompts to ``dest``'s parent."""
-    from safetensors.torch import load_file, save_file
-
-    dest.mkdir(parents=True, exist_ok=True)
-    state = load_file(str(res / "head/model.safetensors"))
-    state.pop("embed_tokens.weight", None)
-    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    for f in ("config.json", "head_meta.json"):
-        shutil.copy(res / "head" / f, dest / f)
-    shutil.copy(res / "data/prompts.jsonl", dest.parent / "prompts.jsonl")
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", required=True)
@@ -142,10 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     a.snakemake = shlex.split(a.snakemake)
 
-    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
-    user = yaml.safe_load(Path(a.configfile).read_text())
-    for k, v in user.items():
-        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+    cfg = load_config([a.configfile])
     wd = Path(a.workdir).resolve()
     res = wd / "results" / cfg["run"]
     peak, peak_how = peak_flops()

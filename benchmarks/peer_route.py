@@ -41,29 +41,15 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import recipe_sweep  # noqa: E402  (config merge and job seconds, as the recorded sweeps read them)
 
 from eagle3build import artifacts  # noqa: E402
 from eagle3build.atomic import atomic_path, write_json  # noqa: E402
+from eagle3build.benchkit import load_config, stage_seconds  # noqa: E402
 from eagle3build.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
 from eagle3build.speculators_data import write_speculators_data  # noqa: E402
 
 HEAD_FILES = ("config.json", "model.safetensors")
-
-
-def merged_config(configfiles: list[str]) -> dict:
-    """config.yaml updated by each of ``configfiles`` in turn, as snakemake merges several ``--configfile``s
-    (recipe_sweep.merged_config, snakemake.utils.update_config). Not validated against the config schema: the run
-    these files made was, and this script reads only keys config.yaml sets."""
-    from snakemake.utils import update_config
-
-    rest: dict = {}
-    for f in configfiles[1:]:
-        update_config(rest, yaml.safe_load(Path(f).read_text()))
-    return recipe_sweep.merged_config(Path(configfiles[0]), rest)
 
 
 def run_shards(res: Path) -> dict[str, list[Path]]:
@@ -169,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("extra", nargs="*", help="more speculators train flags (after --)")
     a = ap.parse_args(argv)
 
-    cfg = merged_config(a.configfile)
+    cfg = load_config(a.configfile)
     if cfg["draft"]["method"] != "eagle3":
         raise SystemExit(f"peer_route.py: draft.method {cfg['draft']['method']!r}; the peer route trains eagle3 heads")
     wd = Path(a.workdir).resolve()
@@ -204,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
             shutil.copy2(ckpt / f, tmp / f)
     total_s = round(time.perf_counter() - t0, 1)
 
-    ours = recipe_sweep.stage_seconds(res / "benchmarks", since=0.0)  # the run's Snakemake benchmark files
+    ours = stage_seconds(res / "benchmarks", since=0.0)  # the run's Snakemake benchmark files
     record = {
         "command": " ".join(sys.argv), "configfiles": a.configfile, "run": cfg["run"], "target": target,
         "dry_run": a.dry_run, "speculators_command": cmd[1:],

@@ -36,22 +36,9 @@ from pathlib import Path
 
 import yaml
 
+from eagle3build.benchkit import keep_head, load_config, stage_seconds
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_build import keep_head  # noqa: E402  (the same head copy as the recorded GPU build)
-
-GPU_STAGES = ("regenerate_responses", "capture_hidden_states", "train_draft", "export_head")
-
-
-def merged_config(base: Path, overrides: dict) -> dict:
-    """config.yaml updated by ``base`` then ``overrides``, recursively (Snakemake's own merge of
-    several ``--configfile``s, snakemake.utils.update_config)."""
-    from snakemake.utils import update_config
-
-    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
-    update_config(cfg, yaml.safe_load(base.read_text()))
-    update_config(cfg, overrides)
-    return cfg
 
 
 def planned_jobs(exe: list[str], args: list[str], workdir: Path) -> dict[str, int]:
@@ -70,21 +57,6 @@ def planned_jobs(exe: list[str], args: list[str], workdir: Path) -> dict[str, in
     table = out.split("Job stats:", 1)[1]
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
             if m.group(1) != "total"}
-
-
-def stage_seconds(bench_dir: Path, since: float) -> dict[str, float]:
-    """Seconds per GPU stage of the jobs that ran after ``since`` (epoch seconds), summed over
-    their ``benchmark:`` files (column ``s``)."""
-    out: dict[str, float] = {}
-    for f in bench_dir.rglob("*.tsv"):
-        if f.stat().st_mtime < since:
-            continue
-        stage = next((s for s in GPU_STAGES if str(f.relative_to(bench_dir)).startswith(s)), None)
-        if stage is None:
-            continue
-        rows = f.read_text().splitlines()
-        out[stage] = round(out.get(stage, 0.0) + float(rows[1].split("\t")[0]), 1)
-    return out
 
 
 def record_variant(res: Path) -> dict:
@@ -140,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name in names:
         vfile = out / "configs" / f"{name}.yaml"
         vfile.write_text(yaml.safe_dump(variants[name] or {}, sort_keys=True))
-        cfg = merged_config(base, variants[name] or {})
+        cfg = load_config([base], variants[name] or {})
         res = wd / "results" / cfg["run"]
         args = ["--configfile", str(base), str(vfile.resolve()), "--cores", str(a.cores), "--until", "export_head",
                 *(["--resources", f"gpu={a.gpus}"] if a.gpus else []), *a.extra]

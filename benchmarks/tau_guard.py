@@ -25,8 +25,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from eagle3build import vllm_engine  # noqa: E402
 from eagle3build.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
 from eagle3build.serve import prompt_sets  # noqa: E402

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +32,6 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from eagle3build import vocab_map  # noqa: E402
 from eagle3build.artifacts import minimal_decisions  # noqa: E402

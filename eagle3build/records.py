@@ -124,7 +124,8 @@ def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
 
     Keys: ``concurrency``, ``num_prompts``, ``max_tokens``, ``baseline.tokens_per_s``; per served run
     ``<head.>k<k>.tau.<set|all>`` (mean acceptance length τ, tokens), ``...speedup.<set|all>`` (output tokens/s
-    with the head over the target alone, same prompts, one job), ``...lossless``; the run's own head has no
+    with the head over the target alone, same prompts, one job), ``...lossless`` (``outputs_identical`` in outputs
+    older than the lossless check; left out where the file has neither); the run's own head has no
     ``<head.>`` prefix, a compared head is prefixed by its name. With a ``k_schedule`` block:
     ``schedule.c<c>.speedup``, ``schedule.c<c>.best_k``, ``schedule.never_slower``, ``sweep.k<k>.c<c>.speedup``.
     Values are floats rounded to 4 places, ints, bools or None (τ where nothing was drafted).
@@ -138,10 +139,13 @@ def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
         pre = (f"{head}." if head and head not in ("eagle3", "own") else "") + f"k{r['num_speculative_tokens']}."
         out[pre + "tau.all"] = _round(r.get("mean_acceptance_length"))
         out[pre + "speedup.all"] = _round(r["speedup"])
-        out[pre + "lossless"] = bool(r["lossless"])
+        lossless = r.get("lossless", r.get("outputs_identical"))  # older outputs: outputs_identical only
+        if lossless is not None:
+            out[pre + "lossless"] = bool(lossless)
         for name, v in r["sets"].items():
             out[pre + f"tau.{name}"] = _round(v.get("mean_acceptance_length"))
-            out[pre + f"speedup.{name}"] = _round(v["speedup"])
+            if "speedup" in v:
+                out[pre + f"speedup.{name}"] = _round(v["speedup"])
         if r.get("method"):
             out[pre + "method"] = r["method"]
     ks = bench.get("k_schedule")
@@ -202,8 +206,179 @@ def make_record(name: str, *, command: str, commit: str, versions: Mapping[str, 
     return rec
 
 
-def write_record(folder: str | Path, record: Mapping[str, Any]) -> Path:
-    """Write ``record`` atomically as ``folder/<name>_<card>.json`` and return the path."""
-    path = Path(folder) / f"{record['name']}_{card_slug(record['hardware']['card'])}.json"
+def record_filename(record: Mapping[str, Any], tag: str | None = None) -> str:
+    """``<name>_<card>.json``, or ``<name>_<card>_<tag>.json`` for a second measurement of the same record on the same
+    kind of card (another host, another call): ``tag`` in ``[a-z0-9-]+``.
+
+    Raises:
+        RecordError: a tag outside that alphabet.
+    """
+    stem = f"{record['name']}_{card_slug(record['hardware']['card'])}"
+    if tag is not None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", tag):
+            raise RecordError(f"record {record['name']}: tag {tag!r}: use lower-case letters, digits and '-'")
+        stem += f"_{tag}"
+    return stem + ".json"
+
+
+def write_record(folder: str | Path, record: Mapping[str, Any], tag: str | None = None) -> Path:
+    """Write ``record`` atomically as ``folder/<name>_<card>[_<tag>].json`` (``record_filename``) and return the
+    path."""
+    path = Path(folder) / record_filename(record, tag)
     write_json(path, dict(record))
     return path
+
+
+# ---- Docs checked against records --------------------------------------------------------------------------------
+#
+# The citation convention: a measured figure in README.md, docs/ or benchmarks/ is a Markdown link to its record with
+# the result key as the fragment, the link text being the figure as the record rounds to that many places:
+#
+#     decodes [1.55x](benchmarks/records/recipe_h200.json#k3.speedup.all) as fast as the target alone
+#
+# ``check_docs`` fails a citation whose record or key does not exist, or whose number differs from the record's value
+# rounded to the places written; a speed-up (``1.55x``), τ (``τ 2.78``), throughput (``620 tokens/s``, ``1.3 GB/s``)
+# or step time (``2.6 ms``) written outside a citation (code spans and blocks aside); and, where records of the same
+# name were made on more than one card or host (``recipe_h100.json``, ``recipe_h200.json``), a citation of one that
+# does not cite the same key of the others in the same paragraph (table row), each followed by its card in
+# parentheses: ``[1.27x](…recipe_h100.json#k3.speedup.all) (H100) to [1.55x](…recipe_h200.json#k3.speedup.all)
+# (H200)``. Written here rather than found in a library: it is this project's convention (a Markdown link checker
+# such as lychee checks that targets exist, not the values they back).
+
+CITATION = re.compile(r"\[(?P<text>[^\]\n]+)\]\((?P<path>[^)\s#]*?records/(?P<stem>[a-z0-9][a-z0-9_-]*)\.json)"
+                      r"#(?P<key>[^)\s]+)\)")
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# Measured figures that must be citations: a decimal ratio (1.55x), a τ, a throughput, a step time.
+UNCITED = re.compile(r"(?<![\w.])\d+\.\d+x\b|τ\s*(?:=|≈|of)?\s*\d+\.\d+|(?<![\w.])\d[\d,]*(?:\.\d+)?\s*k?\s*"
+                     r"(?:tokens/s|tok/s|GB/s)|(?<![\w.])\d+(?:\.\d+)?\s*ms\b")
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+CARD_AFTER = re.compile(r"\s*\*{0,2}\s*\((?P<card>[^)]*)\)")
+
+
+def _matches(text: str, value: Any) -> bool:
+    """Whether a citation's text states ``value``: booleans as ``lossless``/``yes``/``true`` (``no``/``false`` for
+    False); strings verbatim; numbers as the first number in the text, equal to ``value`` rounded to its places."""
+    plain = text.replace("*", "").strip()
+    if isinstance(value, bool):
+        words = {"lossless", "yes", "true", "passed"} if value else {"no", "false", "failed"}
+        return plain.lower() in words
+    if isinstance(value, str):
+        return plain == value
+    if value is None:
+        return plain in ("—", "none", "null")
+    m = NUMBER.search(plain)
+    if not m:
+        return False
+    written = m.group(0).replace(",", "")
+    places = len(written.split(".")[1]) if "." in written else 0
+    return abs(round(float(value), places) - float(written)) < 10 ** -(places + 3)
+
+
+def _blocks(text: str) -> list[tuple[int, str]]:
+    """(first line number, text) of each paragraph; a table row or list item is a block of its own."""
+    out, cur, start = [], [], 1
+    for i, line in enumerate(text.split("\n"), 1):
+        s = line.strip()
+        if not s or s.startswith(("|", "#")) or re.match(r"[-*] |\d+\. ", s):
+            if cur:
+                out.append((start, "\n".join(cur)))
+            cur, start = ([line], i) if s else ([], i + 1)
+            if s.startswith(("|", "#")):
+                out.append((i, line))
+                cur, start = [], i + 1
+            continue
+        if not cur:
+            start = i
+        cur.append(line)
+    if cur:
+        out.append((start, "\n".join(cur)))
+    return out
+
+
+def check_text(text: str, recs: Mapping[str, Mapping[str, Any]], where: str) -> list[str]:
+    """Problems with the figures of one document (``where`` names it in each message); [] where it keeps the
+    convention above. ``recs``: ``load_records``' result (keyed by file stem)."""
+    by_name: dict[str, list[str]] = {}
+    for stem, rec in recs.items():
+        by_name.setdefault(rec["name"], []).append(stem)
+    errors = []
+    text = CODE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    for line0, block in _blocks(text):
+        cited = {(m.group("stem"), m.group("key")) for m in CITATION.finditer(block)}
+        for m in CITATION.finditer(block):
+            line = line0 + block[:m.start()].count("\n")
+            stem, key, shown = m.group("stem"), m.group("key"), m.group("text")
+            at = f"{where}:{line}: [{shown}]({stem}#{key})"
+            rec = recs.get(stem)
+            if rec is None:
+                errors.append(f"{at}: no record benchmarks/records/{stem}.json")
+                continue
+            if key not in rec["results"]:
+                errors.append(f"{at}: record {stem} has no result {key}")
+                continue
+            if not _matches(shown, rec["results"][key]):
+                errors.append(f"{at}: the record says {rec['results'][key]!r}")
+            others = [s for s in by_name[rec["name"]] if s != stem and key in recs[s]["results"]]
+            for other in others:
+                if (other, key) not in cited:
+                    errors.append(f"{at}: {other} measured the same on another card or host: give the range "
+                                  f"(cite {other}#{key} in the same paragraph)")
+            if others:
+                card = CARD_AFTER.match(block, m.end())
+                slug = card_slug(rec["hardware"]["card"])
+                if not card or slug not in card.group("card").lower():
+                    errors.append(f"{at}: a range's end names its card: follow the link with ({slug.upper()} ...)")
+        bare = CITATION.sub(lambda m: " " * len(m.group(0)), block)
+        for m in UNCITED.finditer(bare):
+            line = line0 + bare[:m.start()].count("\n")
+            errors.append(f"{where}:{line}: figure {m.group(0)!r} without a record: cite it "
+                          f"([{m.group(0)}](benchmarks/records/<record>.json#<key>))")
+    return errors
+
+
+DOCS = ("README.md", "docs/*.md", "benchmarks/**/*.md", "examples/configs/*.yaml")
+
+
+def check_docs(root: str | Path, patterns: tuple[str, ...] = DOCS) -> list[str]:
+    """``check_text`` over the files of ``root`` that ``patterns`` match, against ``root/benchmarks/records``.
+
+    Raises:
+        RecordError: a record file that fails the schema.
+    """
+    root = Path(root)
+    recs = load_records(root / "benchmarks" / "records")
+    errors = []
+    for pat in patterns:
+        for path in sorted(root.glob(pat)):
+            errors += check_text(path.read_text(), recs, str(path.relative_to(root)))
+    return errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m eagle3build.records check [ROOT]``: every cited figure against its record; exit 1 with the
+    problems listed. ``python -m eagle3build.records show NAME_CARD``: a record's results."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m eagle3build.records", description=main.__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="the docs' figures against the records")
+    c.add_argument("root", nargs="?", default=".", type=Path)
+    s = sub.add_parser("show", help="one record's results")
+    s.add_argument("stem")
+    s.add_argument("--root", default=".", type=Path)
+    a = ap.parse_args(argv)
+    if a.cmd == "show":
+        rec = load_records(a.root / "benchmarks" / "records")[a.stem]
+        for k, v in rec["results"].items():
+            print(f"{k}\t{v}")
+        return 0
+    errors = check_docs(a.root)
+    for e in errors:
+        print(e, file=sys.stderr)
+    print(f"{len(errors)} problem(s) in the docs' figures", file=sys.stderr if errors else sys.stdout)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

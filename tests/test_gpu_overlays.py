@@ -1,88 +1,60 @@
-"""The GPU record overlays under benchmarks/gpu/ validate against the config schema, merged as
-benchmarks/gpu/run_h200.sh merges them (config.yaml, then h200_8k.yaml, then the overlay), so that a
-lent device's minutes are not spent on a typo'd key (the schema refuses unknown keys)."""
+"""The overlays beside benchmarks/gpu/record.py: each is used by one of its records, and each record's config files,
+merged as the workflow merges them, validate against the config schema, so that a lent device's minutes are not spent
+on a typo'd key (the schema refuses unknown keys)."""
 from __future__ import annotations
 
-import copy
-import json
 import sys
 
 import pytest
-import yaml
 from smk import REPO
-from snakemake.utils import validate
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-from recipe_sweep import merged_config  # noqa: E402  (config.yaml, a base, overrides: Snakemake's own merge)
+from eagle3build.benchkit import load_config
+
+sys.path.insert(0, str(REPO / "benchmarks/gpu"))
+import record  # noqa: E402  (the GPU record driver: its RECORDS table)
 
 GPU = REPO / "benchmarks/gpu"
-BASES = ("h200_8k.yaml", "h200_online.yaml")  # records of their own; every other overlay goes over h200_8k.yaml
 
 
-def merged(*names: str) -> dict:
-    """config.yaml, then ``names[0]``, then each further overlay in order (run_h200.sh's --configfile order)."""
-    from snakemake.utils import update_config
-
-    base, *over = names
-    cfg = merged_config(GPU / base, {})
-    for name in over:
-        update_config(cfg, yaml.safe_load((GPU / name).read_text()))
-    return cfg
+@pytest.mark.parametrize("name", sorted(record.RECORDS))
+def test_record_configs_validate(name):
+    cfg = load_config([REPO / f for f in record.RECORDS[name].configfiles])
+    assert cfg["run"] == record.run_name(record.RECORDS[name].configfiles)
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in GPU.glob("*.yaml")))
-def test_overlay_validates(name):
-    names = (name,) if name in BASES else ("h200_8k.yaml", name)
-    cfg = merged(*names)
-    validate(copy.deepcopy(cfg), str(REPO / "schemas/config.schema.yaml"))
-    assert cfg["run"]
+def test_every_overlay_is_a_records():
+    used = {f for r in record.RECORDS.values() for f in r.configfiles}
+    overlays = {f"benchmarks/gpu/{p.name}" for p in GPU.glob("*.yaml")}
+    assert overlays <= used, f"overlays no record uses: {sorted(overlays - used)}"
+    assert all((REPO / f).exists() for f in used)
 
 
 def test_overlays_set_what_their_records_say():
-    b = merged("h200_8k.yaml", "c16_64.yaml")["benchmark"]
-    assert (b["concurrency"], b["num_prompts"], b["ks"]) == (16, 64, [1, 2, 3, 5])
-    assert merged("h200_8k.yaml", "c16.yaml")["benchmark"]["num_prompts"] == 16
-    assert merged("h200_8k.yaml", "ks25.yaml")["benchmark"]["ks"] == [2, 5]
-    b = merged("h200_8k.yaml", "kschedule.yaml")["benchmark"]
-    assert (b["k_schedule_concurrencies"], b["num_prompts"], b["ks"]) == ([1, 4, 16], 64, [1, 2, 3, 5])
-    with pytest.raises(Exception, match="concurrenc"):
-        bad = merged("h200_8k.yaml")
-        bad["benchmark"]["concurrencyy"] = 16
-        validate(bad, str(REPO / "schemas/config.schema.yaml"))
+    recipe = "examples/configs/smollm2-8k-gpu.yaml"
+    b = load_config([recipe, "benchmarks/gpu/c16_64.yaml"])["benchmark"]
+    assert (b["concurrency"], b["num_prompts"]) == (16, 64)
+    assert load_config([recipe, "benchmarks/gpu/ks5.yaml"])["benchmark"]["ks"] == [5]
+    b = load_config([recipe, "benchmarks/gpu/kschedule.yaml"])["benchmark"]
+    assert (b["k_schedule_concurrencies"], b["ks"]) == ([1, 4, 16, 32], [3])
+    with pytest.raises(ValueError, match="concurrencyy"):
+        load_config([recipe], {"benchmark": {"concurrencyy": 16}})
 
 
-def test_gpu_records_keep_ttt_steps_3():
-    """The GPU records and sweeps were made with 3 TTT steps, config.yaml's default then; the CPU default is
-    1 since (served at k = 1: benchmarks/cpu_default_ttt_steps.json), so each pins 3 and a rerun trains the
-    recorded head, while the CPU default itself trains 1."""
-    assert merged_config(REPO / "config.yaml", {})["train"]["ttt_steps"] == 1
-    assert merged("h200_8k.yaml")["train"]["ttt_steps"] == 3
-    assert merged("h200_online.yaml")["train"]["ttt_steps"] == 3
-    assert merged("h200_8k.yaml", "row_vocab32k.yaml")["train"]["ttt_steps"] == 3
-    for sweep in ("base_4k.yaml", "full_16k.yaml"):
-        assert merged_config(REPO / "benchmarks/sweep" / sweep, {})["train"]["ttt_steps"] == 3
-
-
-def test_best_recipe_example_is_the_recorded_overlays():
-    """examples/configs/smollm2-8k-gpu.yaml is what h200_8k.yaml + row_vocab32k.yaml + row_ttt5.yaml +
-    row_epochs4.yaml (+ resumable.yaml, which does not change the head) built on the H200 and tau_guard.py
-    served (h200_8k_vocab32k_ttt5_epochs4_tau_guard.json): every key that shapes the head, and the
-    benchmark's settings; its tau reference is that run's."""
-    example = merged_config(REPO / "examples/configs/smollm2-8k-gpu.yaml", {})
-    record = merged("h200_8k.yaml", "row_vocab32k.yaml", "row_ttt5.yaml", "row_epochs4.yaml", "resumable.yaml")
-    validate(copy.deepcopy(example), str(REPO / "schemas/config.schema.yaml"))
-    for key in ("target", "data", "capture", "vocab", "train", "export"):
-        assert example[key] == record[key], key
+def test_the_recipe_is_the_recorded_head():
+    """examples/configs/smollm2-8k-gpu.yaml is the head of records recipe_h200 and recipe_h100: the keys that shape
+    it (32,000-token draft vocab, 5 TTT steps with decay 0.8, 4 epochs) and the benchmark served (k = 3, 16 prompts a
+    set, 256 tokens, one request in flight), on one GPU per stage. The GPU records pin 3+ TTT steps, while the CPU
+    default trains 1 (served at k = 1)."""
+    example = load_config(["examples/configs/smollm2-8k-gpu.yaml"])
     t = example["train"]
     assert (example["vocab"]["draft_vocab_size"], t["ttt_steps"], t["ttt_step_loss_decay"], t["epochs"]) == (
         32000, 5, 0.8, 4)
-    served = merged("h200_8k.yaml", "ks3.yaml")["benchmark"]
-    assert example["benchmark"] == served
+    b = example["benchmark"]
+    assert (b["ks"], b["num_prompts"], b["max_tokens"], b["concurrency"]) == ([3], 16, 256, 1)
     assert {r: example["resources"][r]["gpu"] for r in ("capture", "train", "serve")} == {
         "capture": 1, "train": 1, "serve": 1}
-    guard = json.loads((GPU / "h200_8k_vocab32k_ttt5_epochs4_tau_guard.json").read_text())
-    reference = json.loads((GPU / "h200_8k_vocab32k_ttt5_epochs4_tau_reference.json").read_text())
-    assert (guard["run"]["k"], guard["run"]["num_prompts"], guard["run"]["max_tokens"]) == (
-        served["ks"][0], served["num_prompts"], served["max_tokens"])
-    assert reference["tau"] == {s: round(v, 4) for s, v in guard["run"]["tau"].items()}
-    assert min(reference["tau"].values()) >= 2.6  # issue 23's goal, on both sets
+    assert load_config([])["train"]["ttt_steps"] == 1
+    for name in ("dense", "kimi"):
+        assert load_config([REPO / f for f in record.RECORDS[name].configfiles])["train"]["ttt_steps"] == 3
+    for sweep in ("base_4k.yaml", "full_16k.yaml"):
+        assert load_config([REPO / "benchmarks/sweep" / sweep])["train"]["ttt_steps"] == 3

@@ -198,12 +198,11 @@ def test_peer_route_dry_run(tiny_shards, tiny_target, tmp_path):
 
 
 def test_compare_peer_overlay_names_the_head_peer_route_writes():
-    """benchmarks/gpu/compare_peer.yaml serves the head that run_kimi_h200.sh's `peer` step has peer_route.py write
-    (its --out, then /head): a wrong path would stop the device call's plan on a missing input."""
-    import re
+    """benchmarks/gpu/compare_peer.yaml serves the head that record.py's `peer` record has peer_route.py write (its
+    --out, then /head): a wrong path would stop the device call's plan on a missing input."""
+    sys.path.insert(0, str(REPO / "benchmarks/gpu"))
+    import record
 
-    script = (REPO / "benchmarks/gpu/run_kimi_h200.sh").read_text()
-    out = re.search(r"benchmarks/peer_route\.py \\\s*--configfile \S+ --out (\S+)", script).group(1)
     heads = yaml.safe_load((REPO / "benchmarks/gpu/compare_peer.yaml").read_text())["benchmark"]["compare_heads"]
-    assert heads == [{"name": "speculators", "path": f"{out}/head"}]
-    assert f"[ -f {out}/head/config.json ]" in script
+    assert heads == [{"name": "speculators", "path": f"{record.PEER_DIR}/head"}]
+    assert "benchmarks/gpu/compare_peer.yaml" in record.RECORDS["peer"].configfiles

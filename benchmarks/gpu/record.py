@@ -42,9 +42,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from eagle3build import records
+from eagle3build.benchkit import load_config
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -111,11 +110,13 @@ RECORDS: dict[str, Record] = {
 
 
 def run_name(configfiles: tuple[str, ...]) -> str:
-    """The config's ``run`` after merging ``configfiles`` over config.yaml (the last file that sets it wins)."""
-    run = yaml.safe_load((REPO / "config.yaml").read_text())["run"]
-    for f in configfiles:
-        run = (yaml.safe_load((REPO / f).read_text()) or {}).get("run", run)
-    return run
+    """The config's ``run`` after merging ``configfiles`` over config.yaml as the workflow does, validated
+    (``eagle3build.benchkit.load_config``: a typo'd key stops here, before any device time is spent).
+
+    Raises:
+        ValueError: the merged config fails the schema (the message names the files and the field).
+    """
+    return load_config([f if Path(f).is_absolute() else REPO / f for f in configfiles])["run"]
 
 
 def commit() -> str:

@@ -1,0 +1,114 @@
+"""The records of measured figures (eagle3build.records, benchmarks/records/) and the docs checked against them
+(issue 51): every figure README.md, docs/ and benchmarks/ cite is a link to its record's result, equal to it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from smk import REPO
+
+from eagle3build import records as R
+
+RECS = R.load_records(REPO / "benchmarks/records")
+
+
+def test_docs_cite_only_recorded_figures():
+    """The gate: no figure in README.md, docs/, benchmarks/ or the example configs without its record, none that
+    differs from it, and every configuration measured on more than one card or host given as a range."""
+    errors = R.check_docs(REPO)
+    assert errors == [], "\n".join(errors[:40])
+
+
+def test_the_readme_cites_the_gpu_range_and_prints_its_command():
+    """The README's GPU line: the recipe's speed-up from each card it was measured on, and the one command that
+    makes that record."""
+    text = (REPO / "README.md").read_text()
+    for stem in ("recipe_h100", "recipe_h200"):
+        assert f"benchmarks/records/{stem}.json#k3.speedup.all" in text
+    assert "python benchmarks/gpu/record.py recipe --seconds" in text
+
+
+def test_check_text_catches_each_kind_of_problem():
+    recs = {"a_h200": R.make_record("a", command="c", commit="abc1234", date="2026-12-01", versions={},
+                                    hardware={"gpus": ["NVIDIA H200"], "cpu_count": 16},
+                                    results={"k3.speedup.all": 1.5525, "k3.lossless": True}),
+            "a_h100": R.make_record("a", command="c", commit="abc1234", date="2026-12-05", versions={},
+                                    hardware={"gpus": ["NVIDIA H100"], "cpu_count": 16},
+                                    results={"k3.speedup.all": 1.27}),
+            "b_cpu": R.make_record("b", command="c", commit="abc1234", date="2026-12-01", versions={},
+                                   hardware={"gpus": [], "cpu_count": 2}, results={"tau": 1.1979})}
+    link = "[{}](benchmarks/records/{}.json#{})"
+    ok = (f"{link.format('1.27x', 'a_h100', 'k3.speedup.all')} (H100) to "
+          f"{link.format('**1.55x**', 'a_h200', 'k3.speedup.all')} (H200), {link.format('lossless', 'a_h200', 'k3.lossless')};"
+          f" τ {link.format('1.198', 'b_cpu', 'tau')} on a CPU; `1.50x in code` is not a figure")
+    assert R.check_text(ok, recs, "ok.md") == []
+    cases = {
+        link.format("1.19", "b_cpu", "tau"): "the record says 1.1979",
+        link.format("1.2", "c_cpu", "tau"): "no record benchmarks/records/c_cpu.json",
+        link.format("1.2", "b_cpu", "tau.chat"): "has no result tau.chat",
+        "decodes 1.61x as fast": "figure '1.61x' without a record",
+        "τ 2.78 on chat": "figure 'τ 2.78' without a record",
+        "at 620 tokens/s": "without a record",
+        link.format("1.55x", "a_h200", "k3.speedup.all") + " (H200)": "give the range (cite a_h100#k3.speedup.all",
+        f"{link.format('1.27x', 'a_h100', 'k3.speedup.all')} to {link.format('1.55x', 'a_h200', 'k3.speedup.all')}":
+            "a range's end names its card",
+    }
+    for text, needle in cases.items():
+        errors = R.check_text(text, recs, "doc.md")
+        assert any(needle in e for e in errors), (text, errors)
+        assert all(e.startswith("doc.md:1: ") for e in errors)
+
+
+def test_summarise_benchmark_on_the_recipe_run():
+    """A real benchmark.json (the recipe's H200 run, its texts left out): the figures its record quotes."""
+    bench = json.loads((REPO / "tests/data/benchmark_recipe_h200.json").read_text())
+    out = R.summarise_benchmark(bench)
+    assert (out["concurrency"], out["num_prompts"], out["max_tokens"]) == (1, 16, 256)
+    assert (out["k3.tau.chat"], out["k3.tau.humaneval"], out["k3.speedup.all"], out["k3.lossless"]) == (
+        2.7758, 2.638, 1.5525, True)
+    assert out["baseline.tokens_per_s"] == 354.81
+    assert not any(k.startswith(("k1.", "schedule.")) for k in out)
+    rec = RECS["recipe_h200"]
+    assert {k: rec["results"][k] for k in out} == out  # the record is this file's summary (plus training figures)
+    assert rec["versions"] == {"vllm": "0.26.0", "torch": "2.11.0", "transformers": "5.17.0", "speculators": "0.9.0"}
+    assert rec["hardware"] == {"card": "NVIDIA H200", "gpus": 1, "host_cpus": 16}
+
+
+def test_records_are_valid_and_named_by_card():
+    assert len(RECS) >= 40
+    for stem, rec in RECS.items():
+        name, card, *tag = stem.split("_")
+        assert (name, card) == (rec["name"], R.card_slug(rec["hardware"]["card"])), stem
+        assert R.record_filename(rec, tag[0] if tag else None) == f"{stem}.json"
+    bad = dict(RECS["recipe_h200"], date="5 Dec")
+    with pytest.raises(R.RecordError, match=r"x\.json: field date: '5 Dec' does not match"):
+        R.validate_record(bad, "x.json")
+    with pytest.raises(R.RecordError, match="tag 'Host 2'"):
+        R.record_filename(RECS["recipe_h200"], "Host 2")
+
+
+def test_records_cli(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "eagle3build.records", "show", "recipe_h100"], capture_output=True,
+                       text=True, cwd=REPO)
+    assert p.returncode == 0 and "k3.speedup.all\t1.27" in p.stdout
+    (tmp_path / "benchmarks/records").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("decodes 1.61x as fast\n")
+    p = subprocess.run([sys.executable, "-m", "eagle3build.records", "check", str(tmp_path)], capture_output=True,
+                       text=True, cwd=REPO)
+    assert p.returncode == 1 and "README.md:1: figure '1.61x' without a record" in p.stderr
+
+
+def test_the_tree_holds_records_not_diaries():
+    """Issue 51's bounds: no raw-log folder, no diary over 150 lines, one GPU driver, fewer than 450 tracked files,
+    benchmarks/ under 1.5 MB."""
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    bench = [f for f in files if f.startswith("benchmarks/")]
+    assert not [f for f in files if "_logs/" in f]
+    assert len(files) < 450
+    assert sum((REPO / f).stat().st_size for f in bench if (REPO / f).exists()) < 1.5e6
+    assert [f for f in bench if f.endswith(".sh")] == []
+    long = [f for f in files if f.endswith(".md") and f.startswith(("benchmarks/", "docs/"))
+            and not f.startswith("docs/design/") and len((REPO / f).read_text().splitlines()) > 150]
+    assert long == []
