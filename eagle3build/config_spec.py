@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from . import draft_methods
+
 ROLES = ("trigger", "runtime", "files")
 
 # The stages (eagle3build.contract.CONTRACTS), for the ``uses`` of keys that reach many.
@@ -116,8 +118,43 @@ class Key:
 
 
 SECTION_DOCS = {"resources.cpu": "the CPU stages: compat_report, prepare_data, build_vocab_map"}
-# draft.method's choices, as speculators and vLLM name them (head_model.METHODS, which imports torch, has the same)
-DRAFT_METHODS = ["eagle3", "peagle", "dflash"]
+# draft.method's choices, as speculators and vLLM name them (the registry, eagle3build.draft_methods)
+DRAFT_METHODS = list(draft_methods.NAMES)
+
+
+def draft_keys() -> tuple[Key, ...]:
+    """The config's ``draft`` section, from the method registry (``draft_methods.METHODS``): ``draft.method``,
+    ``draft.compare_methods`` and each method's options (``draft.<method>.<option>``, in train_draft's ``train``
+    param as ``<method>_<option>``). All were added after builds existed (``quiet_default``)."""
+    methods = draft_methods.METHODS.values()
+    return (
+        Key(
+            "draft.method",
+            {"type": "string", "enum": list(DRAFT_METHODS)},
+            draft_methods.DEFAULT_METHOD,
+            "the draft head's kind, as speculators and vLLM name it: " + " | ".join(m.summary for m in methods)
+            + "; one capture serves all three (docs/design/peagle_dflash.md)",
+            {"train_draft": "trigger:train"},
+            quiet_default=True,
+        ),
+        Key(
+            "draft.compare_methods",
+            {"type": "array", "items": {"type": "string", "enum": list(DRAFT_METHODS)}, "uniqueItems": True},
+            [],
+            (
+                "other draft methods trained from this run's shards (results/<run>/methods/<method>/checkpoint and "
+                "head, each with this config's settings and its own draft.method) and served beside the run's head in "
+                "its benchmark, each named by its method; [] = none"
+            ),
+            {"benchmark": "trigger:benchmark"},
+            quiet_default=True,
+        ),
+        *(Key(f"draft.{m.name}.{o.name}", dict(o.schema), o.default, o.doc,
+              {"train_draft": f"trigger:train/{m.name}_{o.name}"}, quiet_default=True)
+          for m in methods for o in m.options),
+    )
+
+
 KEYS: tuple[Key, ...] = (
     Key(
         "run",
@@ -435,57 +472,7 @@ KEYS: tuple[Key, ...] = (
         "tokens of the draft's vocabulary (the most frequent of the training tokens)",
         {"compat_report": "runtime", "build_vocab_map": "trigger", "preflight_bound": "trigger"},
     ),
-    Key(
-        "draft.method",
-        {"type": "string", "enum": list(DRAFT_METHODS)},
-        "eagle3",
-        (
-            "the draft head's kind, as speculators and vLLM name it: eagle3 (one token a forward, training-time "
-            "test) | peagle (P-EAGLE: all k tokens in one forward) | dflash (a block of tokens in one forward over "
-            "the target's context); one capture serves all three (docs/design/peagle_dflash.md)"
-        ),
-        {"train_draft": "trigger:train"},
-        quiet_default=True,
-    ),
-    Key(
-        "draft.compare_methods",
-        {"type": "array", "items": {"type": "string", "enum": list(DRAFT_METHODS)}, "uniqueItems": True},
-        [],
-        (
-            "other draft methods trained from this run's shards (results/<run>/methods/<method>/checkpoint and "
-            "head, each with this config's settings and its own draft.method) and served beside the run's head in "
-            "its benchmark, each named by its method; [] = none"
-        ),
-        {"benchmark": "trigger:benchmark"},
-        quiet_default=True,
-    ),
-    Key(
-        "draft.peagle.num_depths",
-        {"type": "integer", "minimum": 2},
-        8,
-        "P-EAGLE: draft positions trained in one forward (speculators' num_depths, models/peagle/core.py); "
-        "read where draft.method is peagle (changing it retrains under any method: it is in train_draft's param)",
-        {"train_draft": "trigger:train/peagle_num_depths"},
-        quiet_default=True,
-    ),
-    Key(
-        "draft.dflash.block_size",
-        {"type": "integer", "minimum": 2},
-        8,
-        "DFlash: tokens per drafted block, the anchor and block_size - 1 drafts (speculators' block_size, "
-        "models/dflash/core.py); read where draft.method is dflash (changing it retrains under any method)",
-        {"train_draft": "trigger:train/dflash_block_size"},
-        quiet_default=True,
-    ),
-    Key(
-        "draft.dflash.num_layers",
-        {"type": "integer", "minimum": 1},
-        5,
-        "DFlash: decoder layers of the draft (speculators' CLI default 5); read where draft.method is dflash "
-        "(changing it retrains under any method)",
-        {"train_draft": "trigger:train/dflash_num_layers"},
-        quiet_default=True,
-    ),
+    *draft_keys(),
     Key(
         "train.head_variant",
         {"type": "string", "enum": ["auto", "eagle3", "eagle3.1"]},

@@ -520,7 +520,7 @@ def _timed_chat(llm, msgs: list, in_flight: int, sp):
 
 def decode_sweep(spec: dict) -> dict:
     """One engine, the same prompts decoded greedily at each of several concurrencies: the measurement behind a
-    k schedule by batch size (``serve.benchmark.k_schedule``). Runs inside the child process.
+    k schedule by batch size (``serve.k_schedule.k_schedule``). Runs inside the child process.
 
     ``spec``: ``engine`` (``engine_args``, sized for the largest concurrency), ``prompts``
     (``[{"id", "messages"}]``), ``max_tokens``, ``concurrencies`` (requests in flight, each >= 1), optionally

@@ -9,7 +9,8 @@ import pytest
 
 from eagle3build import vllm_engine
 from eagle3build.artifacts import ArtifactError
-from eagle3build.serve import benchmark, plot_benchmark, prompt_sets
+from eagle3build.serve import benchmark, k_schedule, lossless, plot_benchmark, prompt_sets
+from eagle3build.serve.benchmark import BenchmarkSettings
 
 
 def _head(tmp_path, draft_ids):
@@ -271,7 +272,7 @@ def _fake_engines(calls, top, changed=(1, 3)):
     reference's top log-probabilities there."""
 
     def fake_run_child(entry, spec, workdir, name):
-        if entry == benchmark.TOP_ENTRY:
+        if entry == lossless.TOP_ENTRY:
             calls.append((name, spec["items"], spec["engine"]["max_num_seqs"], spec["engine"].get("enforce_eager")))
             return {"engine_start_s": 1.0, "top": [top for _ in spec["items"]]}
         calls.append((name, [g["count"] for g in spec["sets"]], len(spec["prompts"])))
@@ -307,6 +308,15 @@ def _engine(k=0, eager=False, seqs=1, layers=None):
             **({"enforce_eager": True} if eager else {}), **({"draft_layers": layers} if layers is not None else {})}
 
 
+def _bench(tmp_path, head, out, skipped_too_long, **kw):
+    """``benchmark._benchmark`` of ``head`` at k 2 over ``BY_SET`` (2 prompts a set, 8 tokens, one in flight) into
+    ``out``, with the engines of ``_engine`` and a near-tie gap of 0.25 nats; ``kw``: more settings."""
+    s = benchmark.BenchmarkSettings(target_dir="t", head_dir=head, prompts_path="p.jsonl", out_json=str(out), ks=[2],
+                                    num_prompts=2, max_tokens=8, dtype="auto", served_name="m", max_model_len=512,
+                                    concurrency=1, **kw)
+    return benchmark._benchmark(tmp_path, _engine, BY_SET, s, 0.25, skipped_too_long)
+
+
 def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     """One child run per configuration over all sets; the parent splits speed-up and lossless check per set.
     Prompt b's changed token is the baseline's second choice, 0.05 nats below its first: a near-tie, counted,
@@ -314,8 +324,7 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(vllm_engine, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
     out = tmp_path / "b.json"
-    r = benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [2, 5]), out, [2], 8, "m", 512, 1, 2, 0.25,
-                             {"chat": 1, "humaneval": 0})
+    r = _bench(tmp_path, _head(tmp_path, [2, 5]), out, {"chat": 1, "humaneval": 0})
     # the baseline's top log-probabilities are asked once, at b's first differing position, given its prompt
     assert calls == [("baseline", [2, 2], 4), ("eagle3_k2", [2, 2], 4),
                      ("baseline_top_logprobs", [{"prompt_token_ids": [101, 7], "prefix": [1]}], 1, True)]
@@ -371,8 +380,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
         "speculators_model_type": "peagle", "transformer_layer_config": {"num_hidden_layers": 2},
         "speculators_config": {"proposal_methods": [{"speculative_tokens": 8}]}}))
     heads = [{"name": "peagle", "path": other}]
-    r = benchmark._benchmark(tmp_path, _engine, BY_SET, own, tmp_path / "b.json", [2], 8, "m", 512, 1, 2, 0.25,
-                             {"chat": 0, "humaneval": 0}, compare_heads=heads)
+    r = _bench(tmp_path, own, tmp_path / "b.json", {"chat": 0, "humaneval": 0}, compare_heads=heads)
     assert [x[0] for x in seen] == ["baseline", "eagle3_k2", "compare_peagle_k2", "baseline_top_logprobs"]
     assert seen[1][1:] == (None, own) and seen[2][1:] == (2, other)  # the own head's engine as before; P-EAGLE's 2 layers
     assert [(e["head"], e["method"], e["num_speculative_tokens"]) for e in r["eagle3"]] == \
@@ -400,11 +408,10 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_engine, "require_vllm", lambda **kw: None)
     for names in (["head"], ["peagle", "peagle"]):
         with pytest.raises(ValueError, match=r"compare_heads names .*: each must be unique"):
-            benchmark.benchmark("t", own, "p.jsonl", str(tmp_path / "x.json"), [2], 2, 8, "auto", "m",
-                                compare_heads=[{"name": n, "path": other} for n in names])
+            benchmark.benchmark(BenchmarkSettings("t", own, "p.jsonl", str(tmp_path / "x.json"), [2], 2, 8, "auto", "m",
+                                compare_heads=[{"name": n, "path": other} for n in names]))
     # without compared heads the runs are not named: a build's benchmark.json keeps its bytes
-    plain = benchmark._benchmark(tmp_path, _engine, BY_SET, own, tmp_path / "c.json", [2], 8, "m", 512, 1, 2, 0.25,
-                                 {"chat": 0, "humaneval": 0})
+    plain = _bench(tmp_path, own, tmp_path / "c.json", {"chat": 0, "humaneval": 0})
     assert "head" not in plain["eagle3"][0] and "compare_heads" not in plain["settings"]
 
 
@@ -414,8 +421,8 @@ def test_benchmark_names_a_compared_heads_divergence(tmp_path, monkeypatch):
     (tmp_path / "p").mkdir()
     other = _head(tmp_path / "p", [1, 2])
     with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b .*; peagle k=2 prompt b \(chat\) at output token 1"):
-        benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [2, 5]), tmp_path / "b.json", [2], 8, "m", 512,
-                             1, 2, 0.25, {"chat": 0, "humaneval": 0}, compare_heads=[{"name": "peagle", "path": other}])
+        _bench(tmp_path, _head(tmp_path, [2, 5]), tmp_path / "b.json", {"chat": 0, "humaneval": 0},
+               compare_heads=[{"name": "peagle", "path": other}])
 
 
 @pytest.mark.parametrize("top, why", [([[2, -0.05], [3, -3.05]], "3.0 nats apart"),
@@ -426,8 +433,7 @@ def test_benchmark_fails_on_a_real_divergence(tmp_path, monkeypatch, top, why):
     out = tmp_path / "b.json"
     with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b \(chat\) at output token 1: baseline 2, with "
                                                         r"the head 3"):
-        benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [1, 2]), out, [2], 8, "m", 512, 1, 2, 0.25,
-                             {"chat": 0, "humaneval": 0})
+        _bench(tmp_path, _head(tmp_path, [1, 2]), out, {"chat": 0, "humaneval": 0})
     assert not out.exists(), why
 
 
@@ -438,8 +444,7 @@ def test_benchmark_counts_a_first_token_difference_against_the_engines(tmp_path,
     monkeypatch.setattr(vllm_engine, "run_child", _fake_engines([], [[1, -0.05], [9, -3.05]], changed=(0, 9)))
     out = tmp_path / "b.json"
     with caplog.at_level("WARNING"):
-        r = benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [1, 2]), out, [2], 8, "m", 512, 1, 2,
-                                 0.25, {"chat": 0, "humaneval": 0})
+        r = _bench(tmp_path, _head(tmp_path, [1, 2]), out, {"chat": 0, "humaneval": 0})
     (e,) = r["eagle3"]
     assert (e["first_token_differences"], e["near_ties"], e["divergences"], e["lossless"]) == (1, 0, 0, True)
     assert e["sets"]["chat"]["first_token_differences"] == 1 and e["sets"]["humaneval"]["first_token_differences"] == 0
@@ -483,9 +488,9 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
     monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
 
     def run(max_model_len):
-        return benchmark.benchmark(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
+        return benchmark.benchmark(BenchmarkSettings(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
                                    str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=max_model_len,
-                                   sets=["custom"], custom_prompts_path=str(pf))
+                                   sets=["custom"], custom_prompts_path=str(pf)))
 
     r = run(fits + 16)
     assert [[p["id"] for p in s["prompts"]] for s in specs] == [["short"], ["short"]]  # baseline, k=2
@@ -499,9 +504,9 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
     assert specs == []
     # a k-schedule concurrency above the prompts that run could never be put in flight: refused before any engine
     with pytest.raises(ValueError, match=r"k_schedule_concurrencies \[1, 2\]: each must be from 1 to the 1 prompts"):
-        benchmark.benchmark(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
+        benchmark.benchmark(BenchmarkSettings(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
                             str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=fits + 16,
-                            sets=["custom"], custom_prompts_path=str(pf), k_schedule_concurrencies=[2, 1])
+                            sets=["custom"], custom_prompts_path=str(pf), k_schedule_concurrencies=[2, 1]))
     assert specs == []
 
 
@@ -534,9 +539,9 @@ def test_benchmark_skips_prompts_the_template_refuses(tiny_target, tmp_path, mon
     monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
 
     def run():
-        return benchmark.benchmark(str(target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
+        return benchmark.benchmark(BenchmarkSettings(str(target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
                                    str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=512,
-                                   sets=["custom"], custom_prompts_path=str(pf))
+                                   sets=["custom"], custom_prompts_path=str(pf)))
 
     r = run()
     assert [[p["id"] for p in s["prompts"]] for s in specs] == [["plain"], ["plain"]]
@@ -552,32 +557,32 @@ def test_benchmark_skips_prompts_the_template_refuses(tiny_target, tmp_path, mon
 
 def test_classify_difference():
     top = {3: [[10, -0.40], [11, -0.55], [12, -2.0]]}
-    near = benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 11, 4], top, 0.25)
+    near = lossless.classify_difference([1, 2, 3, 10], [1, 2, 3, 11, 4], top, 0.25)
     assert (near["position"], near["kind"], near["gap"], near["top2_gap"]) == (3, "near_tie", pytest.approx(0.15),
                                                                                pytest.approx(0.15))
-    assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"  # 1.6 apart
-    assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 11], top, 0.1)["kind"] == "divergence"  # tighter
-    assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 13], top, 9.0)["gap"] is None  # not in the top list
+    assert lossless.classify_difference([1, 2, 3, 10], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"  # 1.6 apart
+    assert lossless.classify_difference([1, 2, 3, 10], [1, 2, 3, 11], top, 0.1)["kind"] == "divergence"  # tighter
+    assert lossless.classify_difference([1, 2, 3, 10], [1, 2, 3, 13], top, 9.0)["gap"] is None  # not in the top list
     assert near["baseline_gap"] == 0.0
     # judged against the reference's best, not the baseline's token: the baseline (11) was itself off the
     # reference's first choice (10), which the run took
-    off = benchmark.classify_difference([1, 2, 3, 11], [1, 2, 3, 10], top, 0.1)
+    off = lossless.classify_difference([1, 2, 3, 11], [1, 2, 3, 10], top, 0.1)
     assert (off["kind"], off["gap"], off["baseline_gap"]) == ("near_tie", 0.0, pytest.approx(0.15))
     # the baseline's token outside the top list, the run's the reference's best: still a near-tie
-    assert benchmark.classify_difference([1, 2, 3, 99], [1, 2, 3, 10], top, 0.25)["kind"] == "near_tie"
+    assert lossless.classify_difference([1, 2, 3, 99], [1, 2, 3, 10], top, 0.25)["kind"] == "near_tie"
     # the run's token 1.6 below the reference's best, though the baseline took the second: a divergence
-    assert benchmark.classify_difference([1, 2, 3, 11], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"
+    assert lossless.classify_difference([1, 2, 3, 11], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"
     # output token 0 comes from the target's prefill (no draft yet): the engines' difference, whatever the gap
-    first = benchmark.classify_difference([10, 5], [12, 5], {0: top[3]}, 0.25)
+    first = lossless.classify_difference([10, 5], [12, 5], {0: top[3]}, 0.25)
     assert (first["kind"], first["gap"]) == ("first_token", pytest.approx(1.6))
     # but a first token outside the reference's top list is no engine noise: a divergence
-    assert benchmark.classify_difference([10, 5], [13, 5], {0: top[3]}, 0.25)["kind"] == "divergence"
-    assert benchmark.classify_difference([], [12], {}, 0.25)["kind"] == "divergence"  # the baseline gave nothing
-    ended = benchmark.classify_difference([1, 2, 3], [1, 2, 3, 11], top, 0.25)  # the baseline stopped there
+    assert lossless.classify_difference([10, 5], [13, 5], {0: top[3]}, 0.25)["kind"] == "divergence"
+    assert lossless.classify_difference([], [12], {}, 0.25)["kind"] == "divergence"  # the baseline gave nothing
+    ended = lossless.classify_difference([1, 2, 3], [1, 2, 3, 11], top, 0.25)  # the baseline stopped there
     assert (ended["baseline_token"], ended["kind"]) == (None, "divergence")
-    assert benchmark.first_difference([1, 2], [1, 2]) is None and benchmark.first_difference([1], [1, 5]) == 1
+    assert lossless.first_difference([1, 2], [1, 2]) is None and lossless.first_difference([1], [1, 5]) == 1
     with pytest.raises(ValueError, match="do not differ"):
-        benchmark.classify_difference([1], [1], top, 0.25)
+        lossless.classify_difference([1], [1], top, 0.25)
 
 
 def test_best_ks_and_schedule_bands():
@@ -588,25 +593,25 @@ def test_best_ks_and_schedule_bands():
              1: {1: 150.0, 4: 360.0, 16: 790.0},
              3: {1: 190.0, 4: 350.0, 16: 700.0}}
     target = {1: 105.0, 4: 310.0, 16: 820.0}
-    best = benchmark.best_ks(sweep, [1, 4, 16], target)
+    best = k_schedule.best_ks(sweep, [1, 4, 16], target)
     assert best == {1: 3, 4: 1, 16: 0}
-    assert benchmark.schedule_bands(best) == [[1, 2, 3], [3, 8, 1], [9, 16, 0]]
-    assert benchmark.schedule_bands({1: 2, 2: 2, 64: 1}) == [[1, 11, 2], [12, 64, 1]]
-    assert benchmark.schedule_bands({1: 0, 16: 0}) == [[1, 16, 0]]
-    assert benchmark.best_ks({0: {1: 10.0}, 2: {1: 10.0}}, [1], {1: 9.0}) == {1: 0}  # a tie is not faster
-    assert benchmark.best_ks({0: {1: 10.0}, 2: {1: 12.0}, 3: {1: 12.0}}, [1], {1: 9.0}) == {1: 2}  # nor a larger k
+    assert k_schedule.schedule_bands(best) == [[1, 2, 3], [3, 8, 1], [9, 16, 0]]
+    assert k_schedule.schedule_bands({1: 2, 2: 2, 64: 1}) == [[1, 11, 2], [12, 64, 1]]
+    assert k_schedule.schedule_bands({1: 0, 16: 0}) == [[1, 16, 0]]
+    assert k_schedule.best_ks({0: {1: 10.0}, 2: {1: 10.0}}, [1], {1: 9.0}) == {1: 0}  # a tie is not faster
+    assert k_schedule.best_ks({0: {1: 10.0}, 2: {1: 12.0}, 3: {1: 12.0}}, [1], {1: 9.0}) == {1: 2}  # nor a larger k
     # k 3 measured fastest at one request but none of its drafts was accepted there: noise, k 1 is served
     taus = {1: {1: 1.4, 4: 1.4, 16: 1.4}, 3: {1: 1.0, 4: 1.6, 16: 1.6}}
-    assert benchmark.best_ks(sweep, [1, 4, 16], target, taus) == {1: 1, 4: 1, 16: 0}
+    assert k_schedule.best_ks(sweep, [1, 4, 16], target, taus) == {1: 1, 4: 1, 16: 0}
     # nor one that drafted nothing there (τ None)
-    assert benchmark.best_ks(sweep, [1], target, {1: {1: None}, 3: {1: 1.0}}) == {1: 0}
+    assert k_schedule.best_ks(sweep, [1], target, {1: {1: None}, 3: {1: 1.0}}) == {1: 0}
     # k 1 everywhere beats k 0 but not the target alone on balance: log(101/100 x 285/300 x 750/800) < 0
-    assert benchmark.best_ks({0: {1: 95.0, 4: 280.0, 16: 740.0}, 1: {1: 101.0, 4: 285.0, 16: 750.0}}, [1, 4, 16],
+    assert k_schedule.best_ks({0: {1: 95.0, 4: 280.0, 16: 740.0}, 1: {1: 101.0, 4: 285.0, 16: 750.0}}, [1, 4, 16],
                              {1: 100.0, 4: 300.0, 16: 800.0}) == {1: 0, 4: 0, 16: 0}
     with pytest.raises(KeyError):
-        benchmark.best_ks({1: {1: 10.0}}, [1], {1: 9.0})  # no k 0 to compare with
+        k_schedule.best_ks({1: {1: 10.0}}, [1], {1: 9.0})  # no k 0 to compare with
     with pytest.raises(KeyError):
-        benchmark.best_ks(sweep, [1, 4, 16], {1: 100.0})  # the target alone not measured at 4
+        k_schedule.best_ks(sweep, [1, 4, 16], {1: 100.0})  # the target alone not measured at 4
 
 
 def test_parallel_k_for_a_peagle_head():
@@ -616,13 +621,13 @@ def test_parallel_k_for_a_peagle_head():
              3: {1: 190.0, 4: 350.0, 16: 700.0}}
     target = {1: 100.0, 4: 300.0, 16: 800.0}
     # k 1: log(1.5 x 1.2 x 0.9875) = 0.575; k 3: log(1.9 x 1.1667 x 0.875) = 0.662
-    assert benchmark.parallel_k(sweep, [1, 4, 16], target) == 3
-    assert benchmark.parallel_k({**sweep, 3: {1: 170.0, 4: 350.0, 16: 700.0}}, [1, 4, 16], target) == 1  # 0.551
-    assert benchmark.parallel_k({1: {1: 12.0}, 2: {1: 12.0}}, [1], {1: 10.0}) == 1  # a tie: the smaller k
-    assert benchmark.parallel_k({1: {1: 9.0}, 2: {1: 8.0}}, [1], {1: 10.0}) == 0  # none pays
+    assert k_schedule.parallel_k(sweep, [1, 4, 16], target) == 3
+    assert k_schedule.parallel_k({**sweep, 3: {1: 170.0, 4: 350.0, 16: 700.0}}, [1, 4, 16], target) == 1  # 0.551
+    assert k_schedule.parallel_k({1: {1: 12.0}, 2: {1: 12.0}}, [1], {1: 10.0}) == 1  # a tie: the smaller k
+    assert k_schedule.parallel_k({1: {1: 9.0}, 2: {1: 8.0}}, [1], {1: 10.0}) == 0  # none pays
     # k 3's drafts never accepted: only k 1 is a candidate
-    assert benchmark.parallel_k(sweep, [1, 4, 16], target, {1: {1: 1.3}, 3: {1: 1.0, 4: None, 16: 1.0}}) == 1
-    assert benchmark.parallel_k({1: {1: 0.0}}, [1], {1: 10.0}) == 0  # nothing decoded: no gain
+    assert k_schedule.parallel_k(sweep, [1, 4, 16], target, {1: {1: 1.3}, 3: {1: 1.0, 4: None, 16: 1.0}}) == 1
+    assert k_schedule.parallel_k({1: {1: 0.0}}, [1], {1: 10.0}) == 0  # nothing decoded: no gain
 
 
 def _sweep_engines(specs, tps):
@@ -630,7 +635,7 @@ def _sweep_engines(specs, tps):
     each call's name, spec and extra environment."""
 
     def fake_run_child(entry, spec, workdir, name, env=None):
-        assert entry == benchmark.SWEEP_ENTRY
+        assert entry == k_schedule.SWEEP_ENTRY
         specs.append((name, spec, env))
         sc = spec.get("speculative_config")
         drafts = bool(sc) and sc["num_speculative_tokens_per_batch_size"] != [[1, 4, 0]]
@@ -660,7 +665,7 @@ def test_k_schedule_sweeps_chooses_and_serves_the_schedule(tmp_path, monkeypatch
            "sweep_k3": {1: 180.0, 4: 290.0}, "sweep_schedule": {1: 175.0, 4: 320.0}}
     monkeypatch.setattr(vllm_engine, "run_child", _sweep_engines(specs, tps))
     head = _head(tmp_path, [1, 2])
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0", "sweep_schedule"]
     assert all(s["engine"]["max_num_seqs"] == 4 and s["concurrencies"] == [1, 4] for _, s, _ in specs)
     # the target alone sized without a drafter on the job's runner; every engine with the head on V1, sized for its k
@@ -698,18 +703,18 @@ def test_k_schedule_sweeps_chooses_and_serves_the_schedule(tmp_path, monkeypatch
         jsonschema.validate({k: v for k, v in r.items() if k != "baseline"}, sub)
     # the schedule measured slower than the target somewhere: reported, not hidden
     tps["sweep_schedule"][4] = 290.0
-    assert benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])["never_slower"] is False
+    assert k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])["never_slower"] is False
     # k 0 beats every k at 4 in flight but is still slower than the target alone: 0 there (the schedule pays on
     # balance: log(180/100 x 295/300) > 0), and the measured schedule is slower at 4
     tps.update(sweep_k0={1: 95.0, 4: 295.0}, sweep_k1={1: 140.0, 4: 280.0}, sweep_k3={1: 180.0, 4: 260.0},
                sweep_schedule={1: 178.0, 4: 294.0})
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 2, 3], [3, 4, 0]] and r["never_slower"] is False
     assert r["speculative_config"]["num_speculative_tokens"] == 3
     # no k beats k 0 anywhere: the schedule drafts nothing, the target alone is served, no schedule engine starts
     specs.clear()
     tps.update(sweep_k1={1: 90.0, 4: 200.0}, sweep_k3={1: 80.0, 4: 100.0})
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 4, 0]] and r["speculative_config"] is None and r["never_slower"] is True
     assert r["env"] == {} and r["best_k"] == {"1": 0, "4": 0}
     assert r["scheduled"]["4"] == {"output_tokens_per_s": 300.0, "mean_acceptance_length": None, "speedup": 1.0}
@@ -728,7 +733,7 @@ def test_k_schedule_of_a_peagle_head_holds_one_k(tmp_path, monkeypatch):
     head = Path(_head(tmp_path, [1, 2]))
     (head / "config.json").write_text('{"speculators_model_type": "peagle", '
                                       '"transformer_layer_config": {"num_hidden_layers": 1}}')
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
     # over the target alone, served everywhere: k 1 log(1.4 x 1.1) = 0.432, k 3 log(1.8 x 0.9667) = 0.554: k 3;
     # k 0 then measured with num_speculative_tokens 3; at 4 in flight k 3 (290) beats k 0 (280)
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0", "sweep_schedule"]
@@ -741,17 +746,17 @@ def test_k_schedule_of_a_peagle_head_holds_one_k(tmp_path, monkeypatch):
     assert r["speculative_config"]["num_speculative_tokens"] == 3
     # k 0 faster than k 3 at 4 in flight: bands of 3 and 0, never k 1 beside them
     tps["sweep_k0"][4] = 295.0
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 2, 3], [3, 4, 0]]
     # no k pays over the target alone: its k 0 is not measured, the target alone is served
     specs.clear()
     tps.update(sweep_k1={1: 95.0, 4: 250.0}, sweep_k3={1: 99.0, 4: 200.0})
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3"]
     assert r["schedule"] == [[1, 4, 0]] and r["speculative_config"] is None and r["sweep"][0]["k"] == 1
     # the same figures for an EAGLE-3 head: k 3 at 1 in flight, k 1 at 4
     tps.update(sweep_k1={1: 140.0, 4: 330.0}, sweep_k3={1: 180.0, 4: 290.0})
     (head / "config.json").write_text('{"speculators_model_type": "eagle3", '
                                       '"transformer_layer_config": {"num_hidden_layers": 1}}')
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 2, 3], [3, 4, 1]] and "parallel_drafting" not in r["speculative_config"]

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3build.contract import CONTRACTS, Contract, Param, StageSettings, job_settings
-from eagle3build.staleness import STAGE_GROUPS
+from eagle3build.contract import CONTRACTS, STAGE_GROUPS, Contract, Param, StageSettings, job_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())

@@ -83,21 +83,6 @@ def test_method_options_reach_speculators_model(tiny_shards, tiny_target):
         method_spec("peagle", {"block_size": 4})
 
 
-def test_config_keys_name_the_methods_and_defaults_of_head_model():
-    """config_spec (imported at planning, without torch) repeats draft.method's choices and the knobs' defaults
-    of head_model.METHODS: the two must agree."""
-    from eagle3build.config_spec import KEYS
-    from eagle3build.head_model import METHOD_OPTIONS, METHODS, resolved_options
-
-    keys = {k.path: k for k in KEYS}
-    assert keys["draft.method"].schema["enum"] == list(METHODS)
-    assert keys["draft.compare_methods"].schema["items"]["enum"] == list(METHODS)
-    knobs = {p: k.default for p, k in keys.items()
-             if p.startswith("draft.") and p not in ("draft.method", "draft.compare_methods")}
-    assert knobs == {f"draft.{m}.{o}": v for m in METHODS for o, v in resolved_options(m).items()}
-    assert all(set(resolved_options(m)) == set(METHOD_OPTIONS[m]) for m in METHODS)
-
-
 def test_summarise_per_position_methods():
     """P-EAGLE's marginal per-position accuracies 0.8, 0.5 give tau 1 + 0.8 + 0.8*0.5 = 2.2 (approximate);
     DFlash's expected accepted length is its own ratio eal_sum / eal_total."""

@@ -438,7 +438,7 @@ def test_edited_adapter_rebuilds_nothing(built, tmp_path):
 
 def test_output_version_bump_rebuilds_its_stage_and_downstream(built, tmp_path):
     """A stage whose output bytes change bumps OUTPUT_VERSION: that plans exactly it and what follows."""
-    from eagle3build.staleness import STAGE_GROUPS
+    from eagle3build.contract import STAGE_GROUPS
 
     wd, _ = built
     wf = _workflow_copy(tmp_path)
@@ -650,7 +650,7 @@ def _same_digest(recorded, current) -> bool:
 
 
 def _artifact_digests(wd) -> dict:
-    from eagle3build.staleness import stage_version
+    from eagle3build.contract import stage_version
 
     return {stage: {"version": stage_version(stage),
                     "files": {f: _file_digest(wd / f, stage in FLOAT_COMPUTED) for f in files}}

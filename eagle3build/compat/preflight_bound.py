@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import vllm_engine
+from .. import draft_methods, vllm_engine
 from ..artifacts import Decisions
 from ..atomic import write_json
 from ..contract import StageSettings
@@ -289,7 +289,7 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
                                     seed=seed)
         speculative = {}
         for k in measured_ks:
-            sc = {"method": "eagle3", "model": os.fspath(head), "num_speculative_tokens": k}
+            sc = draft_methods.EAGLE3.speculative_config(os.fspath(head), k)  # write_untrained_head's method
             speculative[str(k)] = vllm_engine.run_child(
                 SPEC_ENTRY, {**common, "engine": engine(k, k + 1), "speculative_config": sc}, tmp, f"preflight_k{k}")
     rows = bound_table(measured, {k: {c: v["step_s"] for c, v in r["by_concurrency"].items()}
