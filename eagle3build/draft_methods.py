@@ -132,6 +132,12 @@ class DraftMethod:
             return None
         return int(cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
 
+    def draft_layer(self, cfg: Mapping[str, Any]) -> str:
+        """The decoder layer of a head of speculators config ``cfg``: its ``transformer_layer_config.model_type``
+        (the architecture speculators built the layer as: ``llama``; ``qwen3`` for DFlash), else the method's
+        ``arch``."""
+        return (cfg.get("transformer_layer_config") or {}).get("model_type") or self.arch
+
     def expected_shapes(self, cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """Tensor name -> shape a head of speculators config ``cfg`` must hold (``head_format.expected_shapes``)."""
         return self.shapes(cfg)

@@ -99,6 +99,27 @@ def run_label(run: dict) -> str:
     return f"k={k}" if head == OWN_HEAD else f"{head} k={k}"
 
 
+def head_description(run: dict) -> str:
+    """What a benchmark.json run served, in words for plots: its draft method, draft layer, k and the positions
+    the head was trained to fill in one forward (``any k`` for a head of one token a forward):
+    ``peagle, llama layer, k=3 (trained for 8)``. A run written before OUTPUT_VERSION 8 names no layer or
+    trained positions: those parts are left out (its method: ``draft_methods.DEFAULT_METHOD`` where not named)."""
+    parts = [run.get("method") or draft_methods.DEFAULT_METHOD]
+    if run.get("draft_layer"):
+        parts.append(f"{run['draft_layer']} layer")
+    k = f"k={run['num_speculative_tokens']}"
+    if "trained_positions" in run:
+        tp = run["trained_positions"]
+        k += f" (trained for {tp})" if tp is not None else " (trained for any k)"
+    return ", ".join([*parts, k])
+
+
+def benchmark_runs(result: dict) -> list[dict]:
+    """The runs with a head of a benchmark.json ``result``: ``runs`` (OUTPUT_VERSION 8 on), or ``eagle3``, their key
+    before (every head's runs were filed there, whatever its method)."""
+    return result.get("runs", result.get("eagle3")) or []
+
+
 def head_config(head_dir: str | os.PathLike) -> dict:
     """The speculators ``config.json`` of the head in ``head_dir``.
 
@@ -119,6 +140,17 @@ def speculative_config(head_dir: str | os.PathLike, k: int) -> dict:
         OSError, ValueError: ``head_dir``/config.json cannot be read as JSON, or names no registered method.
     """
     return draft_methods.of_config(head_config(head_dir)).speculative_config(os.path.abspath(head_dir), k)
+
+
+def draft_layer(head_dir: str | os.PathLike) -> str:
+    """The decoder layer of the head in ``head_dir`` (``draft_methods.DraftMethod.draft_layer``: its
+    ``transformer_layer_config.model_type``, e.g. ``llama`` for eagle3 and peagle, ``qwen3`` for dflash).
+
+    Raises:
+        OSError, ValueError: config.json cannot be read, or names no registered method.
+    """
+    cfg = head_config(head_dir)
+    return draft_methods.of_config(cfg).draft_layer(cfg)
 
 
 def trained_positions(head_dir: str | os.PathLike) -> int | None:

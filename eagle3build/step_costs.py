@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from .head_format import OWN_HEAD
+from .head_format import OWN_HEAD, benchmark_runs
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
     decode_ms = next(t["decode_step_ms"] for t in table if t["concurrency"] == c_used)  # one T_decode per concurrency
     decode_err = _relative(1e3 * base, decode_ms)
     rows, draft_cost = [], []
-    for r in benchmark["eagle3"]:
+    for r in benchmark_runs(benchmark):
         k, head, step = r["num_speculative_tokens"], r.get("head", OWN_HEAD), speculative_step_s(r)
         t = next((t for t in table if t["k"] == k and t["concurrency"] == c_used), None)
         # every head: its step less the target's verification (this baseline's step + k x the table's slope)

@@ -25,7 +25,7 @@ def _head(tmp_path, draft_ids):
     save_file({"d2t": ids - np.arange(len(ids))}, str(head / "model.safetensors"))
     # what the benchmark reads of config.json: the method (its speculative_config) and the layers (KV sizing)
     (head / "config.json").write_text('{"speculators_model_type": "eagle3", '
-                                      '"transformer_layer_config": {"num_hidden_layers": 1}}')
+                                      '"transformer_layer_config": {"num_hidden_layers": 1, "model_type": "llama"}}')
     return str(head)
 
 
@@ -94,20 +94,43 @@ def _result(speedups=(0.8, 1.3), taus=(1.5, 2.2)):
             "settings": {"num_prompts": 1, "max_tokens": 8, "dtype": "float32", "temperature": 0.0, "ks": [1, 3],
                          "concurrency": 1, "served_name": "m",
                          "sets": {n: {"num_prompts": 1, "prompt_ids": [f"{n}-0"]} for n in sets}},
-            "baseline": base, "eagle3": eagle}
+            "baseline": base, "heads": [{"name": "head", "method": "eagle3", "draft_layer": "llama",
+                                         "trained_positions": None}],
+            "runs": [dict(e, head="head", method="eagle3", draft_layer="llama", trained_positions=None) for e in eagle]}
 
 
 def test_schema_accepts_a_result_and_names_a_missing_field():
     r = _result()
     benchmark.validate(r)
-    del r["eagle3"][1]["prompts_differing_from_baseline"]
+    del r["runs"][1]["prompts_differing_from_baseline"]
     with pytest.raises(ArtifactError, match="prompts_differing_from_baseline"):
         benchmark.validate(r)
 
 
+@pytest.mark.parametrize("field", ["method", "draft_layer", "trained_positions", "head"])
+def test_schema_requires_each_run_to_name_its_head(field):
+    """From OUTPUT_VERSION 8 every run names what it served; a result of before (runs under "eagle3", no head
+    fields) still validates and reads (head_format.benchmark_runs)."""
+    from eagle3build.head_format import benchmark_runs
+
+    r = _result()
+    del r["runs"][0][field]
+    with pytest.raises(ArtifactError, match=field):
+        benchmark.validate(r)
+    old = _result()
+    old.pop("heads")
+    old["eagle3"] = [{k: v for k, v in e.items() if k not in ("head", "method", "draft_layer", "trained_positions")}
+                     for e in old.pop("runs")]
+    benchmark.validate(old)
+    assert benchmark_runs(old) == old["eagle3"] and benchmark_runs(_result()) == _result()["runs"]
+    del old["eagle3"]
+    with pytest.raises(ArtifactError):  # neither key: no run to read
+        benchmark.validate(old)
+
+
 def test_schema_requires_per_set_figures():
     r = _result()
-    del r["eagle3"][0]["sets"]["humaneval"]["mean_acceptance_length"]
+    del r["runs"][0]["sets"]["humaneval"]["mean_acceptance_length"]
     with pytest.raises(ArtifactError, match="mean_acceptance_length"):
         benchmark.validate(r)
     r = _result()
@@ -126,6 +149,36 @@ def test_plot(tmp_path):
                               "humaneval": {"tau": pytest.approx(2.3), "speedup": pytest.approx(1.4)}}
     img = matplotlib.image.imread(str(tmp_path / "b.png"))
     assert img.shape[:2] == (320, 800) and img[..., :3].std() > 0.05
+
+
+def test_plot_names_each_heads_method_layer_k_and_trained_positions(tmp_path, monkeypatch):
+    """Each bar and line of the plot names its head's method, draft layer, k and trained positions; a compared
+    head's bars its name too; a benchmark.json of before OUTPUT_VERSION 8 (runs under "eagle3") still plots."""
+    import matplotlib.axes
+
+    ticks, lines = [], []
+    real_ticks, real_plot = matplotlib.axes.Axes.set_xticks, matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xticks",
+                        lambda self, t, labels=None, **kw: ticks.append(labels) or real_ticks(self, t, labels, **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *a, **kw: lines.append(kw.get("label")) or real_plot(self, *a, **kw))
+    r = _result()
+    r["runs"][1].update(head="dflash", method="dflash", draft_layer="qwen3", trained_positions=7)
+    (tmp_path / "b.json").write_text(json.dumps(r))
+    got = plot_benchmark.plot(tmp_path / "b.json", tmp_path / "b.png")
+    assert list(got) == [1, "dflash k=3"]
+    assert ticks == [["eagle3\nllama layer\nk=1 (trained for any k)",
+                      "dflash\ndflash\nqwen3 layer\nk=3 (trained for 7)"]]
+    assert lines[0] == "eagle3, llama layer, k=1 (trained for any k) chat, τ=1.50"
+    assert lines[-1].startswith("dflash: dflash, qwen3 layer, k=3 (trained for 7) humaneval")
+    old = _result()
+    old["eagle3"] = [{k: v for k, v in e.items() if k not in ("head", "method", "draft_layer", "trained_positions")}
+                     for e in old.pop("runs")]
+    old.pop("heads")
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    ticks.clear()
+    assert list(plot_benchmark.plot(tmp_path / "old.json", tmp_path / "old.png")) == [1, 3]
+    assert ticks == [["eagle3\nk=1", "eagle3\nk=3"]]
 
 
 # ---------------------------------------------------------------- one engine, counters split per set
@@ -328,7 +381,14 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     # the baseline's top log-probabilities are asked once, at b's first differing position, given its prompt
     assert calls == [("baseline", [2, 2], 4), ("eagle3_k2", [2, 2], 4),
                      ("baseline_top_logprobs", [{"prompt_token_ids": [101, 7], "prefix": [1]}], 1, True)]
-    (e,) = r["eagle3"]
+    (e,) = r["runs"]
+    # the run names what it served: the head's method, its draft layer (config.json's model_type), k and the
+    # positions it was trained for (none: an EAGLE-3 head drafts one token a forward, any k)
+    assert {f: e[f] for f in ("head", "method", "draft_layer", "num_speculative_tokens", "trained_positions")} == \
+        {"head": "head", "method": "eagle3", "draft_layer": "llama", "num_speculative_tokens": 2,
+         "trained_positions": None}
+    assert r["heads"] == [{"name": "head", "method": "eagle3", "draft_layer": "llama", "trained_positions": None}]
+    assert "eagle3" not in r
     assert e["sets"]["chat"]["speedup"] == 1.5 and e["sets"]["humaneval"]["speedup"] == 2.5
     assert e["sets"]["chat"]["differing_prompt_ids"] == ["b"] and e["sets"]["humaneval"]["outputs_identical"]
     assert e["prompts_differing_from_baseline"] == 1 and e["speedup"] == pytest.approx(20 / (80 / 4.8))
@@ -352,7 +412,7 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     assert [e["draft_vocab_coverage"], e["sets"]["chat"]["draft_vocab_coverage"],
             e["sets"]["humaneval"]["draft_vocab_coverage"]] == [0.5, 0.5, 0.5]
     assert json.loads(out.read_text()) == json.loads(json.dumps(r))
-    assert "token_ids" not in r["baseline"]["sets"]["chat"] and "prompt_token_ids" not in r["eagle3"][0]
+    assert "token_ids" not in r["baseline"]["sets"]["chat"] and "prompt_token_ids" not in r["runs"][0]
 
 
 def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
@@ -383,9 +443,10 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     r = _bench(tmp_path, own, tmp_path / "b.json", {"chat": 0, "humaneval": 0}, compare_heads=heads)
     assert [x[0] for x in seen] == ["baseline", "eagle3_k2", "compare_peagle_k2", "baseline_top_logprobs"]
     assert seen[1][1:] == (None, own) and seen[2][1:] == (2, other)  # the own head's engine as before; P-EAGLE's 2 layers
-    assert [(e["head"], e["method"], e["num_speculative_tokens"]) for e in r["eagle3"]] == \
-        [("head", "eagle3", 2), ("peagle", "peagle", 2)]
-    own_row, peagle_row = r["eagle3"]
+    assert [(e["head"], e["method"], e["draft_layer"], e["num_speculative_tokens"], e["trained_positions"])
+            for e in r["runs"]] == [("head", "eagle3", "llama", 2, None), ("peagle", "peagle", "llama", 2, 8)]
+    assert [h["name"] for h in r["heads"]] == ["head", "peagle"] and r["heads"][1]["trained_positions"] == 8
+    own_row, peagle_row = r["runs"]
     assert (own_row["draft_vocab_coverage"], peagle_row["draft_vocab_coverage"]) == (0.5, 1.0)
     assert peagle_row["sets"]["chat"]["draft_vocab_coverage"] == 1.0
     assert (peagle_row["near_ties"], peagle_row["lossless"], peagle_row["sets"]["chat"]["speedup"]) == (1, True, 1.5)
@@ -410,9 +471,9 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match=r"compare_heads names .*: each must be unique"):
             benchmark.benchmark(BenchmarkSettings("t", own, "p.jsonl", str(tmp_path / "x.json"), [2], 2, 8, "auto", "m",
                                 compare_heads=[{"name": n, "path": other} for n in names]))
-    # without compared heads the runs are not named: a build's benchmark.json keeps its bytes
+    # without compared heads the runs still name their head; settings name no compared head
     plain = _bench(tmp_path, own, tmp_path / "c.json", {"chat": 0, "humaneval": 0})
-    assert "head" not in plain["eagle3"][0] and "compare_heads" not in plain["settings"]
+    assert plain["runs"][0]["head"] == "head" and "compare_heads" not in plain["settings"]
 
 
 def test_benchmark_names_a_compared_heads_divergence(tmp_path, monkeypatch):
@@ -445,7 +506,7 @@ def test_benchmark_counts_a_first_token_difference_against_the_engines(tmp_path,
     out = tmp_path / "b.json"
     with caplog.at_level("WARNING"):
         r = _bench(tmp_path, _head(tmp_path, [1, 2]), out, {"chat": 0, "humaneval": 0})
-    (e,) = r["eagle3"]
+    (e,) = r["runs"]
     assert (e["first_token_differences"], e["near_ties"], e["divergences"], e["lossless"]) == (1, 0, 0, True)
     assert e["sets"]["chat"]["first_token_differences"] == 1 and e["sets"]["humaneval"]["first_token_differences"] == 0
     (d,) = e["differences"]
@@ -494,7 +555,7 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
 
     r = run(fits + 16)
     assert [[p["id"] for p in s["prompts"]] for s in specs] == [["short"], ["short"]]  # baseline, k=2
-    assert r["eagle3"][0]["draft_vocab_coverage"] == 0.5  # the echo engines' [1, 2] against the draft vocab {1}
+    assert r["runs"][0]["draft_vocab_coverage"] == 0.5  # the echo engines' [1, 2] against the draft vocab {1}
     assert r["settings"]["sets"] == {"custom": {"num_prompts": 1, "prompt_ids": ["short"], "skipped_too_long": 2,
                                                 "skipped_template_error": 0}}
     specs.clear()
@@ -757,6 +818,6 @@ def test_k_schedule_of_a_peagle_head_holds_one_k(tmp_path, monkeypatch):
     # the same figures for an EAGLE-3 head: k 3 at 1 in flight, k 1 at 4
     tps.update(sweep_k1={1: 140.0, 4: 330.0}, sweep_k3={1: 180.0, 4: 290.0})
     (head / "config.json").write_text('{"speculators_model_type": "eagle3", '
-                                      '"transformer_layer_config": {"num_hidden_layers": 1}}')
+                                      '"transformer_layer_config": {"num_hidden_layers": 1, "model_type": "llama"}}')
     r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 2, 3], [3, 4, 1]] and "parallel_drafting" not in r["speculative_config"]

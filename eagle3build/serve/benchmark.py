@@ -59,7 +59,9 @@ from ..contract import StageSettings
 from ..head_format import (
     OWN_HEAD,
     check_compare_names,
+    draft_layer,
     draft_layers,
+    head_config,
     method_of,
     run_label,
     speculative_config,
@@ -83,7 +85,10 @@ log = logging.getLogger(__name__)
 # 7: the warm-up decodes every timed batch's prefill before timing and empties the prefix cache (vllm_engine.warm_up:
 #    the Kimi-shaped target's first tokens read 5-10x slow in a machine's first benchmark on it); the sweep empties
 #    the prefix cache before each concurrency
-OUTPUT_VERSION = 7
+# 8: every run names what it served (head, method, draft_layer, trained_positions beside num_speculative_tokens), the
+#    runs under "runs" (before: "eagle3", whatever the method; head_format.benchmark_runs reads both), and "heads"
+#    lists each served head once; the pre-flight draft_cost names the own head's method
+OUTPUT_VERSION = 8
 
 RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
 BenchmarkError = lossless.BenchmarkError  # raised by the lossless check; named here for the stage's callers
@@ -186,9 +191,11 @@ def benchmark(s: BenchmarkSettings) -> dict:
     (``draft_cost``; ``step_costs.compare_benchmark``), logged; with ``s.k_schedule_concurrencies`` (e.g. ``[1, 4,
     16]``) ``k_schedule`` (``serve.k_schedule``). ``s.compare_heads``: other exported heads of this target (any
     draft method), each run at every k after the run's own head, against the same baseline with the same prompts,
-    lossless check included; every run in ``eagle3`` then carries ``head`` (``head_format.OWN_HEAD`` for the run's
-    own, else its name) and ``method`` (without compared heads neither is written, so a build's benchmark.json
-    keeps its bytes). The pre-flight comparison and the k schedule are the own head's.
+    lossless check included. Every run in ``runs`` names what it served: ``head`` (``head_format.OWN_HEAD`` for the
+    run's own, else its name), its draft ``method``, ``draft_layer`` (``head_format.draft_layer``),
+    ``trained_positions`` (``head_format.trained_positions``; null: one token a forward, any k) and
+    ``num_speculative_tokens``; ``heads`` lists each served head once with the same fields. The pre-flight
+    comparison and the k schedule are the own head's.
 
     Raises:
         vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
@@ -281,11 +288,11 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
     heads = [(OWN_HEAD, s.head_dir), *((h["name"], h["path"]) for h in s.compare_heads or [])]
     # before any engine starts: a head without d2t, or whose config.json names no method vLLM serves, fails here
     drafts = {name: draft_vocab_ids(d) for name, d in heads}
-    served = {}  # per head: its method, KV-cached layers and trained positions, each read once here
+    served = {}  # per head: what it is (method, draft layer, trained positions) and its KV-cached layers, read once
     for name, d in heads:
         speculative_config(d, 1)  # a method vLLM does not serve raises here
-        served[name] = (method_of(json.loads((Path(d) / "config.json").read_text())), draft_layers(d),
-                        trained_positions(d))
+        served[name] = ({"method": method_of(head_config(d)), "draft_layer": draft_layer(d),
+                         "trained_positions": trained_positions(d)}, draft_layers(d))
     prompts = [p for ps in by_set.values() for p in ps]
     set_of = [name for name, ps in by_set.items() for _ in ps]
     groups = [{"name": name, "count": len(ps)} for name, ps in by_set.items()]
@@ -294,7 +301,8 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
     runs = []
     for head, hdir in heads:
-        method, layers, trained = served[head]
+        what, layers = served[head]
+        trained = what["trained_positions"]
         for k in s.ks:
             if trained is not None and k > trained:
                 log.warning("%s k=%d: the head was trained to fill %d draft positions in one forward "
@@ -304,9 +312,7 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
             eng = engine(k) if head == OWN_HEAD else engine(k, layers=layers)
             r = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": eng, "speculative_config": spec}, tmp,
                                       f"eagle3_k{k}" if head == OWN_HEAD else f"compare_{head}_k{k}")
-            r["num_speculative_tokens"] = k
-            if s.compare_heads:  # named only where heads are compared: a build without them keeps its bytes
-                r.update(head=head, method=method)
+            r.update(num_speculative_tokens=k, head=head, **what)  # every run names what it served
             runs.append(r)
     tops = lossless.baseline_top_logprobs(tmp, engine, base, runs)
     # the baseline's tokens inside each head's draft vocab: one figure per set, the same for every k
@@ -352,7 +358,8 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
                                      "skipped_template_error": (skipped_template_error or {}).get(name, 0)}
                               for name, ps in by_set.items()}},
         "baseline": base,
-        "eagle3": runs,
+        "heads": [{"name": name, **what} for name, (what, _) in served.items()],
+        "runs": runs,
     }
     if s.compare_heads:
         result["settings"]["compare_heads"] = [{"name": h["name"], "path": h["path"]} for h in s.compare_heads]
