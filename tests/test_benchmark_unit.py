@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3build import vllm_engine
+from eagle3build import vllm_engine, vllm_measure
 from eagle3build.artifacts import ArtifactError
 from eagle3build.serve import benchmark, k_schedule, lossless, plot_benchmark, prompt_sets
 from eagle3build.serve.benchmark import BenchmarkSettings
@@ -55,7 +55,7 @@ def _out(queued, first, last, n):
 def test_request_timings():
     # three requests, one after another: latency 1, 2, 4 s; first token after 0.1 s; 11 tokens each
     outs = [_out(0.0, 0.1, 1.0, 11), _out(1.0, 1.1, 3.0, 11), _out(3.0, 3.1, 7.0, 11)]
-    t = vllm_engine.request_timings(outs)
+    t = vllm_measure.request_timings(outs)
     assert t["request_latency_s"] == {"p50": 2.0, "p95": pytest.approx(3.8), "mean": pytest.approx(7 / 3, abs=1e-5)}
     assert t["time_to_first_token_s"]["p50"] == pytest.approx(0.1)
     # TPOT = (last - first) / (n - 1): 0.09, 0.19, 0.39
@@ -65,7 +65,7 @@ def test_request_timings():
 
 def test_request_timings_need_metrics():
     with pytest.raises(RuntimeError, match="disable_log_stats"):
-        vllm_engine.request_timings([SimpleNamespace(metrics=None, outputs=[])])
+        vllm_measure.request_timings([SimpleNamespace(metrics=None, outputs=[])])
 
 
 STATS = {"p50": 0.5, "p95": 0.7, "mean": 0.55}
@@ -223,10 +223,10 @@ class FakeLLM:
 
 def test_decode_greedy_splits_counters_per_set(monkeypatch):
     pytest.importorskip("vllm")
-    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine, **kw: (FakeLLM(), 1.5))
+    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (FakeLLM(), 1.5))
     chat = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(3)]
     code = [{"id": f"h{i}", "messages": [{"role": "user", "content": "code"}]} for i in range(2)]
-    res = vllm_engine.decode_greedy({"engine": {}, "prompts": chat + code, "max_tokens": 8, "concurrency": 1,
+    res = vllm_measure.decode_greedy({"engine": {}, "prompts": chat + code, "max_tokens": 8, "concurrency": 1,
                                      "speculative_config": {"method": "eagle3"},
                                      "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 2}]})
     c, h = res["sets"]["chat"], res["sets"]["humaneval"]
@@ -242,7 +242,7 @@ def test_decode_greedy_splits_counters_per_set(monkeypatch):
     assert len(res["token_ids"]) == 5 and res["engine_start_s"] == 1.5
     assert res["prompt_token_ids"] == [[5, 4]] * 3 + [[5, 6]] * 2  # what the near-tie check extends
     # without sets: the old single-group result, no "sets" key (export's load check)
-    res1 = vllm_engine.decode_greedy({"engine": {}, "prompts": chat, "max_tokens": 8, "concurrency": 0,
+    res1 = vllm_measure.decode_greedy({"engine": {}, "prompts": chat, "max_tokens": 8, "concurrency": 0,
                                       "speculative_config": {"method": "eagle3"}})
     assert "sets" not in res1 and res1["drafts"] == 6 and res1["accepted_per_position"] == [6, 3]
 
@@ -260,9 +260,9 @@ def test_decode_sweep_counts_each_concurrency_on_its_own(monkeypatch):
         return chat(msgs, sp, use_tqdm)
 
     llm.chat = counting_chat
-    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine, **kw: (llm, 2.0))
+    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (llm, 2.0))
     prompts = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(4)]
-    res = vllm_engine.decode_sweep({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrencies": [1, 4],
+    res = vllm_measure.decode_sweep({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrencies": [1, 4],
                                     "speculative_config": {"method": "eagle3"}})
     # warm-up: the batch of 4 at full length, then every timed batch at 2 tokens (4 of one, one of 4), each
     # concurrency from an empty prefix cache; then the timed calls, each concurrency from an empty cache: 4 calls
@@ -287,14 +287,14 @@ def test_warm_up_covers_every_timed_batch_then_empties_the_prefix_cache():
     llm.reset_prefix_cache = lambda: seen.append("reset") or reset()
     a, b, c = ([{"role": "user", "content": t}] for t in "abc")
     sp = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
-    vllm_engine.warm_up(llm, [[[a], [b, c]], [[a]]], sp)
+    vllm_measure.warm_up(llm, [[[a], [b, c]], [[a]]], sp)
     assert seen == [(2, 96), "reset", (1, 2), (2, 2), "reset", (1, 2), "reset"]
     assert sp.max_tokens == 96  # the timed params are left as they were
     llm.reset_prefix_cache = lambda: False
     with pytest.raises(RuntimeError, match="prefix cache"):
-        vllm_engine.warm_up(llm, [[[a]]], SamplingParams(temperature=0.0, max_tokens=8))
+        vllm_measure.warm_up(llm, [[[a]]], SamplingParams(temperature=0.0, max_tokens=8))
     with pytest.raises(ValueError, match="no batch"):
-        vllm_engine.warm_up(llm, [[]], sp)
+        vllm_measure.warm_up(llm, [[]], sp)
 
 
 def test_decode_greedy_times_each_set_in_its_own_batches(monkeypatch):
@@ -305,16 +305,16 @@ def test_decode_greedy_times_each_set_in_its_own_batches(monkeypatch):
     chat = llm.chat
     llm.chat = lambda msgs, sp, use_tqdm=False: calls.append(([m[-1]["content"] for m in msgs], sp.max_tokens)) \
         or chat(msgs, sp)
-    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine, **kw: (llm, 1.0))
+    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (llm, 1.0))
     prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"p{i}"}]} for i in range(7)]
-    res = vllm_engine.decode_greedy({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrency": 2,
+    res = vllm_measure.decode_greedy({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrency": 2,
                                      "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 4}]})
     batches = [["p0", "p1"], ["p2"], ["p3", "p4"], ["p5", "p6"]]
     assert calls == [(["p0", "p1"], 8)] + [(b, 2) for b in batches] + [(b, 8) for b in batches]
     assert res["sets"]["chat"]["output_tokens"] == 12 and res["sets"]["humaneval"]["output_tokens"] == 16
     # all in flight (concurrency 0) with a set left empty (every prompt of it skipped): no call for it
     calls.clear()
-    res = vllm_engine.decode_greedy({"engine": {}, "prompts": prompts[:3], "max_tokens": 8, "concurrency": 0,
+    res = vllm_measure.decode_greedy({"engine": {}, "prompts": prompts[:3], "max_tokens": 8, "concurrency": 0,
                                      "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 0}]})
     assert [len(b) for b, _ in calls] == [3, 3, 3] and res["sets"]["humaneval"]["output_tokens"] == 0
 

@@ -12,7 +12,7 @@ import yaml
 from safetensors.numpy import save_file
 from smk import REPO, planned_resources
 
-from eagle3build import vllm_engine
+from eagle3build import vllm_engine, vllm_measure
 from eagle3build.compat import compat_report
 from eagle3build.data import regenerate_responses
 from eagle3build.serve import benchmark
@@ -274,7 +274,7 @@ def _recording_engines(specs):
                "time_to_first_token_s": stats, "time_per_output_token_s": stats, "texts": ["ab"] * n,
                "token_ids": [[1, 2]] * n, "prompt_token_ids": [[7]] * n}
         if speculative:
-            out.update(vllm_engine.spec_figures({"vllm:spec_decode_num_drafts": n, "vllm:spec_decode_num_draft_tokens": n,
+            out.update(vllm_measure.spec_figures({"vllm:spec_decode_num_drafts": n, "vllm:spec_decode_num_draft_tokens": n,
                                                  "vllm:spec_decode_num_accepted_tokens": n,
                                                  "vllm:spec_decode_num_accepted_tokens_per_pos": [n]}))
         return out

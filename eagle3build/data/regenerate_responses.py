@@ -40,7 +40,7 @@ degenerate repetition of greedy decoding (its effect on the loops counted here, 
 acceptance, is not measured in this repository). Peers sample by default (SpecForge's
 ``scripts/regenerate_train_data.py``: ``--temperature 0.7``). Sampled answers are reproducible
 in part only: vLLM samples from its engine's generator, seeded by ``data.seed`` (no per-request
-seed, whose per-request generators cost 6x in tokens/s: ``vllm_engine.decode_greedy``), so an
+seed, whose per-request generators cost 6x in tokens/s: ``vllm_measure.decode_greedy``), so an
 answer depends on vLLM's batch schedule and a rerun is not bit-equal; transformers seeds torch's
 generator with ``data.seed`` once per job, so the same seed, prompts, ``batch_size`` and
 ``checkpoint_every`` (they group the prompts into ``generate`` calls) on CPU give the same answers.
@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import vllm_engine
+from .. import vllm_engine, vllm_measure
 from ..atomic import atomic_path, write_json, write_text
 from ..contract import StageSettings
 from ..conversations import (
@@ -471,11 +471,11 @@ def run_child(spec: dict) -> dict:
 
     temperature, top_p = spec.get("temperature", 0.0), spec.get("top_p", 1.0)
     check_sampling(temperature, top_p)
-    llm, _ = vllm_engine.start_engine(spec["engine"])
+    llm, _ = vllm_measure.start_engine(spec["engine"])
     tok = llm.get_tokenizer()
     # No per-request seed: sampled requests draw from the engine's generator, seeded by the engine
     # args' seed (data.seed); a seeded request would take vLLM's per-request-generator path (6x fewer
-    # tokens/s: vllm_engine.decode_greedy). So a sampled answer depends on its batch: not bit-equal
+    # tokens/s: vllm_measure.decode_greedy). So a sampled answer depends on its batch: not bit-equal
     # across reruns.
     sp = (SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"]) if temperature == 0
           else SamplingParams(temperature=temperature, top_p=top_p, max_tokens=spec["max_tokens"]))

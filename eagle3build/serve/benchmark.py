@@ -82,7 +82,7 @@ log = logging.getLogger(__name__)
 # 5: step_ms and step_cost_ratio per run and set; the pre-flight comparison's draft_cost for every head
 # 6: k_schedule served on vLLM's V1 runner, its sweep's k 0 the head held at k 0, the target alone as baseline;
 #    each run's startup.model_runner (P-EAGLE runs on V1, EAGLE-3 and DFlash on V2 for a dense target in vLLM 0.26)
-# 7: the warm-up decodes every timed batch's prefill before timing and empties the prefix cache (vllm_engine.warm_up:
+# 7: the warm-up decodes every timed batch's prefill before timing and empties the prefix cache (vllm_measure.warm_up:
 #    the Kimi-shaped target's first tokens read 5-10x slow in a machine's first benchmark on it); the sweep empties
 #    the prefix cache before each concurrency
 # 8: every run names what it served (head, method, draft_layer, trained_positions beside num_speculative_tokens), the
@@ -90,7 +90,7 @@ log = logging.getLogger(__name__)
 #    lists each served head once; the pre-flight draft_cost names the own head's method
 OUTPUT_VERSION = 8
 
-RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
+RUN_ENTRY = "eagle3build.vllm_measure:decode_greedy"
 BenchmarkError = lossless.BenchmarkError  # raised by the lossless check; named here for the stage's callers
 
 
@@ -178,7 +178,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     ``max_tokens`` tokens with the target's chat template (``chat_token_counter``) are skipped
     (``prompt_sets.drop_too_long``), logged and counted per set in ``settings.sets`` (``skipped_too_long``), so a
     set may run fewer than N. One engine per configuration (baseline, each head and k) decodes the sets one after
-    the other (``vllm_engine.decode_greedy`` with ``sets``), so a set's figures are its own counter deltas and wall
+    the other (``vllm_measure.decode_greedy`` with ``sets``), so a set's figures are its own counter deltas and wall
     time in that engine.
 
     Per run, overall and per set (``"sets": {name: ...}``): output tokens/s, wall seconds, latencies; per run with

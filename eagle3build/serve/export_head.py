@@ -44,7 +44,7 @@ OUTPUT_VERSION = 2  # 2: transformer_layer_config.num_aux_hidden_states (eagle3b
 
 
 # One engine run: start, decode greedily, read vLLM's spec-decode counters.
-RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
+RUN_ENTRY = "eagle3build.vllm_measure:decode_greedy"
 
 
 class ExportError(ValueError):

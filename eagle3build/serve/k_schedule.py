@@ -18,7 +18,7 @@ from ..step_costs import step_cost
 
 log = logging.getLogger(__name__)
 
-SWEEP_ENTRY = "eagle3build.vllm_engine:decode_sweep"
+SWEEP_ENTRY = "eagle3build.vllm_measure:decode_sweep"
 
 
 def best_ks(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int], baseline: Mapping[int, float],
@@ -126,7 +126,7 @@ SCHEDULE_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[int], max_tokens: int,
                concurrencies: list[int]) -> dict:
     """Issue 40's k per batch size. The same ``prompts`` are decoded at each of ``concurrencies`` in one engine per
-    configuration (``vllm_engine.decode_sweep``): the target alone, on the runner the job's environment selects
+    configuration (``vllm_measure.decode_sweep``): the target alone, on the runner the job's environment selects
     (vLLM's default unless ``VLLM_USE_V2_MODEL_RUNNER`` is set): what is served without a head; then the head served
     as a schedule serves it, on vLLM's V1 runner (``SCHEDULE_ENV``), with one band ``[[1, max concurrency, k]]`` for
     each k of ``ks`` and for k 0. k 0 is not the target alone: vLLM 0.26 cannot switch a drafter off by batch size

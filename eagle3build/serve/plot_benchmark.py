@@ -1,8 +1,9 @@
 """Stage ``plot_benchmark``: the benchmark's figures as one PNG for ``snakemake --report``.
 
 Left: vLLM's acceptance rate at each draft position, one line per k (num_speculative_tokens)
-and prompt set, with τ in the legend. Right: output tokens/s of each EAGLE-3 run relative to
-the baseline per prompt set and over all sets (speed-up bars; the line at 1 is the baseline).
+and prompt set, with τ in the legend. Right: output tokens/s of each run with a head relative to
+the baseline per prompt set and over all sets (speed-up bars; the line at 1 is the baseline). Each
+line and bar names its head's method, draft layer, k and trained positions (``head_format.head_description``).
 Values are read from ``benchmark.json``
 (eagle3build/schemas/benchmark.schema.json), nothing is recomputed.
 """
