@@ -127,10 +127,10 @@ def require_eval_param(values: Mapping[str, Any], ctx: PlanContext) -> bool:
 
 def online_param(values: Mapping[str, Any], ctx: PlanContext) -> dict | None:
     """``online_capture`` of ``capture.mode``, the sample counts, ``capture.storage_dtype``,
-    ``capture.tokens_per_batch`` and ``target.dtype``."""
+    ``capture.tokens_per_batch`` and ``capture.compute_dtype``."""
     return online_capture(values["capture.mode"], values["capture.num_train_samples"],
                           values["capture.num_eval_samples"], values["capture.storage_dtype"],
-                          values["capture.tokens_per_batch"], values["target.dtype"])
+                          values["capture.tokens_per_batch"], values["capture.compute_dtype"])
 
 
 @dataclass(frozen=True)
@@ -387,7 +387,7 @@ def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
 def online_capture(mode: str, num_train: int, num_eval: int, storage_dtype: str, tokens_per_batch: int,
                    compute_dtype: str) -> dict | None:
     """train_draft's ``online`` param: None offline (the shards carry these settings), else the settings that
-    shape the states it computes (``_ONLINE_KEYS`` by their last part; ``target.dtype`` as ``compute_dtype``)."""
+    shape the states it computes (``_ONLINE_KEYS`` by their last part; ``capture.compute_dtype`` as ``compute_dtype``)."""
     if mode != "online":
         return None
     return {"num_train_samples": num_train, "num_eval_samples": num_eval, "storage_dtype": storage_dtype,

@@ -246,6 +246,6 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
     return export(
         checkpoint_dir=params["checkpoint_dir"], d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
         vocab_json=inputs["vocab"], out_dir=params["out_dir"], served_name=s["target.served_name"],
-        target_dir=params["target_dir"], dtype=s["export.dtype"], vllm_load_check=s["export.vllm_load_check"],
+        target_dir=params["target_dir"], dtype=s["export.weights_dtype"], vllm_load_check=s["export.vllm_load_check"],
         gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
         trust_remote_code=s["target.trust_remote_code"])

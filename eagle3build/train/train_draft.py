@@ -341,7 +341,7 @@ def launch(kwargs: dict, nproc: int) -> None:
 def online_inputs(capture: Mapping[str, Any], capture_online: Mapping[str, Any], compute_dtype: str,
                   train_files: list[str], eval_files: list[str], gpus: int = 0) -> OnlineSettings | None:
     """``train``'s ``online`` argument from a train_draft job's settings (``capture``: its ``capture.*`` keys,
-    ``capture_online``: ``capture.online.*``, ``compute_dtype``: ``target.dtype``), its ``train``/``eval``
+    ``capture_online``: ``capture.online.*``, ``compute_dtype``: ``capture.compute_dtype``), its ``train``/``eval``
     input files (online: the one tokens file of each split) and its ``gpus``, or None where ``capture.mode``
     is ``offline`` (the inputs are then shards)."""
     if capture["mode"] != "online":
@@ -360,7 +360,7 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
     0), on one GPU, or with ``launch`` on more (one DDP process per GPU of the job's slots), into
     ``params["out_dir"]``. ``inputs``: ``train`` and ``eval`` (the shards, or online the tokens file of each
     split), ``d2t``, ``t2d``, ``vocab``, ``decisions`` (target fingerprint, aux ids, head variant, capture
-    backend). The job's ``capture.*``, ``capture.online.*`` and ``target.dtype`` settings: with ``capture.mode``
+    backend). The job's ``capture.*``, ``capture.online.*`` and ``capture.compute_dtype`` settings: with ``capture.mode``
     online (``online_inputs``) the run is always one process: the target over the job's GPUs, the draft on the
     first.
 
@@ -369,7 +369,7 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
     """
     gpus = resources.get("gpu", 0)
     device, trust = ("cuda" if gpus > 0 else "cpu"), settings["target.trust_remote_code"]
-    online = online_inputs(settings["capture"], settings["capture.online"], settings["target.dtype"],
+    online = online_inputs(settings["capture"], settings["capture.online"], settings["capture.compute_dtype"],
                            list(inputs["train"]), list(inputs["eval"]), gpus)
     files = dict(target_dir=params["target_dir"], d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
                  vocab_json=inputs["vocab"], decisions_json=inputs["decisions"], out_dir=params["out_dir"])
