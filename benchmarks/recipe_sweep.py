@@ -45,12 +45,18 @@ GPU_STAGES = ("regenerate_responses", "capture_hidden_states", "train_draft", "e
 
 def merged_config(base: Path, overrides: dict) -> dict:
     """config.yaml updated by ``base`` then ``overrides``, recursively (Snakemake's own merge of
-    several ``--configfile``s, snakemake.utils.update_config)."""
+    several ``--configfile``s, snakemake.utils.update_config), with each renamed key moved to its new path as the
+    Snakefile moves it (eagle3build.config_spec.upgrade: a recorded overlay may name a key by its old name)."""
     from snakemake.utils import update_config
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from eagle3build.config_spec import upgrade
 
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())
     update_config(cfg, yaml.safe_load(base.read_text()))
     update_config(cfg, overrides)
+    upgrade(cfg)
     return cfg
 
 

@@ -20,13 +20,17 @@ BASES = ("h200_8k.yaml", "h200_online.yaml")  # records of their own; every othe
 
 
 def merged(*names: str) -> dict:
-    """config.yaml, then ``names[0]``, then each further overlay in order (run_h200.sh's --configfile order)."""
+    """config.yaml, then ``names[0]``, then each further overlay in order (run_h200.sh's --configfile order), its
+    renamed keys moved as the Snakefile moves them."""
     from snakemake.utils import update_config
+
+    from eagle3build.config_spec import upgrade
 
     base, *over = names
     cfg = merged_config(GPU / base, {})
     for name in over:
         update_config(cfg, yaml.safe_load((GPU / name).read_text()))
+    upgrade(cfg)  # as the Snakefile does: a recorded overlay may name a key renamed since (config_spec.RENAMED)
     return cfg
 
 
