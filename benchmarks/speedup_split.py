@@ -27,10 +27,16 @@ from pathlib import Path
 import numpy as np
 
 
+def runs(result: dict) -> list[dict]:
+    """The runs with a head of one benchmark.json: ``runs`` (benchmark OUTPUT_VERSION 8 on) or ``eagle3`` (before);
+    eagle3build.head_format.benchmark_runs, restated so that this script reads a file without the package."""
+    return result.get("runs", result.get("eagle3")) or []
+
+
 def heads(result: dict) -> list[str]:
     """The heads of one benchmark.json in run order: the run's own (``head``) and each of
     ``benchmark.compare_heads`` (a run without a ``head`` field is the run's own)."""
-    return list(dict.fromkeys(r.get("head", "head") for r in result["eagle3"]))
+    return list(dict.fromkeys(r.get("head", "head") for r in runs(result)))
 
 
 def split(result: dict, set_name: str | None = None, head: str = "head") -> dict:
@@ -41,7 +47,7 @@ def split(result: dict, set_name: str | None = None, head: str = "head") -> dict
 
     base_tpot = pick(result["baseline"])["time_per_output_token_s"]["mean"]
     rows = []
-    for r in result["eagle3"]:
+    for r in runs(result):
         if r.get("head", "head") != head:
             continue
         f = pick(r)

@@ -2,7 +2,7 @@
 
 vLLM's own CI guards its EAGLE-3 heads this way (a recorded mean acceptance length per model,
 a run failing more than a tolerance below it). One engine, the target with the head as its
-EAGLE-3 drafter (``vllm_engine.decode_greedy``, the benchmark's engine and counters), greedy,
+EAGLE-3 drafter (``vllm_measure.decode_greedy``, the benchmark's engine and counters), greedy,
 ``--k`` speculative tokens, the first ``--num-prompts`` prompts of each set
 (``prompt_sets``: ``chat`` from ``--prompts``, ``humaneval``, ``custom`` from ``--custom``).
 No baseline engine: the guard checks acceptance, not speed.
@@ -63,7 +63,7 @@ def serve(a) -> dict:
             "sets": [{"name": n, "count": len(ps)} for n, ps in by_set.items()],
             "speculative_config": {"method": "eagle3", "model": os.path.abspath(a.head), "num_speculative_tokens": a.k}}
     with tempfile.TemporaryDirectory(prefix="tau-guard-") as tmp:
-        r = vllm_engine.run_child("eagle3build.vllm_engine:decode_greedy", spec, tmp, "tau_guard")
+        r = vllm_engine.run_child("eagle3build.vllm_measure:decode_greedy", spec, tmp, "tau_guard")
     return {"k": a.k, "num_prompts": a.num_prompts, "max_tokens": a.max_tokens, "dtype": eng["dtype"],
             "tau": {n: r["sets"][n]["mean_acceptance_length"] for n in by_set},
             "acceptance_rate_per_position": {n: r["sets"][n]["acceptance_rate_per_position"] for n in by_set}}

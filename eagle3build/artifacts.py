@@ -167,7 +167,7 @@ class HeadMeta(Artifact):
 
 
 class Benchmark(Artifact):
-    """``benchmark.json``: baseline and per-k EAGLE-3 runs over the prompt sets."""
+    """``benchmark.json``: baseline and per-head, per-k runs over the prompt sets."""
 
     SCHEMA = "benchmark"
 

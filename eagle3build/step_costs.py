@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from .head_format import OWN_HEAD
+from .head_format import OWN_HEAD, benchmark_runs
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,21 @@ def speculative_step_s(run: dict) -> float | None:
     return tpot * tau if tau and tpot else None
 
 
+def step_cost(base: dict, run: dict) -> dict:
+    """The mean engine step with the head, ``step_ms`` = ``run``'s time per output token (mean, s) x its τ (mean
+    acceptance length: tokens a step emits), in ms, and ``step_cost_ratio`` = that step over ``base``'s time per
+    output token: what one speculative step costs in the target's own decode steps (the τ that breaks even;
+    benchmarks/speedup_split.py splits the same step across k). Heads served at one k verify the same k + 1 tokens
+    a step, so their ``step_ms`` differ by what drafting costs each. None where the run drafted nothing (τ None)
+    or a time per output token is 0 (no request of two tokens). The mean time per output token is over requests
+    and τ over drafts, so the product is the mean step where requests are alike in length; the times are read to
+    10 µs (``vllm_measure.summary``), about 0.5 % of a 2 ms step."""
+    step = speculative_step_s(run)
+    base_tpot = base["time_per_output_token_s"]["mean"]
+    return {"step_ms": round(1e3 * step, 4) if step else None,
+            "step_cost_ratio": round(step / base_tpot, 4) if step and base_tpot else None}
+
+
 def _relative(measured: float | None, predicted: float | None) -> float | None:
     """``measured / predicted - 1``, rounded to 4 places; None where either is missing or 0."""
     return round(measured / predicted - 1, 4) if measured and predicted else None
@@ -140,7 +155,7 @@ def compare_benchmark(benchmark: dict, preflight_result: dict, tolerance: float 
     decode_ms = next(t["decode_step_ms"] for t in table if t["concurrency"] == c_used)  # one T_decode per concurrency
     decode_err = _relative(1e3 * base, decode_ms)
     rows, draft_cost = [], []
-    for r in benchmark["eagle3"]:
+    for r in benchmark_runs(benchmark):
         k, head, step = r["num_speculative_tokens"], r.get("head", OWN_HEAD), speculative_step_s(r)
         t = next((t for t in table if t["k"] == k and t["concurrency"] == c_used), None)
         # every head: its step less the target's verification (this baseline's step + k x the table's slope)

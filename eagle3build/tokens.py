@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .atomic import atomic_path
-from .conversations import DataError
+from .conversation_files import DataError
 
 TOKENS_SCHEMA = "eagle3build.tokens/2"
 OLD_SCHEMAS = ("eagle3build.tokens/1",)  # read too: sample ids in the header's metadata

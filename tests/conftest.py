@@ -100,7 +100,7 @@ def sharegpt_sample(tmp_path_factory) -> Path:
     """The first 60 records of the bundled ShareGPT file, as a small JSON array."""
     import json
 
-    from eagle3build.conversations import SourceStats, bundled_sharegpt_path, read_records
+    from eagle3build.conversation_files import SourceStats, bundled_sharegpt_path, read_records
 
     recs = []
     for _, r in read_records(bundled_sharegpt_path(), SourceStats(path="bundled")):

@@ -97,7 +97,7 @@ def test_speedup_split_tiny(tmp_path):
     taus = {1: 1.6, 2: 2.0, 3: 2.3, 5: 2.5}
     # a compared head (benchmark.compare_heads) drafting all k in one forward: 2.4 ms + 0.1 ms a draft, fitted apart
     result = {"settings": {"concurrency": 1, "sets": {"chat": {}}}, "baseline": run(0.002),
-              "eagle3": [dict(run((2 + 0.5 * k) / 1e3 / t, t, k), head="head") for k, t in taus.items()]
+              "runs": [dict(run((2 + 0.5 * k) / 1e3 / t, t, k), head="head") for k, t in taus.items()]
               + [dict(run((2.4 + 0.1 * k) / 1e3 / t, t, k), head="peagle") for k, t in taus.items()]}
     (tmp_path / "b.json").write_text(json.dumps(result))
     p = _run("speedup_split.py", str(tmp_path / "b.json"), "--json", str(tmp_path / "s.json"))
@@ -111,10 +111,11 @@ def test_speedup_split_tiny(tmp_path):
     overall = splits[0]
     assert overall["rows"][2] == {"k": 3, "tau": 2.3, "tpot_ms": round(3.5 / 2.3, 3), "step_ms": 3.5,
                                   "speedup": round(2.3 * 2 / 3.5, 3), "ceiling_speedup": round(4 * 2 / 3.5, 3)}
-    # a benchmark.json without compared heads (no `head` on its runs) is the run's own head alone
+    # a benchmark.json of before OUTPUT_VERSION 8 (runs under "eagle3") without compared heads (no `head` on its
+    # runs) is the run's own head alone
+    result["eagle3"] = result.pop("runs")[:4]
     for r in result["eagle3"]:
         r.pop("head")
-    result["eagle3"] = result["eagle3"][:4]
     (tmp_path / "b.json").write_text(json.dumps(result))
     p = _run("speedup_split.py", str(tmp_path / "b.json"))
     assert "[head, overall, concurrency 1]: baseline step 2.0 ms; fixed a = 2.0 ms" in p.stdout and "peagle" not in p.stdout

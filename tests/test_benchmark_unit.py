@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3build import vllm_engine
+from eagle3build import vllm_engine, vllm_measure
 from eagle3build.artifacts import ArtifactError
-from eagle3build.serve import benchmark, plot_benchmark, prompt_sets
+from eagle3build.serve import benchmark, k_schedule, lossless, plot_benchmark, prompt_sets
+from eagle3build.serve.benchmark import BenchmarkSettings
 
 
 def _head(tmp_path, draft_ids):
@@ -24,7 +25,7 @@ def _head(tmp_path, draft_ids):
     save_file({"d2t": ids - np.arange(len(ids))}, str(head / "model.safetensors"))
     # what the benchmark reads of config.json: the method (its speculative_config) and the layers (KV sizing)
     (head / "config.json").write_text('{"speculators_model_type": "eagle3", '
-                                      '"transformer_layer_config": {"num_hidden_layers": 1}}')
+                                      '"transformer_layer_config": {"num_hidden_layers": 1, "model_type": "llama"}}')
     return str(head)
 
 
@@ -54,7 +55,7 @@ def _out(queued, first, last, n):
 def test_request_timings():
     # three requests, one after another: latency 1, 2, 4 s; first token after 0.1 s; 11 tokens each
     outs = [_out(0.0, 0.1, 1.0, 11), _out(1.0, 1.1, 3.0, 11), _out(3.0, 3.1, 7.0, 11)]
-    t = vllm_engine.request_timings(outs)
+    t = vllm_measure.request_timings(outs)
     assert t["request_latency_s"] == {"p50": 2.0, "p95": pytest.approx(3.8), "mean": pytest.approx(7 / 3, abs=1e-5)}
     assert t["time_to_first_token_s"]["p50"] == pytest.approx(0.1)
     # TPOT = (last - first) / (n - 1): 0.09, 0.19, 0.39
@@ -64,7 +65,7 @@ def test_request_timings():
 
 def test_request_timings_need_metrics():
     with pytest.raises(RuntimeError, match="disable_log_stats"):
-        vllm_engine.request_timings([SimpleNamespace(metrics=None, outputs=[])])
+        vllm_measure.request_timings([SimpleNamespace(metrics=None, outputs=[])])
 
 
 STATS = {"p50": 0.5, "p95": 0.7, "mean": 0.55}
@@ -93,20 +94,43 @@ def _result(speedups=(0.8, 1.3), taus=(1.5, 2.2)):
             "settings": {"num_prompts": 1, "max_tokens": 8, "dtype": "float32", "temperature": 0.0, "ks": [1, 3],
                          "concurrency": 1, "served_name": "m",
                          "sets": {n: {"num_prompts": 1, "prompt_ids": [f"{n}-0"]} for n in sets}},
-            "baseline": base, "eagle3": eagle}
+            "baseline": base, "heads": [{"name": "head", "method": "eagle3", "draft_layer": "llama",
+                                         "trained_positions": None}],
+            "runs": [dict(e, head="head", method="eagle3", draft_layer="llama", trained_positions=None) for e in eagle]}
 
 
 def test_schema_accepts_a_result_and_names_a_missing_field():
     r = _result()
     benchmark.validate(r)
-    del r["eagle3"][1]["prompts_differing_from_baseline"]
+    del r["runs"][1]["prompts_differing_from_baseline"]
     with pytest.raises(ArtifactError, match="prompts_differing_from_baseline"):
         benchmark.validate(r)
 
 
+@pytest.mark.parametrize("field", ["method", "draft_layer", "trained_positions", "head"])
+def test_schema_requires_each_run_to_name_its_head(field):
+    """From OUTPUT_VERSION 8 every run names what it served; a result of before (runs under "eagle3", no head
+    fields) still validates and reads (head_format.benchmark_runs)."""
+    from eagle3build.head_format import benchmark_runs
+
+    r = _result()
+    del r["runs"][0][field]
+    with pytest.raises(ArtifactError, match=field):
+        benchmark.validate(r)
+    old = _result()
+    old.pop("heads")
+    old["eagle3"] = [{k: v for k, v in e.items() if k not in ("head", "method", "draft_layer", "trained_positions")}
+                     for e in old.pop("runs")]
+    benchmark.validate(old)
+    assert benchmark_runs(old) == old["eagle3"] and benchmark_runs(_result()) == _result()["runs"]
+    del old["eagle3"]
+    with pytest.raises(ArtifactError):  # neither key: no run to read
+        benchmark.validate(old)
+
+
 def test_schema_requires_per_set_figures():
     r = _result()
-    del r["eagle3"][0]["sets"]["humaneval"]["mean_acceptance_length"]
+    del r["runs"][0]["sets"]["humaneval"]["mean_acceptance_length"]
     with pytest.raises(ArtifactError, match="mean_acceptance_length"):
         benchmark.validate(r)
     r = _result()
@@ -125,6 +149,36 @@ def test_plot(tmp_path):
                               "humaneval": {"tau": pytest.approx(2.3), "speedup": pytest.approx(1.4)}}
     img = matplotlib.image.imread(str(tmp_path / "b.png"))
     assert img.shape[:2] == (320, 800) and img[..., :3].std() > 0.05
+
+
+def test_plot_names_each_heads_method_layer_k_and_trained_positions(tmp_path, monkeypatch):
+    """Each bar and line of the plot names its head's method, draft layer, k and trained positions; a compared
+    head's bars its name too; a benchmark.json of before OUTPUT_VERSION 8 (runs under "eagle3") still plots."""
+    import matplotlib.axes
+
+    ticks, lines = [], []
+    real_ticks, real_plot = matplotlib.axes.Axes.set_xticks, matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xticks",
+                        lambda self, t, labels=None, **kw: ticks.append(labels) or real_ticks(self, t, labels, **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *a, **kw: lines.append(kw.get("label")) or real_plot(self, *a, **kw))
+    r = _result()
+    r["runs"][1].update(head="dflash", method="dflash", draft_layer="qwen3", trained_positions=7)
+    (tmp_path / "b.json").write_text(json.dumps(r))
+    got = plot_benchmark.plot(tmp_path / "b.json", tmp_path / "b.png")
+    assert list(got) == [1, "dflash k=3"]
+    assert ticks == [["eagle3\nllama layer\nk=1 (trained for any k)",
+                      "dflash\ndflash\nqwen3 layer\nk=3 (trained for 7)"]]
+    assert lines[0] == "eagle3, llama layer, k=1 (trained for any k) chat, τ=1.50"
+    assert lines[-1].startswith("dflash: dflash, qwen3 layer, k=3 (trained for 7) humaneval")
+    old = _result()
+    old["eagle3"] = [{k: v for k, v in e.items() if k not in ("head", "method", "draft_layer", "trained_positions")}
+                     for e in old.pop("runs")]
+    old.pop("heads")
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    ticks.clear()
+    assert list(plot_benchmark.plot(tmp_path / "old.json", tmp_path / "old.png")) == [1, 3]
+    assert ticks == [["eagle3\nk=1", "eagle3\nk=3"]]
 
 
 # ---------------------------------------------------------------- one engine, counters split per set
@@ -169,10 +223,10 @@ class FakeLLM:
 
 def test_decode_greedy_splits_counters_per_set(monkeypatch):
     pytest.importorskip("vllm")
-    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine, **kw: (FakeLLM(), 1.5))
+    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (FakeLLM(), 1.5))
     chat = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(3)]
     code = [{"id": f"h{i}", "messages": [{"role": "user", "content": "code"}]} for i in range(2)]
-    res = vllm_engine.decode_greedy({"engine": {}, "prompts": chat + code, "max_tokens": 8, "concurrency": 1,
+    res = vllm_measure.decode_greedy({"engine": {}, "prompts": chat + code, "max_tokens": 8, "concurrency": 1,
                                      "speculative_config": {"method": "eagle3"},
                                      "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 2}]})
     c, h = res["sets"]["chat"], res["sets"]["humaneval"]
@@ -188,7 +242,7 @@ def test_decode_greedy_splits_counters_per_set(monkeypatch):
     assert len(res["token_ids"]) == 5 and res["engine_start_s"] == 1.5
     assert res["prompt_token_ids"] == [[5, 4]] * 3 + [[5, 6]] * 2  # what the near-tie check extends
     # without sets: the old single-group result, no "sets" key (export's load check)
-    res1 = vllm_engine.decode_greedy({"engine": {}, "prompts": chat, "max_tokens": 8, "concurrency": 0,
+    res1 = vllm_measure.decode_greedy({"engine": {}, "prompts": chat, "max_tokens": 8, "concurrency": 0,
                                       "speculative_config": {"method": "eagle3"}})
     assert "sets" not in res1 and res1["drafts"] == 6 and res1["accepted_per_position"] == [6, 3]
 
@@ -206,9 +260,9 @@ def test_decode_sweep_counts_each_concurrency_on_its_own(monkeypatch):
         return chat(msgs, sp, use_tqdm)
 
     llm.chat = counting_chat
-    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine, **kw: (llm, 2.0))
+    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (llm, 2.0))
     prompts = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(4)]
-    res = vllm_engine.decode_sweep({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrencies": [1, 4],
+    res = vllm_measure.decode_sweep({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrencies": [1, 4],
                                     "speculative_config": {"method": "eagle3"}})
     # warm-up: the batch of 4 at full length, then every timed batch at 2 tokens (4 of one, one of 4), each
     # concurrency from an empty prefix cache; then the timed calls, each concurrency from an empty cache: 4 calls
@@ -233,14 +287,14 @@ def test_warm_up_covers_every_timed_batch_then_empties_the_prefix_cache():
     llm.reset_prefix_cache = lambda: seen.append("reset") or reset()
     a, b, c = ([{"role": "user", "content": t}] for t in "abc")
     sp = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
-    vllm_engine.warm_up(llm, [[[a], [b, c]], [[a]]], sp)
+    vllm_measure.warm_up(llm, [[[a], [b, c]], [[a]]], sp)
     assert seen == [(2, 96), "reset", (1, 2), (2, 2), "reset", (1, 2), "reset"]
     assert sp.max_tokens == 96  # the timed params are left as they were
     llm.reset_prefix_cache = lambda: False
     with pytest.raises(RuntimeError, match="prefix cache"):
-        vllm_engine.warm_up(llm, [[[a]]], SamplingParams(temperature=0.0, max_tokens=8))
+        vllm_measure.warm_up(llm, [[[a]]], SamplingParams(temperature=0.0, max_tokens=8))
     with pytest.raises(ValueError, match="no batch"):
-        vllm_engine.warm_up(llm, [[]], sp)
+        vllm_measure.warm_up(llm, [[]], sp)
 
 
 def test_decode_greedy_times_each_set_in_its_own_batches(monkeypatch):
@@ -251,16 +305,16 @@ def test_decode_greedy_times_each_set_in_its_own_batches(monkeypatch):
     chat = llm.chat
     llm.chat = lambda msgs, sp, use_tqdm=False: calls.append(([m[-1]["content"] for m in msgs], sp.max_tokens)) \
         or chat(msgs, sp)
-    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine, **kw: (llm, 1.0))
+    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (llm, 1.0))
     prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"p{i}"}]} for i in range(7)]
-    res = vllm_engine.decode_greedy({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrency": 2,
+    res = vllm_measure.decode_greedy({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrency": 2,
                                      "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 4}]})
     batches = [["p0", "p1"], ["p2"], ["p3", "p4"], ["p5", "p6"]]
     assert calls == [(["p0", "p1"], 8)] + [(b, 2) for b in batches] + [(b, 8) for b in batches]
     assert res["sets"]["chat"]["output_tokens"] == 12 and res["sets"]["humaneval"]["output_tokens"] == 16
     # all in flight (concurrency 0) with a set left empty (every prompt of it skipped): no call for it
     calls.clear()
-    res = vllm_engine.decode_greedy({"engine": {}, "prompts": prompts[:3], "max_tokens": 8, "concurrency": 0,
+    res = vllm_measure.decode_greedy({"engine": {}, "prompts": prompts[:3], "max_tokens": 8, "concurrency": 0,
                                      "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 0}]})
     assert [len(b) for b, _ in calls] == [3, 3, 3] and res["sets"]["humaneval"]["output_tokens"] == 0
 
@@ -271,7 +325,7 @@ def _fake_engines(calls, top, changed=(1, 3)):
     reference's top log-probabilities there."""
 
     def fake_run_child(entry, spec, workdir, name):
-        if entry == benchmark.TOP_ENTRY:
+        if entry == lossless.TOP_ENTRY:
             calls.append((name, spec["items"], spec["engine"]["max_num_seqs"], spec["engine"].get("enforce_eager")))
             return {"engine_start_s": 1.0, "top": [top for _ in spec["items"]]}
         calls.append((name, [g["count"] for g in spec["sets"]], len(spec["prompts"])))
@@ -307,6 +361,15 @@ def _engine(k=0, eager=False, seqs=1, layers=None):
             **({"enforce_eager": True} if eager else {}), **({"draft_layers": layers} if layers is not None else {})}
 
 
+def _bench(tmp_path, head, out, skipped_too_long, **kw):
+    """``benchmark._benchmark`` of ``head`` at k 2 over ``BY_SET`` (2 prompts a set, 8 tokens, one in flight) into
+    ``out``, with the engines of ``_engine`` and a near-tie gap of 0.25 nats; ``kw``: more settings."""
+    s = benchmark.BenchmarkSettings(target_dir="t", head_dir=head, prompts_path="p.jsonl", out_json=str(out), ks=[2],
+                                    num_prompts=2, max_tokens=8, dtype="auto", served_name="m", max_model_len=512,
+                                    concurrency=1, **kw)
+    return benchmark._benchmark(tmp_path, _engine, BY_SET, s, 0.25, skipped_too_long)
+
+
 def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     """One child run per configuration over all sets; the parent splits speed-up and lossless check per set.
     Prompt b's changed token is the baseline's second choice, 0.05 nats below its first: a near-tie, counted,
@@ -314,12 +377,18 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(vllm_engine, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
     out = tmp_path / "b.json"
-    r = benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [2, 5]), out, [2], 8, "m", 512, 1, 2, 0.25,
-                             {"chat": 1, "humaneval": 0})
+    r = _bench(tmp_path, _head(tmp_path, [2, 5]), out, {"chat": 1, "humaneval": 0})
     # the baseline's top log-probabilities are asked once, at b's first differing position, given its prompt
     assert calls == [("baseline", [2, 2], 4), ("eagle3_k2", [2, 2], 4),
                      ("baseline_top_logprobs", [{"prompt_token_ids": [101, 7], "prefix": [1]}], 1, True)]
-    (e,) = r["eagle3"]
+    (e,) = r["runs"]
+    # the run names what it served: the head's method, its draft layer (config.json's model_type), k and the
+    # positions it was trained for (none: an EAGLE-3 head drafts one token a forward, any k)
+    assert {f: e[f] for f in ("head", "method", "draft_layer", "num_speculative_tokens", "trained_positions")} == \
+        {"head": "head", "method": "eagle3", "draft_layer": "llama", "num_speculative_tokens": 2,
+         "trained_positions": None}
+    assert r["heads"] == [{"name": "head", "method": "eagle3", "draft_layer": "llama", "trained_positions": None}]
+    assert "eagle3" not in r
     assert e["sets"]["chat"]["speedup"] == 1.5 and e["sets"]["humaneval"]["speedup"] == 2.5
     assert e["sets"]["chat"]["differing_prompt_ids"] == ["b"] and e["sets"]["humaneval"]["outputs_identical"]
     assert e["prompts_differing_from_baseline"] == 1 and e["speedup"] == pytest.approx(20 / (80 / 4.8))
@@ -343,7 +412,7 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     assert [e["draft_vocab_coverage"], e["sets"]["chat"]["draft_vocab_coverage"],
             e["sets"]["humaneval"]["draft_vocab_coverage"]] == [0.5, 0.5, 0.5]
     assert json.loads(out.read_text()) == json.loads(json.dumps(r))
-    assert "token_ids" not in r["baseline"]["sets"]["chat"] and "prompt_token_ids" not in r["eagle3"][0]
+    assert "token_ids" not in r["baseline"]["sets"]["chat"] and "prompt_token_ids" not in r["runs"][0]
 
 
 def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
@@ -371,13 +440,13 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
         "speculators_model_type": "peagle", "transformer_layer_config": {"num_hidden_layers": 2},
         "speculators_config": {"proposal_methods": [{"speculative_tokens": 8}]}}))
     heads = [{"name": "peagle", "path": other}]
-    r = benchmark._benchmark(tmp_path, _engine, BY_SET, own, tmp_path / "b.json", [2], 8, "m", 512, 1, 2, 0.25,
-                             {"chat": 0, "humaneval": 0}, compare_heads=heads)
+    r = _bench(tmp_path, own, tmp_path / "b.json", {"chat": 0, "humaneval": 0}, compare_heads=heads)
     assert [x[0] for x in seen] == ["baseline", "eagle3_k2", "compare_peagle_k2", "baseline_top_logprobs"]
     assert seen[1][1:] == (None, own) and seen[2][1:] == (2, other)  # the own head's engine as before; P-EAGLE's 2 layers
-    assert [(e["head"], e["method"], e["num_speculative_tokens"]) for e in r["eagle3"]] == \
-        [("head", "eagle3", 2), ("peagle", "peagle", 2)]
-    own_row, peagle_row = r["eagle3"]
+    assert [(e["head"], e["method"], e["draft_layer"], e["num_speculative_tokens"], e["trained_positions"])
+            for e in r["runs"]] == [("head", "eagle3", "llama", 2, None), ("peagle", "peagle", "llama", 2, 8)]
+    assert [h["name"] for h in r["heads"]] == ["head", "peagle"] and r["heads"][1]["trained_positions"] == 8
+    own_row, peagle_row = r["runs"]
     assert (own_row["draft_vocab_coverage"], peagle_row["draft_vocab_coverage"]) == (0.5, 1.0)
     assert peagle_row["sets"]["chat"]["draft_vocab_coverage"] == 1.0
     assert (peagle_row["near_ties"], peagle_row["lossless"], peagle_row["sets"]["chat"]["speedup"]) == (1, True, 1.5)
@@ -400,12 +469,11 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_engine, "require_vllm", lambda **kw: None)
     for names in (["head"], ["peagle", "peagle"]):
         with pytest.raises(ValueError, match=r"compare_heads names .*: each must be unique"):
-            benchmark.benchmark("t", own, "p.jsonl", str(tmp_path / "x.json"), [2], 2, 8, "auto", "m",
-                                compare_heads=[{"name": n, "path": other} for n in names])
-    # without compared heads the runs are not named: a build's benchmark.json keeps its bytes
-    plain = benchmark._benchmark(tmp_path, _engine, BY_SET, own, tmp_path / "c.json", [2], 8, "m", 512, 1, 2, 0.25,
-                                 {"chat": 0, "humaneval": 0})
-    assert "head" not in plain["eagle3"][0] and "compare_heads" not in plain["settings"]
+            benchmark.benchmark(BenchmarkSettings("t", own, "p.jsonl", str(tmp_path / "x.json"), [2], 2, 8, "auto", "m",
+                                compare_heads=[{"name": n, "path": other} for n in names]))
+    # without compared heads the runs still name their head; settings name no compared head
+    plain = _bench(tmp_path, own, tmp_path / "c.json", {"chat": 0, "humaneval": 0})
+    assert plain["runs"][0]["head"] == "head" and "compare_heads" not in plain["settings"]
 
 
 def test_benchmark_names_a_compared_heads_divergence(tmp_path, monkeypatch):
@@ -414,8 +482,8 @@ def test_benchmark_names_a_compared_heads_divergence(tmp_path, monkeypatch):
     (tmp_path / "p").mkdir()
     other = _head(tmp_path / "p", [1, 2])
     with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b .*; peagle k=2 prompt b \(chat\) at output token 1"):
-        benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [2, 5]), tmp_path / "b.json", [2], 8, "m", 512,
-                             1, 2, 0.25, {"chat": 0, "humaneval": 0}, compare_heads=[{"name": "peagle", "path": other}])
+        _bench(tmp_path, _head(tmp_path, [2, 5]), tmp_path / "b.json", {"chat": 0, "humaneval": 0},
+               compare_heads=[{"name": "peagle", "path": other}])
 
 
 @pytest.mark.parametrize("top, why", [([[2, -0.05], [3, -3.05]], "3.0 nats apart"),
@@ -426,8 +494,7 @@ def test_benchmark_fails_on_a_real_divergence(tmp_path, monkeypatch, top, why):
     out = tmp_path / "b.json"
     with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b \(chat\) at output token 1: baseline 2, with "
                                                         r"the head 3"):
-        benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [1, 2]), out, [2], 8, "m", 512, 1, 2, 0.25,
-                             {"chat": 0, "humaneval": 0})
+        _bench(tmp_path, _head(tmp_path, [1, 2]), out, {"chat": 0, "humaneval": 0})
     assert not out.exists(), why
 
 
@@ -438,9 +505,8 @@ def test_benchmark_counts_a_first_token_difference_against_the_engines(tmp_path,
     monkeypatch.setattr(vllm_engine, "run_child", _fake_engines([], [[1, -0.05], [9, -3.05]], changed=(0, 9)))
     out = tmp_path / "b.json"
     with caplog.at_level("WARNING"):
-        r = benchmark._benchmark(tmp_path, _engine, BY_SET, _head(tmp_path, [1, 2]), out, [2], 8, "m", 512, 1, 2,
-                                 0.25, {"chat": 0, "humaneval": 0})
-    (e,) = r["eagle3"]
+        r = _bench(tmp_path, _head(tmp_path, [1, 2]), out, {"chat": 0, "humaneval": 0})
+    (e,) = r["runs"]
     assert (e["first_token_differences"], e["near_ties"], e["divergences"], e["lossless"]) == (1, 0, 0, True)
     assert e["sets"]["chat"]["first_token_differences"] == 1 and e["sets"]["humaneval"]["first_token_differences"] == 0
     (d,) = e["differences"]
@@ -483,13 +549,13 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
     monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
 
     def run(max_model_len):
-        return benchmark.benchmark(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
+        return benchmark.benchmark(BenchmarkSettings(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
                                    str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=max_model_len,
-                                   sets=["custom"], custom_prompts_path=str(pf))
+                                   sets=["custom"], custom_prompts_path=str(pf)))
 
     r = run(fits + 16)
     assert [[p["id"] for p in s["prompts"]] for s in specs] == [["short"], ["short"]]  # baseline, k=2
-    assert r["eagle3"][0]["draft_vocab_coverage"] == 0.5  # the echo engines' [1, 2] against the draft vocab {1}
+    assert r["runs"][0]["draft_vocab_coverage"] == 0.5  # the echo engines' [1, 2] against the draft vocab {1}
     assert r["settings"]["sets"] == {"custom": {"num_prompts": 1, "prompt_ids": ["short"], "skipped_too_long": 2,
                                                 "skipped_template_error": 0}}
     specs.clear()
@@ -499,9 +565,9 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
     assert specs == []
     # a k-schedule concurrency above the prompts that run could never be put in flight: refused before any engine
     with pytest.raises(ValueError, match=r"k_schedule_concurrencies \[1, 2\]: each must be from 1 to the 1 prompts"):
-        benchmark.benchmark(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
+        benchmark.benchmark(BenchmarkSettings(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
                             str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=fits + 16,
-                            sets=["custom"], custom_prompts_path=str(pf), k_schedule_concurrencies=[2, 1])
+                            sets=["custom"], custom_prompts_path=str(pf), k_schedule_concurrencies=[2, 1]))
     assert specs == []
 
 
@@ -534,9 +600,9 @@ def test_benchmark_skips_prompts_the_template_refuses(tiny_target, tmp_path, mon
     monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
 
     def run():
-        return benchmark.benchmark(str(target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
+        return benchmark.benchmark(BenchmarkSettings(str(target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
                                    str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=512,
-                                   sets=["custom"], custom_prompts_path=str(pf))
+                                   sets=["custom"], custom_prompts_path=str(pf)))
 
     r = run()
     assert [[p["id"] for p in s["prompts"]] for s in specs] == [["plain"], ["plain"]]
@@ -552,32 +618,32 @@ def test_benchmark_skips_prompts_the_template_refuses(tiny_target, tmp_path, mon
 
 def test_classify_difference():
     top = {3: [[10, -0.40], [11, -0.55], [12, -2.0]]}
-    near = benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 11, 4], top, 0.25)
+    near = lossless.classify_difference([1, 2, 3, 10], [1, 2, 3, 11, 4], top, 0.25)
     assert (near["position"], near["kind"], near["gap"], near["top2_gap"]) == (3, "near_tie", pytest.approx(0.15),
                                                                                pytest.approx(0.15))
-    assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"  # 1.6 apart
-    assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 11], top, 0.1)["kind"] == "divergence"  # tighter
-    assert benchmark.classify_difference([1, 2, 3, 10], [1, 2, 3, 13], top, 9.0)["gap"] is None  # not in the top list
+    assert lossless.classify_difference([1, 2, 3, 10], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"  # 1.6 apart
+    assert lossless.classify_difference([1, 2, 3, 10], [1, 2, 3, 11], top, 0.1)["kind"] == "divergence"  # tighter
+    assert lossless.classify_difference([1, 2, 3, 10], [1, 2, 3, 13], top, 9.0)["gap"] is None  # not in the top list
     assert near["baseline_gap"] == 0.0
     # judged against the reference's best, not the baseline's token: the baseline (11) was itself off the
     # reference's first choice (10), which the run took
-    off = benchmark.classify_difference([1, 2, 3, 11], [1, 2, 3, 10], top, 0.1)
+    off = lossless.classify_difference([1, 2, 3, 11], [1, 2, 3, 10], top, 0.1)
     assert (off["kind"], off["gap"], off["baseline_gap"]) == ("near_tie", 0.0, pytest.approx(0.15))
     # the baseline's token outside the top list, the run's the reference's best: still a near-tie
-    assert benchmark.classify_difference([1, 2, 3, 99], [1, 2, 3, 10], top, 0.25)["kind"] == "near_tie"
+    assert lossless.classify_difference([1, 2, 3, 99], [1, 2, 3, 10], top, 0.25)["kind"] == "near_tie"
     # the run's token 1.6 below the reference's best, though the baseline took the second: a divergence
-    assert benchmark.classify_difference([1, 2, 3, 11], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"
+    assert lossless.classify_difference([1, 2, 3, 11], [1, 2, 3, 12], top, 0.25)["kind"] == "divergence"
     # output token 0 comes from the target's prefill (no draft yet): the engines' difference, whatever the gap
-    first = benchmark.classify_difference([10, 5], [12, 5], {0: top[3]}, 0.25)
+    first = lossless.classify_difference([10, 5], [12, 5], {0: top[3]}, 0.25)
     assert (first["kind"], first["gap"]) == ("first_token", pytest.approx(1.6))
     # but a first token outside the reference's top list is no engine noise: a divergence
-    assert benchmark.classify_difference([10, 5], [13, 5], {0: top[3]}, 0.25)["kind"] == "divergence"
-    assert benchmark.classify_difference([], [12], {}, 0.25)["kind"] == "divergence"  # the baseline gave nothing
-    ended = benchmark.classify_difference([1, 2, 3], [1, 2, 3, 11], top, 0.25)  # the baseline stopped there
+    assert lossless.classify_difference([10, 5], [13, 5], {0: top[3]}, 0.25)["kind"] == "divergence"
+    assert lossless.classify_difference([], [12], {}, 0.25)["kind"] == "divergence"  # the baseline gave nothing
+    ended = lossless.classify_difference([1, 2, 3], [1, 2, 3, 11], top, 0.25)  # the baseline stopped there
     assert (ended["baseline_token"], ended["kind"]) == (None, "divergence")
-    assert benchmark.first_difference([1, 2], [1, 2]) is None and benchmark.first_difference([1], [1, 5]) == 1
+    assert lossless.first_difference([1, 2], [1, 2]) is None and lossless.first_difference([1], [1, 5]) == 1
     with pytest.raises(ValueError, match="do not differ"):
-        benchmark.classify_difference([1], [1], top, 0.25)
+        lossless.classify_difference([1], [1], top, 0.25)
 
 
 def test_best_ks_and_schedule_bands():
@@ -588,25 +654,25 @@ def test_best_ks_and_schedule_bands():
              1: {1: 150.0, 4: 360.0, 16: 790.0},
              3: {1: 190.0, 4: 350.0, 16: 700.0}}
     target = {1: 105.0, 4: 310.0, 16: 820.0}
-    best = benchmark.best_ks(sweep, [1, 4, 16], target)
+    best = k_schedule.best_ks(sweep, [1, 4, 16], target)
     assert best == {1: 3, 4: 1, 16: 0}
-    assert benchmark.schedule_bands(best) == [[1, 2, 3], [3, 8, 1], [9, 16, 0]]
-    assert benchmark.schedule_bands({1: 2, 2: 2, 64: 1}) == [[1, 11, 2], [12, 64, 1]]
-    assert benchmark.schedule_bands({1: 0, 16: 0}) == [[1, 16, 0]]
-    assert benchmark.best_ks({0: {1: 10.0}, 2: {1: 10.0}}, [1], {1: 9.0}) == {1: 0}  # a tie is not faster
-    assert benchmark.best_ks({0: {1: 10.0}, 2: {1: 12.0}, 3: {1: 12.0}}, [1], {1: 9.0}) == {1: 2}  # nor a larger k
+    assert k_schedule.schedule_bands(best) == [[1, 2, 3], [3, 8, 1], [9, 16, 0]]
+    assert k_schedule.schedule_bands({1: 2, 2: 2, 64: 1}) == [[1, 11, 2], [12, 64, 1]]
+    assert k_schedule.schedule_bands({1: 0, 16: 0}) == [[1, 16, 0]]
+    assert k_schedule.best_ks({0: {1: 10.0}, 2: {1: 10.0}}, [1], {1: 9.0}) == {1: 0}  # a tie is not faster
+    assert k_schedule.best_ks({0: {1: 10.0}, 2: {1: 12.0}, 3: {1: 12.0}}, [1], {1: 9.0}) == {1: 2}  # nor a larger k
     # k 3 measured fastest at one request but none of its drafts was accepted there: noise, k 1 is served
     taus = {1: {1: 1.4, 4: 1.4, 16: 1.4}, 3: {1: 1.0, 4: 1.6, 16: 1.6}}
-    assert benchmark.best_ks(sweep, [1, 4, 16], target, taus) == {1: 1, 4: 1, 16: 0}
+    assert k_schedule.best_ks(sweep, [1, 4, 16], target, taus) == {1: 1, 4: 1, 16: 0}
     # nor one that drafted nothing there (τ None)
-    assert benchmark.best_ks(sweep, [1], target, {1: {1: None}, 3: {1: 1.0}}) == {1: 0}
+    assert k_schedule.best_ks(sweep, [1], target, {1: {1: None}, 3: {1: 1.0}}) == {1: 0}
     # k 1 everywhere beats k 0 but not the target alone on balance: log(101/100 x 285/300 x 750/800) < 0
-    assert benchmark.best_ks({0: {1: 95.0, 4: 280.0, 16: 740.0}, 1: {1: 101.0, 4: 285.0, 16: 750.0}}, [1, 4, 16],
+    assert k_schedule.best_ks({0: {1: 95.0, 4: 280.0, 16: 740.0}, 1: {1: 101.0, 4: 285.0, 16: 750.0}}, [1, 4, 16],
                              {1: 100.0, 4: 300.0, 16: 800.0}) == {1: 0, 4: 0, 16: 0}
     with pytest.raises(KeyError):
-        benchmark.best_ks({1: {1: 10.0}}, [1], {1: 9.0})  # no k 0 to compare with
+        k_schedule.best_ks({1: {1: 10.0}}, [1], {1: 9.0})  # no k 0 to compare with
     with pytest.raises(KeyError):
-        benchmark.best_ks(sweep, [1, 4, 16], {1: 100.0})  # the target alone not measured at 4
+        k_schedule.best_ks(sweep, [1, 4, 16], {1: 100.0})  # the target alone not measured at 4
 
 
 def test_parallel_k_for_a_peagle_head():
@@ -616,13 +682,13 @@ def test_parallel_k_for_a_peagle_head():
              3: {1: 190.0, 4: 350.0, 16: 700.0}}
     target = {1: 100.0, 4: 300.0, 16: 800.0}
     # k 1: log(1.5 x 1.2 x 0.9875) = 0.575; k 3: log(1.9 x 1.1667 x 0.875) = 0.662
-    assert benchmark.parallel_k(sweep, [1, 4, 16], target) == 3
-    assert benchmark.parallel_k({**sweep, 3: {1: 170.0, 4: 350.0, 16: 700.0}}, [1, 4, 16], target) == 1  # 0.551
-    assert benchmark.parallel_k({1: {1: 12.0}, 2: {1: 12.0}}, [1], {1: 10.0}) == 1  # a tie: the smaller k
-    assert benchmark.parallel_k({1: {1: 9.0}, 2: {1: 8.0}}, [1], {1: 10.0}) == 0  # none pays
+    assert k_schedule.parallel_k(sweep, [1, 4, 16], target) == 3
+    assert k_schedule.parallel_k({**sweep, 3: {1: 170.0, 4: 350.0, 16: 700.0}}, [1, 4, 16], target) == 1  # 0.551
+    assert k_schedule.parallel_k({1: {1: 12.0}, 2: {1: 12.0}}, [1], {1: 10.0}) == 1  # a tie: the smaller k
+    assert k_schedule.parallel_k({1: {1: 9.0}, 2: {1: 8.0}}, [1], {1: 10.0}) == 0  # none pays
     # k 3's drafts never accepted: only k 1 is a candidate
-    assert benchmark.parallel_k(sweep, [1, 4, 16], target, {1: {1: 1.3}, 3: {1: 1.0, 4: None, 16: 1.0}}) == 1
-    assert benchmark.parallel_k({1: {1: 0.0}}, [1], {1: 10.0}) == 0  # nothing decoded: no gain
+    assert k_schedule.parallel_k(sweep, [1, 4, 16], target, {1: {1: 1.3}, 3: {1: 1.0, 4: None, 16: 1.0}}) == 1
+    assert k_schedule.parallel_k({1: {1: 0.0}}, [1], {1: 10.0}) == 0  # nothing decoded: no gain
 
 
 def _sweep_engines(specs, tps):
@@ -630,7 +696,7 @@ def _sweep_engines(specs, tps):
     each call's name, spec and extra environment."""
 
     def fake_run_child(entry, spec, workdir, name, env=None):
-        assert entry == benchmark.SWEEP_ENTRY
+        assert entry == k_schedule.SWEEP_ENTRY
         specs.append((name, spec, env))
         sc = spec.get("speculative_config")
         drafts = bool(sc) and sc["num_speculative_tokens_per_batch_size"] != [[1, 4, 0]]
@@ -660,7 +726,7 @@ def test_k_schedule_sweeps_chooses_and_serves_the_schedule(tmp_path, monkeypatch
            "sweep_k3": {1: 180.0, 4: 290.0}, "sweep_schedule": {1: 175.0, 4: 320.0}}
     monkeypatch.setattr(vllm_engine, "run_child", _sweep_engines(specs, tps))
     head = _head(tmp_path, [1, 2])
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0", "sweep_schedule"]
     assert all(s["engine"]["max_num_seqs"] == 4 and s["concurrencies"] == [1, 4] for _, s, _ in specs)
     # the target alone sized without a drafter on the job's runner; every engine with the head on V1, sized for its k
@@ -698,18 +764,18 @@ def test_k_schedule_sweeps_chooses_and_serves_the_schedule(tmp_path, monkeypatch
         jsonschema.validate({k: v for k, v in r.items() if k != "baseline"}, sub)
     # the schedule measured slower than the target somewhere: reported, not hidden
     tps["sweep_schedule"][4] = 290.0
-    assert benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])["never_slower"] is False
+    assert k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])["never_slower"] is False
     # k 0 beats every k at 4 in flight but is still slower than the target alone: 0 there (the schedule pays on
     # balance: log(180/100 x 295/300) > 0), and the measured schedule is slower at 4
     tps.update(sweep_k0={1: 95.0, 4: 295.0}, sweep_k1={1: 140.0, 4: 280.0}, sweep_k3={1: 180.0, 4: 260.0},
                sweep_schedule={1: 178.0, 4: 294.0})
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 2, 3], [3, 4, 0]] and r["never_slower"] is False
     assert r["speculative_config"]["num_speculative_tokens"] == 3
     # no k beats k 0 anywhere: the schedule drafts nothing, the target alone is served, no schedule engine starts
     specs.clear()
     tps.update(sweep_k1={1: 90.0, 4: 200.0}, sweep_k3={1: 80.0, 4: 100.0})
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 4, 0]] and r["speculative_config"] is None and r["never_slower"] is True
     assert r["env"] == {} and r["best_k"] == {"1": 0, "4": 0}
     assert r["scheduled"]["4"] == {"output_tokens_per_s": 300.0, "mean_acceptance_length": None, "speedup": 1.0}
@@ -728,7 +794,7 @@ def test_k_schedule_of_a_peagle_head_holds_one_k(tmp_path, monkeypatch):
     head = Path(_head(tmp_path, [1, 2]))
     (head / "config.json").write_text('{"speculators_model_type": "peagle", '
                                       '"transformer_layer_config": {"num_hidden_layers": 1}}')
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
     # over the target alone, served everywhere: k 1 log(1.4 x 1.1) = 0.432, k 3 log(1.8 x 0.9667) = 0.554: k 3;
     # k 0 then measured with num_speculative_tokens 3; at 4 in flight k 3 (290) beats k 0 (280)
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0", "sweep_schedule"]
@@ -741,17 +807,17 @@ def test_k_schedule_of_a_peagle_head_holds_one_k(tmp_path, monkeypatch):
     assert r["speculative_config"]["num_speculative_tokens"] == 3
     # k 0 faster than k 3 at 4 in flight: bands of 3 and 0, never k 1 beside them
     tps["sweep_k0"][4] = 295.0
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 2, 3], [3, 4, 0]]
     # no k pays over the target alone: its k 0 is not measured, the target alone is served
     specs.clear()
     tps.update(sweep_k1={1: 95.0, 4: 250.0}, sweep_k3={1: 99.0, 4: 200.0})
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3"]
     assert r["schedule"] == [[1, 4, 0]] and r["speculative_config"] is None and r["sweep"][0]["k"] == 1
     # the same figures for an EAGLE-3 head: k 3 at 1 in flight, k 1 at 4
     tps.update(sweep_k1={1: 140.0, 4: 330.0}, sweep_k3={1: 180.0, 4: 290.0})
     (head / "config.json").write_text('{"speculators_model_type": "eagle3", '
-                                      '"transformer_layer_config": {"num_hidden_layers": 1}}')
-    r = benchmark.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+                                      '"transformer_layer_config": {"num_hidden_layers": 1, "model_type": "llama"}}')
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 2, 3], [3, 4, 1]] and "parallel_drafting" not in r["speculative_config"]

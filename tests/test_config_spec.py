@@ -105,3 +105,39 @@ def test_upgrade_moves_a_renamed_key():
     (bench,) = [p for p in CONTRACTS["benchmark"].params if p.name == "benchmark"]
     assert param_value(bench, cfg, PlanContext("benchmark"))["dtype"] == "bfloat16"
 
+
+
+def test_dtype_keys_are_named_for_what_they_set():
+    """Issue 52: target.dtype set the capture's compute dtype, export.dtype the exported weights'; their names now
+    say so (capture.compute_dtype, export.weights_dtype), and a config of the old names is moved to the new ones,
+    whose params keep the names they had (compute_dtype, dtype), so no build replans."""
+    dtypes = sorted(k.path for k in cs.KEYS if k.name.endswith("dtype"))
+    assert dtypes == ["capture.compute_dtype", "capture.storage_dtype", "export.weights_dtype", "target.serve_dtype"]
+    cfg = cs.defaults()
+    cfg["target"]["dtype"] = "float32"
+    cfg["export"]["dtype"] = "float16"
+    del cfg["export"]["weights_dtype"]
+    assert cs.upgrade(cfg) == [("target.dtype", "capture.compute_dtype"), ("export.dtype", "export.weights_dtype")]
+    assert (cfg["capture"]["compute_dtype"], cfg["export"]["weights_dtype"]) == ("float32", "float16")
+    jsonschema.validate(cfg, cs.json_schema())
+    values = {p.name: param_value(p, cfg, PlanContext(stage))
+              for stage in ("capture_hidden_states", "export_head") for p in CONTRACTS[stage].params}
+    assert (values["compute_dtype"], values["dtype"]) == ("float32", "float16")
+
+
+def test_a_config_of_the_old_dtype_keys_plans_the_same(tmp_path):
+    """The reduced test config written with target.dtype and export.dtype plans the params recorded for it
+    (tests/plan_params/reduced.json): the upgrade moves both keys, and no job replans."""
+    import json
+
+    from test_no_replan import CONFIGS, RECORDED, plan_params
+
+    cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
+    cfg["target"]["dtype"] = cfg["capture"].pop("compute_dtype")
+    cfg["export"]["dtype"] = "bfloat16"
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(cfg))
+    CONFIGS["old-dtype-keys"] = str(tmp_path / "old.yaml")
+    try:
+        assert plan_params("old-dtype-keys", tmp_path) == json.loads((RECORDED / "reduced.json").read_text())
+    finally:
+        del CONFIGS["old-dtype-keys"]

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3build.contract import CONTRACTS, Contract, Param, StageSettings, job_settings
-from eagle3build.staleness import STAGE_GROUPS
+from eagle3build.contract import CONTRACTS, STAGE_GROUPS, Contract, Param, StageSettings, job_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
@@ -162,7 +161,7 @@ def test_each_param_is_made_by_its_function():
     assert c.param_value(online, cfg, ctx) == {
         "num_train_samples": 7, "num_eval_samples": cfg["capture"]["num_eval_samples"],
         "storage_dtype": cfg["capture"]["storage_dtype"], "tokens_per_batch": cfg["capture"]["tokens_per_batch"],
-        "compute_dtype": cfg["target"]["dtype"]}
+        "compute_dtype": cfg["capture"]["compute_dtype"]}
     # aux ids as requested: pinning what an earlier report chose under `auto` reads as `auto`
     recorded = {"capture": {"aux_layer_ids": [1, 2, 3], "aux_layer_ids_requested": "auto"}}
     aux = Param("aux_layer_ids", ("capture.aux_layer_ids",), c.requested)

@@ -31,7 +31,7 @@ def test_probe_warns_only_for_emulated_bf16_on_cpu():
     p = run_probe("cpu_capture_dtype", lambda: check_cpu_capture_dtype("bfloat16", 0, no))
     assert p.status == "warn" and p.value == {"compute_dtype": "bfloat16", "device": "cpu", "native_bf16": False,
                                               "flags": []}
-    assert len(p.warnings) == 1 and "29x slower" in p.warnings[0] and "target.dtype: auto" in p.warnings[0]
+    assert len(p.warnings) == 1 and "29x slower" in p.warnings[0] and "capture.compute_dtype: auto" in p.warnings[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # none of these may warn
         assert check_cpu_capture_dtype("float32", 0, no)["device"] == "cpu"

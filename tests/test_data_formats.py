@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from eagle3build import conversation_files as cf
 from eagle3build import conversations as cv
 from eagle3build import tokens as tk
 from eagle3build.data import prepare_data as pd
@@ -83,8 +84,8 @@ RECS = [dict(oai(("user", f"question {i}"), ("assistant", f"answer {i}")), id=f"
 
 
 def read(path):
-    stats = cv.SourceStats(path=str(path))
-    return [r for _, r in cv.read_records(path, stats)], stats
+    stats = cf.SourceStats(path=str(path))
+    return [r for _, r in cf.read_records(path, stats)], stats
 
 
 def test_jsonl_gz(tmp_path):
@@ -126,7 +127,7 @@ def test_cut_document_under_a_key_keeps_complete_records(tmp_path):
 def test_object_without_records_is_refused(tmp_path):
     f = tmp_path / "d.json"
     f.write_text(json.dumps({"a": 1, "b": [1], "c": [2]}))
-    with pytest.raises(cv.DataError, match="no single list of records") as e:
+    with pytest.raises(cf.DataError, match="no single list of records") as e:
         read(f)
     assert str(f) in str(e.value)
 
@@ -209,7 +210,7 @@ def test_a_byte_that_is_not_utf8_skips_its_record_only(tmp_path, form):
 def test_a_file_that_is_not_utf8_text_is_refused(tmp_path, content, message):
     f = tmp_path / "d.json"
     f.write_bytes(content)
-    with pytest.raises(cv.DataError, match=message) as e:
+    with pytest.raises(cf.DataError, match=message) as e:
         read(f)
     assert str(f) in str(e.value)
 
@@ -285,7 +286,7 @@ def test_prompts_file_takes_content_parts_and_developer(tmp_path):
 def test_not_a_data_file_names_the_file(tmp_path):
     f = tmp_path / "d.json.gz"
     f.write_bytes(b"\x1f\x8b" + b"\x00" * 20)
-    with pytest.raises(cv.DataError, match="gzip data cannot be decompressed") as e:
+    with pytest.raises(cf.DataError, match="gzip data cannot be decompressed") as e:
         read(f)
     assert str(f) in str(e.value)
 

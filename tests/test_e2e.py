@@ -92,8 +92,10 @@ def test_benchmark(built):
     base = b["baseline"]
     assert base["output_tokens"] == sum(base["sets"][n]["output_tokens"] for n in sets) > 0
     assert all(len(base["sets"][n]["texts"]) == 2 for n in sets)
-    (r,) = b["eagle3"]
+    (r,) = b["runs"]
     assert r["num_speculative_tokens"] == 2
+    # the run names what it served (issue 55): an EAGLE-3 head of a llama layer, one token a forward
+    assert (r["head"], r["method"], r["draft_layer"], r["trained_positions"]) == ("head", "eagle3", "llama", None)
     # vLLM loaded the head and drafted with it: its counters moved, in each set; the sets add up to the run.
     for x in (r, *r["sets"].values()):
         assert x["drafts"] > 0 and x["draft_tokens"] == 2 * x["drafts"]
@@ -122,7 +124,7 @@ def test_head_loaded_by_vllm(built):
     _, res = built
     meta = json.loads((res / "head/head_meta.json").read_text())
     assert "vllm_load_check" not in meta and meta["tensors"]["fc.weight"] == [576, 1728]
-    assert json.loads((res / "benchmark.json").read_text())["eagle3"][0]["drafts"] > 0
+    assert json.loads((res / "benchmark.json").read_text())["runs"][0]["drafts"] > 0
 
 
 def _chromium() -> str:
@@ -438,7 +440,7 @@ def test_edited_adapter_rebuilds_nothing(built, tmp_path):
 
 def test_output_version_bump_rebuilds_its_stage_and_downstream(built, tmp_path):
     """A stage whose output bytes change bumps OUTPUT_VERSION: that plans exactly it and what follows."""
-    from eagle3build.staleness import STAGE_GROUPS
+    from eagle3build.contract import STAGE_GROUPS
 
     wd, _ = built
     wf = _workflow_copy(tmp_path)
@@ -650,7 +652,7 @@ def _same_digest(recorded, current) -> bool:
 
 
 def _artifact_digests(wd) -> dict:
-    from eagle3build.staleness import stage_version
+    from eagle3build.contract import stage_version
 
     return {stage: {"version": stage_version(stage),
                     "files": {f: _file_digest(wd / f, stage in FLOAT_COMPUTED) for f in files}}

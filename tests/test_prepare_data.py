@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from eagle3build import conversations as cv
+from eagle3build import conversation_files as cf
 from eagle3build import tokens as tk
 from eagle3build.data import chat_masking as cm
 from eagle3build.data import prepare_data as pd
@@ -35,7 +35,7 @@ def test_truncated_array_keeps_complete_records(tmp_path):
 
 def test_bundled_sharegpt_yields_17671_conversations():
     stats = pd.SourceStats(path="bundled")
-    n = sum(1 for _ in pd.read_records(cv.bundled_sharegpt_path(), stats))
+    n = sum(1 for _ in pd.read_records(cf.bundled_sharegpt_path(), stats))
     assert n == 17671
     assert stats.truncated_at_byte is not None and stats.bytes_lost > 0
 

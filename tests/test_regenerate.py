@@ -11,7 +11,7 @@ import torch
 
 from eagle3build import conversations as cv
 from eagle3build import tokens as tk
-from eagle3build import vllm_engine
+from eagle3build import vllm_engine, vllm_measure
 from eagle3build.data import prepare_data as pd
 from eagle3build.data import regenerate_responses as rr
 
@@ -421,7 +421,7 @@ def test_vllm_child_samples_from_the_engine_seed(monkeypatch):
             return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=SamplingParams))
-    monkeypatch.setattr(vllm_engine, "start_engine", lambda engine: (LLM(), 0.0))
+    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine: (LLM(), 0.0))
     spec = {"engine": {"seed": 5}, "conversations": CONVS, "max_tokens": 12, "max_seq_len": 256}
     res = rr.run_child(spec)
     assert res["turns_regenerated"] == 5 and made == [{"temperature": 0.0, "max_tokens": 12}]

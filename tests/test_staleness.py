@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from smk import REPO, planned_jobs, run
 
-from eagle3build import staleness
+from eagle3build import contract, staleness
 from eagle3build.target import content_files, fingerprint
 
 STAGES = ["materialize_target", "compat_report", "preflight_bound", "regenerate_responses", "prepare_data",
@@ -22,11 +22,11 @@ STAGES = ["materialize_target", "compat_report", "preflight_bound", "regenerate_
 def test_every_stage_has_an_output_version(stage):
     import importlib
 
-    v = staleness.output_version(stage)
+    v = contract.output_version(stage)
     assert isinstance(v, int) and v >= 1
-    module = importlib.import_module(f"eagle3build.{staleness.STAGE_GROUPS[stage]}.{stage}")
+    module = importlib.import_module(f"eagle3build.{contract.STAGE_GROUPS[stage]}.{stage}")
     assert module.OUTPUT_VERSION == v  # the text read = the constant
-    assert set(staleness.STAGE_PACKAGES) == set(STAGES)
+    assert set(contract.STAGE_PACKAGES) == set(STAGES)
 
 
 def test_package_versions_and_switch():
@@ -36,7 +36,7 @@ def test_package_versions_and_switch():
     assert list(got) == ["no-such-package-xyz", "torch", "transformers"]
     assert got["torch"] == torch.__version__ and got["no-such-package-xyz"] is None
     assert staleness.package_versions(("torch",), track=False) == {}
-    assert staleness.stage_version("capture_hidden_states") == {
+    assert contract.stage_version("capture_hidden_states") == {
         "output": 1, "packages": {"torch": torch.__version__, "transformers": got["transformers"]}}
 
 
@@ -131,10 +131,10 @@ def test_env_digest_covers_the_lock_files_the_environment_names(tmp_path):
 
 def test_a_job_environment_stands_for_the_planners_packages():
     env = {"conda": "abc"}
-    v = staleness.output_version("capture_hidden_states")
-    assert staleness.stage_version("capture_hidden_states", True, env) == {"output": v, "packages": {"environment": env}}
-    assert staleness.stage_version("capture_hidden_states", False, env) == {"output": v, "packages": {}}
-    assert staleness.stage_version("compat_report", True, env)["packages"] == {}  # no packages shape its output
+    v = contract.output_version("capture_hidden_states")
+    assert contract.stage_version("capture_hidden_states", True, env) == {"output": v, "packages": {"environment": env}}
+    assert contract.stage_version("capture_hidden_states", False, env) == {"output": v, "packages": {}}
+    assert contract.stage_version("compat_report", True, env)["packages"] == {}  # no packages shape its output
 
 
 def test_every_rule_runs_in_the_conda_environment_whose_pins_key_the_versions():
@@ -171,7 +171,7 @@ def test_version_params_carry_the_job_environment_under_sdm_conda(tmp_path, sdm)
     assert p.returncode == 0, p.stderr[-3000:]
     versions = json.loads((tmp_path / "versions.json").read_text())
     env = {"conda": staleness.env_digest(repo / "envs/eagle3build.yaml")}
-    expected = env if sdm else staleness.package_versions(staleness.STAGE_PACKAGES["train_draft"])
+    expected = env if sdm else staleness.package_versions(contract.STAGE_PACKAGES["train_draft"])
     assert versions["train_draft"]["packages"] == ({"environment": expected} if sdm else expected)
     assert versions["compat_report"]["packages"] == {}
 

@@ -12,11 +12,12 @@ import yaml
 from safetensors.numpy import save_file
 from smk import REPO, planned_resources
 
-from eagle3build import vllm_engine
+from eagle3build import vllm_engine, vllm_measure
 from eagle3build.compat import compat_report
 from eagle3build.data import regenerate_responses
 from eagle3build.serve import benchmark
 from eagle3build.serve import export_head as ex
+from eagle3build.serve.benchmark import BenchmarkSettings
 
 
 def _example_workdir(tmp_path):
@@ -105,8 +106,8 @@ def test_serving_stages_fail_at_once_naming_vllm_and_the_target(no_vllm, tmp_pat
     """Before any work (the prompts file and the head do not even exist), naming the package and the artifact."""
     out = tmp_path / "results/r/benchmark.json"
     with pytest.raises(vllm_engine.VLLMUnavailable, match=rf"{out} needs the Python package 'vllm'"):
-        benchmark.benchmark(str(tmp_path), str(tmp_path / "nohead"), str(tmp_path / "missing.jsonl"), str(out), [3], 8,
-                            16, "auto", "org/m")
+        benchmark.benchmark(BenchmarkSettings(str(tmp_path), str(tmp_path / "nohead"), str(tmp_path / "missing.jsonl"),
+                                              str(out), [3], 8, 16, "auto", "org/m"))
     regen = tmp_path / "results/r/data/regenerated.jsonl"
     with pytest.raises(vllm_engine.VLLMUnavailable,
                        match=rf"{regen} \(data.regenerate.backend: vllm\) needs the Python package 'vllm'"):
@@ -273,7 +274,7 @@ def _recording_engines(specs):
                "time_to_first_token_s": stats, "time_per_output_token_s": stats, "texts": ["ab"] * n,
                "token_ids": [[1, 2]] * n, "prompt_token_ids": [[7]] * n}
         if speculative:
-            out.update(vllm_engine.spec_figures({"vllm:spec_decode_num_drafts": n, "vllm:spec_decode_num_draft_tokens": n,
+            out.update(vllm_measure.spec_figures({"vllm:spec_decode_num_drafts": n, "vllm:spec_decode_num_draft_tokens": n,
                                                  "vllm:spec_decode_num_accepted_tokens": n,
                                                  "vllm:spec_decode_num_accepted_tokens_per_pos": [n]}))
         return out
@@ -314,9 +315,10 @@ def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypa
     ex.check_loads_with_vllm(tmp_path / "head", target, "org/tiny", gpus=1, trust_remote_code=trust)
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "hi"}\n{"prompt": "there"}\n')
-    r = benchmark.benchmark(target, str(tmp_path / "head"), str(tmp_path / "unused.jsonl"), str(tmp_path / "b.json"),
-                            [2], 2, 8, "auto", "org/tiny", max_model_len=64, gpus=1, sets=["custom"],
-                            custom_prompts_path=str(prompts), trust_remote_code=trust)
+    r = benchmark.benchmark(BenchmarkSettings(target, str(tmp_path / "head"), str(tmp_path / "unused.jsonl"),
+                                              str(tmp_path / "b.json"), [2], 2, 8, "auto", "org/tiny", max_model_len=64,
+                                              gpus=1, sets=["custom"], custom_prompts_path=str(prompts),
+                                              trust_remote_code=trust))
     assert r["settings"]["sets"]["custom"]["skipped_too_long"] == 0
     src = tmp_path / "convs.jsonl"
     src.write_text(json.dumps({"id": "c0", "messages": [{"role": "user", "content": "hi"},

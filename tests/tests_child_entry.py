@@ -26,16 +26,16 @@ def engine_like(spec: dict) -> dict:
 
 
 def real_engine(spec: dict) -> dict:
-    """A real vLLM engine (``vllm_engine.start_engine``); once it is up, records this process's pid and those of
+    """A real vLLM engine (``vllm_measure.start_engine``); once it is up, records this process's pid and those of
     its descendants (the engine core), then waits forever."""
     import json
     import os
     import time
     from pathlib import Path
 
-    from eagle3build import vllm_engine
+    from eagle3build import vllm_measure
 
-    llm, _ = vllm_engine.start_engine(spec["engine"])
+    llm, _ = vllm_measure.start_engine(spec["engine"])
 
     def descendants(pid):
         out = []

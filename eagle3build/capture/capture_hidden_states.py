@@ -128,7 +128,7 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
     return capture_shard(params["target_dir"], inputs["tokens"], outputs["shard"], params["shard"]["start"],
                          params["shard"]["num_samples"], aux_layer_ids=d.aux_layer_ids,
                          target_fingerprint=d.target_fingerprint, split=split, backend=d.backend,
-                         device="cuda" if gpus > 0 else "cpu", gpus=gpus, compute_dtype=s["target.dtype"],
+                         device="cuda" if gpus > 0 else "cpu", gpus=gpus, compute_dtype=s["capture.compute_dtype"],
                          storage_dtype=s["capture.storage_dtype"], tokens_per_batch=s["capture.tokens_per_batch"],
                          trust_remote_code=s["target.trust_remote_code"],
                          pipeline_parallel_size=s["target.pipeline_parallel_size"],
@@ -197,8 +197,8 @@ def capture_shard(
                              fsync, gpus, pipeline_parallel_size)
     if model is None:
         if emulates_bf16(compute_dtype, device):
-            log.warning("target.dtype %s on a CPU without native bf16 (%s absent): this capture runs about 29x slower "
-                        "than in float32 (eagle3build.provenance.cpu_bf16_support); target.dtype: auto takes float32",
+            log.warning("capture.compute_dtype %s on a CPU without native bf16 (%s absent): this capture runs about 29x slower "
+                        "than in float32 (eagle3build.provenance.cpu_bf16_support); capture.compute_dtype: auto takes float32",
                         compute_dtype, " / ".join(NATIVE_BF16_FLAGS))
         t_load = time.perf_counter()
         model = load_model(target_dir, resolve_dtype(compute_dtype, device), device, trust_remote_code)

@@ -191,7 +191,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
                  online: dict | None = None, compute_dtype: str = "auto") -> dict:
     """Run every probe, inspect the target, decide the backend and plan disk and GPUs.
 
-    ``compute_dtype`` (``target.dtype``): the capture's compute dtype, checked against this host's CPU
+    ``compute_dtype`` (``capture.compute_dtype``): the capture's compute dtype, checked against this host's CPU
     where capture runs on CPU (probe ``cpu_capture_dtype``: warns where bf16 would be emulated).
 
     ``online`` (``capture.mode: online``): ``target_memory_fraction``, ``gpus`` (the train job's),
@@ -437,7 +437,7 @@ def run_job(outputs: Mapping[str, str], settings: StageSettings, params: Mapping
         gpus_per_node=s["resources.gpus_per_node"],
         job_gpus={"capture": s["resources.capture.gpu"], "serve": s["resources.serve.gpu"]},
         head_variant=s["train.head_variant"],
-        compute_dtype=s["target.dtype"],
+        compute_dtype=s["capture.compute_dtype"],
         online=None if s["capture.mode"] != "online" else {
             "target_memory_fraction": s["capture.online.target_memory_fraction"], "gpus": s["resources.train.gpu"],
             "total_seq_len": s["train.total_seq_len"], "ttt_steps": s["train.ttt_steps"],

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import vllm_engine
+from .. import draft_methods, vllm_engine, vllm_measure
 from ..artifacts import Decisions
 from ..atomic import write_json
 from ..contract import StageSettings
@@ -128,7 +128,7 @@ def measure_in_engine(spec: dict) -> dict:
     """
     from vllm import SamplingParams
 
-    llm, start_s = vllm_engine.start_engine(spec["engine"])
+    llm, start_s = vllm_measure.start_engine(spec["engine"])
     req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
     one = SamplingParams(max_tokens=1, temperature=0.0)
     out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
@@ -191,7 +191,7 @@ def measure_speculative_steps(spec: dict) -> dict:
 
     from ..vllm_engine import counter_delta, spec_counters, spec_figures
 
-    llm, start_s = vllm_engine.start_engine(spec["engine"], speculative_config=spec["speculative_config"])
+    llm, start_s = vllm_measure.start_engine(spec["engine"], speculative_config=spec["speculative_config"])
     req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
     tokens = int(spec.get("decode_tokens", DECODE_TOKENS))
     out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
@@ -289,7 +289,7 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
                                     seed=seed)
         speculative = {}
         for k in measured_ks:
-            sc = {"method": "eagle3", "model": os.fspath(head), "num_speculative_tokens": k}
+            sc = draft_methods.EAGLE3.speculative_config(os.fspath(head), k)  # write_untrained_head's method
             speculative[str(k)] = vllm_engine.run_child(
                 SPEC_ENTRY, {**common, "engine": engine(k, k + 1), "speculative_config": sc}, tmp, f"preflight_k{k}")
     rows = bound_table(measured, {k: {c: v["step_s"] for c, v in r["by_concurrency"].items()}

@@ -190,8 +190,8 @@ def check_cpu_capture_dtype(compute_dtype: str, capture_gpus: int, support: dict
     device = "cuda" if capture_gpus > 0 else "cpu"
     if emulates_bf16(compute_dtype, device, support):
         warnings.warn(
-            f"target.dtype {compute_dtype} on a CPU without native bf16 ({' / '.join(NATIVE_BF16_FLAGS)} absent): "
-            "hidden-state capture runs about 29x slower than in float32 here; set target.dtype: auto (float32 on "
+            f"capture.compute_dtype {compute_dtype} on a CPU without native bf16 ({' / '.join(NATIVE_BF16_FLAGS)} absent): "
+            "hidden-state capture runs about 29x slower than in float32 here; set capture.compute_dtype: auto (float32 on "
             "CPU) unless the shards must be bf16-computed", UserWarning, stacklevel=2)
     return {"compute_dtype": compute_dtype, "device": device, **support}
 

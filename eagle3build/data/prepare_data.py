@@ -81,18 +81,8 @@ import numpy as np
 from .. import prompt_sets
 from ..atomic import write_json, write_text
 from ..contract import StageSettings
-from ..conversations import (
-    EXAMPLES_PER_REASON,
-    Conversation,
-    Counters,
-    DataError,
-    SourceStats,
-    content_key,
-    normalise,
-    read_records,
-    resolve_source_path,
-    template_messages,
-)
+from ..conversation_files import DataError, SourceStats, read_records, resolve_source_path
+from ..conversations import EXAMPLES_PER_REASON, Conversation, Counters, content_key, normalise, template_messages
 from ..tokens import write_tokens
 from .chat_masking import TemplateRaised, answer_start, open_last_turn, reasoning_key, tokenize_batch
 

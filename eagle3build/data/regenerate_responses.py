@@ -40,7 +40,7 @@ degenerate repetition of greedy decoding (its effect on the loops counted here, 
 acceptance, is not measured in this repository). Peers sample by default (SpecForge's
 ``scripts/regenerate_train_data.py``: ``--temperature 0.7``). Sampled answers are reproducible
 in part only: vLLM samples from its engine's generator, seeded by ``data.seed`` (no per-request
-seed, whose per-request generators cost 6x in tokens/s: ``vllm_engine.decode_greedy``), so an
+seed, whose per-request generators cost 6x in tokens/s: ``vllm_measure.decode_greedy``), so an
 answer depends on vLLM's batch schedule and a rerun is not bit-equal; transformers seeds torch's
 generator with ``data.seed`` once per job, so the same seed, prompts, ``batch_size`` and
 ``checkpoint_every`` (they group the prompts into ``generate`` calls) on CPU give the same answers.
@@ -64,31 +64,21 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import vllm_engine
+from .. import vllm_engine, vllm_measure
 from ..atomic import atomic_path, write_json, write_text
 from ..contract import StageSettings
-from ..conversations import (
-    UNFINISHED_KEY,
-    Conversation,
-    Counters,
-    DataError,
-    SourceStats,
-    normalise,
-    read_records,
-    resolve_source_path,
-    template_messages,
-)
+from ..conversation_files import DataError, SourceStats, read_records, resolve_source_path
+from ..conversations import UNFINISHED_KEY, Conversation, Counters, normalise, template_messages
+from .generators import Answer, TransformersGenerator, check_sampling
 
 log = logging.getLogger(__name__)
 
@@ -103,19 +93,6 @@ UNFINISHED = ("keep", "drop")
 LOOP_TAIL, LOOP_WINDOW, LOOP_REPEATS = 60, 600, 3
 
 BACKENDS = ("auto", "vllm", "transformers")
-
-
-def check_sampling(temperature: float, top_p: float) -> None:
-    """Check ``data.regenerate.temperature`` (>= 0, finite; 0 = greedy) and ``top_p`` (in (0, 1]).
-
-    Raises:
-        ValueError: either is out of range (or not a number); the message names the key.
-    """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-            math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"data.regenerate.temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ValueError(f"data.regenerate.top_p must be in (0, 1], got {top_p!r}")
 
 
 def decoding(temperature: float, top_p: float) -> str:
@@ -317,18 +294,6 @@ def ends_in_loop(text: str) -> bool:
     return len(window) >= LOOP_WINDOW // 2 and window.count(window[-LOOP_TAIL:]) >= LOOP_REPEATS
 
 
-@dataclass
-class Answer:
-    """One generated answer: its text (special tokens removed), tokens generated (the end-of-turn
-    token included when there is one), whether the target ended it itself (False: cut at
-    max_tokens), and the generated token ids (int, ``tokens`` of them)."""
-
-    text: str
-    tokens: int
-    finished: bool
-    token_ids: list[int] = field(default_factory=list)
-
-
 def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[list[dict]]], list[Answer]],
                      prompt_tokens: Callable[[list[dict]], int], max_seq_len: int, unfinished: str = "keep",
                      checkpoint_every: int = 0, state_path: str | os.PathLike | None = None, key: str = "") -> dict:
@@ -471,11 +436,11 @@ def run_child(spec: dict) -> dict:
 
     temperature, top_p = spec.get("temperature", 0.0), spec.get("top_p", 1.0)
     check_sampling(temperature, top_p)
-    llm, _ = vllm_engine.start_engine(spec["engine"])
+    llm, _ = vllm_measure.start_engine(spec["engine"])
     tok = llm.get_tokenizer()
     # No per-request seed: sampled requests draw from the engine's generator, seeded by the engine
     # args' seed (data.seed); a seeded request would take vLLM's per-request-generator path (6x fewer
-    # tokens/s: vllm_engine.decode_greedy). So a sampled answer depends on its batch: not bit-equal
+    # tokens/s: vllm_measure.decode_greedy). So a sampled answer depends on its batch: not bit-equal
     # across reruns.
     sp = (SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"]) if temperature == 0
           else SamplingParams(temperature=temperature, top_p=top_p, max_tokens=spec["max_tokens"]))
@@ -492,76 +457,6 @@ def run_child(spec: dict) -> dict:
     return regenerate_turns(spec["conversations"], generate, prompt_tokens, spec["max_seq_len"],
                             spec.get("unfinished", "keep"), spec.get("checkpoint_every", 0), spec.get("state_path"),
                             spec.get("key", ""))
-
-
-class TransformersGenerator:
-    """Chat answers from ``model.generate``, batched with left padding: greedy (``temperature`` 0)
-    or sampled at ``temperature`` from the nucleus of probability ``top_p`` (no top-k cut, as vLLM's
-    defaults; transformers would otherwise keep its default top_k of 50).
-
-    Prompts are rendered with the tokenizer's chat template (generation prompt on) and
-    tokenized without added special tokens, as vLLM's ``LLM.chat`` does. Within a call,
-    prompts are sorted by length and cut into batches of ``batch_size`` (less padding); the
-    answers come back in input order. Generation stops at the model's
-    ``generation_config.eos_token_id`` (all of them where it is a list); an answer without one
-    within ``max_tokens`` is unfinished.
-
-    Sampling draws from torch's default generators, seeded here with ``seed`` (``torch.manual_seed``,
-    every device): the same seed, model, prompts and ``batch_size`` give the same answers on CPU,
-    call after call of a fresh generator (a batch's rows share the generator, so an answer also
-    depends on the batch it is in). Greedy decoding does not touch the generators.
-
-    Raises:
-        ValueError: ``temperature`` or ``top_p`` out of range (``check_sampling``); the target has no
-            end-of-sequence token.
-    """
-
-    def __init__(self, model, tokenizer, max_tokens: int, batch_size: int, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0):
-        check_sampling(temperature, top_p)
-        self.model, self.tok, self.max_tokens, self.batch_size = model, tokenizer, max_tokens, batch_size
-        self.temperature, self.top_p = temperature, top_p
-        self.tok.padding_side = "left"
-        eos = model.generation_config.eos_token_id
-        if eos is None:
-            eos = tokenizer.eos_token_id
-        self.eos = {eos} if isinstance(eos, int) else set(eos or [])
-        if not self.eos:
-            raise ValueError("the target has no eos_token_id (generation_config or tokenizer): answers would never end")
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos)
-        if temperature > 0:
-            import torch
-
-            torch.manual_seed(seed)
-
-    def render(self, msgs: list[dict]) -> str:
-        return self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-
-    def prompt_tokens(self, msgs: list[dict]) -> int:
-        return len(self.tok(self.render(msgs), add_special_tokens=False)["input_ids"])
-
-    def __call__(self, prompts: list[list[dict]]) -> list[Answer]:
-        import torch
-
-        texts = [self.render(m) for m in prompts]
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-        out: list[Answer | None] = [None] * len(texts)
-        device = next(self.model.parameters()).device
-        decode = ({"do_sample": False} if self.temperature == 0
-                  else {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, "top_k": 0})
-        for b in range(0, len(order), self.batch_size):
-            idx = order[b:b + self.batch_size]
-            enc = self.tok([texts[i] for i in idx], add_special_tokens=False, padding=True, return_tensors="pt").to(device)
-            with torch.inference_mode():
-                gen = self.model.generate(**enc, max_new_tokens=self.max_tokens, **decode,
-                                          eos_token_id=sorted(self.eos), pad_token_id=self.pad)
-            new = gen[:, enc["input_ids"].shape[1]:].tolist()
-            for i, row in zip(idx, new, strict=True):
-                end = next((j for j, t in enumerate(row) if t in self.eos), None)
-                kept = row if end is None else row[:end]
-                out[i] = Answer(self.tok.decode(kept, skip_special_tokens=True), len(kept) + (end is not None),
-                                end is not None, row if end is None else row[:end + 1])
-        return out
 
 
 def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]], max_tokens: int, max_seq_len: int,

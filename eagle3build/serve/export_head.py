@@ -28,12 +28,13 @@ from typing import Any
 
 import torch
 
-from .. import vllm_engine, vocab_map
+from .. import draft_methods, vllm_engine, vocab_map
 from ..artifacts import TrainMeta
 from ..atomic import atomic_path, write_json
 from ..contract import StageSettings
-from ..head_format import aux_layer_ids, draft_layers, expected_shapes, method_of, speculative_config
-from ..head_model import TORCH_DTYPES, method_class, served_config
+from ..draft_methods import DEFAULT_METHOD
+from ..head_format import aux_layer_ids, draft_layers, expected_shapes, speculative_config
+from ..head_model import TORCH_DTYPES, served_config
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ OUTPUT_VERSION = 2  # 2: transformer_layer_config.num_aux_hidden_states (eagle3b
 
 
 # One engine run: start, decode greedily, read vLLM's spec-decode counters.
-RUN_ENTRY = "eagle3build.vllm_engine:decode_greedy"
+RUN_ENTRY = "eagle3build.vllm_measure:decode_greedy"
 
 
 class ExportError(ValueError):
@@ -126,15 +127,13 @@ def export(
         raise ExportError(f"{ck}: config head flags {flags} differ from those trained with {meta['head_flags']}")
     if aux_layer_ids(cfg) != list(meta["aux_layer_ids"]):
         raise ExportError(f"{ck}: config aux ids {aux_layer_ids(cfg)} != trained {meta['aux_layer_ids']}")
-    if method_of(cfg) != meta.get("method", "eagle3"):
-        raise ExportError(f"{ck}: config.json is a {method_of(cfg)} head but train_meta.json says "
-                          f"{meta.get('method', 'eagle3')}")
-    if method_of(cfg) == "dflash" and not (cfg.get("sliding_window_non_causal") and not cfg.get("sample_from_anchor")):
-        # vLLM applies dflash_config.causal = not sliding_window_non_causal to every layer, while training keeps
-        # full-attention layers bidirectional (docs/design/peagle_dflash.md §3.3): only this layout serves as trained
-        raise ExportError(f"{ck}/config.json: a DFlash head must have sliding_window_non_causal true and "
-                          f"sample_from_anchor false (got {cfg.get('sliding_window_non_causal')}, "
-                          f"{cfg.get('sample_from_anchor')}): vLLM would serve it otherwise than it was trained")
+    method = draft_methods.of_config(cfg)
+    if method.name != meta.get("method", DEFAULT_METHOD):
+        raise ExportError(f"{ck}: config.json is a {method.name} head but train_meta.json says "
+                          f"{meta.get('method', DEFAULT_METHOD)}")
+    problem = method.export_problem(cfg)
+    if problem:
+        raise ExportError(f"{ck}/config.json: {problem}")
 
     tdt = TORCH_DTYPES[dtype]
     out_state = {k: (v.to(tdt) if v.is_floating_point() else v).contiguous() for k, v in state.items() if k in shapes}
@@ -164,18 +163,15 @@ def export(
     return head_meta
 
 
-def _stale_peagle_hint(head_dir: str | os.PathLike) -> str:
-    """A hint for a P-EAGLE head with ``norm_before_fc`` (trained before head_model.method_flags turned it off for
-    P-EAGLE): vLLM 0.26 fails to load it on a GPU, and train_draft does not replan by itself. '' otherwise."""
+def _stale_head_hint(head_dir: str | os.PathLike) -> str:
+    """A hint for a head of an older build that vLLM fails to load (``draft_methods.DraftMethod.load_hint``: a
+    P-EAGLE head with ``norm_before_fc``, trained before its flags turned it off; train_draft does not replan by
+    itself). '' otherwise."""
     try:
         cfg = json.loads((Path(head_dir) / "config.json").read_text())
+        return draft_methods.of_config(cfg).load_hint(cfg)
     except (OSError, ValueError):  # the load check's own error is the one to show
         return ""
-    if method_of(cfg) == "peagle" and cfg.get("norm_before_fc"):
-        return (" (this P-EAGLE head has norm_before_fc, which vLLM 0.26's parallel drafting cannot load on a GPU: "
-                "llm_base_proposer.py's load_model runs its CUDA rms_norm on the 1-D mask_hidden. Heads trained "
-                "now leave it off; retrain this one: snakemake --forcerun train_draft)")
-    return ""
 
 
 LOAD_CHECK_MAX_MODEL_LEN = 256  # tokens: the check's one prompt and its 8 answer tokens
@@ -208,7 +204,7 @@ def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_n
         try:
             r = vllm_engine.run_child(RUN_ENTRY, spec, tmp, "vllm_load_check")
         except RuntimeError as e:
-            raise ExportError(f"vLLM cannot serve {head_dir} as a draft head: {e}{_stale_peagle_hint(head_dir)}") from e
+            raise ExportError(f"vLLM cannot serve {head_dir} as a draft head: {e}{_stale_head_hint(head_dir)}") from e
     if not r.get("drafts"):
         raise ExportError(f"vLLM loaded {head_dir} but proposed no draft tokens with it")
     log.info("vLLM served the head: %d drafts, %d accepted, in %.1f s", r["drafts"], r["accepted_tokens"], r["process_s"])
@@ -226,7 +222,7 @@ def check_loads_with_speculators(head_dir: str | os.PathLike, target_dir: str, s
         ExportError: loading fails or a loaded tensor differs from the one written.
     """
     try:
-        cls = method_class(method_of(json.loads((Path(head_dir) / "config.json").read_text())))
+        cls = draft_methods.of_config(json.loads((Path(head_dir) / "config.json").read_text())).speculators_class()
         cfg = cls.config_class.from_pretrained(os.fspath(head_dir))
         cfg.speculators_config.verifier.name_or_path = os.fspath(target_dir)
         cfg.transformer_layer_config._attn_implementation = "sdpa"
@@ -250,6 +246,6 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
     return export(
         checkpoint_dir=params["checkpoint_dir"], d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
         vocab_json=inputs["vocab"], out_dir=params["out_dir"], served_name=s["target.served_name"],
-        target_dir=params["target_dir"], dtype=s["export.dtype"], vllm_load_check=s["export.vllm_load_check"],
+        target_dir=params["target_dir"], dtype=s["export.weights_dtype"], vllm_load_check=s["export.vllm_load_check"],
         gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
         trust_remote_code=s["target.trust_remote_code"])

@@ -1,8 +1,9 @@
 """Stage ``plot_benchmark``: the benchmark's figures as one PNG for ``snakemake --report``.
 
 Left: vLLM's acceptance rate at each draft position, one line per k (num_speculative_tokens)
-and prompt set, with τ in the legend. Right: output tokens/s of each EAGLE-3 run relative to
-the baseline per prompt set and over all sets (speed-up bars; the line at 1 is the baseline).
+and prompt set, with τ in the legend. Right: output tokens/s of each run with a head relative to
+the baseline per prompt set and over all sets (speed-up bars; the line at 1 is the baseline). Each
+line and bar names its head's method, draft layer, k and trained positions (``head_format.head_description``).
 Values are read from ``benchmark.json``
 (eagle3build/schemas/benchmark.schema.json), nothing is recomputed.
 """
@@ -14,10 +15,11 @@ import os
 from collections.abc import Mapping
 
 from ..atomic import atomic_path
-from ..head_format import OWN_HEAD, run_label
+from ..head_format import OWN_HEAD, benchmark_runs, head_description, run_label
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
-OUTPUT_VERSION = 1
+# 2: every run's bar and lines name its head's method, draft layer, k and trained positions (head_description)
+OUTPUT_VERSION = 2
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
 
     Raises:
         artifacts.ArtifactError: benchmark.json is not JSON or does not match its schema.
-        ValueError: the benchmark holds no EAGLE-3 run.
+        ValueError: the benchmark holds no run with a head.
     """
     import matplotlib
 
@@ -44,9 +46,9 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     from ..artifacts import Benchmark
 
     b = Benchmark.load(benchmark_json).data  # checked against eagle3build/schemas/benchmark.schema.json
-    runs = b.get("eagle3") or []
+    runs = benchmark_runs(b)
     if not runs:
-        raise ValueError(f"{benchmark_json}: no EAGLE-3 run to plot")
+        raise ValueError(f"{benchmark_json}: no run with a head to plot")
     names = list(b["settings"]["sets"])
     styles = ["-", "--", ":", "-."]
     fig, (a, s) = plt.subplots(1, 2, figsize=(10, 4))
@@ -57,7 +59,7 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
 
     for r in runs:
         k = key(r)
-        who = run_label(r)
+        who = head_description(r) if r.get("head", OWN_HEAD) == OWN_HEAD else f"{r['head']}: {head_description(r)}"
         out[k] = {"tau": r["mean_acceptance_length"], "speedup": r["speedup"], "sets": {}}
         for j, name in enumerate(names):
             x = r["sets"][name]
@@ -77,10 +79,11 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
         ups = [r["speedup"] if name == "all" else r["sets"][name]["speedup"] for r in runs]
         bars = s.bar(xs + (j - (len(groups) - 1) / 2) * width, ups, width, label=name)
         s.bar_label(bars, labels=[f"{u:.2f}x" for u in ups], fontsize="small")
-    s.set_xticks(xs, [str(key(r)).replace(" k=", "\nk=") for r in runs])
+    s.set_xticks(xs, [_tick(r) for r in runs], fontsize="small")
     s.axhline(1.0, color="black", lw=1, ls="--", label=f"baseline {b['baseline']['output_tokens_per_s']:.1f} tok/s")
     compared = any(r.get("head", OWN_HEAD) != OWN_HEAD for r in runs)
-    s.set_xlabel("head and num_speculative_tokens (k)" if compared else "num_speculative_tokens (k)")
+    s.set_xlabel("head: method, draft layer, num_speculative_tokens (k)" if compared
+                 else "method, draft layer, num_speculative_tokens (k)")
     s.set_ylabel("speed-up (output tokens/s vs baseline)")
     s.set_title("speed-up per prompt set")
     s.legend(fontsize="small")
@@ -90,6 +93,13 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     plt.close(fig)
     log.info("plotted %s", out)
     return out
+
+
+def _tick(run: dict) -> str:
+    """A run's bar label: its head's name where heads are compared, then ``head_description`` one part a line."""
+    lines = head_description(run).split(", ")
+    head = run.get("head", OWN_HEAD)
+    return "\n".join(lines if head == OWN_HEAD else [head, *lines])
 
 
 def run_job(inputs: Mapping[str, str], outputs: Mapping[str, str]) -> dict:

