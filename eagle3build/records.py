@@ -336,7 +336,7 @@ def check_text(text: str, recs: Mapping[str, Mapping[str, Any]], where: str) -> 
     return errors
 
 
-DOCS = ("README.md", "docs/*.md", "benchmarks/**/*.md", "examples/configs/*.yaml")
+DOCS = ("README.md", "docs/**/*.md", "benchmarks/**/*.md", "examples/configs/*.yaml")
 
 
 def check_docs(root: str | Path, patterns: tuple[str, ...] = DOCS) -> list[str]:
