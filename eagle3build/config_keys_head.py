@@ -56,7 +56,7 @@ HEAD_KEYS: tuple[Key, ...] = (
         1,
         (
             "1 for this default served at k = 1 (only the first draft position counts): first-position acceptance "
-            "0.198 against 0.172 with 3, in 54 % of the training time (benchmarks/cpu_default_ttt_steps.json); 3 or"
+            "0.198 against 0.172 with 3, in 54 % of the training time (record benchmarks/records/cpu-ttt-steps_cpu.json); 3 or"
             " more for heads served at k > 1"
         ),
         {"compat_report": "runtime", "train_draft": "trigger:train"},

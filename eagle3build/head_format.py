@@ -102,9 +102,9 @@ def run_label(run: dict) -> str:
 def head_description(run: dict) -> str:
     """What a benchmark.json run served, in words for plots: its draft method, draft layer, k and the positions
     the head was trained to fill in one forward (``any k`` for a head of one token a forward):
-    ``peagle, llama layer, k=3 (trained for 8)``. A run written before OUTPUT_VERSION 8 names no layer or
-    trained positions: those parts are left out (its method: ``draft_methods.DEFAULT_METHOD`` where not named)."""
-    parts = [run.get("method") or draft_methods.DEFAULT_METHOD]
+    ``peagle, llama layer, k=3 (trained for 8)``. A run written in the layout before issue 55 (under ``eagle3``)
+    may name no method, layer or trained positions: those parts are left out (``k=3``)."""
+    parts = [run["method"]] if run.get("method") else []
     if run.get("draft_layer"):
         parts.append(f"{run['draft_layer']} layer")
     k = f"k={run['num_speculative_tokens']}"
@@ -115,7 +115,7 @@ def head_description(run: dict) -> str:
 
 
 def benchmark_runs(result: dict) -> list[dict]:
-    """The runs with a head of a benchmark.json ``result``: ``runs`` (OUTPUT_VERSION 8 on), or ``eagle3``, their key
+    """The runs with a head of a benchmark.json ``result``: ``runs`` (issue 55 on), or ``eagle3``, their key
     before (every head's runs were filed there, whatever its method)."""
     return result.get("runs", result.get("eagle3")) or []
 

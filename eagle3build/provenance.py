@@ -75,7 +75,7 @@ def cpu_bf16_support(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict:
     can stay silent there. On an x86 CPU without them, PyTorch emulates bf16 matmuls: the bundled
     target's hook capture ran about 29x slower in bf16 than in float32 on a 2-core AVX2 host (52 tokens/s in
     bf16: a fresh-clone `make run` took 38 minutes there); on an avx512_bf16 host bf16 is 2.1x float32
-    (benchmarks/capture_dtype_cpu.json).
+    (benchmarks/records/capture-dtype_cpu.json).
     Raises nothing.
     """
     try:

@@ -114,7 +114,7 @@ def _round(x: Any, nd: int = 4) -> Any:
 
 
 def head_runs(bench: Mapping[str, Any]) -> list[dict]:
-    """The served-head runs of a benchmark.json (``head_format.benchmark_runs``: ``runs`` from benchmark output 8
+    """The served-head runs of a benchmark.json (``head_format.benchmark_runs``: ``runs`` from issue 55
     on, ``eagle3`` before). Each run carries ``num_speculative_tokens``; compared heads carry ``head``."""
     return list(benchmark_runs(dict(bench)))
 
@@ -136,7 +136,7 @@ def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
                            "baseline.tokens_per_s": _round(bench["baseline"]["output_tokens_per_s"], 2)}
     for r in head_runs(bench):
         head = r.get("head")
-        pre = (f"{head}." if head and head not in (OWN_HEAD, "eagle3", "own") else "") + f"k{r['num_speculative_tokens']}."
+        pre = (f"{head}." if head and head != OWN_HEAD else "") + f"k{r['num_speculative_tokens']}."
         out[pre + "tau.all"] = _round(r.get("mean_acceptance_length"))
         out[pre + "speedup.all"] = _round(r["speedup"])
         lossless = r.get("lossless", r.get("outputs_identical"))  # older outputs: outputs_identical only

@@ -23,7 +23,7 @@ def verify_slope(forward_s: dict[str, float]) -> float:
 
     n = 1 is left out: one new token per sequence runs the engine's decode kernels (and, on GPUs, its full CUDA
     graph), n >= 2 its prefill path, which costs a fixed amount more (3.5 ms on an H200 for a 135M target,
-    benchmarks/gpu/kimi_preflight.md) that a verification step does not pay. The median keeps one noisy shape
+    benchmarks/gpu/kimi_h200.md) that a verification step does not pay. The median keeps one noisy shape
     from setting the slope. Where fewer than two n >= 2 were measured: the difference to n = 1.
 
     Raises:

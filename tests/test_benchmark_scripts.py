@@ -111,7 +111,7 @@ def test_speedup_split_tiny(tmp_path):
     overall = splits[0]
     assert overall["rows"][2] == {"k": 3, "tau": 2.3, "tpot_ms": round(3.5 / 2.3, 3), "step_ms": 3.5,
                                   "speedup": round(2.3 * 2 / 3.5, 3), "ceiling_speedup": round(4 * 2 / 3.5, 3)}
-    # a benchmark.json of before OUTPUT_VERSION 8 (runs under "eagle3") without compared heads (no `head` on its
+    # a benchmark.json of before issue 55 (same OUTPUT_VERSION 7) (runs under "eagle3") without compared heads (no `head` on its
     # runs) is the run's own head alone
     result["eagle3"] = result.pop("runs")[:4]
     for r in result["eagle3"]:

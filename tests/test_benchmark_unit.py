@@ -109,7 +109,7 @@ def test_schema_accepts_a_result_and_names_a_missing_field():
 
 @pytest.mark.parametrize("field", ["method", "draft_layer", "trained_positions", "head"])
 def test_schema_requires_each_run_to_name_its_head(field):
-    """From OUTPUT_VERSION 8 every run names what it served; a result of before (runs under "eagle3", no head
+    """From issue 55 every run names what it served; a result of before (runs under "eagle3", no head
     fields) still validates and reads (head_format.benchmark_runs)."""
     from eagle3build.head_format import benchmark_runs
 
@@ -153,7 +153,7 @@ def test_plot(tmp_path):
 
 def test_plot_names_each_heads_method_layer_k_and_trained_positions(tmp_path, monkeypatch):
     """Each bar and line of the plot names its head's method, draft layer, k and trained positions; a compared
-    head's bars its name too; a benchmark.json of before OUTPUT_VERSION 8 (runs under "eagle3") still plots."""
+    head's bars its name too; a benchmark.json of before issue 55 (same OUTPUT_VERSION 7) (runs under "eagle3") still plots."""
     import matplotlib.axes
 
     ticks, lines = [], []

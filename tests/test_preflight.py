@@ -156,7 +156,7 @@ def test_plan_runs_it_only_where_serving_has_gpus(tmp_path):
 
 def test_preflight_times_the_benchmarks_length(tmp_path, monkeypatch):
     """The job times decode and speculative steps over benchmark.max_tokens output tokens (time per output token
-    falls with length: the H200 A/B in benchmarks/gpu/h200_decode_step_ab_smollm2.json); fewer than 2 is refused
+    falls with length: the H200 A/B in benchmarks/records/decode-step-ab_h200.json); fewer than 2 is refused
     before any engine starts."""
     seen = {}
     monkeypatch.setattr(preflight_bound, "preflight", lambda **kw: seen.update(kw) or {})

@@ -110,5 +110,5 @@ def test_the_tree_holds_records_not_diaries():
     assert sum((REPO / f).stat().st_size for f in bench if (REPO / f).exists()) < 1.5e6
     assert [f for f in bench if f.endswith(".sh")] == []
     long = [f for f in files if f.endswith(".md") and f.startswith(("benchmarks/", "docs/"))
-            and not f.startswith("docs/design/") and len((REPO / f).read_text().splitlines()) > 150]
+            and len((REPO / f).read_text().splitlines()) > 150]
     assert long == []

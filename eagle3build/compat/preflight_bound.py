@@ -64,7 +64,7 @@ SPEC_ENTRY = "eagle3build.compat.preflight_bound:measure_speculative_steps"
 # Output tokens per request of the decode and speculative-step measurements where none is given; the job passes
 # the benchmark's cap, benchmark.max_tokens, the length the benchmark's steps are checked at. Time per output token
 # falls with a request's length: the bundled target at one request in flight on an H200 (vLLM 0.26.0,
-# benchmarks/gpu/h200_decode_step_ab_smollm2.json) read 2.30 ms a token over 32 tokens and 1.73 over 96 in one engine
+# benchmarks/records/decode-step-ab_h200.json) read 2.30 ms a token over 32 tokens and 1.73 over 96 in one engine
 # (2.46 and 1.88 in the pre-flight's engine size), and a pre-flight timed at 32 tokens read the decode step 23 % above
 # the benchmark's at 96 (2.39 against 1.95 ms; benchmarks/gpu/kimi_h200.md, calls 12-16).
 DECODE_TOKENS = 32
