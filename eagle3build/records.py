@@ -109,6 +109,21 @@ def load_records(folder: str | Path) -> dict[str, dict]:
     return out
 
 
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """A JSON value as dotted keys (``{"a": {"b": [1, 2]}}`` -> ``{"a.b.0": 1, "a.b.1": 2}``), floats rounded to 7
+    significant places; for a record's ``results`` from an output the summaries do not cover (preflight.json)."""
+    if isinstance(obj, Mapping):
+        items = obj.items()
+    elif isinstance(obj, list):
+        items = enumerate(obj)
+    else:
+        return {prefix: float(f"{obj:.7g}") if isinstance(obj, float) else obj}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
 def _round(x: Any, nd: int = 4) -> Any:
     return round(x, nd) if isinstance(x, float) else x
 

@@ -58,3 +58,10 @@ def test_the_recipe_is_the_recorded_head():
         assert load_config([REPO / f for f in record.RECORDS[name].configfiles])["train"]["ttt_steps"] == 3
     for sweep in ("base_4k.yaml", "full_16k.yaml"):
         assert load_config([REPO / "benchmarks/sweep" / sweep])["train"]["ttt_steps"] == 3
+
+
+def test_a_preflight_record_plans_no_benchmark():
+    """kimi-mla-preflight builds the pre-flight alone (its figures come from preflight.json); recipe builds the
+    benchmark."""
+    assert record.plan_targets(record.RECORDS["kimi-mla-preflight"]) == ["results/kimi-k25-card/preflight.json"]
+    assert record.plan_targets(record.RECORDS["recipe"]) == ["results/smollm2-8k/benchmark.json"]

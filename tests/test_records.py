@@ -112,3 +112,10 @@ def test_the_tree_holds_records_not_diaries():
     long = [f for f in files if f.endswith(".md") and f.startswith(("benchmarks/", "docs/"))
             and len((REPO / f).read_text().splitlines()) > 150]
     assert long == []
+
+
+def test_flatten_gives_dotted_keys_for_a_preflight_record():
+    pre = {"settings": {"concurrencies": [1, 16]}, "table": {"k3": {"tau_break_even": 1.6612345678, "ok": True}},
+           "note": None}
+    assert R.flatten(pre) == {"settings.concurrencies.0": 1, "settings.concurrencies.1": 16,
+                              "table.k3.tau_break_even": 1.661235, "table.k3.ok": True, "note": None}

@@ -21,6 +21,7 @@ EAGLE-3 head, one benchmark job), ``peer`` (speculators' own training entry poin
 benchmarks/peer_route.py, then one benchmark of both heads), ``dense`` (the bundled target with its pre-flight
 bound), ``dense-methods`` (the same build with P-EAGLE and DFlash heads from its shards, served beside its
 EAGLE-3 head in its one benchmark job, the pre-flight's comparison included), ``dense-kschedule``, ``kimi``,
+``kimi-mla-preflight`` (that target's pre-flight with the MLA draft layer beside the llama one, no benchmark),
 ``kimi-online`` (the Kimi-K2.5-shaped target, offline and online capture), ``kimi-c16``.
 
 The commit is read from ``COMMIT`` beside this file: ``git archive`` writes HEAD's hash into it
@@ -60,12 +61,13 @@ KIMI_TARGET = "resources/targets/kimi-k25-card"
 @dataclasses.dataclass(frozen=True)
 class Record:
     """How one record is made: ``configfiles`` (``--configfile``, in order), the extra Snakemake ``targets``
-    besides ``results/<run>/benchmark.json``, and a ``prepare`` step run first (returns False where it ran out of
-    time)."""
+    besides ``results/<run>/benchmark.json`` (none where ``benchmark`` is False: the record reads
+    ``results/<run>/preflight.json``), and a ``prepare`` step run first (returns False where it ran out of time)."""
 
     configfiles: tuple[str, ...]
     targets: tuple[str, ...] = ()
     prepare: Callable[["Call", "Record"], bool] | None = None
+    benchmark: bool = True  # False: a pre-flight record, its figures from results/<run>/preflight.json alone
 
 
 def _kimi_target(call: "Call", rec: Record) -> bool:
@@ -104,6 +106,9 @@ RECORDS: dict[str, Record] = {
     "dense-kschedule": Record((f"{GPU}/dense_preflight.yaml", f"{GPU}/kschedule.yaml")),
     "kimi": Record((f"{GPU}/kimi_k25_card.yaml",), targets=("results/kimi-k25-card/preflight.json",),
                    prepare=_kimi_target),
+    "kimi-mla-preflight": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/mla.yaml"),
+                                 targets=("results/kimi-k25-card/preflight.json",), prepare=_kimi_target,
+                                 benchmark=False),
     "kimi-online": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/kimi_k25_card_online.yaml"), prepare=_kimi_target),
     "kimi-c16": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/c16.yaml"), prepare=_kimi_target),
 }
@@ -191,16 +196,24 @@ def result_files(run: str) -> list[Path]:
     return files + sorted((REPO / "benchmarks" / run).glob("**/*.tsv")) + sorted((REPO / "logs" / run).glob("**/*.log"))
 
 
-def results_of(run: str) -> dict:
-    """The record's figures from ``results/<run>/``: the benchmark, the training metrics, the pre-flight's
-    speed-up bound where there is one."""
+def results_of(run: str, benchmark: bool = True) -> dict:
+    """The record's figures from ``results/<run>/``: the benchmark and the training metrics; without a benchmark,
+    the pre-flight bound's whole output flattened (``records.flatten``)."""
     r = REPO / "results" / run
+    if not benchmark:
+        pre = json.loads((r / "preflight.json").read_text())
+        return records.flatten({k: v for k, v in pre.items() if k not in ("versions", "hardware", "schema")})
     bench = json.loads((r / "benchmark.json").read_text())
     out = records.summarise_benchmark(bench)
     metrics = r / "checkpoint" / "metrics.json"
     if metrics.exists():
         out.update(records.summarise_metrics(json.loads(metrics.read_text())))
     return out
+
+
+def plan_targets(rec: Record) -> list[str]:
+    """What Snakemake builds for ``rec``: the run's benchmark.json (where it has one) and its extra targets."""
+    return [*([f"results/{run_name(rec.configfiles)}/benchmark.json"] if rec.benchmark else []), *rec.targets]
 
 
 def make(name: str, call: Call, state: Path) -> bool:
@@ -213,13 +226,13 @@ def make(name: str, call: Call, state: Path) -> bool:
     if rec.prepare and not rec.prepare(call, rec):
         return False
     run = run_name(rec.configfiles)
-    targets = [f"results/{run}/benchmark.json", *rec.targets]
+    targets = plan_targets(rec)
     if call.snakemake(rec.configfiles, targets, name) != 0:
         return False
-    bench = json.loads((REPO / "results" / run / "benchmark.json").read_text())
+    bench = json.loads((REPO / "results" / run / ("benchmark.json" if rec.benchmark else "preflight.json")).read_text())
     argv = f"python {GPU}/record.py {name} --seconds SECONDS --out OUT"
     record = records.make_record(name, command=argv, commit=commit(), versions=bench["versions"],
-                                 hardware=bench["hardware"], results=results_of(run),
+                                 hardware=bench["hardware"], results=results_of(run, rec.benchmark),
                                  configfiles=list(rec.configfiles), targets=targets)
     path = records.write_record(call.out / "records", record)
     state.mkdir(parents=True, exist_ok=True)
@@ -246,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in a.names:
             RECORDS[n] = dataclasses.replace(RECORDS[n], configfiles=(*RECORDS[n].configfiles, *a.overlay))
     if a.dry_run:
-        return max(call.snakemake(RECORDS[n].configfiles, ["-n", f"results/{run_name(RECORDS[n].configfiles)}/"
-                                                           "benchmark.json", *RECORDS[n].targets], f"{n}_plan")
+        return max(call.snakemake(RECORDS[n].configfiles, ["-n", *plan_targets(RECORDS[n])], f"{n}_plan")
                    for n in a.names)
     state = REPO / "results" / "records"
     for name in a.names:
