@@ -40,8 +40,10 @@ DRAFT_METHODS = list(draft_methods.NAMES)
 
 def draft_keys() -> tuple[Key, ...]:
     """The config's ``draft`` section, from the method registry (``draft_methods.METHODS``): ``draft.method``,
-    ``draft.compare_methods`` and each method's options (``draft.<method>.<option>``, in train_draft's ``train``
-    param as ``<method>_<option>``). All were added after builds existed (``quiet_default``)."""
+    ``draft.layer`` (the layer registry, ``draft_methods.LAYERS``; in train_draft's ``train`` param as ``layer``
+    and the pre-flight's ``preflight`` param as ``draft_layer``), ``draft.compare_methods`` and each method's
+    options (``draft.<method>.<option>``, in train_draft's ``train`` param as ``<method>_<option>``). All were added
+    after builds existed (``quiet_default``)."""
     methods = draft_methods.METHODS.values()
     return (
         Key(
@@ -51,6 +53,15 @@ def draft_keys() -> tuple[Key, ...]:
             "the draft head's kind, as speculators and vLLM name it: " + " | ".join(m.summary for m in methods)
             + "; one capture serves all three (docs/design/peagle_dflash.md)",
             {"train_draft": "trigger:train"},
+            quiet_default=True,
+        ),
+        Key(
+            "draft.layer",
+            {"type": "string", "enum": list(draft_methods.LAYER_NAMES)},
+            draft_methods.DEFAULT_LAYER,
+            "the draft's decoder layer, where draft.method is built with it (other methods keep theirs): "
+            + " | ".join(x.summary for x in draft_methods.LAYERS.values()),
+            {"train_draft": "trigger:train", "preflight_bound": "trigger:preflight/draft_layer"},
             quiet_default=True,
         ),
         Key(

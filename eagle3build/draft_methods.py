@@ -14,12 +14,21 @@ Each entry says, for its method as speculators and vLLM name it:
 - the ``speculative_config`` vLLM serves it with (``vllm_method``), whether vLLM sizes the drafter's ``fc`` from
   fields the exported config gets (``sizes_fc_from_fields``), and whether a k schedule may hold one k only
   (``one_k_schedule``);
-- the draft positions it trains in one forward (``trained_positions``; None: one token a forward, any k).
+- the draft positions it trains in one forward (``trained_positions``; None: one token a forward, any k);
+- the decoder layers it may be built with (``layer_choices``, config ``draft.layer``: ``DraftLayer`` entries of
+  ``LAYERS``, the second registry here; ``DEFAULT_LAYER`` is the layer speculators' CLI gives the method).
+
+A ``DraftLayer`` holds what a decoder layer other than speculators' own changes: the head flags it forces, how its
+layer config is built and registered in speculators (``layer_config``, ``register``), how its checkpoint and
+exported head are recognised (``recognises``), the tensors it holds (``shapes``) and the config.json vLLM serves it
+from (``served``). ``mla`` (eagle3 only) is DeepSeek-V3's multi-head latent attention (eagle3build/mla_layer.py,
+eagle3build/mla_format.py).
 
 The anchor is speculators' own split (speculators/train/config/schema.py: one typed group per method,
 ``PEagleArgs``, ``DFlashArgs``; each method's behaviour on its registered model class). A new method (one of
-speculators' others, or a draft layer such as MLA: ``arch``) is one more ``DraftMethod`` here. No module branches
-on a method's name outside this one (tests/test_draft_registry.py reads the tree for such branches).
+speculators' others) is one more ``DraftMethod`` here, a new decoder layer one more ``DraftLayer``. No module
+branches on a method's or a layer's name outside this one (tests/test_draft_registry.py reads the tree for such
+branches).
 """
 
 from __future__ import annotations
@@ -28,9 +37,44 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import mla_format
+
 # The method of a head or run that names none: EAGLE-3, the only one before draft.method existed. Its saved
 # states, train_meta.json and head_meta.json keep the bytes they had then (``recorded``).
 DEFAULT_METHOD = "eagle3"
+# The draft layer of a head or run that names none (config ``draft.layer``): the decoder layer speculators' CLI
+# builds for the method (its ``arch``: llama for eagle3 and peagle, qwen3 for dflash). A run of it writes no
+# ``layer`` into its saved states, train_meta.json and head_meta.json (their bytes from before draft.layer).
+DEFAULT_LAYER = "llama"
+
+
+@dataclass(frozen=True)
+class DraftLayer:
+    """A draft decoder layer (config ``draft.layer``; the module docstring). ``name``: the config's choice;
+    ``summary``: the config doc's words for it. Every callable is None for ``DEFAULT_LAYER`` (speculators' own
+    layer of the method's ``arch``)."""
+
+    name: str
+    summary: str
+    flags: Mapping[str, bool] = field(default_factory=dict)  # head flags over the method's (vLLM reads no other)
+    # (target_dir, num_layers, trust_remote_code) -> the draft's transformer_layer_config (imports torch)
+    layer_config: Callable[[str, int, bool], Any] | None = None
+    register: Callable[[], None] | None = None  # registers the layer in speculators' decoder components
+    recognises: Callable[[Mapping[str, Any]], bool] | None = None  # a checkpoint's or exported head's config.json
+    shapes: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]] | None = None  # over the method's
+    served: Callable[[Mapping[str, Any], list, str], dict] | None = None  # (cfg, aux ids, dtype) -> exported config
+
+    @property
+    def recorded(self) -> bool:
+        """Whether its runs write ``layer`` into saved states, train_meta.json and head_meta.json: every layer but
+        ``DEFAULT_LAYER``."""
+        return self.name != DEFAULT_LAYER
+
+    @property
+    def speculators_config(self) -> bool:
+        """Whether its exported head's config.json is speculators' own (else vLLM's, ``served``; speculators then
+        reloads the head with the checkpoint's config)."""
+        return self.served is None
 
 
 @dataclass(frozen=True)
@@ -69,6 +113,7 @@ class DraftMethod:
     shapes: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]] | None = None
     problem: Callable[[Mapping[str, Any]], str] | None = None  # a config vLLM would serve otherwise than trained
     hint: Callable[[Mapping[str, Any]], str] | None = None  # why vLLM may fail to load a head of an older build
+    layer_choices: tuple[str, ...] = (DEFAULT_LAYER,)  # config draft.layer values it is built with (``LAYERS``)
 
     @property
     def recorded(self) -> bool:
@@ -102,17 +147,51 @@ class DraftMethod:
         spec = self.spec(options)
         return {o.name: spec["layers"] if o.goes_to == "layers" else spec["args"][o.name] for o in self.options}
 
-    def head_flags(self, variant_flags: Mapping[str, bool]) -> dict[str, bool]:
+    def head_flags(self, variant_flags: Mapping[str, bool], layer: str = DEFAULT_LAYER) -> dict[str, bool]:
         """The speculators config flags its head is built with for a head variant of flags ``variant_flags``
-        (``head_format.HEAD_VARIANTS``): the variant's with the method's own over them; ``{}`` where the method's
-        config has no such flags."""
-        return {} if self.flags is None else {**variant_flags, **self.flags}
+        (``head_format.HEAD_VARIANTS``) and draft layer ``layer``: the variant's with the method's own over them
+        and the layer's over those (MLA: ``norm_before_fc`` off); ``{}`` where the method's config has no such
+        flags.
+
+        Raises:
+            ValueError: ``layer`` is not one of the method's (``layer``).
+        """
+        lay = self.layer(layer)
+        return {} if self.flags is None else {**variant_flags, **self.flags, **lay.flags}
+
+    def layer(self, name: str) -> DraftLayer:
+        """The draft layer ``name`` (config ``draft.layer``) for a head of this method.
+
+        Raises:
+            ValueError: no such layer, or the method is not built with it (``layer_choices``).
+        """
+        lay = get_layer(name)
+        if name not in self.layer_choices:
+            raise ValueError(f"draft.layer {name} is built for draft.method "
+                             f"{' or '.join(m.name for m in METHODS.values() if name in m.layer_choices)} only, "
+                             f"not {self.name!r}")
+        return lay
+
+    def layer_for(self, name: str) -> str:
+        """The draft layer a head of this method gets where the config says ``draft.layer: name``: ``name`` where
+        the method is built with it, else ``DEFAULT_LAYER`` (a P-EAGLE or DFlash head of ``draft.compare_methods``
+        beside an MLA eagle3 head keeps its own layer).
+
+        Raises:
+            ValueError: ``name`` is no registered layer.
+        """
+        get_layer(name)
+        return name if name in self.layer_choices else DEFAULT_LAYER
 
     def speculators_class(self):
-        """speculators' model class of the method (its ``SpeculatorModel`` registry entry; imports speculators)."""
+        """speculators' model class of the method (its ``SpeculatorModel`` registry entry; imports speculators),
+        with each of its layers (``layer_choices``) registered in speculators' decoder components."""
         import speculators.models  # noqa: F401 - registers the model classes
         from speculators.model import SpeculatorModel
 
+        for name in self.layer_choices:
+            if LAYERS[name].register:
+                LAYERS[name].register()
         return SpeculatorModel.registry[self.name]
 
     def speculative_config(self, model: str, k: int) -> dict:
@@ -133,14 +212,21 @@ class DraftMethod:
         return int(cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
 
     def draft_layer(self, cfg: Mapping[str, Any]) -> str:
-        """The decoder layer of a head of speculators config ``cfg``: its ``transformer_layer_config.model_type``
-        (the architecture speculators built the layer as: ``llama``; ``qwen3`` for DFlash), else the method's
-        ``arch``."""
+        """The decoder layer of a head of config ``cfg`` (benchmark.json's ``draft_layer``): the name of its
+        registered layer where that is not ``DEFAULT_LAYER`` (``mla``: the config's ``draft.layer`` choice, not
+        the layer's model_type, which is ``deepseek_v3`` trained and ``deepseek_v2`` exported), else its
+        ``transformer_layer_config.model_type`` (the architecture speculators built the layer as: ``llama``;
+        ``qwen3`` for DFlash), else the method's ``arch``."""
+        lay = layer_of(cfg)
+        if lay.recorded:
+            return lay.name
         return (cfg.get("transformer_layer_config") or {}).get("model_type") or self.arch
 
     def expected_shapes(self, cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        """Tensor name -> shape a head of speculators config ``cfg`` must hold (``head_format.expected_shapes``)."""
-        return self.shapes(cfg)
+        """Tensor name -> shape a head of config ``cfg`` must hold (``head_format.expected_shapes``): its layer's
+        layout where the layer has its own (``DraftLayer.shapes``), else the method's."""
+        lay = layer_of(cfg)
+        return lay.shapes(cfg) if lay.shapes else self.shapes(cfg)
 
     def export_problem(self, cfg: Mapping[str, Any]) -> str:
         """Why a checkpoint of config ``cfg`` would be served otherwise than trained; ``""`` where it would not."""
@@ -244,6 +330,7 @@ EAGLE3 = DraftMethod(
     vllm_method={"method": "eagle3"},
     peer_route=True,
     shapes=_eagle3_shapes,
+    layer_choices=(DEFAULT_LAYER, "mla"),
 )
 # P-EAGLE: llama layers (speculators' CLI gives it qwen3; vLLM 0.26/0.32 serve it as ``PeagleLlamaForCausalLM``),
 # speculators' num_depths 8 (peagle/core.py). Its flags: ``norm_output`` and ``fc_norm`` off, the two that vLLM's
@@ -297,6 +384,56 @@ DFLASH = DraftMethod(
 
 METHODS: dict[str, DraftMethod] = {m.name: m for m in (EAGLE3, PEAGLE, DFLASH)}
 NAMES: tuple[str, ...] = tuple(METHODS)
+
+
+def _mla_layer_config(target_dir: str, num_layers: int, trust_remote_code: bool):
+    from . import mla_layer  # torch and speculators: only where a head is built
+
+    return mla_layer.draft_layer_config(target_dir, num_layers, trust_remote_code)
+
+
+def _mla_register() -> None:
+    from . import mla_layer  # noqa: F401 - its import registers the layer (mla_layer.register)
+
+
+LLAMA = DraftLayer(name=DEFAULT_LAYER, summary="llama (speculators' layer of the method: llama; qwen3 for dflash)")
+# MLA: the eagle3 head with DeepSeek-V3's multi-head latent attention built from the target's MLA config
+# (eagle3build/mla_layer.py), exported as vLLM's Eagle3DeepseekV3ForCausalLM loads it (mla_format.served_config:
+# vLLM's speculators parser refuses the layer). vLLM's DeepSeek EAGLE-3 model has no input_norm: norm_before_fc off.
+MLA = DraftLayer(
+    name="mla",
+    summary="mla (eagle3 only: DeepSeek-V3 multi-head latent attention from the target's MLA config, for "
+            "DeepSeek-V3/Kimi targets; served by vLLM as Eagle3DeepseekV3ForCausalLM; the pre-flight bound then "
+            "times both layers)",
+    flags={"norm_before_fc": False},
+    layer_config=_mla_layer_config,
+    register=_mla_register,
+    recognises=mla_format.is_mla_config,
+    shapes=lambda cfg: mla_format.expected_shapes(cfg, len(aux_layer_ids(cfg))),
+    served=mla_format.served_config,
+)
+
+LAYERS: dict[str, DraftLayer] = {x.name: x for x in (LLAMA, MLA)}
+LAYER_NAMES: tuple[str, ...] = tuple(LAYERS)
+assert all(set(m.layer_choices) <= set(LAYERS) and DEFAULT_LAYER in m.layer_choices for m in METHODS.values())
+
+
+def get_layer(name: str) -> DraftLayer:
+    """The draft layer named ``name`` (config ``draft.layer``).
+
+    Raises:
+        ValueError: no such layer.
+    """
+    if name not in LAYERS:
+        raise ValueError(f"draft.layer {name!r} is not one of {list(LAYERS)}")
+    return LAYERS[name]
+
+
+def layer_of(cfg: Mapping[str, Any]) -> DraftLayer:
+    """The draft layer of a checkpoint's or exported head's ``config.json`` ``cfg``: the registered layer that
+    recognises it (``DraftLayer.recognises``: MLA where its layer config has a ``kv_lora_rank``), else
+    ``DEFAULT_LAYER``'s."""
+    return next((x for x in LAYERS.values() if x.recognises and x.recognises(cfg)), LAYERS[DEFAULT_LAYER])
 
 def get(name: str) -> DraftMethod:
     """The method named ``name`` (``draft.method``, a head's ``speculators_model_type``).

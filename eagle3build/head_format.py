@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import draft_methods
 from .draft_methods import aux_layer_ids  # noqa: F401 - the head format's reader, used from here
+from .mla_format import layer_config
 
 # The head flags (speculators' Eagle3SpeculatorConfig fields), in the order the compat report lists them.
 HEAD_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
@@ -41,7 +42,8 @@ def method_of(cfg: dict) -> str:
 def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape that a head with speculators config ``cfg`` (its ``config.json``) must hold: its
     method's layout (``draft_methods.DraftMethod.expected_shapes``; EAGLE-3: speculators' ``Eagle3DraftModel``,
-    speculators/models/eagle3.py; P-EAGLE adds ``mask_hidden``; DFlash its qwen3 layers, no embedding).
+    speculators/models/eagle3.py; P-EAGLE adds ``mask_hidden``; DFlash its qwen3 layers, no embedding), or its
+    draft layer's (an MLA head, checkpoint or exported: ``mla_format.expected_shapes``).
 
     Raises:
         ValueError: ``cfg`` names a method that is not registered.
@@ -143,8 +145,9 @@ def speculative_config(head_dir: str | os.PathLike, k: int) -> dict:
 
 
 def draft_layer(head_dir: str | os.PathLike) -> str:
-    """The decoder layer of the head in ``head_dir`` (``draft_methods.DraftMethod.draft_layer``: its
-    ``transformer_layer_config.model_type``, e.g. ``llama`` for eagle3 and peagle, ``qwen3`` for dflash).
+    """The decoder layer of the head in ``head_dir`` (``draft_methods.DraftMethod.draft_layer``: ``mla`` for an
+    MLA head, else its ``transformer_layer_config.model_type``, e.g. ``llama`` for eagle3 and peagle, ``qwen3``
+    for dflash).
 
     Raises:
         OSError, ValueError: config.json cannot be read, or names no registered method.
@@ -168,9 +171,10 @@ def trained_positions(head_dir: str | os.PathLike) -> int | None:
 
 def draft_layers(head_dir: str | os.PathLike) -> int:
     """Attention layers of the head in ``head_dir`` that take KV cache in vLLM (its ``transformer_layer_config``'s
-    ``num_hidden_layers``: 1 for eagle3 and peagle, ``draft.dflash.num_layers`` (5) for dflash).
+    ``num_hidden_layers``, an exported MLA head's own: 1 for eagle3 and peagle, ``draft.dflash.num_layers`` (5) for
+    dflash).
 
     Raises:
         OSError, ValueError, KeyError: config.json cannot be read or lacks the field.
     """
-    return int(json.loads((Path(head_dir) / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"])
+    return int(layer_config(head_config(head_dir))["num_hidden_layers"])

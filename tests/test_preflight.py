@@ -163,9 +163,10 @@ def test_preflight_times_the_benchmarks_length(tmp_path, monkeypatch):
     settings = {"preflight.max_k": "auto", "benchmark.ks": [3], "preflight.concurrencies": [1, 16],
                 "vocab.draft_vocab_size": 32, "target.served_name": "t", "target.serve_dtype": "auto",
                 "preflight.context_tokens": 256, "preflight.repeats": 5, "target.trust_remote_code": False,
-                "target.pipeline_parallel_size": 1, "benchmark.max_tokens": 96}
+                "target.pipeline_parallel_size": 1, "benchmark.max_tokens": 96, "draft.layer": "llama"}
     preflight_bound.run_job({"decisions": "d.json"}, {"json": "p.json"}, settings, {"target_dir": "t"}, {"gpu": 1})
     assert (seen["decode_tokens"], seen["gpus"], seen["concurrencies"]) == (96, 1, [1, 16])
+    assert seen["draft_layers"] == ["llama"]
     monkeypatch.undo()
     with pytest.raises(ValueError, match=r"decode_tokens \(benchmark.max_tokens\) 1 must be at least 2"):
         preflight_bound.preflight("t", str(tmp_path / "p.json"), max_k=3, benchmark_ks=[3], concurrencies=[1],

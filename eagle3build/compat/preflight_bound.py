@@ -27,6 +27,11 @@ prefix caching on, the serving configuration otherwise):
   target's verification, per drafted token, ``T_draft(c)`` (the median over the measured k), estimates
   the step at the k not measured: ``T_verify(k, c) + k x T_draft(c)``.
 
+With ``draft.layer: mla`` (a DeepSeek-V3/Kimi target) the whole step is measured with an untrained head of each
+draft layer, the MLA layer first and the llama layer beside it (``draft_layers``, one engine per layer and k): the
+table is the MLA head's, and ``draft_layers`` holds each layer's steps, table (draft cost per drafted token, τ to
+break even) and KV cache bytes per token of the draft (``draft_kv_bytes_per_token``).
+
 Per k and c the table holds ``step_cost_ratio = T_step(k, c) / T_decode(c)`` (``step_source``: measured or
 estimated), the τ
 to break even (= that ratio: S = 1) and the τ for 1.5x (1.5 x the ratio), each reachable only where
@@ -48,6 +53,8 @@ from ..artifacts import Decisions
 from ..atomic import write_json
 from ..contract import StageSettings
 from ..head_model import write_untrained_head
+from ..mla_format import layer_config
+from ..plans import kv_cache_bytes_per_token
 from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
 from ..step_costs import bound_table
 
@@ -224,10 +231,35 @@ def measure_speculative_steps(spec: dict) -> dict:
     return out
 
 
+def preflight_layers(draft_layer: str) -> list[str]:
+    """The draft layers the pre-flight bound times for config ``draft.layer`` (``draft_methods.LAYERS``), the
+    run's own first: ``[DEFAULT_LAYER]`` (llama) for it; any other layer beside it (``["mla", "llama"]``: the
+    choice between them is what the bound informs).
+
+    Raises:
+        ValueError: ``draft_layer`` is no registered layer.
+    """
+    lay = draft_methods.EAGLE3.layer(draft_layer)  # write_untrained_head's method
+    return [lay.name] if lay.name == draft_methods.DEFAULT_LAYER else [lay.name, draft_methods.DEFAULT_LAYER]
+
+
+def draft_kv_bytes_per_token(head_dir: str | os.PathLike, dtype_bytes: int, tensor_parallel_size: int = 1) -> int | None:
+    """KV cache bytes one token takes in the draft head of ``head_dir`` on one GPU (``plans.kv_cache_bytes_per_token``
+    of its layer config: an MLA layer's latent ``kv_lora_rank + qk_rope_head_dim`` replicated on every rank; a
+    llama layer's K and V of its KV heads on this rank), per draft layer times its layers; None where the
+    config's attention is not one ``plans`` knows."""
+    import json
+    from types import SimpleNamespace
+
+    cfg = layer_config(json.loads((Path(head_dir) / "config.json").read_text()))
+    return kv_cache_bytes_per_token(SimpleNamespace(**cfg), dtype_bytes, tensor_parallel_size)
+
+
 def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks: list[int], concurrencies: list[int],
               draft_vocab_size: int, served_name: str, decisions_json: str, dtype: str = "auto", gpus: int = 0,
               context_tokens: int = 256, repeats: int = 5, seed: int = 0, trust_remote_code: bool = False,
-              pipeline_parallel_size: int = 1, decode_tokens: int = DECODE_TOKENS) -> dict:
+              pipeline_parallel_size: int = 1, decode_tokens: int = DECODE_TOKENS,
+              draft_layers: list[str] | tuple[str, ...] = (draft_methods.DEFAULT_LAYER,)) -> dict:
     """Measure the target's step costs alone (``measure_in_engine``, one engine) and with an untrained head
     (``measure_speculative_steps``, one engine per measured k), each in a child process, and write ``out_json``:
     settings, measurements, ``bound_table``'s rows, versions and hardware.
@@ -241,13 +273,17 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
     up to a multiple of 256, which every KV block size of vLLM divides); ``decode_tokens``: output tokens per
     request of the decode and speculative-step measurements (the job passes benchmark.max_tokens, the length the
     benchmark's measured steps are checked at, a cap the benchmark's requests may stop before; default
-    ``DECODE_TOKENS``).
+    ``DECODE_TOKENS``); ``draft_layers``: the draft layers to time the whole step with (``preflight_layers``), the
+    run's own first: its steps and table are the result's ``speculative`` and ``table``; where that is not the
+    llama layer alone, ``draft_layers`` gets each layer's ``{"speculative", "table", "draft_kv_bytes_per_token"}``
+    and ``settings`` its ``draft_layer``.
 
     Raises:
         vllm_engine.VLLMUnavailable: no importable vLLM.
         artifacts.ArtifactError: ``decisions_json`` is missing or does not match its schema.
         ValueError: ``max_k`` below 1 (or ``auto`` with no ``benchmark_ks``), an empty ``concurrencies``, a
-            concurrency below 1, ``decode_tokens`` below 2, or a draft vocab larger than the target's.
+            concurrency below 1, ``decode_tokens`` below 2, a draft vocab larger than the target's, no
+            ``draft_layers``, or an MLA layer for a target without MLA (``head_model.build_model``).
         RuntimeError: an engine failed, a context missed the prefix cache (``measure_in_engine``), or the
             head drafted nothing (``measure_speculative_steps``).
     """
@@ -259,6 +295,9 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
     if decode_tokens < 2:
         raise ValueError(f"preflight: decode_tokens (benchmark.max_tokens) {decode_tokens} must be at least 2: a time per "
                          "output token needs two output tokens")
+    layers = list(draft_layers)
+    if not layers or len(set(layers)) < len(layers):
+        raise ValueError(f"preflight: draft_layers {layers} must name each layer once, at least one")
     measured_ks = sorted(set(benchmark_ks) & set(ks)) or [max(ks)]
     vllm_engine.require_vllm(needed_by=os.fspath(out_json))
     decisions = Decisions.load(decisions_json)
@@ -283,17 +322,30 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
     with tempfile.TemporaryDirectory(prefix="eagle3-preflight-") as tmp:
         measured = vllm_engine.run_child(ENTRY, {**common, "engine": eng, "verify_tokens": list(range(1, k_max + 2))},
                                          tmp, "preflight")
-        head = write_untrained_head(target_dir, Path(tmp) / "untrained-head", aux_layer_ids=decisions.aux_layer_ids,
-                                    draft_vocab_size=draft_vocab_size, head_variant=decisions.head_variant,
-                                    served_name=served_name, dtype=eng["dtype"], trust_remote_code=trust_remote_code,
-                                    seed=seed)
-        speculative = {}
-        for k in measured_ks:
-            sc = draft_methods.EAGLE3.speculative_config(os.fspath(head), k)  # write_untrained_head's method
-            speculative[str(k)] = vllm_engine.run_child(
-                SPEC_ENTRY, {**common, "engine": engine(k, k + 1), "speculative_config": sc}, tmp, f"preflight_k{k}")
-    rows = bound_table(measured, {k: {c: v["step_s"] for c, v in r["by_concurrency"].items()}
-                                  for k, r in speculative.items()}, ks)
+        by_layer = {}
+        for i, layer in enumerate(layers):
+            # the first layer's head and engine runs keep the names a one-layer pre-flight always had
+            name = "" if i == 0 else f"-{layer}"
+            head = write_untrained_head(target_dir, Path(tmp) / f"untrained-head{name}",
+                                        aux_layer_ids=decisions.aux_layer_ids, draft_vocab_size=draft_vocab_size,
+                                        head_variant=decisions.head_variant, served_name=served_name,
+                                        dtype=eng["dtype"], trust_remote_code=trust_remote_code, seed=seed, layer=layer)
+            speculative = {}
+            for k in measured_ks:
+                sc = draft_methods.EAGLE3.speculative_config(os.fspath(head), k)  # write_untrained_head's method
+                speculative[str(k)] = vllm_engine.run_child(
+                    SPEC_ENTRY, {**common, "engine": engine(k, k + 1), "speculative_config": sc}, tmp,
+                    f"preflight{name.replace('-', '_')}_k{k}")
+            by_layer[layer] = {"speculative": speculative, "table": bound_table(
+                measured, {k: {c: v["step_s"] for c, v in r["by_concurrency"].items()} for k, r in speculative.items()},
+                ks), "draft_kv_bytes_per_token": draft_kv_bytes_per_token(
+                    head, 4 if eng["dtype"] == "float32" else 2, eng["tensor_parallel_size"])}
+    speculative, rows = by_layer[layers[0]]["speculative"], by_layer[layers[0]]["table"]
+    for layer, r in by_layer.items():
+        if len(by_layer) > 1:
+            log.info("draft layer %s: %s B of KV cache per token; per drafted token %s ms (c=%s)", layer,
+                     r["draft_kv_bytes_per_token"], [row["draft_ms_per_token"] for row in r["table"] if row["k"] == 1],
+                     common["concurrencies"])
     for r in rows:
         log.info("c=%d k=%d: step %.3f ms (%s) = %.2f decode steps (target alone %.2f): break-even tau %.2f, tau %.2f "
                  "for 1.5x%s", r["concurrency"], r["k"], r["step_ms"], r["step_source"], r["step_cost_ratio"],
@@ -311,6 +363,9 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
                            "by_concurrency": measured["by_concurrency"]},
               "speculative": speculative,
               "table": rows}
+    if layers != [draft_methods.DEFAULT_LAYER]:  # a llama-only pre-flight's file stays as it was
+        result["settings"]["draft_layer"] = layers[0]
+        result["draft_layers"] = by_layer
     write_json(out_json, result)
     return result
 
@@ -329,4 +384,4 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
         decisions_json=inputs["decisions"], dtype=s["target.serve_dtype"],
         gpus=resources.get("gpu", 0), context_tokens=s["preflight.context_tokens"], repeats=s["preflight.repeats"],
         trust_remote_code=s["target.trust_remote_code"], pipeline_parallel_size=s["target.pipeline_parallel_size"],
-        decode_tokens=s["benchmark.max_tokens"])
+        decode_tokens=s["benchmark.max_tokens"], draft_layers=preflight_layers(s["draft.layer"]))

@@ -6,7 +6,9 @@ vllm/transformers_utils/configs/speculators/): ``config.json``
 ``eagle_aux_hidden_state_layer_ids``, head flags, ``speculators_config`` with the
 verifier) and ``model.safetensors`` (``fc.weight``, ``layers.0.*``, ``norm.weight``,
 ``lm_head.weight``, ``d2t`` int64 [draft], ``t2d`` bool [target], the frozen
-``embed_tokens.weight``; ``input_norm.weight`` when ``norm_before_fc``). A P-EAGLE head (``draft.method:
+``embed_tokens.weight``; ``input_norm.weight`` when ``norm_before_fc``). An MLA head (``draft.layer: mla``) has the
+same tensors with an MLA layer 0, under the config vLLM's ``Eagle3DeepseekV3ForCausalLM`` loads
+(``mla_format.served_config``: vLLM's speculators parser refuses an EAGLE-3 head of that layer). A P-EAGLE head (``draft.method:
 peagle``) is that plus ``mask_hidden``, a DFlash head (``dflash``) speculators' DFlash format
 (``head_format.expected_shapes``); each is reloaded with its own speculators class and load-checked in vLLM
 with its own ``speculative_config`` (``speculative_config``).
@@ -32,7 +34,7 @@ from .. import draft_methods, vllm_engine, vocab_map
 from ..artifacts import TrainMeta
 from ..atomic import atomic_path, write_json
 from ..contract import StageSettings
-from ..draft_methods import DEFAULT_METHOD
+from ..draft_methods import DEFAULT_LAYER, DEFAULT_METHOD
 from ..head_format import aux_layer_ids, draft_layers, expected_shapes, speculative_config
 from ..head_model import TORCH_DTYPES, served_config
 
@@ -131,6 +133,10 @@ def export(
     if method.name != meta.get("method", DEFAULT_METHOD):
         raise ExportError(f"{ck}: config.json is a {method.name} head but train_meta.json says "
                           f"{meta.get('method', DEFAULT_METHOD)}")
+    layer = draft_methods.layer_of(cfg)
+    if layer.name != meta.get("layer", DEFAULT_LAYER):
+        raise ExportError(f"{ck}: config.json is a {layer.name}-layer head but train_meta.json says "
+                          f"{meta.get('layer', DEFAULT_LAYER)}")
     problem = method.export_problem(cfg)
     if problem:
         raise ExportError(f"{ck}/config.json: {problem}")
@@ -148,7 +154,8 @@ def export(
         save_file(out_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "head_meta.json").write_text(json.dumps(head_meta, indent=2) + "\n")
     try:
-        check_loads_with_speculators(out_dir, target_dir, out_state)
+        check_loads_with_speculators(out_dir, target_dir, out_state,
+                                     config_dir=None if layer.speculators_config else ck)
         if vllm_check:
             head_meta["vllm_load_check"] = check_loads_with_vllm(out_dir, target_dir, served_name, gpus=gpus,
                                                                  pipeline_parallel_size=pipeline_parallel_size,
@@ -211,19 +218,22 @@ def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_n
     return {"drafts": r["drafts"], "accepted_tokens": r["accepted_tokens"], "seconds": r["process_s"]}
 
 
-def check_loads_with_speculators(head_dir: str | os.PathLike, target_dir: str, state: dict[str, torch.Tensor]) -> None:
+def check_loads_with_speculators(head_dir: str | os.PathLike, target_dir: str, state: dict[str, torch.Tensor],
+                                 config_dir: str | os.PathLike | None = None) -> None:
     """Load the head with its speculators class's ``from_pretrained`` (``Eagle3DraftModel``, ``PEagleDraftModel``
     or ``DFlashDraftModel``, by ``speculators_model_type``) and compare every tensor.
 
     The config names the verifier by its served name, which need not exist on this
-    machine; for the check the verifier is pointed at the local target directory.
+    machine; for the check the verifier is pointed at the local target directory. ``config_dir``: where the
+    speculators config is, where ``head_dir``'s is not one (an MLA head's is vLLM's own: the checkpoint's then).
 
     Raises:
         ExportError: loading fails or a loaded tensor differs from the one written.
     """
     try:
-        cls = draft_methods.of_config(json.loads((Path(head_dir) / "config.json").read_text())).speculators_class()
-        cfg = cls.config_class.from_pretrained(os.fspath(head_dir))
+        spec_dir = os.fspath(config_dir or head_dir)
+        cls = draft_methods.of_config(json.loads((Path(spec_dir) / "config.json").read_text())).speculators_class()
+        cfg = cls.config_class.from_pretrained(spec_dir)
         cfg.speculators_config.verifier.name_or_path = os.fspath(target_dir)
         cfg.transformer_layer_config._attn_implementation = "sdpa"
         model = cls.from_pretrained(os.fspath(head_dir), config=cfg)

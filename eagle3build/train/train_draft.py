@@ -42,7 +42,7 @@ from .. import draft_methods
 from ..artifacts import Decisions
 from ..atomic import atomic_path
 from ..contract import StageSettings
-from ..draft_methods import DEFAULT_METHOD
+from ..draft_methods import DEFAULT_LAYER, DEFAULT_METHOD
 from ..head_format import HEAD_VARIANTS
 from ..head_model import build_model, method_flags, trainer_kwargs
 from ..shards import ShardReader, check_meta
@@ -71,7 +71,8 @@ OUTPUT_VERSION = 3  # 2: train.select (the best epoch's weights by simulated tau
 
 
 def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,
-          trust_remote_code: bool = False, method: str = DEFAULT_METHOD, method_options: dict | None = None) -> Trainer:
+          trust_remote_code: bool = False, method: str = DEFAULT_METHOD, method_options: dict | None = None,
+          layer: str = DEFAULT_LAYER) -> Trainer:
     """Check the inputs against the compat report, build model, batches, optimizer and scheduler.
 
     ``torch.manual_seed(cfg.seed)`` comes first: the model's initial weights depend on it.
@@ -81,7 +82,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     and fp32 on CPU (bf16 matmuls are ~20x slower there). ``method`` (config ``draft.method``, a
     ``draft_methods.METHODS`` key) picks speculators' model, its forward arguments (``head_model.trainer_kwargs``)
     and whether rows are ``shift_batch``ed (``draft_methods.DraftMethod.shifted``); ``method_options`` its knobs
-    (config ``draft.<method>.*``, ``head_model.method_spec``).
+    (config ``draft.<method>.*``, ``head_model.method_spec``); ``layer`` the draft's decoder layer (config
+    ``draft.layer``, ``draft_methods.LAYERS``: ``llama`` | ``mla``, ``head_model.build_model``).
     The world size (packed rows per step): torchrun's process count, or ``world_size`` rows in one
     process; where ``checkpoint_every`` > 0 and this run saved a state, the state's
     (``train_state.resume_world``: a run saved on 8 GPUs resumes on 4 with two ranks' rows per process).
@@ -117,6 +119,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
         options = m.resolved_options(method_options)
         if options != m.resolved_options():
             settings["method_options"] = options
+    if draft_methods.get_layer(layer).recorded:  # a llama run's saved states keep their key
+        settings["layer"] = layer
     if inputs.online:  # what the states are made from: a state saved online resumes only the same online run
         on = inputs.online
         settings["online"] = on.state_settings()
@@ -145,7 +149,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
                                              cfg, len(aux), int(d2t.shape[0]))
     torch.manual_seed(cfg.seed)
     model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device, trust_remote_code,
-                        method, method_options)
+                        method, method_options, layer)
     hidden = model.config.transformer_layer_config.hidden_size
     ranks = [r for r in range(world) if r % processes == rank]  # all in one process; its own under torchrun
     # the eval batches: no noise, one rank's rows, whatever the world size
@@ -172,10 +176,13 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     params, opt, sched = _optimizer(model, cfg, total_steps, device)
     meta = {"target_fingerprint": fp, "aux_layer_ids": aux, "vocab_fingerprint": vocab_info["fingerprint"],
             "draft_vocab_size": int(d2t.shape[0]), "head_variant": cfg.head_variant,
-            "head_flags": method_flags(method, cfg.head_variant), "ttt_steps": cfg.ttt_steps, "world_size": world,
+            "head_flags": method_flags(method, cfg.head_variant, layer), "ttt_steps": cfg.ttt_steps,
+            "world_size": world,
             "capture_mode": inputs.mode, "capture_backend": decisions.backend}
     if m.recorded:  # an EAGLE-3 checkpoint's train_meta.json stays as it was (export reads eagle3 then)
         meta["method"] = method
+    if draft_methods.get_layer(layer).recorded:  # likewise a llama head's
+        meta["layer"] = layer
     place = Placement(device, distributed, rank, ranks, world, processes)
     return Trainer(cfg=cfg, inputs=inputs, place=place, model=model, net=net, params=params, opt=opt, sched=sched,
                    call_kwargs=call_kwargs, train_b=train_b, eval_b=eval_b, total_steps=total_steps,
@@ -211,7 +218,8 @@ def write_outputs(t: Trainer, state: TrainState, metrics: dict) -> None:
 
 
 def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,
-        trust_remote_code: bool = False, method: str = DEFAULT_METHOD, method_options: dict | None = None) -> dict:
+        trust_remote_code: bool = False, method: str = DEFAULT_METHOD, method_options: dict | None = None,
+        layer: str = DEFAULT_LAYER) -> dict:
     """Train a draft head as :func:`train` describes (:func:`setup`, then resume from a saved
     :class:`TrainState` when ``checkpoint_every`` > 0, then :func:`train_epoch` and :func:`evaluate`
     per epoch); rank 0 writes the outputs. Returns ``metrics.json``'s content.
@@ -220,7 +228,7 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
         ShardMismatch, ValueError: as :func:`setup`.
         train_state.ResumeAcrossWorldSizes: as :func:`setup` (the state kept).
     """
-    t = setup(cfg, inputs, device, world_size, trust_remote_code, method, method_options)
+    t = setup(cfg, inputs, device, world_size, trust_remote_code, method, method_options, layer)
     state = TrainState(t.model, t.opt, t.sched, world=t.world, key_any_world=t.key_any_world)
     if t.cfg.checkpoint_every > 0:
         state.load(t.inputs.state_dir, t.key)
@@ -281,13 +289,14 @@ def select_epoch(rule: str, state: TrainState) -> dict:
 def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_path: str, t2d_path: str,
           vocab_json: str, decisions_json: str, out_dir: str, *, world_size: int | None = None, device: str = "auto",
           trust_remote_code: bool = False, online: OnlineSettings | dict | None = None, method: str = DEFAULT_METHOD,
-          method_options: dict | None = None,
+          method_options: dict | None = None, layer: str = DEFAULT_LAYER,
           **settings) -> dict:
     """Train a draft head on the shards and write ``out_dir`` (atomically, as one directory).
 
     ``settings`` are the config's ``train:`` keys (:class:`TrainConfig`, its defaults for
     those left out); ``method`` the config's ``draft.method`` (``eagle3`` | ``peagle`` | ``dflash``) and
-    ``method_options`` its ``draft.<method>.*`` knobs (``head_model.method_spec``; None: speculators' defaults).
+    ``method_options`` its ``draft.<method>.*`` knobs (``head_model.method_spec``; None: speculators' defaults);
+    ``layer`` its ``draft.layer`` (``llama`` | ``mla``: the draft's decoder layer, ``head_model.build_model``).
     ``out_dir`` receives: ``config.json`` + ``model.safetensors``
     (speculators format, fp32 master weights), ``train_meta.json`` (target fingerprint,
     aux ids, vocab fingerprint, head flags — what export checks), ``metrics.json`` (per-step
@@ -326,7 +335,7 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
     """
     inputs = TrainInputs(target_dir, train_shards, eval_shards, d2t_path, t2d_path, vocab_json, decisions_json, out_dir,
                          online)
-    return fit(TrainConfig(**settings), inputs, device, world_size, trust_remote_code, method, method_options)
+    return fit(TrainConfig(**settings), inputs, device, world_size, trust_remote_code, method, method_options, layer)
 
 
 def launch(kwargs: dict, nproc: int) -> None:
@@ -375,15 +384,19 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
                  vocab_json=inputs["vocab"], decisions_json=inputs["decisions"], out_dir=params["out_dir"])
     method = settings["draft.method"]
     options = settings[f"draft.{method}"] if draft_methods.get(method).options else None
+    # draft.layer where the method is built with it (mla: eagle3); a P-EAGLE or DFlash head (draft.compare_methods
+    # too) keeps its own layer (draft_methods.DraftMethod.layer_for)
+    layer = draft_methods.get(method).layer_for(settings["draft.layer"])
     if gpus > 1 and online is None:  # torchrun: the ranks get train's arguments as JSON
         launch(dict(files, train_shards=list(inputs["train"]), eval_shards=list(inputs["eval"]), device=device,
-                    trust_remote_code=trust, method=method, method_options=options, **settings["train"]), nproc=gpus)
+                    trust_remote_code=trust, method=method, method_options=options, layer=layer,
+                    **settings["train"]), nproc=gpus)
         return
     # one process; online, the target over the job's GPUs and the draft on the first (train's docstring)
     shards = ([], []) if online else (list(inputs["train"]), list(inputs["eval"]))
     fit(TrainConfig(**settings["train"]), TrainInputs(train_shards=shards[0], eval_shards=shards[1], online=online,
                                                       **files), device, trust_remote_code=trust,
-        method=method, method_options=options)
+        method=method, method_options=options, layer=layer)
 
 
 if __name__ == "__main__":
