@@ -153,7 +153,7 @@ def test_plot(tmp_path):
 
 def test_plot_names_each_heads_method_layer_k_and_trained_positions(tmp_path, monkeypatch):
     """Each bar and line of the plot names its head's method, draft layer, k and trained positions; a compared
-    head's bars its name too; a benchmark.json of before issue 55 (same OUTPUT_VERSION 7) (runs under "eagle3") still plots."""
+    head's bars its name too; a benchmark.json of before issue 55 (runs under "eagle3", the same OUTPUT_VERSION 7) still plots."""
     import matplotlib.axes
 
     ticks, lines = [], []
@@ -178,7 +178,7 @@ def test_plot_names_each_heads_method_layer_k_and_trained_positions(tmp_path, mo
     (tmp_path / "old.json").write_text(json.dumps(old))
     ticks.clear()
     assert list(plot_benchmark.plot(tmp_path / "old.json", tmp_path / "old.png")) == [1, 3]
-    assert ticks == [["eagle3\nk=1", "eagle3\nk=3"]]
+    assert ticks == [["k=1", "k=3"]]  # an old run names no method: none is guessed
 
 
 # ---------------------------------------------------------------- one engine, counters split per set
