@@ -428,7 +428,7 @@ def start_capture_engine(engine: dict, aux_layer_ids: list[int], expected_params
     Raises:
         LayoutError: a worker refused the hooks (its reason: layout, layer call or parallelism).
     """
-    from .vllm_engine import start_engine
+    from .vllm_measure import start_engine
 
     llm, start_s = start_engine(engine)
     results = llm.collective_rpc("eagle3_install", args=(list(aux_layer_ids), expected_params))

@@ -259,8 +259,14 @@ def main(argv: list[str] | None = None) -> int:
         for n in a.names:
             RECORDS[n] = dataclasses.replace(RECORDS[n], configfiles=(*RECORDS[n].configfiles, *a.overlay))
     if a.dry_run:
-        return max(call.snakemake(RECORDS[n].configfiles, ["-n", *plan_targets(RECORDS[n])], f"{n}_plan")
-                   for n in a.names)
+        rc = 0
+        for n in a.names:
+            rc = max(rc, call.snakemake(RECORDS[n].configfiles, ["-n", *plan_targets(RECORDS[n])], f"{n}_plan"))
+            log = (a.out / "logs" / f"{n}_plan.log").read_text()
+            at = log.rfind("Job stats:")  # Snakemake prints the table before the jobs and again after them
+            stats = log[at:log.find("Reasons:", at)] if at >= 0 else log[-2000:]
+            print(f"{n} (plan in {a.out / 'logs' / f'{n}_plan.log'}):\n{stats.rstrip()}", flush=True)
+        return rc
     state = REPO / "results" / "records"
     for name in a.names:
         if not make(name, call, state):

@@ -196,7 +196,7 @@ def measure_speculative_steps(spec: dict) -> dict:
     """
     from vllm import SamplingParams
 
-    from ..vllm_engine import counter_delta, spec_counters, spec_figures
+    from ..vllm_measure import counter_delta, spec_counters, spec_figures
 
     llm, start_s = vllm_measure.start_engine(spec["engine"], speculative_config=spec["speculative_config"])
     req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
