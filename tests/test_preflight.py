@@ -175,6 +175,7 @@ def test_preflight_times_the_benchmarks_length(tmp_path, monkeypatch):
 
 
 @pytest.mark.vllm
+@pytest.mark.build_side  # 112 s: moved to the build's process, which ended 3 min 14 s before the other (CI of 93ea62f)
 def test_preflight_on_vllm_cpu(tmp_path, smol_target):
     """Two engines on vLLM's CPU backend (the target alone; the target with the untrained head at the benchmark's
     k): every shape measured, the context served from the prefix cache, the step measured where the benchmark
