@@ -128,12 +128,6 @@ def _round(x: Any, nd: int = 4) -> Any:
     return round(x, nd) if isinstance(x, float) else x
 
 
-def head_runs(bench: Mapping[str, Any]) -> list[dict]:
-    """The served-head runs of a benchmark.json (``head_format.benchmark_runs``: ``runs`` from issue 55
-    on, ``eagle3`` before). Each run carries ``num_speculative_tokens``; compared heads carry ``head``."""
-    return list(benchmark_runs(dict(bench)))
-
-
 def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
     """The figures a record quotes from one benchmark.json (serve/benchmark.py's output), flattened.
 
@@ -149,7 +143,7 @@ def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"concurrency": s["concurrency"], "num_prompts": s["num_prompts"],
                            "max_tokens": s["max_tokens"],
                            "baseline.tokens_per_s": _round(bench["baseline"]["output_tokens_per_s"], 2)}
-    for r in head_runs(bench):
+    for r in benchmark_runs(dict(bench)):  # "runs", or "eagle3" before issue 55
         head = r.get("head")
         pre = (f"{head}." if head and head != OWN_HEAD else "") + f"k{r['num_speculative_tokens']}."
         out[pre + "tau.all"] = _round(r.get("mean_acceptance_length"))
