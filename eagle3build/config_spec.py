@@ -61,7 +61,8 @@ def draft_keys() -> tuple[Key, ...]:
             draft_methods.DEFAULT_LAYER,
             "the draft's decoder layer, where draft.method is built with it (other methods keep theirs): "
             + " | ".join(x.summary for x in draft_methods.LAYERS.values()),
-            {"train_draft": "trigger:train", "preflight_bound": "trigger:preflight/draft_layer"},
+            {"train_draft": "trigger:train", "preflight_bound": "trigger:preflight/draft_layer",
+             "export_head": "trigger:version"},  # its version param: the layer's format_version (contract.version)
             quiet_default=True,
         ),
         Key(

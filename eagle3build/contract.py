@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from . import draft_methods
 from .config_spec import KEYS, ROLES, Key
 from .staleness import canonical_request, package_versions
 
@@ -101,10 +102,15 @@ def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
 
 
 def version(values: Mapping[str, Any], ctx: PlanContext) -> dict:
-    """The stage's ``OUTPUT_VERSION`` and, unless ``staleness.track_package_versions`` (its one key; none for
-    a stage without packages) is false, its packages' versions or the jobs' environment
-    (``stage_version``)."""
-    return stage_version(ctx.stage, values.get("staleness.track_package_versions", True), ctx.job_env)
+    """The stage's ``OUTPUT_VERSION`` and, unless ``staleness.track_package_versions`` is false, its packages'
+    versions or the jobs' environment (``stage_version``); where the stage's version also reads ``draft.layer``
+    (export_head) and it names a layer other than the default, that layer's ``format_version`` as
+    ``layer_format`` (draft_methods.DraftLayer: a default-layer build keeps its param)."""
+    out = stage_version(ctx.stage, values.get("staleness.track_package_versions", True), ctx.job_env)
+    layer = values.get("draft.layer", draft_methods.DEFAULT_LAYER)
+    if layer != draft_methods.DEFAULT_LAYER:
+        out["layer_format"] = draft_methods.get_layer(layer).format_version
+    return out
 
 
 def prepare_sources(values: Mapping[str, Any], ctx: PlanContext) -> list[dict]:

@@ -63,6 +63,9 @@ class DraftLayer:
     recognises: Callable[[Mapping[str, Any]], bool] | None = None  # a checkpoint's or exported head's config.json
     shapes: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]] | None = None  # over the method's
     served: Callable[[Mapping[str, Any], list, str], dict] | None = None  # (cfg, aux ids, dtype) -> exported config
+    # The version of ``served``'s format: export_head's ``version`` param carries it as ``layer_format`` where
+    # draft.layer names this layer (contract.version), so a change re-exports its heads and no other build's.
+    format_version: int = 0
 
     @property
     def recorded(self) -> bool:
@@ -411,6 +414,7 @@ MLA = DraftLayer(
     recognises=mla_format.is_mla_config,
     shapes=lambda cfg: mla_format.expected_shapes(cfg, len(aux_layer_ids(cfg))),
     served=mla_format.served_config,
+    format_version=2,  # 2: rope_parameters as vLLM 0.26 and 0.32 both read them (issue 58)
 )
 
 LAYERS: dict[str, DraftLayer] = {x.name: x for x in (LLAMA, MLA)}

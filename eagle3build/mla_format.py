@@ -20,6 +20,31 @@ it ("Model architectures ['Eagle3DeepSeekMTPModel'] are not supported"). ``deeps
 takes ``kimi_k2``, which vLLM reads as its ``DeepseekV3Config`` (transformers_utils/config.py) but transformers
 does not know. vLLM's MLA rope is the interleaved one transformers' ``rope_interleave`` trains
 (deepseek_v2.py: ``get_rope(..., is_neox_style=False)``, whatever the model type).
+
+The rope (``served_rope_parameters``) is written so that the two vLLM versions in use read what transformers trained:
+
+- vLLM 0.26 (the GPU route) ignores ``rope_parameters`` in its DeepSeek EAGLE-3 layer: it reads ``config.rope_scaling``
+  and, where that is truthy, serves ``rope_scaling`` with ``rope_type: deepseek_yarn`` (its ``factor`` and
+  ``original_max_position_embeddings`` required); else ``{"rope_type": "default"}`` with get_rope's default base
+  10000, whatever the config's theta (vllm/model_executor/models/deepseek_eagle3.py,
+  ``DeepseekV2Eagle3DecoderLayer.__init__``, lines 61 and 72-77 in 0.26.0; layers/rotary_embedding/__init__.py,
+  ``get_rope``: ``base = rope_parameters.get("rope_theta", 10000)``, line 64, and ``rope_parameters["factor"]``,
+  line 285). Under transformers 5 ``rope_scaling`` is a property that returns ``rope_parameters``
+  (transformers/configuration_utils.py, ``PreTrainedConfig.rope_scaling``, line 549 in 5.17), which holds at least
+  ``rope_theta``: so 0.26 takes the YaRN branch for every head, and a head without ``factor`` fails there with
+  ``KeyError: 'factor'`` (seen on an H100, 2026-12-06).
+- vLLM 0.32 (the CPU build) reads ``rope_parameters``: ``default`` stays default, any other type becomes
+  ``deepseek_yarn``, or ``deepseek_llama_scaling`` where ``attention_factor`` is 1.0 (deepseek_v2.py,
+  ``DeepseekV2MLAAttention.__init__``, lines 1115-1120 in 0.32.0).
+
+So a target without rope scaling keeps ``rope_type: default`` and its theta, and gains ``factor`` 1.0 and
+``original_max_position_embeddings``: 0.32 serves the default rope; 0.26 serves YaRN of factor 1, which is the
+default rope (the interpolated and extrapolated frequencies are the same, and every mscale is 1 at factor 1:
+``yarn_get_mscale``), with the config's theta. A YaRN target (DeepSeek-V3, Kimi-K2/K2.5) keeps its YaRN
+parameters whole (factor, original_max_position_embeddings, mscale, mscale_all_dim, beta_fast, beta_slow, theta),
+which both versions serve as ``deepseek_yarn`` as transformers' ``yarn`` trained them (the same frequencies, cos/sin
+scale and softmax mscale: modeling_rope_utils ``_compute_yarn_parameters``, deepseek_v3 ``yarn_apply_mscale``).
+Other rope types are refused when the draft layer is built (``check_rope``).
 """
 
 from __future__ import annotations
@@ -33,6 +58,10 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_d
 # norm_output); it has no ``input_norm``, so ``norm_before_fc`` is always off for an MLA head (the registry's
 # ``MLA.flags``).
 SERVED_FLAGS = ("norm_before_residual", "fc_norm", "norm_output")
+# The rope types an MLA draft is trained with and served as (the module docstring says why no other).
+ROPE_TYPES = ("default", "yarn")
+# YaRN's keys that vLLM's deepseek_yarn rope reads (vllm/model_executor/layers/rotary_embedding/__init__.py, get_rope)
+YARN_KEYS = ("factor", "original_max_position_embeddings", "mscale", "mscale_all_dim", "beta_fast", "beta_slow")
 
 
 def layer_config(cfg: dict) -> dict:
@@ -82,6 +111,49 @@ def expected_shapes(cfg: dict, num_aux: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def check_rope(rope: dict | None, where: str) -> dict:
+    """The rope parameters ``rope`` (a transformers config's standardised ``rope_parameters``: ``rope_type``,
+    ``rope_theta`` and the type's keys) of an MLA draft layer, with a legacy ``type`` key folded into
+    ``rope_type``: a copy.
+
+    Raises:
+        ValueError: a rope type other than ``default`` or ``yarn`` (``ROPE_TYPES``), a YaRN without ``factor`` or
+            ``original_max_position_embeddings``, or an ``attention_factor`` (vLLM 0.32 would serve YaRN with
+            attention factor 1.0 as llama scaling, 0.26 as YaRN); ``where`` names the config.
+    """
+    rope = dict(rope or {})
+    legacy = rope.pop("type", None)
+    rope.setdefault("rope_type", legacy or "default")
+    kind = rope["rope_type"]
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"{where}: rope_type {kind!r} is not one an MLA draft is served with by vLLM's DeepSeek "
+                         f"EAGLE-3 layer ({', '.join(ROPE_TYPES)}); use draft.layer llama")
+    if kind == "yarn":
+        missing = [k for k in ("factor", "original_max_position_embeddings") if rope.get(k) is None]
+        if missing:
+            raise ValueError(f"{where}: YaRN rope_parameters without {', '.join(missing)}")
+    if "attention_factor" in rope:
+        raise ValueError(f"{where}: rope_parameters.attention_factor {rope['attention_factor']!r}: vLLM 0.26 and 0.32 "
+                         "read it differently (deepseek_yarn against deepseek_llama_scaling); use draft.layer llama")
+    return rope
+
+
+def served_rope_parameters(layer: dict) -> dict:
+    """The exported MLA head's ``rope_parameters`` for its trained layer config ``layer`` (a dict with
+    ``rope_parameters``, ``max_position_embeddings``): the trained ones (``check_rope``), and for ``default`` also
+    ``factor`` 1.0 and ``original_max_position_embeddings`` = ``max_position_embeddings``, the identity YaRN that
+    vLLM 0.26 serves as the default rope (the module docstring gives both versions' rules, file and line).
+
+    Raises:
+        ValueError: as ``check_rope``.
+    """
+    rope = check_rope(layer.get("rope_parameters"), "the MLA draft layer config")
+    rope.setdefault("rope_theta", layer.get("rope_theta", 10000.0))
+    if rope["rope_type"] == "default":
+        rope.update(factor=1.0, original_max_position_embeddings=int(layer["max_position_embeddings"]))
+    return rope
+
+
 # Keys of the speculators-saved layer config that describe this process's training, not the head.
 _TRAINING_ONLY = ("_attn_implementation", "_attn_implementation_autoset", "_name_or_path", "torch_dtype",
                   "transformers_version", "use_cache")
@@ -93,9 +165,14 @@ def served_config(cfg: dict, aux_layer_ids: list[int], dtype: str) -> dict:
     ``[SERVED_ARCHITECTURE]``, ``draft_vocab_size``, the aux layers as vLLM's model runner reads them
     (``eagle_aux_hidden_state_layer_ids``, v1/worker/gpu_model_runner.py) and as the draft sizes its ``fc``
     (``num_aux_hidden_states``, ``target_hidden_size``: deepseek_eagle3.py), the flags it reads
-    (``SERVED_FLAGS``) and ``norm_before_fc`` false, and ``dtype``. No verifier: the config names no path
-    (``head_meta.json`` records the served name)."""
-    tl = {k: v for k, v in layer_config(cfg).items() if k not in _TRAINING_ONLY}
+    (``SERVED_FLAGS``) and ``norm_before_fc`` false, ``dtype``, and the rope as both vLLM versions read it
+    (``served_rope_parameters``). No verifier: the config names no path (``head_meta.json`` records the served name).
+
+    Raises:
+        ValueError: a rope vLLM's DeepSeek EAGLE-3 layer cannot serve as trained (``check_rope``).
+    """
+    tl = {k: v for k, v in layer_config(cfg).items() if k not in _TRAINING_ONLY and k not in ("rope_scaling", "rope_theta")}
+    tl["rope_parameters"] = served_rope_parameters(layer_config(cfg))
     out = {**tl, "architectures": [SERVED_ARCHITECTURE], "model_type": SERVED_MODEL_TYPE,
            "draft_vocab_size": cfg["draft_vocab_size"], "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
            "num_aux_hidden_states": len(aux_layer_ids), "target_hidden_size": tl["hidden_size"],

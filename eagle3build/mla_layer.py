@@ -40,7 +40,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
     DeepseekV3RotaryEmbedding,
 )
 
-from .mla_format import MLA_FIELDS, MODEL_TYPE
+from .mla_format import MLA_FIELDS, MODEL_TYPE, check_rope
 
 # The target config's fields a draft layer copies (besides the MLA ranks, MLA_FIELDS): the width, heads, MLP
 # activation and norms; the rope (theta and scaling) as the target applies it.
@@ -103,7 +103,8 @@ def draft_layer_config(target_dir: str, num_layers: int = 1, trust_remote_code: 
 
     Raises:
         ValueError: the target has no MLA (no ``kv_lora_rank``): ``draft.layer: mla`` needs a DeepSeek-V3/Kimi
-            target.
+            target; or its rope is one vLLM's DeepSeek EAGLE-3 layer cannot serve as trained
+            (``mla_format.check_rope``: default and YaRN only).
     """
     from speculators.models.utils import resolve_draft_intermediate_size
 
@@ -121,5 +122,5 @@ def draft_layer_config(target_dir: str, num_layers: int = 1, trust_remote_code: 
               architectures=["DeepseekV3ForCausalLM"])
     rope = getattr(tc, "rope_parameters", None)
     if rope:
-        kw["rope_parameters"] = copy.deepcopy(dict(rope))
+        kw["rope_parameters"] = check_rope(copy.deepcopy(dict(rope)), f"draft.layer mla: the target {target_dir}")
     return DeepseekV3Config(**kw)

@@ -157,6 +157,8 @@ def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
                 out[pre + f"speedup.{name}"] = _round(v["speedup"])
         if r.get("method"):
             out[pre + "method"] = r["method"]
+        if r.get("draft_layer"):
+            out[pre + "draft_layer"] = r["draft_layer"]
     ks = bench.get("k_schedule")
     if ks:
         for c, v in ks["scheduled"].items():
@@ -169,6 +171,25 @@ def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
                 out[f"sweep.k{sw['k']}.c{c}.tau"] = _round(v.get("mean_acceptance_length"))
         out["baseline_sweep.tokens_per_s"] = ";".join(
             f"c{c}={_round(v['output_tokens_per_s'], 1)}" for c, v in ks["baseline"]["by_concurrency"].items())
+    return out
+
+
+PREFLIGHT_ROW = ("step_ms", "decode_step_ms", "draft_ms_per_token", "step_cost_ratio", "tau_break_even", "step_source")
+
+
+def summarise_preflight(pre: Mapping[str, Any]) -> dict[str, Any]:
+    """The pre-flight bound's figures (compat/preflight_bound.py's preflight.json) per draft layer it served
+    (``draft_layers``; the file's own ``table`` as ``settings.draft_layer``, else llama):
+    ``preflight.<layer>.draft_kv_bytes_per_token`` (bytes) and, per row of its table,
+    ``preflight.<layer>.c<concurrency>.k<k>.<field>`` for ``PREFLIGHT_ROW`` (milliseconds, ratios, τ)."""
+    layers = pre.get("draft_layers") or {pre.get("settings", {}).get("draft_layer", "llama"): {"table": pre["table"]}}
+    out: dict[str, Any] = {}
+    for layer, v in layers.items():
+        if v.get("draft_kv_bytes_per_token") is not None:
+            out[f"preflight.{layer}.draft_kv_bytes_per_token"] = v["draft_kv_bytes_per_token"]
+        for row in v["table"]:
+            key = f"preflight.{layer}.c{row['concurrency']}.k{row['k']}."
+            out.update({key + f: _round(row[f]) for f in PREFLIGHT_ROW if f in row})
     return out
 
 

@@ -130,11 +130,13 @@ def test_each_method_says_what_it_changes():
 
 def test_the_config_draft_layer_is_the_layer_registry():
     """draft.layer's choices are the layer registry's names, its default the registry's; it reaches training and
-    the pre-flight only (train_draft's train param as layer, preflight_bound's preflight param as draft_layer)."""
+    the pre-flight (train_draft's train param as layer, preflight_bound's preflight param as draft_layer) and
+    export_head's version param (the layer's format version)."""
     key = next(k for k in config_spec.KEYS if k.path == "draft.layer")
     assert key.schema["enum"] == list(LAYERS) == ["llama", "mla"]
     assert key.default == draft_methods.DEFAULT_LAYER == "llama" and key.quiet_default
-    assert key.uses == {"train_draft": "trigger:train", "preflight_bound": "trigger:preflight/draft_layer"}
+    assert key.uses == {"train_draft": "trigger:train", "preflight_bound": "trigger:preflight/draft_layer",
+                        "export_head": "trigger:version"}
 
 
 def test_each_layer_says_what_it_changes():
@@ -156,11 +158,15 @@ def test_each_layer_says_what_it_changes():
     # a checkpoint (speculators' config, a deepseek_v3 layer) and the exported head (vLLM's, deepseek_v2)
     tl = {"model_type": "deepseek_v3", "hidden_size": 8, "vocab_size": 32, "num_attention_heads": 2,
           "num_hidden_layers": 1, "intermediate_size": 16, "q_lora_rank": None, "kv_lora_rank": 4,
-          "qk_nope_head_dim": 2, "qk_rope_head_dim": 2, "v_head_dim": 2}
+          "qk_nope_head_dim": 2, "qk_rope_head_dim": 2, "v_head_dim": 2, "max_position_embeddings": 64,
+          "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}
     ck = {"speculators_model_type": "eagle3", "transformer_layer_config": tl, "draft_vocab_size": 16,
           "eagle_aux_hidden_state_layer_ids": [0, 1]}
     served = mla.served(ck, [0, 1], "float32")
     assert served["model_type"] == "deepseek_v2" and served["architectures"] == ["Eagle3DeepseekV3ForCausalLM"]
+    # the default rope with what vLLM 0.26 needs to read it as YaRN of factor 1 (tests/test_mla_rope.py)
+    assert served["rope_parameters"] == {"rope_type": "default", "rope_theta": 500.0, "factor": 1.0,
+                                         "original_max_position_embeddings": 64}
     for cfg in (ck, served):
         assert draft_methods.layer_of(cfg) is mla and draft_methods.of_config(cfg) is e
         assert e.draft_layer(cfg) == "mla"  # benchmark.json's draft_layer: the layer's name, not its model_type

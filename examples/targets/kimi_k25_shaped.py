@@ -4,6 +4,7 @@ seeded random weights, scaled to one card.
 
     python examples/targets/kimi_k25_shaped.py resources/targets/kimi-k25-card          # ~31 GB, one H200
     python examples/targets/kimi_k25_shaped.py /tmp/kimi-tiny --preset tiny              # ~0.2 GB, CPU tests
+    python examples/targets/kimi_k25_shaped.py /tmp/kimi-tiny-yarn --preset tiny --yarn   # with K2.5's YaRN rope
 
 What the ``card`` preset keeps of Kimi-K2.5 (moonshotai/Kimi-K2.5 config.json, the config-only copy in
 ``examples/targets/kimi-k2.5-shape``): the wrapper (``KimiK25ForConditionalGeneration``, ``model_type
@@ -15,7 +16,9 @@ TP-8 deployment holds (attention heads 64 -> 8, dense MLP 18,432 -> 2,304, exper
 shared expert likewise), depth 61 -> 7 layers (1 dense + 6 MoE, so EAGLE-3's ``[2, N//2, N-3]`` gives
 ``[2, 3, 4]`` as it gives ``[2, 30, 58]`` at 61), bf16 instead of int4 experts, and no vision-tower
 weights (the wrapper's config keeps the tower; every engine here serves text only, vLLM's
-``language_model_only``). Weights: normal(0, 0.02), norms 1, router bias 0, from ``torch.Generator``
+``language_model_only``). The rope: theta 50,000 without scaling, or with ``--yarn`` K2.5's YaRN (``K25_YARN``:
+4,096 trained positions stretched 64x to 262,144), the two kinds of rope an MLA draft head is exported for
+(eagle3build/mla_format.py). Weights: normal(0, 0.02), norms 1, router bias 0, from ``torch.Generator``
 seeded with ``--seed`` (same seed, same bytes). The tokenizer: SmolLM2's byte-level BPE and chat template
 (the bundled GGUF; Kimi's tiktoken BPE is on no registry here), its vocabulary padded with placeholder
 pieces ``<|kimi_reserved_N|>`` to 163,840 ids, ``<|media_pad|>`` at the config's
@@ -64,6 +67,11 @@ TEXT_FIXED = dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalL
                   rope_theta=50000.0, rope_scaling=None, attention_bias=False, tie_word_embeddings=False,
                   bos_token_id=1, eos_token_id=2, num_nextn_predict_layers=0, initializer_range=0.02)
 
+# Kimi-K2.5's YaRN rope scaling (the K2 family's text config ``rope_scaling``; K2.5 stretches 4,096 trained positions
+# 64x to its max_position_embeddings of 262,144), applied with --yarn.
+K25_YARN = dict(type="yarn", factor=64.0, original_max_position_embeddings=4096, mscale=1.0, mscale_all_dim=1.0,
+                beta_fast=1.0, beta_slow=1.0)
+
 # The K2.5 vision tower's config (kept; its weights are not written).
 VISION = dict(model_type="kimi_k25_vision", patch_size=14, init_pos_emb_height=64, init_pos_emb_width=64,
               init_pos_emb_time=4, pos_emb_type="divided_fixed", num_attention_heads=16, num_hidden_layers=27,
@@ -82,13 +90,16 @@ PREPROCESSOR = {"media_proc_cfg": {"in_patch_limit": 16384, "patch_size": 14, "i
                                    "temporal_merge_kernel_size": 4, "timestamp_mode": "hh:mm:ss.fff"}}
 
 
-def config_json(preset: str) -> dict:
-    """The wrapper's config.json for ``preset`` (``card`` or ``tiny``).
+def config_json(preset: str, yarn: bool = False) -> dict:
+    """The wrapper's config.json for ``preset`` (``card`` or ``tiny``), with K2.5's YaRN rope scaling
+    (``K25_YARN``) where ``yarn``.
 
     Raises:
         KeyError: an unknown preset.
     """
     text = {**TEXT_FIXED, **PRESETS[preset]}
+    if yarn:
+        text["rope_scaling"] = dict(K25_YARN)
     text["head_dim"] = text["qk_rope_head_dim"]
     text["qk_head_dim"] = text["qk_nope_head_dim"] + text["qk_rope_head_dim"]
     return {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
@@ -198,13 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", help="checkpoint directory to write (must not exist)")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="card")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--yarn", action="store_true", help="K2.5's YaRN rope scaling (factor 64 over 4,096 positions)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="where the random numbers are drawn (the bytes depend on it: cuda and cpu generators differ)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     if out.exists():
         sys.exit(f"{out} exists: remove it first")
-    cfg = config_json(a.preset)
+    cfg = config_json(a.preset, a.yarn)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent if out.parent.exists() else None))
     try:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
@@ -217,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print(json.dumps({"out": str(out), "preset": a.preset, "seed": a.seed, "device": a.device,
+    print(json.dumps({"out": str(out), "preset": a.preset, "yarn": a.yarn, "seed": a.seed, "device": a.device,
                       "weight_bytes": total, "tokenizer_pieces_added": added}))
     return 0
 

