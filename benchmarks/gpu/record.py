@@ -319,9 +319,10 @@ def disk_plan(rec: Record, call: Call) -> list[tuple[str, int]]:
         out.append(rec.prepare_bytes(call))
     if not rec.benchmark or cfg["capture"].get("mode", "offline") == "online":
         return out
-    target = Path(cfg["target"]["path"]) if not str(cfg["target"]["path"]).startswith("bundled:") else None
-    conf = call.workdir / target / "config.json" if target is not None else None
-    if conf is not None and conf.exists():
+    # the target folder as rules/common.smk names it: target.path, else the bundled one materialised
+    target = cfg["target"]["path"] or f"resources/targets/{cfg['target']['bundled']}"
+    conf = call.workdir / target / "config.json"
+    if conf.exists():
         text = json.loads(conf.read_text())
         text = text.get("text_config", text)
     elif rec.prepare is _kimi_target:
