@@ -1,5 +1,5 @@
 # EAGLE-3 draft-head workflow: compat report -> hidden-state shards -> vocab map ->
-# training checkpoint -> vLLM-format head -> benchmark JSON. See README.md.
+# training checkpoint -> vLLM-format head -> benchmark JSON -> serving files. See README.md.
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -43,6 +43,8 @@ include: "rules/train_draft.smk"
 include: "rules/export_head.smk"
 include: "rules/benchmark.smk"
 include: "rules/plot_benchmark.smk"
+include: "rules/serve_config.smk"
+include: "rules/serve_check.smk"
 
 
 # Every stage rule's inputs are those of its contract (eagle3build.contract), checked at every parse.
@@ -54,12 +56,13 @@ report: "report/workflow.rst"
 
 # Cheap steps run by Snakemake itself, not submitted (under SLURM or Kubernetes a job each
 # would wait in the queue for a second of work): the target rule, rendering compat.md from
-# compat.json, and the benchmark's figure. materialize_target (dequantises a GGUF with torch)
+# compat.json, the benchmark's figure and the serving files. materialize_target (dequantises a GGUF with torch)
 # and build_vocab_map (reads every training token) stay cluster jobs.
 localrules:
     all,
     compat_markdown,
     plot_benchmark,
+    serve_config,
 
 
 rule all:
@@ -72,6 +75,7 @@ rule all:
         f"{RES}/head/config.json",
         f"{RES}/benchmark.json",
         f"{RES}/report/benchmark.png",
+        f"{RES}/serve/serve.yaml",
         preflight_input,
 
 

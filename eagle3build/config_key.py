@@ -26,6 +26,8 @@ ALL_STAGES = (
     "benchmark",
     "preflight_bound",
     "plot_benchmark",
+    "serve_config",
+    "serve_check",
 )
 # The stages that read the target's files (results/<run>/ and the target decide their files)
 TARGET_READERS = (
@@ -37,6 +39,8 @@ TARGET_READERS = (
     "export_head",
     "benchmark",
     "preflight_bound",
+    "serve_config",
+    "serve_check",
 )
 
 

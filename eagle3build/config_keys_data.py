@@ -39,6 +39,7 @@ DATA_KEYS: tuple[Key, ...] = (
             "export_head": "trigger",
             "benchmark": "trigger",
             "preflight_bound": "runtime",
+            "serve_config": "trigger:serve",
         },
     ),
     Key(
@@ -50,7 +51,8 @@ DATA_KEYS: tuple[Key, ...] = (
             "GPUs, float32 on CPU: bf16 crashes vLLM's CPU kernels); benchmark.dtype before issue 39"
         ),
         # in the benchmark's section param as `dtype`, its name there before issue 39: no build replans
-        {"regenerate_responses": "trigger:dtype", "benchmark": "trigger:benchmark/dtype", "preflight_bound": "trigger:dtype"},
+        {"regenerate_responses": "trigger:dtype", "benchmark": "trigger:benchmark/dtype", "preflight_bound": "trigger:dtype",
+         "serve_config": "trigger:serve/dtype"},
     ),
     Key(
         "target.trust_remote_code",
@@ -63,16 +65,16 @@ DATA_KEYS: tuple[Key, ...] = (
         "target.offline",
         {"type": "boolean"},
         True,
-        "HF_HUB_OFFLINE=1 for every job: nothing is fetched at run time",
-        each(ALL_STAGES, "runtime"),
+        "HF_HUB_OFFLINE=1 for every job (and in the serving files' environment): nothing is fetched at run time",
+        {**each(ALL_STAGES, "runtime"), "serve_config": "trigger:serve"},
     ),
     Key(
         "target.pipeline_parallel_size",
         {"type": "integer", "minimum": 1},
         1,
         (
-            "vLLM pipeline-parallel stages for serving the target (export load check, regeneration, benchmark); "
-            "each stage is tensor-parallel over the serve job's GPUs. >1 needs a Ray cluster."
+            "vLLM pipeline-parallel stages for serving the target (export load check, regeneration, benchmark, the "
+            "serving files); each stage is tensor-parallel over the serve job's GPUs. >1 needs a Ray cluster."
         ),
         {
             "regenerate_responses": "trigger",
@@ -80,6 +82,7 @@ DATA_KEYS: tuple[Key, ...] = (
             "export_head": "trigger",
             "benchmark": "trigger",
             "preflight_bound": "trigger",
+            "serve_config": "trigger:serve",
         },
     ),
     Key(

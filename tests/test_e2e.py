@@ -187,7 +187,8 @@ def test_more_samples_add_only_new_shards(built, tmp_path):
         "results/reduced/hidden_states/train/shard-00002.safetensors"]
 
 
-DOWNSTREAM_OF_TRAIN = {"train_draft": 1, "export_head": 1, "benchmark": 1, "plot_benchmark": 1, "all": 1}
+DOWNSTREAM_OF_TRAIN = {"train_draft": 1, "export_head": 1, "benchmark": 1, "plot_benchmark": 1, "serve_config": 1,
+                       "all": 1}
 CAPTURE_ON = {"capture_hidden_states": 3, **DOWNSTREAM_OF_TRAIN}
 FROM_SHARDS_ON = {"build_vocab_map": 1, **CAPTURE_ON}
 # Every job that reads the target's files, and what follows them.
@@ -202,7 +203,8 @@ RERUN_MATRIX = [
     ("aux layer ids", {"capture": {"aux_layer_ids": [3, 15, 27]}}, {**COMPAT, **FROM_SHARDS_ON}),
     ("max_seq_len", {"data": {"max_seq_len": 96}}, {"prepare_data": 1, **FROM_SHARDS_ON}),
     ("the target", {"target": {"path": "OTHER_TARGET"}}, FROM_TARGET_ON),
-    ("benchmark settings", {"benchmark": {"max_tokens": 16}}, {"benchmark": 1, "plot_benchmark": 1, "all": 1}),
+    ("benchmark settings", {"benchmark": {"max_tokens": 16}},
+     {"benchmark": 1, "plot_benchmark": 1, "serve_config": 1, "all": 1}),
     ("more samples", {"capture": {"num_train_samples": 24}},
      {"capture_hidden_states": 1, "build_vocab_map": 1, **DOWNSTREAM_OF_TRAIN}),
     ("response regeneration", {"data": {"regenerate": {"enabled": True, "max_tokens": 32, "backend": "auto", "batch_size": 8}}},
@@ -224,7 +226,12 @@ RERUN_MATRIX = [
     # Another method's head from the same shards: its training and export, and the benchmark that serves it;
     # never capture, nor the run's own head.
     ("another draft method beside the run's", {"draft": {"compare_methods": ["peagle"]}},
-     {"train_draft_method": 1, "export_head_method": 1, "benchmark": 1, "plot_benchmark": 1, "all": 1}),
+     {"train_draft_method": 1, "export_head_method": 1, "benchmark": 1, "plot_benchmark": 1, "serve_config": 1,
+      "all": 1}),
+    # The serving files follow their port; the check's own settings reach no job of the build (serve_check is a target
+    # of its own, not in rule all).
+    ("serving port", {"serve": {"port": 8123}}, {"serve_config": 1, "all": 1}),
+    ("serve check settings", {"serve": {"tau_tolerance": 0.1, "start_timeout_s": 60, "load_concurrencies": [1]}}, {}),
 ]
 
 
@@ -283,9 +290,9 @@ def test_the_contract_check_finds_a_plan_the_contract_does_not_explain():
     assert _contract_problems({"train": {"lr": 0.1}}, {"train_draft": 1}, graph) == []
     assert _contract_problems({"benchmark": {"max_tokens": 16}}, {"train_draft": 1}, graph) == [
         "train_draft planned, though ['benchmark.max_tokens'] are not its triggers and nothing above it is planned"]
-    assert _contract_problems({"resources": {"serve": {"gpu": 1}}}, {"benchmark": 1}, graph) == [
-        "benchmark planned, though ['resources.serve.gpu'] are not its triggers and nothing above it is planned",
-        "['resources.serve.gpu'] are runtime-only for every stage, yet {'benchmark': 1} is planned"]
+    assert _contract_problems({"resources": {"serve": {"threads": 4}}}, {"benchmark": 1}, graph) == [
+        "benchmark planned, though ['resources.serve.threads'] are not its triggers and nothing above it is planned",
+        "['resources.serve.threads'] are runtime-only for every stage, yet {'benchmark': 1} is planned"]
 
 
 def _changed_config(wd, tmp_path, change):

@@ -15,8 +15,10 @@ is tested with its engines stubbed (test_mla_draft.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -82,6 +84,60 @@ def test_benchmark_and_preflight_records_rehearse_on_the_reduced_build(reduced_b
     assert rec["made_by"]["targets"] == ["results/reduced/preflight.json"]
     at = next(i for i, r in enumerate(res["table"]) if (r["concurrency"], r["k"]) == (2, 2))
     assert rec["results"][f"table.{at}.step_ms"] == pytest.approx(rows[(2, 2)]["step_ms"], rel=1e-6)
+
+
+@pytest.mark.vllm
+def test_the_serving_record_rehearses_the_server_check(reduced_build, tmp_path):
+    """``recipe-serve`` over a copy of the reduced build (issue 60; the suite's one start of vLLM's server): the
+    serving files rewritten for a free port, the server started from them (``python -m
+    vllm.entrypoints.openai.api_server --config serve.yaml``), the benchmark's chat prompts through the ``openai``
+    client without and with streaming (τ from /metrics equal to benchmark.json's, greedy texts the target alone's, each
+    response's own τ adding up to the counters), vLLM's load generator at 2 in flight, the server's process group gone
+    and its port free; the record quotes the check, the archive holds the serving files."""
+    from eagle3build.serve import openai_server
+
+    wd = copy_build(reduced_build[0], tmp_path / "wd")
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    overlay = tmp_path / "serve.yaml"
+    overlay.write_text(f"serve: {{port: {port}, load_concurrencies: [2]}}\n")
+    p, out = _record(["recipe-serve"], tmp_path, wd, REDUCED, CPU, overlay)
+    assert p.returncode == 0, p.stdout + p.stderr + (out / "logs/recipe-serve.log").read_text()[-6000:]
+    res = wd / "results/reduced"
+    check = json.loads((res / "serve/serve_check.json").read_text())
+    bench = json.loads((res / "benchmark.json").read_text())
+    run = next(r for r in bench["runs"] if r["num_speculative_tokens"] == 2)["sets"]["chat"]
+    assert check["set"] == "chat" and check["num_speculative_tokens"] == 2 and check["server"]["port"] == port
+    assert check["tau"]["benchmark"] == run["mean_acceptance_length"]
+    assert abs(check["tau"]["served"] - run["mean_acceptance_length"]) <= check["tau"]["tolerance"] == 0.05
+    for name in ("non_streaming", "streaming"):  # the same drafts and acceptances as the benchmark's engine
+        f = check["passes"][name]
+        assert (f["drafts"], f["accepted_tokens"], f["lossless"]) == (run["drafts"], run["accepted_tokens"], True)
+        assert f["per_request"]["matches_counters"] is True and f["output_tokens_per_s"] > 0
+    assert check["lossless"] is True and [x["identical_to_target_alone"] for x in check["prompts"]] == [True, True]
+    assert check["passes"]["streaming"]["time_to_first_token_s"]["p50"] > 0 and check["server"]["start_s"] > 0
+    load = check["load"]["2"]
+    assert load["completed"] == 2 and load["output_tokens_per_s"] > 0 and load["tau"] == run["mean_acceptance_length"]
+    assert check["stop"] == {"killed": 0, "processes_left": 0}
+    openai_server.check_port(port, "serve.yaml")  # free again
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _in(pid, wd)]
+    log = (wd / "logs/reduced/serve_check_server.log").read_text()
+    assert "Application startup complete" in log and f":{port}" in log
+    rec = json.loads((out / "records/recipe-serve_cpu.json").read_text())["results"]
+    assert rec["serve.tau"] == round(check["tau"]["served"], 4) and rec["serve.lossless"] is True
+    assert rec["serve.processes_left"] == 0 and rec["load.c2.tokens_per_s"] > 0
+    with tarfile.open(out / "recipe-serve.tgz") as tar:
+        assert {"results/reduced/serve/serve_check.json", "results/reduced/serve/serve.yaml",
+                "results/reduced/serve/serve.env", "logs/reduced/serve_check_server.log"} <= set(tar.getnames())
+
+
+def _in(pid: str, wd) -> bool:
+    """Whether process ``pid`` runs in ``wd`` (its working directory), a process of the build's server left behind."""
+    try:
+        return os.readlink(f"/proc/{pid}/cwd") == str(wd) and "vllm" in open(f"/proc/{pid}/cmdline").read()
+    except OSError:
+        return False
 
 
 @pytest.mark.vllm

@@ -120,7 +120,7 @@ def cluster(slurm_cluster_start):
 
 
 # The change and the jobs it plans (the rerun matrix's "more samples", test_e2e.py, up to the head), and the
-# ones submitted: the Snakefile's localrules (all, compat_markdown, plot_benchmark) run in Snakemake's own
+# ones submitted: the Snakefile's localrules (all, compat_markdown, plot_benchmark, serve_config) run in Snakemake's own
 # process, no sbatch.
 MORE_SAMPLES = "capture: {num_train_samples: 24}\nexport: {vllm_load_check: always}\n"  # reduced.yaml: never
 TARGETS = [f"{RUN}/head/config.json", f"{RUN}/compat.md"]

@@ -18,12 +18,25 @@ FULL_PLAN = {
     "export_head": 1,
     "benchmark": 1,
     "plot_benchmark": 1,
+    "serve_config": 1,  # the serving files: every build writes them
     "all": 1,
 }
 
 
 def test_default_plan(tmp_path):
     assert planned_jobs([], tmp_path) == FULL_PLAN
+
+
+def test_the_server_check_is_a_target_of_its_own(tmp_path):
+    """serve_check (it starts vLLM's server) is not in rule all: asked for, it plans the whole build, the serving files
+    and the check, whose two logs are the job's and the server's."""
+    jobs = planned_jobs(["results/default/serve/serve_check.json"], tmp_path)
+    assert jobs == {**{k: v for k, v in FULL_PLAN.items() if k not in ("all", "plot_benchmark", "compat_markdown")},
+                    "serve_check": 1}
+    p = run(["-n", "results/default/serve/serve_check.json"], tmp_path)
+    block = p.stdout.split("rule serve_check:", 1)[1].split("\n\n", 1)[0]
+    assert "log: logs/default/serve_check.log, logs/default/serve_check_server.log" in block
+    assert "tensor_parallel_size=1, pipeline_parallel_size=1" in block
 
 
 def test_shard_count_follows_sample_count(tmp_path):

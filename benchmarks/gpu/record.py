@@ -36,7 +36,10 @@ bound), ``dense-methods`` (the same build with P-EAGLE and DFlash heads from its
 EAGLE-3 head in its one benchmark job, the pre-flight's comparison included), ``dense-kschedule``, ``kimi``,
 ``kimi-mla-preflight`` (that target's pre-flight with the MLA draft layer beside the llama one, no benchmark),
 ``kimi-mla`` (then its MLA head trained and served), ``dense-preflight`` (the bundled target's pre-flight alone),
-``kimi-online`` (the Kimi-K2.5-shaped target, offline and online capture), ``kimi-c16``.
+``kimi-online`` (the Kimi-K2.5-shaped target, offline and online capture), ``kimi-c16``, ``recipe-serve`` (the recipe
+head behind vLLM's OpenAI-compatible server, started from the build's serving files: ``serve_check`` through the
+``openai`` client against the benchmark, then vLLM's load generator, ``vllm bench serve``, at 1 and 16 requests in
+flight, beside the benchmark's own figures at 16 in flight, 64 prompts a set).
 
 The commit is read from ``COMMIT`` beside this file: ``git archive`` writes HEAD's hash into it
 (``.gitattributes``: export-subst), which is how the project travels to a lent machine; in a checkout it is
@@ -140,6 +143,7 @@ def _peer(call: "Call", rec: Record) -> int:
 
 
 PREFLIGHT = "results/{run}/preflight.json"
+SERVE_CHECK = "results/{run}/serve/serve_check.json"
 KIMI = {"prepare": _kimi_target, "prepare_bytes": _kimi_target_bytes}
 
 RECORDS: dict[str, Record] = {
@@ -161,6 +165,9 @@ RECORDS: dict[str, Record] = {
     "kimi-mla": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/mla.yaml"), targets=(PREFLIGHT,), **KIMI),
     "kimi-online": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/kimi_k25_card_online.yaml"), **KIMI),
     "kimi-c16": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/c16.yaml"), **KIMI),
+    # the recipe head served as a deployment serves it (issue 60): the benchmark at 16 in flight over 64 prompts a set,
+    # then the server from results/<run>/serve/ checked with the openai client and loaded by vllm bench serve at 1, 16
+    "recipe-serve": Record((RECIPE, f"{GPU}/c16_64.yaml", f"{GPU}/serve_load.yaml"), targets=(SERVE_CHECK,)),
 }
 
 
@@ -262,7 +269,7 @@ def result_files(workdir: Path, run: str) -> list[Path]:
     record reads and what its archive keeps."""
     r = workdir / "results" / run
     pats = ["*.json", "*.md", "checkpoint/*.json", "head/*.json", "data/data_report.json", "vocab/vocab.json",
-            "methods/*/checkpoint/*.json", "methods/*/head/*.json"]
+            "methods/*/checkpoint/*.json", "methods/*/head/*.json", "serve/*"]
     files = [p for pat in pats for p in sorted(r.glob(pat))]
     return (files + sorted((workdir / "benchmarks" / run).glob("**/*.tsv"))
             + sorted((workdir / "logs" / run).glob("**/*.log")))
@@ -283,6 +290,9 @@ def results_of(workdir: Path, run: str, benchmark: bool = True) -> dict:
     metrics = r / "checkpoint" / "metrics.json"
     if metrics.exists():
         out.update(records.summarise_metrics(json.loads(metrics.read_text())))
+    check = r / "serve" / "serve_check.json"
+    if check.exists():  # the head through vLLM's server (recipe-serve)
+        out.update(records.summarise_serve_check(json.loads(check.read_text())))
     return out
 
 

@@ -1,0 +1,209 @@
+"""Stage ``serve_config``: the serving files, ``results/<run>/serve/`` (``serving_files``): the run's head behind vLLM's
+OpenAI-compatible server, at the benchmark's choice of k, on the serve section's engine layout.
+
+The route. serve.yaml names the target folder as ``model`` and the head through ``--speculative-config`` (vLLM's
+speculative_config: method, the head's folder, k, a k schedule's bands), as every engine of the benchmark does
+(``head_format.speculative_config``, ``vllm_engine.drafter_config``). speculators' own route, ``vllm serve <head>``
+(vLLM reads the head's ``speculators_config`` and serves its verifier, ``target.served_name``), needs that name to
+resolve where the server runs: offline it must be a local folder or in the Hugging Face cache, and the bundled target's
+``HuggingFaceTB/SmolLM2-135M-Instruct`` is neither on a fresh machine; it serves the k in the head's config, not the
+benchmark's choice, and no k schedule; and vLLM's speculators parser reads llama and qwen3 layers only, so an MLA head
+(``draft.layer: mla``, exported in vLLM's own Eagle3DeepseekV3ForCausalLM format) has no such route. The file's route
+works offline for every head; ``serving.json`` says whether speculators' route would serve this head here too
+(``speculators_route``).
+
+The k (``choose_k``): the k schedule's bands where ``benchmark.k_schedule_concurrencies`` made one (vLLM's
+``num_speculative_tokens_per_batch_size``, with the environment it needs: ``k_schedule.SCHEDULE_ENV``), else the k of
+the run's own head with the highest speed-up over the target alone in benchmark.json.
+
+The environment (serve.env): offline mode (``target.offline``), the engine settings every engine here runs with
+(``vllm_engine.ENGINE_ENV``) and the schedule's.
+
+The bytes depend on the head's and the target's folders, benchmark.json's choice of k, the layout
+(``resources.serve.gpu``, ``target.pipeline_parallel_size``) and the settings named in serve.yaml, and on nothing
+else (no times, no measured figures but those behind the choice): a benchmark rerun that chooses the same k rewrites
+the same bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import draft_methods, vllm_engine
+from ..atomic import atomic_path, write_json, write_text
+from ..contract import StageSettings
+from ..head_format import OWN_HEAD, benchmark_runs, head_config, speculative_config
+from ..job import OFFLINE_VARS
+from . import serving_files as sf
+from .k_schedule import SCHEDULE_ENV
+
+log = logging.getLogger(__name__)
+
+# Version of what this stage writes: bump it when a change alters the output bytes.
+OUTPUT_VERSION = 1
+
+ROUTE = "speculative-config"
+ROUTE_WHY = (
+    "serve.yaml names the target folder as model and the head through --speculative-config (method, folder, k): it "
+    "works offline whatever target.served_name says, serves the folder the head was trained and benchmarked on, carries "
+    "the benchmark's k (or its k schedule) and the engine settings the benchmark measured, and is the one route vLLM "
+    "has for an MLA head"
+)
+
+
+class ServeConfigError(ValueError):
+    """benchmark.json gives no k to serve the run's own head with (named)."""
+
+
+def choose_k(bench: Mapping[str, Any]) -> dict:
+    """The k the serving files serve, from benchmark.json ``bench``: the k schedule where the benchmark made one
+    (``k_schedule.speculative_config`` not null: its bands as vLLM's ``num_speculative_tokens_per_batch_size``, the
+    largest band k as ``num_speculative_tokens``), else the run's own head's run of the highest speed-up over the
+    target alone (all sets; the smaller k on a tie). Returns ``{"source": "k_schedule" | "best_k",
+    "num_speculative_tokens": k, "bands": list | None, "benchmark": the figures behind the choice, "why": str}``.
+
+    Raises:
+        ServeConfigError: benchmark.json holds no run of the run's own head.
+    """
+    runs = [r for r in benchmark_runs(dict(bench)) if r.get("head", OWN_HEAD) == OWN_HEAD]
+    if not runs:
+        raise ServeConfigError("benchmark.json holds no run of the run's own head: nothing to choose k from")
+    best = max(runs, key=lambda r: (r["speedup"], -r["num_speculative_tokens"]))
+    ks = sorted(r["num_speculative_tokens"] for r in runs)
+    k = best["num_speculative_tokens"]
+    out = {"source": "best_k", "num_speculative_tokens": k, "bands": None,
+           "benchmark": {"concurrency": bench["settings"]["concurrency"], "speedup": round(best["speedup"], 4),
+                         "mean_acceptance_length": best.get("mean_acceptance_length")},
+           "why": f"k {k}: the highest speed-up over the target alone in benchmark.json among k {ks} "
+                  f"(x{best['speedup']:.3f}, {bench['settings']['concurrency']} request(s) in flight)"}
+    sched = bench.get("k_schedule")
+    if sched and sched.get("speculative_config"):
+        bands = [list(b) for b in sched["schedule"]]
+        return {"source": "k_schedule", "num_speculative_tokens": max(b[2] for b in bands), "bands": bands,
+                "benchmark": {"scheduled": sched["scheduled"], "never_slower": sched["never_slower"]},
+                "why": f"the benchmark's k schedule {bands} ([first batch size, last, k]) measured at "
+                       f"{sched['concurrencies']} requests in flight, on vLLM's V1 runner ({SCHEDULE_ENV})"}
+    if sched:
+        out["why"] += (f"; the k schedule found the head slower than the target alone on balance at "
+                       f"{sched['concurrencies']} requests in flight (benchmark.json k_schedule): this serves the head "
+                       "anyway, at that k")
+    return out
+
+
+def verifier_resolves_offline(name: str | None) -> bool:
+    """Whether vLLM can find the verifier ``name`` (a head's ``speculators_config.verifier.name_or_path``) without the
+    network: a local folder with a config.json, or a repository whose config.json is in the Hugging Face cache
+    (``huggingface_hub.try_to_load_from_cache``)."""
+    if not name:
+        return False
+    if (Path(name) / "config.json").is_file():
+        return True
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # noqa: BLE001 - a name that is no repository id resolves nowhere
+        return False
+
+
+def speculators_route(head_dir: str, cfg: Mapping[str, Any]) -> dict:
+    """Whether speculators' own route, ``python -m vllm.entrypoints.openai.api_server --model <head_dir>`` (vLLM reads
+    the head's ``speculators_config`` and serves its verifier), serves the head of config.json ``cfg`` here offline:
+    ``{"available": bool, "command": str | None, "verifier": str | None, "why": str}``. An MLA head
+    (``draft_methods.DraftLayer.speculators_config`` false) has none: vLLM's speculators parser reads llama and qwen3
+    layers only (vllm/transformers_utils/configs/speculators/algos.py, vLLM 0.26-0.32)."""
+    if not draft_methods.layer_of(cfg).speculators_config:
+        return {"available": False, "command": None, "verifier": None,
+                "why": "the head's config.json is vLLM's own (an MLA head, Eagle3DeepseekV3ForCausalLM): vLLM's "
+                       "speculators parser reads llama and qwen3 layers only"}
+    verifier = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    cmd = f"python -m {sf.SERVER_MODULE} --model {head_dir}"
+    if verifier_resolves_offline(verifier):
+        return {"available": True, "command": cmd, "verifier": verifier,
+                "why": f"its verifier {verifier} resolves offline (a local folder or the Hugging Face cache); it serves "
+                       "the k of the head's config.json, not the benchmark's choice"}
+    return {"available": False, "command": cmd, "verifier": verifier,
+            "why": f"its verifier {verifier} (target.served_name) is neither a local folder nor in the Hugging Face "
+                   "cache, so an offline server cannot find it"}
+
+
+def serving(head_dir: str, target_dir: str, bench: Mapping[str, Any], *, gpus: int, served_name: str,
+            max_model_len: int, seed: int, dtype: str, pipeline_parallel_size: int, trust_remote_code: bool,
+            port: int, offline: bool, per_request_metrics: bool) -> dict:
+    """The serving files' contents for the head in ``head_dir`` (its config.json read) and the target in
+    ``target_dir``: ``{"options": serve.yaml's (``serving_files.server_options``), "env": serve.env's, "serving":
+    serving.json's}``. The engine is the benchmark's (``vllm_engine.engine_args`` of ``gpus`` GPUs of the serve section,
+    ``pipeline_parallel_size`` stages, ``served_name``, ``max_model_len`` tokens, ``seed``, ``dtype`` as
+    ``target.serve_dtype``); k from ``choose_k``; ``port``; ``offline``: the Hugging Face offline variables in the
+    environment; ``per_request_metrics``: vLLM's per-request τ in each response (where the installed vLLM has it).
+
+    Raises:
+        ServeConfigError: as ``choose_k``.
+        OSError, ValueError: the head's config.json cannot be read, or names no registered method; a 16-bit dtype on CPU.
+    """
+    head_dir, target_dir = os.path.abspath(head_dir), os.path.abspath(target_dir)
+    engine = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_model_len,
+                                     seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size,
+                                     trust_remote_code=trust_remote_code)
+    choice = choose_k(bench)
+    spec = speculative_config(head_dir, choice["num_speculative_tokens"])
+    if choice["bands"]:
+        spec[sf.BANDS] = choice["bands"]
+    spec = vllm_engine.drafter_config(engine, spec)  # an MLA head on CPU: the engine's attention backend
+    env = {**({v: "1" for v in OFFLINE_VARS} if offline else {}), **vllm_engine.ENGINE_ENV,
+           **(SCHEDULE_ENV if choice["bands"] else {})}
+    options = sf.server_options(engine, spec, port, per_request_metrics)
+    cfg = head_config(head_dir)
+    return {"options": options, "env": env, "serving": {
+        "head": head_dir, "target": target_dir, "route": ROUTE, "why": ROUTE_WHY,
+        "speculators_route": speculators_route(head_dir, cfg), "k": choice, "speculative_config": spec,
+        "layout": vllm_engine.engine_layout(gpus, pipeline_parallel_size), "dtype": engine["dtype"], "port": port,
+        "served_name": served_name, "env": env, "per_request_metrics": per_request_metrics,
+    }}
+
+
+def write(out_dir: str | os.PathLike, contents: Mapping[str, Any], python: str = sys.executable) -> dict[str, str]:
+    """Write ``contents`` (``serving``) as the serving files in ``out_dir``, each atomically; serve.sh executable, run
+    with ``python`` unless ``PYTHON`` is set. The command (``serving_files.command``) goes into serving.json too.
+    Returns ``{file name: path}``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    yml = str(out_dir.resolve() / sf.SERVE_YAML)
+    serving_json = {**contents["serving"], "command": shlex.join(sf.command(yml, contents["env"]))}
+    write_text(out_dir / sf.SERVE_YAML, sf.serve_yaml_text(contents["options"], contents["serving"]["head"]))
+    write_text(out_dir / sf.SERVE_ENV, sf.env_text(contents["env"]))
+    with atomic_path(out_dir / sf.SERVE_SH) as tmp:
+        tmp.write_text(sf.serve_sh_text(yml, contents["env"], python))
+        tmp.chmod(0o755)
+    write_json(out_dir / sf.SERVING_JSON, serving_json)
+    return {n: str(out_dir / n) for n in (sf.SERVE_YAML, sf.SERVE_ENV, sf.SERVE_SH, sf.SERVING_JSON)}
+
+
+def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
+            params: Mapping[str, Any]) -> dict:
+    """Rule ``serve_config``'s entry (``eagle3build.job.run_stage``): the serving files of the head of
+    ``inputs["head_config"]`` and the target ``params["target_dir"]`` from ``inputs["benchmark"]``, into the folder of
+    ``outputs["yaml"]``. Returns serving.json's content; raises what ``serving`` raises."""
+    import json
+
+    s = settings
+    head_dir = os.path.dirname(inputs["head_config"])
+    contents = serving(head_dir, params["target_dir"], json.loads(Path(inputs["benchmark"]).read_text()),
+                       gpus=s["resources.serve.gpu"], served_name=s["target.served_name"],
+                       max_model_len=s["benchmark.max_model_len"], seed=s["benchmark.seed"],
+                       dtype=s["target.serve_dtype"], pipeline_parallel_size=s["target.pipeline_parallel_size"],
+                       trust_remote_code=s["target.trust_remote_code"], port=s["serve.port"],
+                       offline=s["target.offline"],
+                       per_request_metrics=vllm_engine.engine_arg_declared("per_request_spec_decode_metrics"))
+    paths = write(os.path.dirname(outputs["yaml"]), contents)
+    serving_json = json.loads(Path(paths[sf.SERVING_JSON]).read_text())
+    log.info("serving files in %s: %s (k: %s); speculators' route: %s", os.path.dirname(outputs["yaml"]),
+             serving_json["command"], contents["serving"]["k"]["why"],
+             contents["serving"]["speculators_route"]["why"])
+    return serving_json
