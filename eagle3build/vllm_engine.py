@@ -32,6 +32,11 @@ parallelism, dtype and environment rules live in one place:
   ``LLM(...)`` moves no process out of the group (vLLM's one ``setpgrp`` is in the ``vllm serve``
   data-parallel supervisor, vllm/entrypoints/launchers/dp_supervisor.py), so one killpg reaches them all.
 
+The OpenAI-compatible server (rule ``serve_check``) is started the same way: ``guarded_module_argv`` runs
+``python -m vllm.entrypoints.openai.api_server`` as ``python -m`` does, in a process group of its own, with the same
+parent watch (``_die_with_parent``); its environment is ``child_env``'s, over which the serving files' ``ENGINE_ENV``
+and offline variables are the same.
+
 vLLM is optional for the build: ``require_vllm`` fails at once, naming the missing package
 and the artifact that needs it, in the stages that cannot work without it.
 """

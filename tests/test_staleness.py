@@ -15,7 +15,8 @@ from eagle3build import contract, staleness
 from eagle3build.target import content_files, fingerprint
 
 STAGES = ["materialize_target", "compat_report", "preflight_bound", "regenerate_responses", "prepare_data",
-          "capture_hidden_states", "build_vocab_map", "train_draft", "export_head", "benchmark", "plot_benchmark"]
+          "capture_hidden_states", "build_vocab_map", "train_draft", "export_head", "benchmark", "plot_benchmark",
+          "serve_config", "serve_check"]
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -249,6 +250,6 @@ def test_the_plan_names_a_deleted_intermediate(tmp_path):
     assert (f"{shard} is missing while results/reduced/checkpoint/config.json, made from it by train_draft, is "
             "present: Snakemake rebuilds a missing file only for a job planned to read it, so unless this plan runs "
             "train_draft it stays missing (docs/staleness.md). Rebuild with `snakemake "
-            f"{shard} <your options>`; the next run then replans train_draft, export_head, benchmark, plot_benchmark "
-            "(the rebuilt file is newer than what they made)") in out
+            f"{shard} <your options>`; the next run then replans train_draft, export_head, benchmark, serve_config, "
+            "plot_benchmark, serve_check (the rebuilt file is newer than what they made)") in out
     assert planned_jobs([shard, "--configfile", str(config)], wd) == {"capture_hidden_states": 1}  # the command

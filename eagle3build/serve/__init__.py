@@ -1,3 +1,4 @@
 """Serving the head: stages ``export_head`` (the vLLM-loadable head), ``benchmark`` (speed-up
-under vLLM) and ``plot_benchmark`` (its figure), with ``prompt_sets`` (the benchmark's prompts),
-private to benchmark."""
+under vLLM), ``plot_benchmark`` (its figure), ``serve_config`` (the serving files, results/R/serve/) and
+``serve_check`` (those files served by vLLM's OpenAI-compatible server, checked with the ``openai`` client), with
+``prompt_sets`` (the benchmark's prompts), private to benchmark."""

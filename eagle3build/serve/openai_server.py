@@ -70,18 +70,28 @@ def start(argv: list[str], env: Mapping[str, str], log_path: str | os.PathLike) 
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
 
 
-_ERROR_LINE = re.compile(r"\b\w*(Error|Exception)\b|\berror\b|Traceback", re.I)
+# an exception's line as a traceback ends (``ValueError: ...``, ``pydantic_core._pydantic_core.ValidationError: 1 ...``),
+# else a line logged at level ERROR (vLLM's ``ERROR 12-06 05:53:56 [...]``)
+_EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?[\w.]*(?:Error|Exception|Interrupt)\b[^:]*:")
+_ERROR_LEVEL = re.compile(r"\bERROR\b|\bCRITICAL\b")
 
 
 def last_error(log_path: str | os.PathLike) -> str:
-    """The last line of ``log_path`` that names an error (``...Error``, ``...Exception``, ``error``), else its last
-    line; ``""`` for an empty or missing log."""
+    """The last error of ``log_path``, one line: its last exception line (``SomeError: message``, as a traceback ends;
+    a process prefix such as ``(EngineCore pid=12)`` kept) with the indented line after it, if any (pydantic puts the
+    reason there: ``ValidationError: 1 validation error for ModelConfig`` / ``  Value error, Invalid repository ID
+    ...``), else its last line logged at level ERROR, else its last line; ``""`` for an empty or missing log."""
     try:
-        lines = [x.strip() for x in Path(log_path).read_text(errors="replace").splitlines() if x.strip()]
+        raw = [x.rstrip() for x in Path(log_path).read_text(errors="replace").splitlines() if x.strip()]
     except OSError:
         return ""
-    errors = [x for x in lines if _ERROR_LINE.search(x) and not x.startswith("Traceback")]
-    return (errors or lines or [""])[-1]
+    at = [i for i, x in enumerate(raw) if _EXCEPTION_LINE.search(x.strip())]
+    if at:
+        i = at[-1]
+        more = raw[i + 1:i + 2]
+        return " ".join([raw[i].strip(), *(x.strip() for x in more if x[:1].isspace())])
+    found = [x.strip() for x in raw if _ERROR_LEVEL.search(x)]
+    return found[-1] if found else (raw[-1].strip() if raw else "")
 
 
 def wait_healthy(proc: subprocess.Popen, base_url: str, timeout_s: float, log_path: str | os.PathLike,
