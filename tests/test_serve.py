@@ -1,7 +1,9 @@
 """The serving files (rule serve_config, eagle3build/serve/serve_config.py) and their check through the server (rule
-serve_check, eagle3build/serve/serve_check.py), without a server: the files of a llama head, a k schedule and an MLA
-head, read back by vLLM's own argument parser; the check's comparisons, port, start, stop and guard on stand-in
-processes. The one real server start is the serving record's CPU rehearsal (tests/test_record_rehearsal.py)."""
+serve_check, eagle3build/serve/serve_check.py), without vLLM's server: the files of a llama head, a k schedule and an
+MLA head, read back by vLLM's own argument parser; the check's comparisons, port, start, stop and guard on stand-in
+processes, and the whole check against a stand-in OpenAI-compatible server (tests/stand_in_openai_server.py) that
+answers right, with τ off, with a wrong text, or dies. The one real server start is the serving record's CPU rehearsal
+(tests/test_record_rehearsal.py)."""
 from __future__ import annotations
 
 import json
@@ -376,3 +378,82 @@ def test_the_guarded_server_runs_its_module_as_main_and_dies_with_the_job(tmp_pa
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert left == []
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """The serving files of a llama head at k 3 (benchmark.json: τ 1.8, texts "one two" and "three four five" of
+    prompts p0, p1) on a free port, and the stand-in server (tests/stand_in_openai_server.py) answering those texts
+    with 10 drafts and 8 accepted tokens a request: ``(CheckSettings, texts file)``."""
+    port = _free_port()
+    bench = bench_json(texts=("one two", "three four five"))
+    out, _, _ = write_files(tmp_path, bench, port=port)
+    (tmp_path / "benchmark.json").write_text(json.dumps(bench))
+    (tmp_path / "prompts.jsonl").write_text("".join(
+        json.dumps({"id": i, "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n" for i in ("p0", "p1")))
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps({"q p0": "one two", "q p1": "three four five"}))
+    monkeypatch.setenv("PYTHONPATH", f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    monkeypatch.setenv("STAND_IN_TEXTS", str(texts))
+    monkeypatch.setenv("STAND_IN_DRAFTS", "10")
+    monkeypatch.setenv("STAND_IN_ACCEPTED", "8")
+    s = sc.CheckSettings(serve_dir=str(out), benchmark_path=str(tmp_path / "benchmark.json"),
+                         prompts_path=str(tmp_path / "prompts.jsonl"), out_json=str(tmp_path / "serve_check.json"),
+                         server_log=str(tmp_path / "server.log"), start_timeout_s=60,
+                         server_module="stand_in_openai_server")
+    return s, texts
+
+
+def test_the_check_through_a_server_passes_and_writes_what_it_measured(stand_in):
+    """serve_check's whole path on a stand-in server (no engine): started from the serving files, /health, a warm-up,
+    both passes through the openai client, the counters' deltas (τ 1 + 16 / 20 = 1.8, benchmark.json's), the texts
+    the target alone's, each response's τ adding up to the counters, the group stopped, serve_check.json written."""
+    s, _ = stand_in
+    r = sc.serve_check(s)
+    assert json.loads(open(s.out_json).read()) == json.loads(json.dumps(r))
+    assert (r["set"], r["num_speculative_tokens"], r["lossless"]) == ("chat", 3, True)
+    assert r["tau"] == {"served": 1.8, "benchmark": 1.8, "tolerance": 0.05, "difference": 0.0}
+    for name in ("non_streaming", "streaming"):
+        p = r["passes"][name]
+        assert (p["drafts"], p["accepted_tokens"], p["output_tokens"], p["lossless"]) == (20, 16, 5, True)
+        assert p["per_request"] == {"tau": {"p0": 1.8, "p1": 1.8}, "matches_counters": True}
+    assert r["passes"]["streaming"]["time_to_first_token_s"]["p50"] > 0
+    assert "time_to_first_token_s" not in r["passes"]["non_streaming"]
+    assert [p["identical_to_target_alone"] for p in r["prompts"]] == [True, True]
+    assert r["stop"] == {"killed": 0, "processes_left": 0} and r["server"]["start_s"] > 0
+    assert r["server"]["command"].endswith(f"--config {s.serve_dir}/serve.yaml")
+
+
+def test_the_check_fails_naming_the_counter_where_tau_through_the_server_is_off(stand_in, monkeypatch):
+    s, _ = stand_in
+    monkeypatch.setenv("STAND_IN_ACCEPTED", "5")  # τ 1.5 against the benchmark's 1.8
+    with pytest.raises(sc.ServeCheckError, match=r"non_streaming: vllm:spec_decode_num_accepted_tokens_total rose by "
+                                                 r"10 over vllm:spec_decode_num_drafts_total 20: tau 1.5000 through "
+                                                 r"the server against 1.8 in benchmark.json \(k=3, set chat\), beyond "
+                                                 r"serve.tau_tolerance 0.05; streaming: "):
+        sc.serve_check(s)
+    assert not os.path.exists(s.out_json)
+
+
+def test_the_check_fails_naming_the_prompt_whose_text_is_not_the_target_alones(stand_in):
+    s, texts = stand_in
+    texts.write_text(json.dumps({"q p0": "one two", "q p1": "three four six"}))
+    with pytest.raises(sc.ServeCheckError, match=r"non_streaming: prompt p1 \(chat\): the server's greedy text differs "
+                                                 r"from the target alone's in benchmark.json at character 11: 'six' "
+                                                 r"against 'five'"):
+        sc.serve_check(s)
+
+
+def test_the_check_names_the_servers_log_when_it_dies_and_the_port_when_taken(stand_in, monkeypatch):
+    s, _ = stand_in
+    monkeypatch.setenv("STAND_IN_FAIL", "RuntimeError: Engine core initialization failed.")
+    with pytest.raises(server.ServerError, match=rf"exited \(status 1\) before .*/health answered; its log "
+                                                 rf"{s.server_log} ends with: RuntimeError: Engine core initialization"):
+        sc.serve_check(s)
+    port = sf.read(s.serve_dir)["options"]["port"]
+    with socket.socket() as busy:
+        busy.bind(("", port))
+        busy.listen()
+        with pytest.raises(server.ServerError, match=rf"^port {port} is in use \(set in {s.serve_dir}/serve.yaml by "
+                                                     r"config key serve.port\)"):
+            sc.serve_check(s)

@@ -226,7 +226,7 @@ class CheckSettings:
     """One serve_check job: ``serve_dir`` (the serving files), ``benchmark_path``, ``prompts_path`` (prompts.jsonl),
     ``custom_prompts_path`` (data.prompts_file or None), ``out_json``, ``server_log`` (the server's output),
     ``tau_tolerance`` (tokens), ``start_timeout_s`` (seconds), ``load_concurrencies`` (vllm bench serve's requests in
-    flight; empty: none)."""
+    flight; empty: none), ``server_module`` (vLLM's server module)."""
 
     serve_dir: str
     benchmark_path: str
@@ -237,6 +237,7 @@ class CheckSettings:
     start_timeout_s: float = 900.0
     load_concurrencies: list[int] = field(default_factory=list)
     custom_prompts_path: str | None = None
+    server_module: str = sf.SERVER_MODULE  # what ``python -m`` runs with ``--config serve.yaml`` (a stand-in in tests)
 
 
 def serve_check(s: CheckSettings) -> dict:
@@ -248,7 +249,7 @@ def serve_check(s: CheckSettings) -> dict:
         serving_files.ServingFileError: a serving file lacks a part, names a folder that is not there, or lacks the k
             schedule's environment (before the server starts).
         openai_server.ServerError: the port is in use (names it and ``serve.port``), the server exited during its
-            start or did not answer /health in time (names its log and the log's last error).
+            start or the check, or did not answer /health in time (names its log and the log's last error).
         ServeCheckError: a prompt's text or a pass's τ beyond the tolerance (names the prompt or the counter).
     """
     vllm_engine.require_vllm(needed_by=s.out_json)
@@ -260,7 +261,7 @@ def serve_check(s: CheckSettings) -> dict:
     port = int(opts.get("port", 8000))
     server.check_port(port, yml)
     base_url = f"http://127.0.0.1:{port}"
-    argv = vllm_engine.guarded_module_argv(sf.SERVER_MODULE, ["--config", yml])
+    argv = vllm_engine.guarded_module_argv(s.server_module, ["--config", yml])
     log.info("starting the server: %s (environment %s; its log %s)", " ".join(argv), files["env"], s.server_log)
     Path(s.server_log).unlink(missing_ok=True)
     t0 = time.perf_counter()
@@ -269,7 +270,13 @@ def serve_check(s: CheckSettings) -> dict:
     try:
         start_s = server.wait_healthy(proc, base_url, s.start_timeout_s, s.server_log)
         log.info("server up after %.1f s", start_s)
-        result = _through(base_url, opts, exp, s)
+        try:
+            result = _through(base_url, opts, exp, s)
+        except Exception as e:
+            if proc.poll() is None:
+                raise
+            raise server.ServerError(f"the server exited (status {proc.returncode}) during the check; its log "
+                                     f"{s.server_log} ends with: {server.last_error(s.server_log)}") from e
         result["server"] = {"start_s": round(start_s, 2), "port": port, "log": s.server_log, "serve_yaml": yml,
                             "command": files["serving"].get("command"),
                             "per_request_metrics": bool(opts.get("per-request-spec-decode-metrics"))}
