@@ -27,7 +27,7 @@ from pathlib import Path
 
 from eagle3build import vllm_engine  # noqa: E402
 from eagle3build.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
-from eagle3build.serve import prompt_sets  # noqa: E402
+from eagle3build import prompt_sets  # noqa: E402
 
 
 def check(measured: dict[str, float], reference: dict[str, float], tolerance: float) -> list[dict]:

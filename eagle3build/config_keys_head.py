@@ -157,7 +157,7 @@ HEAD_KEYS: tuple[Key, ...] = (
             "items": {"type": "string", "enum": ["chat", "humaneval", "custom"]},
         },
         ["chat", "humaneval"],
-        "prompt sets (eagle3build/serve/prompt_sets.py); custom = data.prompts_file",
+        "prompt sets (eagle3build/prompt_sets.py); custom = data.prompts_file",
         {"prepare_data": "runtime", "benchmark": "trigger:benchmark"},
     ),
     Key(

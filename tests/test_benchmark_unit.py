@@ -110,8 +110,8 @@ def test_schema_accepts_a_result_and_names_a_missing_field():
 @pytest.mark.parametrize("field", ["method", "draft_layer", "trained_positions", "head"])
 def test_schema_requires_each_run_to_name_its_head(field):
     """From issue 55 every run names what it served; a result of before (runs under "eagle3", no head
-    fields) still validates and reads (head_format.benchmark_runs)."""
-    from eagle3build.head_format import benchmark_runs
+    fields) still validates and reads (benchmark_runs.benchmark_runs)."""
+    from eagle3build.benchmark_runs import benchmark_runs
 
     r = _result()
     del r["runs"][0][field]

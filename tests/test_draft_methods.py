@@ -101,7 +101,7 @@ def test_compare_methods_heads_and_their_rules_entries():
     """draft.compare_methods: the benchmark's compared heads under results/<run>/methods/, in the listed order; the
     rules derived from train_draft and export_head run those stages' entries."""
     from eagle3build import contract
-    from eagle3build.head_format import method_heads
+    from eagle3build.benchmark_runs import method_heads
 
     assert method_heads("results/r", "eagle3", ["dflash", "peagle"], [{"name": "other", "path": "x"}]) == [
         {"name": "dflash", "path": "results/r/methods/dflash/head"},

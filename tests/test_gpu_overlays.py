@@ -8,7 +8,7 @@ import sys
 import pytest
 from smk import REPO
 
-from eagle3build.benchkit import load_config
+from benchlab.benchkit import load_config
 
 sys.path.insert(0, str(REPO / "benchmarks/gpu"))
 import record  # noqa: E402  (the GPU record driver: its RECORDS table)

@@ -188,7 +188,7 @@ def test_prepare_writes_splits_and_report(tmp_path, smol_target, sharegpt_sample
     prompts = [json.loads(x) for x in out["prompts"].read_text().splitlines()]
     assert prompts and all(p["messages"][-1]["role"] == "user" for p in prompts)
     # Benchmark set `chat`: held-out prompts only, none from a trained sample (record ids).
-    from eagle3build.serve.prompt_sets import load_sets
+    from eagle3build.prompt_sets import load_sets
 
     chat = load_sets(["chat"], 1000, chat_path=out["prompts"])["chat"]
     assert [p["id"] for p in chat] == [p["id"] for p in prompts]

@@ -1,4 +1,4 @@
-"""The records of measured figures (eagle3build.records, benchmarks/records/) and the docs checked against them
+"""The records of measured figures (benchmarks/benchlab/records.py, benchmarks/records/) and the docs checked against them
 (issue 51): every figure README.md, docs/ and benchmarks/ cite is a link to its record's result, equal to it."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 from smk import REPO
 
-from eagle3build import records as R
+from benchlab import records as R
 
 RECS = R.load_records(REPO / "benchmarks/records")
 
@@ -90,12 +90,12 @@ def test_records_are_valid_and_named_by_card():
 
 
 def test_records_cli(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "eagle3build.records", "show", "recipe_h100"], capture_output=True,
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks/check_records.py"), "show", "recipe_h100"], capture_output=True,
                        text=True, cwd=REPO)
     assert p.returncode == 0 and "k3.speedup.all\t1.27" in p.stdout
     (tmp_path / "benchmarks/records").mkdir(parents=True)
     (tmp_path / "README.md").write_text("decodes 1.61x as fast\n")
-    p = subprocess.run([sys.executable, "-m", "eagle3build.records", "check", str(tmp_path)], capture_output=True,
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks/check_records.py"), "check", str(tmp_path)], capture_output=True,
                        text=True, cwd=REPO)
     assert p.returncode == 1 and "README.md:1: figure '1.61x' without a record" in p.stderr
 

@@ -32,7 +32,7 @@ from ..plans import hidden_state_bytes_per_token, plan_disk, plan_gpus
 from ..provenance import COMPAT_PACKAGES, cpu_bf16_support, host, software_versions
 from ..serving import check_servable
 from ..serving import probe_vllm as probe_serving_vllm
-from ..staleness import content_files
+from ..target_files import content_files
 from ..target import check_aux_layer_ids, default_aux_layer_ids, fingerprint, load_config, text_config
 from .compat_render import render_markdown
 from .probes import (

@@ -1,3 +1,3 @@
 """Serving the head: stages ``export_head`` (the vLLM-loadable head), ``benchmark`` (speed-up
-under vLLM) and ``plot_benchmark`` (its figure), with ``prompt_sets`` (the benchmark's prompts),
-private to benchmark."""
+under vLLM) and ``plot_benchmark`` (its figure); private to them: ``lossless`` (the benchmark's lossless check)
+and ``k_schedule`` (the k per batch size)."""

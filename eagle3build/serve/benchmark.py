@@ -56,14 +56,12 @@ from typing import Any
 from .. import prompt_sets, vllm_engine, vocab_map
 from ..atomic import write_json
 from ..contract import StageSettings
+from ..benchmark_runs import OWN_HEAD, check_compare_names, run_label
 from ..head_format import (
-    OWN_HEAD,
-    check_compare_names,
     draft_layer,
     draft_layers,
     head_config,
     method_of,
-    run_label,
     speculative_config,
     trained_positions,
 )
@@ -88,7 +86,7 @@ log = logging.getLogger(__name__)
 # Not bumped for issue 55 item 4 (every run names what it served: head, method, draft_layer, trained_positions beside
 # num_speculative_tokens; the runs under "runs", before "eagle3" whatever the method; "heads" lists each served head
 # once; the pre-flight draft_cost names the own head's method): that issue asks that no finished build replan, and
-# every reader takes both layouts (head_format.benchmark_runs), so a finished build keeps its file until its benchmark
+# every reader takes both layouts (benchmark_runs.benchmark_runs), so a finished build keeps its file until its benchmark
 # reruns for another reason.
 OUTPUT_VERSION = 7
 
@@ -156,7 +154,7 @@ class BenchmarkSettings:
         """Rule ``benchmark``'s job as settings: the head of ``params["head_dir"]`` on the job's
         ``resources["gpu"]`` GPUs into ``outputs["json"]``; the ``custom_prompts`` and ``preflight`` inputs where
         the rule has them (an empty list: none); the compared heads: ``benchmark.compare_heads``, then
-        ``params["method_heads"]`` (draft.compare_methods', ``head_format.method_heads``; absent: none)."""
+        ``params["method_heads"]`` (draft.compare_methods', ``benchmark_runs.method_heads``; absent: none)."""
         s = settings
         return cls(
             target_dir=params["target_dir"], head_dir=params["head_dir"], prompts_path=inputs["prompts"],
@@ -193,7 +191,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     (``draft_cost``; ``step_costs.compare_benchmark``), logged; with ``s.k_schedule_concurrencies`` (e.g. ``[1, 4,
     16]``) ``k_schedule`` (``serve.k_schedule``). ``s.compare_heads``: other exported heads of this target (any
     draft method), each run at every k after the run's own head, against the same baseline with the same prompts,
-    lossless check included. Every run in ``runs`` names what it served: ``head`` (``head_format.OWN_HEAD`` for the
+    lossless check included. Every run in ``runs`` names what it served: ``head`` (``benchmark_runs.OWN_HEAD`` for the
     run's own, else its name), its draft ``method``, ``draft_layer`` (``head_format.draft_layer``),
     ``trained_positions`` (``head_format.trained_positions``; null: one token a forward, any k) and
     ``num_speculative_tokens``; ``heads`` lists each served head once with the same fields. The pre-flight
@@ -207,7 +205,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
             no chat template (transformers' errors, before any engine starts).
         ValueError: ``max_tokens`` >= ``max_model_len``, a ``k_schedule_concurrencies`` entry above the
             number of prompts that run (it could not be put in flight), or a ``compare_heads`` name used twice
-            or equal to ``head_format.OWN_HEAD`` (before any engine starts).
+            or equal to ``benchmark_runs.OWN_HEAD`` (before any engine starts).
         RuntimeError: an engine run failed.
         FileNotFoundError, KeyError: ``head_dir`` (or a ``compare_heads`` path) has no ``model.safetensors``
             holding ``d2t``, or a ``config.json`` naming a method vLLM serves and its layers (before any engine

@@ -111,7 +111,7 @@ def check_memory_split(inputs, backend: str, num_aux: int, cfg, draft_vocab: int
         MemoryError: the plan fails; its message names both sides' bytes.
     """
     from ..plans import plan_online_for_target
-    from ..staleness import content_files
+    from ..target_files import content_files
     from ..target import load_config, text_config
 
     on = inputs.online

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_path
-from .shards import ShardReader, check_meta
+from eagle3build.atomic import atomic_path
+from eagle3build.shards import ShardReader, check_meta
 
 TOKEN_FREQ = "token_freq.pt"
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import jsonschema
 
 from eagle3build.atomic import write_json
-from eagle3build.head_format import OWN_HEAD, benchmark_runs
+from eagle3build.benchmark_runs import OWN_HEAD, benchmark_runs
 
 RECORD_VERSION = 1
 VERSION_KEYS = ("vllm", "torch", "transformers", "speculators")
@@ -385,12 +385,12 @@ def check_docs(root: str | Path, patterns: tuple[str, ...] = DOCS) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m eagle3build.records check [ROOT]``: every cited figure against its record; exit 1 with the
-    problems listed. ``python -m eagle3build.records show NAME_CARD``: a record's results."""
+    """``python benchmarks/check_records.py check [ROOT]``: every cited figure against its record; exit 1 with the
+    problems listed. ``python benchmarks/check_records.py show NAME_CARD``: a record's results."""
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m eagle3build.records", description=main.__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python benchmarks/check_records.py", description=main.__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="the docs' figures against the records")
     c.add_argument("root", nargs="?", default=".", type=Path)
@@ -408,7 +408,3 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
     print(f"{len(errors)} problem(s) in the docs' figures", file=sys.stderr if errors else sys.stdout)
     return 1 if errors else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -12,7 +12,7 @@ import yaml
 
 from eagle3build import config_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def load_config(configfiles: Sequence[str | Path], overrides: Mapping | None = None, *,
