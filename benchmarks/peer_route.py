@@ -39,15 +39,15 @@ import time
 from pathlib import Path
 
 import yaml
+from benchlab.benchkit import load_config, stage_seconds
+from benchlab.speculators_data import write_speculators_data
+
+from eagle3build.atomic import atomic_path, write_json
+from eagle3build.config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
+from eagle3build.draft import methods as draft_methods
+from eagle3build.formats import artifacts
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-from eagle3build import artifacts, draft_methods  # noqa: E402
-from eagle3build.atomic import atomic_path, write_json  # noqa: E402
-from benchlab.benchkit import load_config, stage_seconds  # noqa: E402
-from eagle3build.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
-from benchlab.speculators_data import write_speculators_data  # noqa: E402
 
 HEAD_FILES = ("config.json", "model.safetensors")
 

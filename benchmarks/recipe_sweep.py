@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from benchlab.benchkit import keep_head, load_config, stage_seconds
 
 REPO = Path(__file__).resolve().parents[1]

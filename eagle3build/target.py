@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .target_files import content_files  # noqa: F401 (content_files: planning reads it without torch)
+from .formats.target_files import content_files  # noqa: F401 (content_files: planning reads it without torch)
 
 log = logging.getLogger(__name__)
 

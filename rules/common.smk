@@ -6,7 +6,10 @@ import sys
 from snakemake.common import get_function_params, overwrite_function_params
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build import benchmark_runs, config_spec, contract, missing, staleness, target_files, vllm_engine
+from eagle3build.config import spec as config_spec
+from eagle3build.formats import benchmark_runs, target_files
+from eagle3build.vllm import engine as vllm_engine
+from eagle3build.workflow import contract, missing, staleness
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -16,7 +19,7 @@ BENCH = f"{RES}/benchmarks"
 # The target: a user's HF directory, or a bundled GGUF materialised under resources/.
 TARGET = config["target"]["path"] or f"resources/targets/{config['target']['bundled']}"
 # Its content, not the folder, is what rules take as input: config, tokenizer files, chat
-# template, remote code and weight files (eagle3build.target_files.content_files). A new unrelated
+# template, remote code and weight files (eagle3build.formats.target_files.content_files). A new unrelated
 # file in the folder changes nothing; weights rewritten in place are newer than every output.
 # A bundled target's files are the outputs of materialize_target.
 # A folder that is no model folder (a Hugging Face cache's models--org--name, an unfinished
@@ -73,8 +76,8 @@ def target_dir(wildcards, input):
 # from it by its own job). Stages read only this file, which a report with the same
 # decisions rewrites byte for byte: Snakemake skips an input that is newer than the outputs
 # but has the checksum it recorded, so a report rebuilt on its own replans nothing below it.
-# Settings that may be `auto` reach the params as requested (eagle3build.contract.requested): writing
-# down what `auto` chose is no change (eagle3build.staleness.canonical_request). Not ancient(): Snakemake 9 then
+# Settings that may be `auto` reach the params as requested (eagle3build.workflow.contract.requested): writing
+# down what `auto` chose is no change (eagle3build.workflow.staleness.canonical_request). Not ancient(): Snakemake 9 then
 # never checks the jobs below a re-running report, and a changed setting would go unplanned.
 DECISIONS = f"{RES}/decisions.json"
 _RECORDED_DECISIONS = staleness.read_decisions(DECISIONS)
@@ -106,7 +109,7 @@ JOB_ENV = (
 
 def stage_params(stage, cfg=None):
     """A stage rule's rerun-trigger params, one per ``Param`` of its contract
-    (eagle3build.contract.CONTRACTS[stage].params), by name: ``params: **stage_params(stage)``; of config ``cfg``
+    (eagle3build.workflow.contract.CONTRACTS[stage].params), by name: ``params: **stage_params(stage)``; of config ``cfg``
     where given (``method_config``), else the workflow's.
     The `version` param is the stage's OUTPUT_VERSION and the installed versions of the packages that
     shape its output, or the job's conda environment (JOB_ENV); no packages when the config's
@@ -116,7 +119,7 @@ def stage_params(stage, cfg=None):
 
 
 def job_settings_param(stage, by_method=False):
-    """A stage job's settings (eagle3build.contract.StageSettings: its trigger and runtime keys' values),
+    """A stage job's settings (eagle3build.workflow.contract.StageSettings: its trigger and runtime keys' values),
     as a param made from ``threads``: Snakemake takes it as derived and does not compare it, so the
     runtime keys in it (resources, sizes for a disk check) plan nothing; the triggers are compared
     through ``stage_params``. ``by_method``: those of ``method_config(wildcards.method)`` (the
@@ -131,7 +134,7 @@ def job_settings_param(stage, by_method=False):
 
 def check_contracts(rules):
     """Each stage rule's named inputs, and each derived rule's (contract.STAGE_OF_RULE), are those of its stage's
-    contract (eagle3build.contract.CONTRACTS).
+    contract (eagle3build.workflow.contract.CONTRACTS).
 
     Raises:
         ValueError: a rule's inputs differ from its contract's.
@@ -145,7 +148,7 @@ def check_contracts(rules):
 
 def warn_missing_intermediates(rules):
     """Warn, at planning, of each intermediate of a built run that is gone while what was made from it is present
-    (eagle3build.missing.missing_intermediates): Snakemake 9 plans nothing for it and says nothing. Names the
+    (eagle3build.workflow.missing.missing_intermediates): Snakemake 9 plans nothing for it and says nothing. Names the
     files, the command that rebuilds them and what is replanned after. ``rules``: the workflow's rules; those
     with wildcards in their outputs are producers only (their files are read through the rules that list them);
     the inputs of rules without outputs (rule ``all``) are targets, which Snakemake plans when missing."""

@@ -100,7 +100,7 @@ def sharegpt_sample(tmp_path_factory) -> Path:
     """The first 60 records of the bundled ShareGPT file, as a small JSON array."""
     import json
 
-    from eagle3build.conversation_files import SourceStats, bundled_sharegpt_path, read_records
+    from eagle3build.formats.conversation_files import SourceStats, bundled_sharegpt_path, read_records
 
     recs = []
     for _, r in read_records(bundled_sharegpt_path(), SourceStats(path="bundled")):
@@ -123,9 +123,9 @@ def tiny_shards(tmp_path_factory, tiny_target):
 
     import numpy as np
 
-    from eagle3build.artifacts import minimal_decisions
     from eagle3build.capture import capture_hidden_states as cap
     from eagle3build.data import prepare_data as pd
+    from eagle3build.formats.artifacts import minimal_decisions
     from eagle3build.train import build_vocab_map as bv
 
     d = tmp_path_factory.mktemp("pipeline")

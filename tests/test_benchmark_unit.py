@@ -7,10 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3build import vllm_engine, vllm_measure
-from eagle3build.artifacts import ArtifactError
-from eagle3build.serve import benchmark, k_schedule, lossless, plot_benchmark, prompt_sets
+from eagle3build.formats import prompt_sets
+from eagle3build.formats.artifacts import ArtifactError
+from eagle3build.serve import benchmark, k_schedule, lossless, plot_benchmark
 from eagle3build.serve.benchmark import BenchmarkSettings
+from eagle3build.vllm import engine as vllm_engine
+from eagle3build.vllm import measure as vllm_measure
 
 
 def _head(tmp_path, draft_ids):
@@ -111,7 +113,7 @@ def test_schema_accepts_a_result_and_names_a_missing_field():
 def test_schema_requires_each_run_to_name_its_head(field):
     """From issue 55 every run names what it served; a result of before (runs under "eagle3", no head
     fields) still validates and reads (benchmark_runs.benchmark_runs)."""
-    from eagle3build.benchmark_runs import benchmark_runs
+    from eagle3build.formats.benchmark_runs import benchmark_runs
 
     r = _result()
     del r["runs"][0][field]
@@ -459,7 +461,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     # the 550 ms baseline step + 2 x 10 ms
     table = [{"k": 2, "concurrency": 1, "step_cost_ratio": 1.2, "step_ms": 2.4, "decode_step_ms": 2.0,
               "verify_ms_per_token": 10.0}]
-    from eagle3build.step_costs import compare_benchmark
+    from eagle3build.draft.step_costs import compare_benchmark
 
     cmp = compare_benchmark(r, {"table": table})
     assert [row["k"] for row in cmp["rows"]] == [2]

@@ -1,5 +1,5 @@
 """A config that fails the schema stops planning with one line: the key, the file that sets it and the closest
-valid name (eagle3build.config_errors); Snakemake's full message only where EAGLE3BUILD_FULL_CONFIG_ERRORS=1."""
+valid name (eagle3build.config.errors); Snakemake's full message only where EAGLE3BUILD_FULL_CONFIG_ERRORS=1."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import os
 import yaml
 from smk import REPO, run
 
-from eagle3build import config_errors
+from eagle3build.config import errors as config_errors
 
 SCHEMA = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
 DEFAULT = yaml.safe_load((REPO / "config.yaml").read_text())

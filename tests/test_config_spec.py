@@ -1,4 +1,4 @@
-"""eagle3build.config_spec: each config key declared once, and what derives from the declarations: the config
+"""eagle3build.config.spec: each config key declared once, and what derives from the declarations: the config
 schema (schemas/config.schema.yaml), the stage contracts' keys and params, the jobs' settings and TrainConfig."""
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import pytest
 import yaml
 from smk import REPO
 
-from eagle3build import config_spec as cs
-from eagle3build.contract import CONTRACTS, PlanContext, build_contracts, job_settings, param_value
+from eagle3build.config import spec as cs
 from eagle3build.train.trainer import TrainConfig, train_config_class
+from eagle3build.workflow.contract import CONTRACTS, PlanContext, build_contracts, job_settings, param_value
 
 CONFIG = yaml.safe_load((REPO / "config.yaml").read_text())
 
 
 def test_the_schema_file_is_the_generated_one():
-    """schemas/config.schema.yaml is ``python -m eagle3build.config_spec``'s output, byte for byte."""
+    """schemas/config.schema.yaml is ``python -m eagle3build.config.spec``'s output, byte for byte."""
     assert (REPO / "schemas/config.schema.yaml").read_text() == cs.schema_yaml()
 
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from eagle3build import tokens as tk
 from eagle3build.data import prepare_data as pd
+from eagle3build.formats import tokens as tk
 
 GOOD = {"id": "good", "conversations": [{"from": "human", "value": "hi"},
                                         {"from": "gpt", "value": "Hello! How can I help you today?"}]}
@@ -109,7 +109,7 @@ def test_mixed_sources_and_caps(tmp_path, smol_target, sharegpt_sample):
 
 def test_prompts_file(tmp_path):
     """Benchmark set `custom` (data.prompts_file): both line forms, ids kept or derived; a bad line is named."""
-    from eagle3build import prompt_sets
+    from eagle3build.formats import prompt_sets
 
     pf = tmp_path / "p.jsonl"
     pf.write_text('{"prompt": "Tell me a joke."}\n{"id": "x", "messages": [{"role": "user", "content": "Hi"}]}\n')

@@ -18,11 +18,11 @@ from safetensors.torch import load_file
 from test_train_resume_ddp import kill_at_step, run_train
 from test_train_resume_ddp import kwargs as offline_kwargs
 
-from eagle3build import plans
 from eagle3build.capture import capture_hidden_states as cap
 from eagle3build.compat import compat_report as cr
 from eagle3build.compat.compat_render import render_markdown
 from eagle3build.train import train_draft as td
+from eagle3build.workflow import budgets as plans
 
 TINY_AUX = [1, 3, 4]
 
@@ -116,7 +116,7 @@ def test_online_target_forwards_never_overlap_the_draft_forward(tiny_shards, tin
 
 
 def _vocab(d):
-    from eagle3build import vocab_map
+    from eagle3build.draft import vocab_map
 
     d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     return d2t, t2d

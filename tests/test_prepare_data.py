@@ -7,10 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
-from eagle3build import conversation_files as cf
-from eagle3build import tokens as tk
 from eagle3build.data import chat_masking as cm
 from eagle3build.data import prepare_data as pd
+from eagle3build.formats import conversation_files as cf
+from eagle3build.formats import tokens as tk
 
 
 def conv(*turns, key="conversations"):
@@ -188,7 +188,7 @@ def test_prepare_writes_splits_and_report(tmp_path, smol_target, sharegpt_sample
     prompts = [json.loads(x) for x in out["prompts"].read_text().splitlines()]
     assert prompts and all(p["messages"][-1]["role"] == "user" for p in prompts)
     # Benchmark set `chat`: held-out prompts only, none from a trained sample (record ids).
-    from eagle3build.prompt_sets import load_sets
+    from eagle3build.formats.prompt_sets import load_sets
 
     chat = load_sets(["chat"], 1000, chat_path=out["prompts"])["chat"]
     assert [p["id"] for p in chat] == [p["id"] for p in prompts]

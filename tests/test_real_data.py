@@ -10,11 +10,11 @@ import shutil
 import pytest
 from test_templates import supervised as _supervised_text  # the supervised runs, decoded
 
-from eagle3build import conversations as cv
-from eagle3build import tokens as tk
 from eagle3build.data import chat_masking as cm
 from eagle3build.data import prepare_data as pd
 from eagle3build.data import regenerate_responses as rr
+from eagle3build.formats import conversations as cv
+from eagle3build.formats import tokens as tk
 
 # A Hermes/Qwen2.5-style ChatML template in miniature: tools in the system turn, tool calls as
 # <tool_call> JSON, tool results as a user turn wrapped in <tool_response>, reasoning_content as a

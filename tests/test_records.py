@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from smk import REPO
-
 from benchlab import records as R
+from smk import REPO
 
 RECS = R.load_records(REPO / "benchmarks/records")
 

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3build import conversations as cv
-from eagle3build import tokens as tk
-from eagle3build import vllm_engine, vllm_measure
 from eagle3build.data import prepare_data as pd
 from eagle3build.data import regenerate_responses as rr
+from eagle3build.formats import conversations as cv
+from eagle3build.formats import tokens as tk
+from eagle3build.vllm import engine as vllm_engine
+from eagle3build.vllm import measure as vllm_measure
 
 REPO = Path(__file__).resolve().parents[1]
 CONVS = [

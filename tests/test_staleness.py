@@ -1,5 +1,5 @@
 """What replans a stage besides its settings: output versions, library versions, `auto` values,
-the target's files and fingerprint (eagle3build.staleness, eagle3build.target)."""
+the target's files and fingerprint (eagle3build.workflow.staleness, eagle3build.target)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from smk import REPO, planned_jobs, run
 
-from eagle3build import contract, missing, staleness
 from eagle3build.target import content_files, fingerprint
+from eagle3build.workflow import contract, missing, staleness
 
 STAGES = ["materialize_target", "compat_report", "preflight_bound", "regenerate_responses", "prepare_data",
           "capture_hidden_states", "build_vocab_map", "train_draft", "export_head", "benchmark", "plot_benchmark"]

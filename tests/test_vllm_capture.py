@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3build import vllm_capture as vc
-from eagle3build.artifacts import minimal_decisions
 from eagle3build.capture import capture_hidden_states as cap
 from eagle3build.compat import compat_report as cr
 from eagle3build.data import prepare_data as pd
-from eagle3build.shards import ShardMeta, ShardReader
-from eagle3build.vllm_engine import run_child
+from eagle3build.formats.artifacts import minimal_decisions
+from eagle3build.formats.shards import ShardMeta, ShardReader
+from eagle3build.vllm import capture as vc
+from eagle3build.vllm.engine import run_child
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -78,7 +78,7 @@ def smol_vllm(tmp_path_factory, smol_target):
                        "tokens_path": str(d / "train.safetensors"), "indices": list(range(len(samples)))})
     shards += _online_shards(d / "online")
     engine = vc.capture_engine_args(str(smol_target), gpus=0, max_model_len=max(LENGTHS) + 1, tokens_per_step=STEP_TOKENS)
-    res = run_child("eagle3build.vllm_capture:run_capture", {"engine": engine, "aux_layer_ids": SMOL_AUX, "shards": shards},
+    res = run_child("eagle3build.vllm.capture:run_capture", {"engine": engine, "aux_layer_ids": SMOL_AUX, "shards": shards},
                     d, "smol")
     return d, samples, res
 
@@ -274,7 +274,7 @@ def test_unknown_layer_layout_and_parallelism_are_refused():
     assert (kw["tensor_parallel_size"], kw["enforce_eager"], kw["enable_prefix_caching"]) == (4, True, False)
     assert kw["enable_flashinfer_autotune"] is False  # an engine for a few requests: nothing to tune
     assert "kv_cache_memory_bytes" not in kw  # /x has no config: vLLM's own sizing
-    assert kw["worker_extension_cls"] == "eagle3build.vllm_capture.CaptureExtension" and kw["dtype"] == "bfloat16"
+    assert kw["worker_extension_cls"] == "eagle3build.vllm.capture.CaptureExtension" and kw["dtype"] == "bfloat16"
     assert kw["max_num_batched_tokens"] == 8192 and kw["skip_tokenizer_init"] is True
 
 
@@ -324,7 +324,7 @@ def test_online_vllm_equals_offline_vllm(smol_vllm, smol_target, tmp_path):
     tests/test_online.py: the shards come from this module's engine, not one of its own.)"""
     from safetensors.torch import load_file
 
-    from eagle3build.tokens import read_tokens
+    from eagle3build.formats.tokens import read_tokens
     from eagle3build.train import build_vocab_map as bv
     from eagle3build.train import train_draft as td
 

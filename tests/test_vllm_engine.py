@@ -12,12 +12,13 @@ import yaml
 from safetensors.numpy import save_file
 from smk import REPO, planned_resources
 
-from eagle3build import vllm_engine, vllm_measure
 from eagle3build.compat import compat_report
 from eagle3build.data import regenerate_responses
 from eagle3build.serve import benchmark
 from eagle3build.serve import export_head as ex
 from eagle3build.serve.benchmark import BenchmarkSettings
+from eagle3build.vllm import engine as vllm_engine
+from eagle3build.vllm import measure as vllm_measure
 
 
 def _example_workdir(tmp_path):
@@ -139,8 +140,8 @@ def test_export_without_vllm_skips_the_load_check_and_records_why(no_vllm, tiny_
 def test_kv_cache_bytes_per_token_for_known_shapes():
     """Llama-3.1-8B in bf16: 32 layers x 2 x 8 KV heads x 128 = 128 KiB a token (vLLM's figure for it);
     over 8 ranks one KV head each; Kimi-K2.5 (MLA): 61 latents of 512 + 64, on every rank."""
-    from eagle3build.plans import kv_cache_bytes_per_token
     from eagle3build.target import load_config, text_config
+    from eagle3build.workflow.budgets import kv_cache_bytes_per_token
 
     llama = text_config(load_config(REPO / "examples/targets/llama-3.1-8b-instruct-shape"))
     assert kv_cache_bytes_per_token(llama, 2) == 131072
@@ -160,7 +161,7 @@ def test_gpu_engines_are_sized_to_their_job():
     """The load check, a capture and a benchmark engine on a GPU: KV cache from the tokens they hold, not 92 % of
     the card; eager where a few requests run; CUDA graphs up to one decode step otherwise. CPU engines keep their
     settings (VLLM_CPU_KVCACHE_SPACE, eager)."""
-    from eagle3build import vllm_capture
+    from eagle3build.vllm import capture as vllm_capture
 
     target = str(REPO / "examples/targets/llama-3.1-8b-instruct-shape")
     per_token = 33 * 2 * 8 * 128 * 2  # target + one draft layer, bf16, one GPU
@@ -364,7 +365,7 @@ def test_no_engine_outlives_its_job(tmp_path, sig):
 
     pids = tmp_path / "pids.json"
     job = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from eagle3build import vllm_engine; "
+        "import sys; from eagle3build.vllm import engine as vllm_engine; "
         f"vllm_engine.run_child('tests_child_entry:engine_like', {{'pids': {str(pids)!r}}}, {str(tmp_path)!r}, 'e')")],
         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}, start_new_session=True)
     deadline = time.monotonic() + 60
@@ -395,7 +396,7 @@ def test_no_real_engine_outlives_its_job(tmp_path, tiny_target):
     pids = tmp_path / "pids.json"
     eng = vllm_engine.engine_args(str(tiny_target), gpus=0, served_name="m", max_model_len=256, max_num_seqs=1)
     job = subprocess.Popen([sys.executable, "-c", (
-        "import json, sys; from eagle3build import vllm_engine; "
+        "import json, sys; from eagle3build.vllm import engine as vllm_engine; "
         "vllm_engine.run_child('tests_child_entry:real_engine', json.loads(sys.argv[1]), sys.argv[2], 'e')"),
         json.dumps({"engine": eng, "pids": str(pids)}), str(tmp_path)],
         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}, start_new_session=True,

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 import yaml
 
-from eagle3build import config_spec
+from eagle3build.config import spec as config_spec
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import jsonschema
 
 from eagle3build.atomic import write_json
-from eagle3build.benchmark_runs import OWN_HEAD, benchmark_runs
+from eagle3build.formats.benchmark_runs import OWN_HEAD, benchmark_runs
 
 RECORD_VERSION = 1
 VERSION_KEYS = ("vllm", "torch", "transformers", "speculators")

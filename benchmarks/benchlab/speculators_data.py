@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from eagle3build.atomic import atomic_path
-from eagle3build.shards import ShardReader, check_meta
+from eagle3build.formats.shards import ShardReader, check_meta
 
 TOKEN_FREQ = "token_freq.pt"
 

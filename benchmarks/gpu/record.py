@@ -312,7 +312,7 @@ def disk_plan(rec: Record, call: Call) -> list[tuple[str, int]]:
     (train + eval samples) x ``data.max_seq_len``: eagle3build/compat/compat_report.py) less the bytes of the run's
     shards already there. The hidden size is the target's (its config.json, or the Kimi preset's before it is made;
     a bundled target not yet materialised: SmolLM2's 576)."""
-    from eagle3build.plans import hidden_state_bytes_per_token
+    from eagle3build.workflow.budgets import hidden_state_bytes_per_token
 
     cfg = merged_config(rec.configfiles)
     out: list[tuple[str, int]] = []

@@ -31,13 +31,13 @@ from typing import Any
 
 import torch
 
-from ..contract import StageSettings
+from ..config.provenance import NATIVE_BF16_FLAGS, emulates_bf16
+from ..formats.shard_pipeline import WriterPipeline
+from ..formats.shards import ShardFileWriter, ShardMeta, encode_states
+from ..formats.tokens import read_tokens
 from ..hooks import HookCapture, padded_batch, plan_batches, unpad  # noqa: F401 - plan_batches: this stage's API
-from ..provenance import NATIVE_BF16_FLAGS, emulates_bf16
-from ..shard_pipeline import WriterPipeline
-from ..shards import ShardFileWriter, ShardMeta, encode_states
 from ..target import load_model, resolve_dtype, text_config
-from ..tokens import read_tokens
+from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, nu
     Raises:
         OSError: the shard needs more bytes than are free (both numbers in the message).
     """
-    from ..plans import hidden_state_bytes_per_token, plan_disk
     from ..target import load_config
+    from ..workflow.budgets import hidden_state_bytes_per_token, plan_disk
 
     # ``hidden_size`` where the caller already holds the model (no target directory needed)
     hidden = hidden_size or text_config(load_config(target_dir, trust_remote_code)).hidden_size
@@ -109,7 +109,7 @@ def check_disk_for_split(out_path: str | os.PathLike, offsets, split_samples: in
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any], wildcards: Mapping[str, str], resources: Mapping[str, Any]) -> dict:
-    """Rule ``capture_hidden_states``' entry (``eagle3build.job.run_stage``): ``capture_shard`` of shard
+    """Rule ``capture_hidden_states``' entry (``eagle3build.workflow.job.run_stage``): ``capture_shard`` of shard
     ``params["shard"]`` (``{"start", "num_samples"}``) of split ``wildcards["split"]`` from ``inputs["tokens"]``
     into ``outputs["shard"]``, with the aux layer ids, target fingerprint and backend of the compat report's
     ``inputs["decisions"]`` (``artifacts.Decisions``), on ``cuda`` when the job holds ``resources["gpu"]`` > 0
@@ -121,7 +121,7 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
         artifacts.ArtifactError: the decisions file is missing or does not match its schema.
         and whatever ``capture_shard`` raises.
     """
-    from ..artifacts import Decisions
+    from ..formats.artifacts import Decisions
 
     s, split, gpus = settings, wildcards["split"], resources.get("gpu", 0)
     d = Decisions.load(inputs["decisions"])
@@ -198,7 +198,7 @@ def capture_shard(
     if model is None:
         if emulates_bf16(compute_dtype, device):
             log.warning("capture.compute_dtype %s on a CPU without native bf16 (%s absent): this capture runs about 29x slower "
-                        "than in float32 (eagle3build.provenance.cpu_bf16_support); capture.compute_dtype: auto takes float32",
+                        "than in float32 (config.provenance.cpu_bf16_support); capture.compute_dtype: auto takes float32",
                         compute_dtype, " / ".join(NATIVE_BF16_FLAGS))
         t_load = time.perf_counter()
         model = load_model(target_dir, resolve_dtype(compute_dtype, device), device, trust_remote_code)
@@ -245,7 +245,7 @@ def _capture_vllm(target_dir, tokens_path, out_path, idx, toks, aux_layer_ids, t
                   pipeline_parallel_size) -> dict:
     """The ``vllm`` backend for ``capture_shard``: same metadata, the engine's worker writes the shard."""
     from ..target import load_config
-    from ..vllm_capture import capture_shard_vllm
+    from ..vllm.capture import capture_shard_vllm
 
     hidden = text_config(load_config(target_dir, trust_remote_code)).hidden_size
     meta = ShardMeta(target_fingerprint=target_fingerprint, aux_layer_ids=list(aux_layer_ids), dtype=storage_dtype,

@@ -78,12 +78,19 @@ from typing import Any
 
 import numpy as np
 
-from .. import prompt_sets
 from ..atomic import write_json, write_text
-from ..contract import StageSettings
-from ..conversation_files import DataError, SourceStats, read_records, resolve_source_path
-from ..conversations import EXAMPLES_PER_REASON, Conversation, Counters, content_key, normalise, template_messages
-from ..tokens import write_tokens
+from ..formats import prompt_sets
+from ..formats.conversation_files import DataError, SourceStats, read_records, resolve_source_path
+from ..formats.conversations import (
+    EXAMPLES_PER_REASON,
+    Conversation,
+    Counters,
+    content_key,
+    normalise,
+    template_messages,
+)
+from ..formats.tokens import write_tokens
+from ..workflow.contract import StageSettings
 from .chat_masking import TemplateRaised, answer_start, open_last_turn, reasoning_key, tokenize_batch
 
 log = logging.getLogger(__name__)
@@ -245,8 +252,8 @@ def prepare(
     """
     from transformers import AutoTokenizer
 
-    from ..plans import hidden_state_bytes_per_token
     from ..target import load_config, text_config
+    from ..workflow.budgets import hidden_state_bytes_per_token
 
     if reasoning not in ("keep", "drop"):
         raise ValueError(f"data.reasoning {reasoning!r}: expected 'keep' or 'drop'")
@@ -424,9 +431,9 @@ def prepare(
 
 
 def run_job(outputs: Mapping[str, str], settings: StageSettings, params: Mapping[str, Any]) -> dict:
-    """Rule ``prepare_data``'s entry (``eagle3build.job.run_stage``): ``prepare`` with the job's settings and its
+    """Rule ``prepare_data``'s entry (``eagle3build.workflow.job.run_stage``): ``prepare`` with the job's settings and its
     computed params (``sources``: data.sources or the regenerated answers, ``num_aux_layers``, ``require_eval``:
-    eagle3build.contract), writing ``outputs`` ``train``, ``eval``, ``prompts`` and ``report``. Returns the data
+    eagle3build.workflow.contract), writing ``outputs`` ``train``, ``eval``, ``prompts`` and ``report``. Returns the data
     report; raises what ``prepare`` raises."""
     s = settings
     return prepare(

@@ -73,11 +73,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import vllm_engine, vllm_measure
 from ..atomic import atomic_path, write_json, write_text
-from ..contract import StageSettings
-from ..conversation_files import DataError, SourceStats, read_records, resolve_source_path
-from ..conversations import UNFINISHED_KEY, Conversation, Counters, normalise, template_messages
+from ..formats.conversation_files import DataError, SourceStats, read_records, resolve_source_path
+from ..formats.conversations import UNFINISHED_KEY, Conversation, Counters, normalise, template_messages
+from ..vllm import engine as vllm_engine
+from ..vllm import measure as vllm_measure
+from ..workflow.contract import StageSettings
 from .generators import Answer, TransformersGenerator, check_sampling
 
 log = logging.getLogger(__name__)
@@ -485,7 +486,7 @@ def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
-    """Rule ``regenerate_responses``' entry (``eagle3build.job.run_stage``): ``regenerate`` the job's
+    """Rule ``regenerate_responses``' entry (``eagle3build.workflow.job.run_stage``): ``regenerate`` the job's
     ``data.sources`` with the target of ``params["target_dir"]`` on its ``resources["gpu"]`` GPUs into
     ``outputs["jsonl"]`` and ``outputs["report"]``. Returns the report; raises what ``regenerate`` raises."""
     s = settings

@@ -53,11 +53,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import prompt_sets, vllm_engine, vocab_map
 from ..atomic import write_json
-from ..contract import StageSettings
-from ..benchmark_runs import OWN_HEAD, check_compare_names, run_label
-from ..head_format import (
+from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
+from ..draft import vocab_map
+from ..draft.head_format import (
     draft_layer,
     draft_layers,
     head_config,
@@ -65,8 +64,11 @@ from ..head_format import (
     speculative_config,
     trained_positions,
 )
-from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from ..step_costs import compare_benchmark, step_cost
+from ..draft.step_costs import compare_benchmark, step_cost
+from ..formats import prompt_sets
+from ..formats.benchmark_runs import OWN_HEAD, check_compare_names, run_label
+from ..vllm import engine as vllm_engine
+from ..workflow.contract import StageSettings
 from . import lossless
 from .k_schedule import k_schedule
 
@@ -90,7 +92,7 @@ log = logging.getLogger(__name__)
 # reruns for another reason.
 OUTPUT_VERSION = 7
 
-RUN_ENTRY = "eagle3build.vllm_measure:decode_greedy"
+RUN_ENTRY = "eagle3build.vllm.measure:decode_greedy"
 BenchmarkError = lossless.BenchmarkError  # raised by the lossless check; named here for the stage's callers
 
 
@@ -103,7 +105,7 @@ def validate(result: dict) -> None:
     Raises:
         artifacts.ArtifactError: a field is missing or out of range (the message names it).
     """
-    from ..artifacts import validate as validate_artifact
+    from ..formats.artifacts import validate as validate_artifact
 
     validate_artifact(result, "benchmark", "benchmark result")
 
@@ -410,6 +412,6 @@ def compare(base: dict, run: dict, prompts: list[dict], differences: list[dict] 
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
-    """Rule ``benchmark``'s entry (``eagle3build.job.run_stage``): ``benchmark`` the job's
+    """Rule ``benchmark``'s entry (``eagle3build.workflow.job.run_stage``): ``benchmark`` the job's
     ``BenchmarkSettings.from_job``. Returns the benchmark; raises what ``benchmark`` raises."""
     return benchmark(BenchmarkSettings.from_job(inputs, outputs, settings, params, resources))

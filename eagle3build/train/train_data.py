@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..shards import ShardReader
+from ..formats.shards import ShardReader
 
 
 def shard_dataset_class():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..config_spec import KEYS, Key, section_keys
+from ..config.spec import KEYS, Key, section_keys
 from .train_data import Batches, to_device
 from .train_metrics import accumulate, draft_flops_per_token, history_entry, summarise, to_floats
 from .train_state import TrainState
@@ -42,12 +42,12 @@ class _TrainConfigChecks:
 
 
 def train_config_class(keys: tuple[Key, ...] = KEYS) -> type:
-    """A frozen dataclass with a field per key of section ``train`` of ``keys`` (eagle3build.config_spec): its
+    """A frozen dataclass with a field per key of section ``train`` of ``keys`` (eagle3build.config.spec): its
     Python type, its default (config.yaml's value); constructing one with a value outside a key's ``enum``
     raises ValueError."""
     fields = [(k.name, k.python_type(), field(default=k.default)) for k in section_keys("train", keys)]
     doc = "The config's ``train:`` section, as ``train()`` receives it; fields, types and defaults from " \
-          "eagle3build.config_spec:\n\n" + "\n".join(f"- ``{k.name}``: {k.doc}" for k in section_keys("train", keys))
+          "eagle3build.config.spec:\n\n" + "\n".join(f"- ``{k.name}``: {k.doc}" for k in section_keys("train", keys))
     return make_dataclass("TrainConfig", fields, bases=(_TrainConfigChecks,), frozen=True,
                           namespace={"__doc__": doc, "__module__": __name__})
 

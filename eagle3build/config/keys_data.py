@@ -5,7 +5,7 @@ Each ``Key`` as ``config_key.Key`` documents it; ``config_spec.KEYS`` holds them
 
 from __future__ import annotations
 
-from .config_key import ALL_STAGES, TARGET_READERS, Key, each
+from .key import ALL_STAGES, TARGET_READERS, Key, each
 
 DATA_KEYS: tuple[Key, ...] = (
     Key(

@@ -2,7 +2,7 @@
 
 ``start_engine`` starts vLLM's ``LLM`` and times it; ``decode_greedy`` (the benchmark's runs, export's load
 check), ``decode_sweep`` (the k schedule) and ``top_logprobs`` (the lossless check's reference) are entries
-(``eagle3build.vllm_measure:<function>``) that decode and measure: wall time, vLLM's spec-decode counters
+(``eagle3build.vllm.measure:<function>``) that decode and measure: wall time, vLLM's spec-decode counters
 (``spec_counters``, ``spec_figures``: τ and acceptance per position) and per-request timings
 (``request_timings``). Every function here runs inside the child; vLLM is imported only there.
 """
@@ -21,7 +21,7 @@ def start_engine(engine: dict, **kwargs):
     (in ``kwargs``) is served as ``vllm_engine.drafter_config`` gives it."""
     from vllm import LLM
 
-    from .vllm_engine import drafter_config
+    from .engine import drafter_config
 
     if kwargs.get("speculative_config"):
         kwargs = {**kwargs, "speculative_config": drafter_config(engine, kwargs["speculative_config"])}

@@ -15,8 +15,8 @@ import json
 import os
 from pathlib import Path
 
-from . import draft_methods
-from .draft_methods import aux_layer_ids  # noqa: F401 - the head format's reader, used from here
+from . import methods as draft_methods
+from .methods import aux_layer_ids  # noqa: F401 - the head format's reader, used from here
 from .mla_format import layer_config
 
 # The head flags (speculators' Eagle3SpeculatorConfig fields), in the order the compat report lists them.

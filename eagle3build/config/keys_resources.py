@@ -5,7 +5,7 @@ Each ``Key`` as ``config_key.Key`` documents it; ``config_spec.KEYS`` holds them
 
 from __future__ import annotations
 
-from .config_key import Key
+from .key import Key
 
 RESOURCE_KEYS: tuple[Key, ...] = (
     Key(

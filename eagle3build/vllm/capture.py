@@ -54,15 +54,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .shards import ShardFileWriter, ShardMeta, encode_states
-from .target import find_decoder_layers
+from ..formats.shards import ShardFileWriter, ShardMeta, encode_states
+from ..target import find_decoder_layers
 
 log = logging.getLogger(__name__)
 
 # The decoder-layer call this backend understands (vLLM 0.32 Llama/Qwen/Mixtral/DeepSeek layers).
 LAYER_PARAMS = ("positions", "hidden_states", "residual")
 SAMPLE_KEY = "eagle3build_sample"  # SamplingParams.extra_args key carrying the shard-local sample index
-EXTENSION = "eagle3build.vllm_capture.CaptureExtension"
+EXTENSION = "eagle3build.vllm.capture.CaptureExtension"
 
 
 class LayoutError(RuntimeError):
@@ -213,7 +213,7 @@ class _ShardCapture(_Collector):
 
     def __init__(self, runner, aux_layer_ids: list[int], hidden: int, out_path: str, meta: dict, ids: list[list[int]],
                  masks: list[list[int]], writer_threads: int, fsync: bool, device: torch.device):
-        from .shard_pipeline import WriterPipeline
+        from ..formats.shard_pipeline import WriterPipeline
 
         self.meta = ShardMeta.from_strings(out_path, meta)
         self.tokens = [(np.asarray(i, np.int32), np.asarray(m, np.uint8)) for i, m in zip(ids, masks, strict=True)]
@@ -428,7 +428,7 @@ def start_capture_engine(engine: dict, aux_layer_ids: list[int], expected_params
     Raises:
         LayoutError: a worker refused the hooks (its reason: layout, layer call or parallelism).
     """
-    from .vllm_measure import start_engine
+    from .measure import start_engine
 
     llm, start_s = start_engine(engine)
     results = llm.collective_rpc("eagle3_install", args=(list(aux_layer_ids), expected_params))
@@ -447,7 +447,7 @@ def run_capture(spec: dict) -> dict:
     "tokens_path", "indices"}]``. Returns the install evidence, the engine start seconds and
     each shard's statistics.
     """
-    from .tokens import read_tokens
+    from ..formats.tokens import read_tokens
 
     # The hooks read the step's request boundaries from vLLM's V1 model runner (``input_batch``,
     # ``query_start_loc``); on CUDA with Triton vLLM 0.32 defaults to its V2 runner, which keeps them elsewhere.
@@ -476,8 +476,8 @@ def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, token
     Raises:
         ParallelismError: ``pipeline_parallel_size > 1``.
     """
-    from .plans import capture_kv_cache_tokens
-    from .vllm_engine import engine_args, engine_layout
+    from ..workflow.budgets import capture_kv_cache_tokens
+    from .engine import engine_args, engine_layout
 
     check_parallelism(**engine_layout(gpus, pipeline_parallel_size))
     step = max(tokens_per_step, 16)
@@ -510,7 +510,7 @@ def capture_shard_vllm(target_dir: str, tokens_path: str, out_path: str, indices
     """
     import tempfile
 
-    from .vllm_engine import require_vllm, run_child
+    from .engine import require_vllm, run_child
 
     require_vllm(str(out_path))
     engine = capture_engine_args(str(target_dir), gpus=gpus, max_model_len=max(lengths, default=1) + 1,
@@ -525,7 +525,7 @@ def capture_shard_vllm(target_dir: str, tokens_path: str, out_path: str, indices
     # spec and result JSON of the engine child: not next to the shard, where the worker's writer clears
     # stale temporaries and Snakemake watches the outputs
     with tempfile.TemporaryDirectory(prefix="eagle3build-vllm-capture-") as work:
-        res = run_child("eagle3build.vllm_capture:run_capture", spec, work, "capture")
+        res = run_child("eagle3build.vllm.capture:run_capture", spec, work, "capture")
     out = dict(res["shards"][0])
     out.update(engine_start_s=res["engine_start_s"], process_s=res["process_s"], install=res["install"])
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from .benchmark_runs import OWN_HEAD, benchmark_runs
+from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Check that an environment holds exactly the pins of a lock file (pip constraints format).
 
-``python -m eagle3build.lockcheck constraints-gpu.txt`` exits 1 listing every pinned package
+``python -m eagle3build.workflow.lockcheck constraints-gpu.txt`` exits 1 listing every pinned package
 that is missing or installed at another version. install-gpu.sh runs it after installing, so
 the CUDA venv and the container image built from it are the lock, not an approximation.
 Versions compare as pip compares them (PEP 440 via ``packaging``): ``2.14.0+cu130`` satisfies
@@ -68,7 +68,7 @@ def mismatches(pins: dict[str, str], installed=None) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        sys.exit("usage: python -m eagle3build.lockcheck LOCKFILE")
+        sys.exit("usage: python -m eagle3build.workflow.lockcheck LOCKFILE")
     bad = mismatches(read_pins(argv[1]))
     for b in bad:
         print(f"lockcheck: {b}", file=sys.stderr)

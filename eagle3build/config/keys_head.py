@@ -5,7 +5,7 @@ Each ``Key`` as ``config_key.Key`` documents it; ``config_spec.KEYS`` holds them
 
 from __future__ import annotations
 
-from .config_key import Key
+from .key import Key
 
 HEAD_KEYS: tuple[Key, ...] = (
     Key(
@@ -157,7 +157,7 @@ HEAD_KEYS: tuple[Key, ...] = (
             "items": {"type": "string", "enum": ["chat", "humaneval", "custom"]},
         },
         ["chat", "humaneval"],
-        "prompt sets (eagle3build/prompt_sets.py); custom = data.prompts_file",
+        "prompt sets (eagle3build/formats/prompt_sets.py); custom = data.prompts_file",
         {"prepare_data": "runtime", "benchmark": "trigger:benchmark"},
     ),
     Key(

@@ -119,5 +119,5 @@ def run_stage(rule: str, *, inputs: Any = None, outputs: Any = None, params: Any
     names = list(inspect.signature(fn).parameters)
     unknown = [n for n in names if n not in given]
     if unknown:
-        raise TypeError(f"the entry of {rule} takes {unknown}, not among {list(JOB_ARGUMENTS)} (eagle3build.job)")
+        raise TypeError(f"the entry of {rule} takes {unknown}, not among {list(JOB_ARGUMENTS)} (eagle3build.workflow.job)")
     return fn(**{n: given[n] for n in names})

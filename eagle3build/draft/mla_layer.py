@@ -108,7 +108,7 @@ def draft_layer_config(target_dir: str, num_layers: int = 1, trust_remote_code: 
     """
     from speculators.models.utils import resolve_draft_intermediate_size
 
-    from .target import load_config, text_config
+    from ..target import load_config, text_config
 
     tc = text_config(load_config(target_dir, trust_remote_code))
     if not is_mla(tc):

@@ -18,11 +18,11 @@ scripts/run_stage.py):
 - ``decisions``: the fields of decisions.json it reads (dotted), ``packages``: the libraries whose
   versions shape its output (the rule's ``version`` param, with ``output_version``),
   ``entry``: the library function the adapter calls (``module:function``, ``run_job`` of the stage's module;
-  ``eagle3build.job.run_stage`` hands it the job's ``inputs``, ``outputs``, ``settings``, ``params``,
+  ``eagle3build.workflow.job.run_stage`` hands it the job's ``inputs``, ``outputs``, ``settings``, ``params``,
   ``wildcards`` and ``resources``, those it names, by name).
 
 The config keys of ``params``, ``runtime`` and ``files`` are not listed here: each key's declaration in
-eagle3build.config_spec names the stages it reaches and its role there, and ``build_contracts`` makes the
+eagle3build.config.spec names the stages it reaches and its role there, and ``build_contracts`` makes the
 contracts from them and the ``STAGES`` (inputs, computed params, decisions, packages, entry).
 
 Config keys are dotted paths into config.yaml (``data.regenerate.max_tokens``). A key may be a
@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from . import draft_methods
-from .config_spec import KEYS, ROLES, Key
+from ..config.spec import KEYS, ROLES, Key
+from ..draft import methods as draft_methods
 from .staleness import canonical_request, package_versions
 
 
@@ -185,7 +185,7 @@ class Contract:
 
 @dataclass(frozen=True)
 class Stage:
-    """What a stage's contract declares beside its config keys (which eagle3build.config_spec declares, with the
+    """What a stage's contract declares beside its config keys (which eagle3build.config.spec declares, with the
     stages each reaches): ``computed``, its params whose value a function makes from their keys (``version``,
     ``requested``, ...; a param's keys are the config keys of role ``trigger:<name>`` for the stage, none for
     ``version`` of a stage without packages); the rest as ``Contract``."""
@@ -316,7 +316,7 @@ STAGE_GROUPS: dict[str, str] = {s: c.group for s, c in CONTRACTS.items()}
 # every other stage whose bytes it alters); tests/test_e2e.py's digest test catches a forgotten bump.
 STAGE_PACKAGES: dict[str, tuple[str, ...]] = {s: c.packages for s, c in CONTRACTS.items()}
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # eagle3build/
 _VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
 
 
@@ -382,7 +382,7 @@ def entry(rule: str) -> str:
         return CONTRACTS[rule].entry
     if rule in RULE_ENTRIES:
         return RULE_ENTRIES[rule]
-    raise KeyError(f"rule {rule!r} has no entry (eagle3build.contract.CONTRACTS, RULE_ENTRIES)")
+    raise KeyError(f"rule {rule!r} has no entry (eagle3build.workflow.contract.CONTRACTS, RULE_ENTRIES)")
 
 
 def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
@@ -453,7 +453,7 @@ class StageSettings:
         section = {k[len(key) + 1:]: v for k, v in self.values.items()
                    if k.startswith(key + ".") and "." not in k[len(key) + 1:]}
         if not section:
-            raise KeyError(f"{key!r} is not a setting of stage {self.stage} (eagle3build.contract.CONTRACTS)")
+            raise KeyError(f"{key!r} is not a setting of stage {self.stage} (eagle3build.workflow.contract.CONTRACTS)")
         return section
 
     def __repr__(self) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from .atomic import clear_stale_temporaries, fsync_path
+from ..atomic import clear_stale_temporaries, fsync_path
 
 SCHEMA = "eagle3build.shard/1"
 STORAGE_DTYPES = {

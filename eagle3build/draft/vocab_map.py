@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from .atomic import atomic_path, write_json
+from ..atomic import atomic_path, write_json
 
 
 def write_map(d2t, t2d, info: dict, out_d2t: str | os.PathLike, out_t2d: str | os.PathLike,

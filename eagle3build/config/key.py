@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 ROLES = ("trigger", "runtime", "files")
 
-# The stages (eagle3build.contract.CONTRACTS), for the ``uses`` of keys that reach many.
+# The stages (eagle3build.workflow.contract.CONTRACTS), for the ``uses`` of keys that reach many.
 ALL_STAGES = (
     "materialize_target",
     "compat_report",

@@ -1,4 +1,4 @@
-"""The MLA draft head's format (``draft.layer: mla``, the ``MLA`` layer of the registry eagle3build/draft_methods.py):
+"""The MLA draft head's format (``draft.layer: mla``, the ``MLA`` layer of the registry eagle3build/draft/methods.py):
 its layer config keys, tensor shapes and the ``config.json`` vLLM serves it from (shared layer; no torch: planning
 and the head checks import it through the registry).
 

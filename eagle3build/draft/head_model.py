@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from . import draft_methods
-from .draft_methods import DEFAULT_LAYER, DEFAULT_METHOD
+from . import methods as draft_methods
 from .head_format import HEAD_VARIANTS, aux_layer_ids, expected_shapes
-from .serving import head_config_fields
+from .methods import DEFAULT_LAYER, DEFAULT_METHOD
+from .servable import head_config_fields
 
 
 def resolved_options(method: str, options: Mapping[str, Any] | None = None) -> dict:
@@ -204,7 +204,7 @@ def write_untrained_head(target_dir: str, out_dir: str | os.PathLike, *, aux_lay
 
     from safetensors.torch import load_file, save_file
 
-    from .target import load_config, text_config
+    from ..target import load_config, text_config
 
     vocab = text_config(load_config(target_dir, trust_remote_code)).vocab_size
     if not 1 <= draft_vocab_size <= vocab:

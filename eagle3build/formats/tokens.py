@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_path
+from ..atomic import atomic_path
 from .conversation_files import DataError
 
 TOKENS_SCHEMA = "eagle3build.tokens/2"

@@ -82,7 +82,7 @@ def hidden_state_bytes_per_token(num_aux_layers: int, hidden_size: int, storage_
     ``hidden_size`` wide in ``storage_dtype`` (with fp8 scales), e.g. ``(A + 1) * H * 2`` in bf16;
     ``with_tokens`` adds its id and mask (5 bytes). The arithmetic is ``shards.bytes_per_token``'s.
     """
-    from .shards import ShardMeta, bytes_per_token
+    from ..formats.shards import ShardMeta, bytes_per_token
 
     meta = ShardMeta("", list(range(num_aux_layers)), storage_dtype, hidden_size, [], "")
     return bytes_per_token(meta, with_tokens=with_tokens)

@@ -1,10 +1,10 @@
 """The config's keys, each declared once: its JSON schema (type and bounds), default, doc line and the stages
 it reaches, with their role there. The only source of
 
-- the config schema, schemas/config.schema.yaml (``json_schema``; generated: ``python -m eagle3build.config_spec
+- the config schema, schemas/config.schema.yaml (``json_schema``; generated: ``python -m eagle3build.config.spec
   > schemas/config.schema.yaml``, tests/test_config_spec.py checks the file), which the Snakefile validates the
   config against;
-- the stage contracts' trigger, runtime and file keys and their rerun-trigger params (eagle3build.contract,
+- the stage contracts' trigger, runtime and file keys and their rerun-trigger params (eagle3build.workflow.contract,
   ``build_contracts``), hence the jobs' settings (``contract.StageSettings``);
 - the defaults of the stages' settings objects (``train.trainer.TrainConfig``, from section ``train``), which
   are config.yaml's values (the shipped default config; tests/test_config_spec.py checks it holds every key
@@ -18,7 +18,7 @@ of several keys, or a param the contract computes from its keys, such as ``versi
 stage reads or writes). Adding a config key is one ``Key`` (``config_key.Key``) in its section's module,
 ``config_keys_data`` (run, target, data, capture, vocab), ``config_keys_head`` (train, export, benchmark,
 preflight, staleness) or ``config_keys_resources``, and config.yaml's line, plus its use; the ``draft`` section is
-made from the method registry (``draft_keys``, eagle3build.draft_methods).
+made from the method registry (``draft_keys``, eagle3build.draft.methods).
 
 Planning imports this module: no torch.
 """
@@ -27,14 +27,14 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from . import draft_methods
-from .config_key import ALL_STAGES, ROLES, TARGET_READERS, Key, each  # noqa: F401 - the key declaration, used from here
-from .config_keys_data import DATA_KEYS
-from .config_keys_head import HEAD_KEYS
-from .config_keys_resources import RESOURCE_KEYS
+from ..draft import methods as draft_methods
+from .key import ALL_STAGES, ROLES, TARGET_READERS, Key, each  # noqa: F401 - the key declaration, used from here
+from .keys_data import DATA_KEYS
+from .keys_head import HEAD_KEYS
+from .keys_resources import RESOURCE_KEYS
 
 SECTION_DOCS = {"resources.cpu": "the CPU stages: compat_report, prepare_data, build_vocab_map"}
-# draft.method's choices, as speculators and vLLM name them (the registry, eagle3build.draft_methods)
+# draft.method's choices, as speculators and vLLM name them (the registry, eagle3build.draft.methods)
 DRAFT_METHODS = list(draft_methods.NAMES)
 
 
@@ -119,10 +119,10 @@ def upgrade(config: dict, renamed: Mapping[str, str] = RENAMED) -> list[tuple[st
 DESCRIPTION = (
     "Configuration of the EAGLE-3 draft-head workflow. Every key is required and no other key is "
     "allowed, so a missing or misspelled key stops the run before any job. Generated from "
-    "eagle3build/config_spec.py: edit that, not this file."
+    "eagle3build/config/spec.py: edit that, not this file."
 )
 SCHEMA_HEADER = (
-    "# Generated from eagle3build/config_spec.py (python -m eagle3build.config_spec > "
+    "# Generated from eagle3build/config/spec.py (python -m eagle3build.config.spec > "
     "schemas/config.schema.yaml); do not edit.\n# tests/test_config_spec.py checks it against the "
     "declarations.\n"
 )
@@ -137,7 +137,7 @@ def key(path: str, keys: tuple[Key, ...] = KEYS) -> Key:
     for k in keys:
         if k.path == path:
             return k
-    raise KeyError(f"{path!r} is not a config key (eagle3build.config_spec.KEYS)")
+    raise KeyError(f"{path!r} is not a config key (eagle3build.config.spec.KEYS)")
 
 
 def section_keys(section: str, keys: tuple[Key, ...] = KEYS) -> tuple[Key, ...]:

@@ -16,7 +16,7 @@ parallelism, dtype and environment rules live in one place:
   (vLLM docs, "Distributed inference and serving").
 - dtype ``auto`` is bfloat16 on CUDA and float32 on CPU (vLLM's bf16 CPU kernel crashes on
   AMX hosts; eager mode on CPU, since torch.compile costs minutes per engine start there).
-- Each engine runs in a fresh Python process (``python -m eagle3build.vllm_engine run
+- Each engine runs in a fresh Python process (``python -m eagle3build.vllm.engine run
   ENTRY SPEC OUT``): counters and engine state cannot leak between runs, and a crash in
   one is reported, not hidden. ``ENTRY`` is ``module:function`` (``vllm_measure``'s, or a stage's own); the
   function takes the spec dict (JSON) and returns a JSON-able dict, which the parent reads back.
@@ -49,7 +49,7 @@ import threading
 import time
 from pathlib import Path
 
-from .job import OFFLINE_VARS
+from ..workflow.job import OFFLINE_VARS
 
 PARENT_ENV = "EAGLE3BUILD_ENGINE_PARENT"  # the job's pid, for the engine child's parent watch
 PARENT_POLL_S = 0.2
@@ -257,8 +257,8 @@ def kv_cache_memory_bytes(target_dir: str, dtype: str, tensor_parallel_size: int
     ``plans.kv_cache_bytes_per_token`` x ``tokens`` x ``KV_CACHE_MARGIN``, at least ``KV_CACHE_FLOOR_BYTES``.
     None where the target's config cannot be read or its attention is not one ``plans`` knows
     (the engine then keeps vLLM's default, a fraction of the card)."""
-    from .plans import kv_cache_bytes_per_token
-    from .target import load_config, text_config
+    from ..target import load_config, text_config
+    from ..workflow.budgets import kv_cache_bytes_per_token
 
     try:
         cfg = text_config(load_config(target_dir, trust_remote_code))
@@ -306,7 +306,7 @@ def child_env(base: dict | None = None) -> dict:
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env["PYTHONUNBUFFERED"] = "1"  # the child's lines reach the job's log (and run_child's scan) as written
     # Where the package is not installed (a checkout on PYTHONPATH), the child must still find it.
-    pkg_root = str(Path(__file__).resolve().parents[1])
+    pkg_root = str(Path(__file__).resolve().parents[2])  # the folder holding eagle3build/
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if pkg_root not in paths:
         env["PYTHONPATH"] = os.pathsep.join(paths + [pkg_root])
@@ -337,7 +337,7 @@ def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str, env
     sys.stderr.flush()
     # process_group=0: the child leads a group of its own, which its engine processes join; it kills
     # that group when this process dies (_die_with_parent), and so does this one when it leaves early
-    proc = subprocess.Popen([sys.executable, "-m", "eagle3build.vllm_engine", "run", entry, str(spec_path),
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3build.vllm.engine", "run", entry, str(spec_path),
                              str(out_path)], env={**child_env(), **(env or {}), PARENT_ENV: str(os.getpid())},
                             stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, process_group=0)
@@ -465,7 +465,7 @@ def _die_with_parent(parent: int, poll_s: float = PARENT_POLL_S) -> None:
 
 def _main(argv: list[str]) -> int:
     if len(argv) != 5 or argv[1] != "run" or ":" not in argv[2]:
-        sys.exit("usage: python -m eagle3build.vllm_engine run MODULE:FUNCTION SPEC.json OUT.json")
+        sys.exit("usage: python -m eagle3build.vllm.engine run MODULE:FUNCTION SPEC.json OUT.json")
     if os.environ.get(PARENT_ENV):
         _die_with_parent(int(os.environ[PARENT_ENV]))
     module, func = argv[2].split(":", 1)

@@ -21,8 +21,8 @@ Each entry says, for its method as speculators and vLLM name it:
 A ``DraftLayer`` holds what a decoder layer other than speculators' own changes: the head flags it forces, how its
 layer config is built and registered in speculators (``layer_config``, ``register``), how its checkpoint and
 exported head are recognised (``recognises``), the tensors it holds (``shapes``) and the config.json vLLM serves it
-from (``served``). ``mla`` (eagle3 only) is DeepSeek-V3's multi-head latent attention (eagle3build/mla_layer.py,
-eagle3build/mla_format.py).
+from (``served``). ``mla`` (eagle3 only) is DeepSeek-V3's multi-head latent attention (eagle3build/draft/mla_layer.py,
+eagle3build/draft/mla_format.py).
 
 The anchor is speculators' own split (speculators/train/config/schema.py: one typed group per method,
 ``PEagleArgs``, ``DFlashArgs``; each method's behaviour on its registered model class). A new method (one of
@@ -401,7 +401,7 @@ def _mla_register() -> None:
 
 LLAMA = DraftLayer(name=DEFAULT_LAYER, summary="llama (speculators' layer of the method: llama; qwen3 for dflash)")
 # MLA: the eagle3 head with DeepSeek-V3's multi-head latent attention built from the target's MLA config
-# (eagle3build/mla_layer.py), exported as vLLM's Eagle3DeepseekV3ForCausalLM loads it (mla_format.served_config:
+# (eagle3build/draft/mla_layer.py), exported as vLLM's Eagle3DeepseekV3ForCausalLM loads it (mla_format.served_config:
 # vLLM's speculators parser refuses the layer). vLLM's DeepSeek EAGLE-3 model has no input_norm: norm_before_fc off.
 MLA = DraftLayer(
     name="mla",
