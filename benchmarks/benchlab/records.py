@@ -274,6 +274,13 @@ def write_record(folder: str | Path, record: Mapping[str, Any], tag: str | None 
 # parentheses: ``[1.27x](…recipe_h100.json#k3.speedup.all) (H100) to [1.55x](…recipe_h200.json#k3.speedup.all)
 # (H200)``. Written here rather than found in a library: it is this project's convention (a Markdown link checker
 # such as lychee checks that targets exist, not the values they back).
+#
+# A citation may also be a CommonMark reference link, for a line that inline links would make too long (a table of
+# figures): ``[1.55x][recipe H200]`` (or ``[1.55x][]``, ``[1.55x]``: the text as the label) with a definition line
+# ``[recipe H200]: ../benchmarks/records/recipe_h200.json#k3.speedup.all`` after a blank line anywhere in the document.
+# The definition's URL is what is checked, as an inline link's; a full or collapsed reference without a definition is
+# an error. Lines of Markdown over ``MAX_LINE`` characters are reported too (``long_lines``): a reader's page, not a
+# file whose length hides in a few lines.
 
 CITATION = re.compile(r"\[(?P<text>[^\]\n]+)\]\((?P<path>[^)\s#]*?records/(?P<stem>[a-z0-9][a-z0-9_-]*)\.json)"
                       r"#(?P<key>[^)\s]+)\)")
@@ -283,6 +290,72 @@ UNCITED = re.compile(r"(?<![\w.])\d+\.\d+x\b|τ\s*(?:=|≈|of)?\s*\d+\.\d+|(?<![
                      r"(?:tokens/s|tok/s|GB/s)|(?<![\w.])\d+(?:\.\d+)?\s*ms\b")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 CARD_AFTER = re.compile(r"\s*\*{0,2}\s*\((?P<card>[^)]*)\)")
+RECORD_URL = re.compile(r"(?:[^\s#]*/)?records/(?P<stem>[a-z0-9][a-z0-9_-]*)\.json#(?P<key>\S+)")
+# A link reference definition (CommonMark): up to 3 spaces, [label]: URL or <URL>, an optional title.
+DEFINITION = re.compile(r"^ {0,3}\[(?P<label>[^\]\n]+)\]:[ \t]*<?(?P<url>[^\s>]+)>?(?:[ \t]+(?:\"[^\"\n]*\"|'[^'\n]*'|"
+                        r"\([^)\n]*\)))?[ \t]*$", re.M)
+# A reference link: [text][label] (full), [text][] (collapsed) or [text] (shortcut: a citation only where defined).
+REFERENCE = re.compile(r"\[(?P<text>[^\]\n]+)\](?:\[(?P<label>[^\]\n]*)\])?(?![(:\[])")
+MAX_LINE = 200
+
+
+def _label(label: str) -> str:
+    """A reference label as CommonMark matches it: case-folded, runs of white space as one space."""
+    return " ".join(label.split()).casefold()
+
+
+def definitions(text: str, where: str = "doc") -> tuple[dict[str, tuple[int, str]], list[str]]:
+    """The link reference definitions of ``text`` (code already blanked) as ``{label: (line, url)}``, and the
+    problems: a definition right below a paragraph, list or table line (CommonMark reads it as that text), a label
+    defined twice with two URLs (the first would win)."""
+    defs: dict[str, tuple[int, str]] = {}
+    errors = []
+    lines = text.split("\n")
+    for m in DEFINITION.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        above = lines[line - 2] if line > 1 else ""
+        label = _label(m.group("label"))
+        if above.strip() and not DEFINITION.match(above) and not above.lstrip().startswith("#"):
+            errors.append(f"{where}:{line}: [{m.group('label')}]: a definition cannot interrupt a paragraph: put a "
+                          "blank line above it")
+            continue
+        if label in defs and defs[label][1] != m.group("url"):
+            errors.append(f"{where}:{line}: [{m.group('label')}] is defined at line {defs[label][0]} already")
+            continue
+        defs.setdefault(label, (line, m.group("url")))
+    return defs, errors
+
+
+def _citations(block: str, defs: Mapping[str, tuple[int, str]]) -> tuple[list[dict], list[tuple[int, str]]]:
+    """The citations of one block, inline or by reference, in order: dicts with ``start``, ``end``, ``text``,
+    ``stem``, ``key`` and ``shown`` (how a message names the link); and (offset, label) of each full or collapsed
+    reference whose label has no definition."""
+    out = [dict(start=m.start(), end=m.end(), text=m.group("text"), stem=m.group("stem"), key=m.group("key"),
+                shown=f"[{m.group('text')}]({m.group('stem')}#{m.group('key')})") for m in CITATION.finditer(block)]
+    inline = [(c["start"], c["end"]) for c in out]
+    undefined = []
+    for m in REFERENCE.finditer(block):
+        if any(a <= m.start() < b for a, b in inline):
+            continue
+        raw = m.group("label")
+        label = _label(raw or m.group("text"))
+        if label not in defs:
+            if raw is not None:
+                undefined.append((m.start(), raw or m.group("text")))
+            continue
+        url = RECORD_URL.fullmatch(defs[label][1])
+        if url:
+            ref = f"[{raw}]" if raw is not None else ""
+            out.append(dict(start=m.start(), end=m.end(), text=m.group("text"), stem=url.group("stem"),
+                            key=url.group("key"), shown=f"[{m.group('text')}]{ref} ({url.group('stem')}#"
+                                                        f"{url.group('key')}, defined at line {defs[label][0]})"))
+    return sorted(out, key=lambda c: c["start"]), undefined
+
+
+def long_lines(text: str, where: str, limit: int = MAX_LINE) -> list[str]:
+    """Each line of ``text`` over ``limit`` characters (not bytes), as ``where:line: N characters``."""
+    return [f"{where}:{i}: {len(line)} characters (at most {limit}: wrap it; a long table cell becomes a section)"
+            for i, line in enumerate(text.split("\n"), 1) if len(line) > limit]
 
 
 def _matches(text: str, value: Any) -> bool:
@@ -331,14 +404,19 @@ def check_text(text: str, recs: Mapping[str, Mapping[str, Any]], where: str) -> 
     by_name: dict[str, list[str]] = {}
     for stem, rec in recs.items():
         by_name.setdefault(rec["name"], []).append(stem)
-    errors = []
     text = CODE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    defs, errors = definitions(text, where)
+    text = DEFINITION.sub(lambda m: " " * len(m.group(0)), text)  # a definition is no figure, and no paragraph
     for line0, block in _blocks(text):
-        cited = {(m.group("stem"), m.group("key")) for m in CITATION.finditer(block)}
-        for m in CITATION.finditer(block):
-            line = line0 + block[:m.start()].count("\n")
-            stem, key, shown = m.group("stem"), m.group("key"), m.group("text")
-            at = f"{where}:{line}: [{shown}]({stem}#{key})"
+        found, undefined = _citations(block, defs)
+        for start, label in undefined:
+            errors.append(f"{where}:{line0 + block[:start].count(chr(10))}: [{label}]: no definition of this "
+                          f"reference ([{label}]: ../benchmarks/records/<record>.json#<key>)")
+        cited = {(c["stem"], c["key"]) for c in found}
+        for c in found:
+            line = line0 + block[:c["start"]].count("\n")
+            stem, key = c["stem"], c["key"]
+            at = f"{where}:{line}: {c['shown']}"
             rec = recs.get(stem)
             if rec is None:
                 errors.append(f"{at}: no record benchmarks/records/{stem}.json")
@@ -346,7 +424,7 @@ def check_text(text: str, recs: Mapping[str, Mapping[str, Any]], where: str) -> 
             if key not in rec["results"]:
                 errors.append(f"{at}: record {stem} has no result {key}")
                 continue
-            if not _matches(shown, rec["results"][key]):
+            if not _matches(c["text"], rec["results"][key]):
                 errors.append(f"{at}: the record says {rec['results'][key]!r}")
             others = [s for s in by_name[rec["name"]] if s != stem and key in recs[s]["results"]]
             for other in others:
@@ -354,23 +432,31 @@ def check_text(text: str, recs: Mapping[str, Mapping[str, Any]], where: str) -> 
                     errors.append(f"{at}: {other} measured the same on another card or host: give the range "
                                   f"(cite {other}#{key} in the same paragraph)")
             if others:
-                card = CARD_AFTER.match(block, m.end())
+                card = CARD_AFTER.match(block, c["end"])
                 slug = card_slug(rec["hardware"]["card"])
                 if not card or slug not in card.group("card").lower():
                     errors.append(f"{at}: a range's end names its card: follow the link with ({slug.upper()} ...)")
-        bare = CITATION.sub(lambda m: " " * len(m.group(0)), block)
+        bare = block
+        for c in found:
+            bare = bare[:c["start"]] + " " * (c["end"] - c["start"]) + bare[c["end"]:]
         for m in UNCITED.finditer(bare):
             line = line0 + bare[:m.start()].count("\n")
             errors.append(f"{where}:{line}: figure {m.group(0)!r} without a record: cite it "
                           f"([{m.group(0)}](benchmarks/records/<record>.json#<key>))")
-    return errors
+    return sorted(errors, key=_line_of)
+
+
+def _line_of(error: str) -> tuple[str, int]:
+    where, line, _ = (error.split(":", 2) + ["0", ""])[:3]
+    return where, int(line) if line.isdigit() else 0
 
 
 DOCS = ("README.md", "docs/**/*.md", "benchmarks/**/*.md", "examples/configs/*.yaml")
 
 
 def check_docs(root: str | Path, patterns: tuple[str, ...] = DOCS) -> list[str]:
-    """``check_text`` over the files of ``root`` that ``patterns`` match, against ``root/benchmarks/records``.
+    """``check_text`` over the files of ``root`` that ``patterns`` match, against ``root/benchmarks/records``, and
+    ``long_lines`` over the Markdown ones.
 
     Raises:
         RecordError: a record file that fails the schema.
@@ -380,7 +466,10 @@ def check_docs(root: str | Path, patterns: tuple[str, ...] = DOCS) -> list[str]:
     errors = []
     for pat in patterns:
         for path in sorted(root.glob(pat)):
-            errors += check_text(path.read_text(), recs, str(path.relative_to(root)))
+            text, where = path.read_text(), str(path.relative_to(root))
+            errors += check_text(text, recs, where)
+            if path.suffix == ".md":
+                errors += long_lines(text, where)
     return errors
 
 
@@ -406,5 +495,6 @@ def main(argv: list[str] | None = None) -> int:
     errors = check_docs(a.root)
     for e in errors:
         print(e, file=sys.stderr)
-    print(f"{len(errors)} problem(s) in the docs' figures", file=sys.stderr if errors else sys.stdout)
+    print(f"{len(errors)} problem(s) in the docs' figures and line lengths",
+          file=sys.stderr if errors else sys.stdout)
     return 1 if errors else 0
