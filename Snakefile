@@ -21,8 +21,8 @@ from eagle3build.config import errors as config_errors, spec as config_spec
 for old, new in config_spec.upgrade(config):
     logger.warning(f"config: {old} is now {new} (eagle3build/config/spec.py); read as such")
 
-# A config that fails the schema stops here in one line (eagle3build.config.errors: the key, the file, the closest
-# valid name); EAGLE3BUILD_FULL_CONFIG_ERRORS=1 shows Snakemake's own message (the whole config and schema).
+# A config that fails the schema stops here with a line per problem, every problem at once (eagle3build.config.errors:
+# the key, the file, the closest valid name); EAGLE3BUILD_FULL_CONFIG_ERRORS=1 shows Snakemake's own message.
 try:
     validate(config, "schemas/config.schema.yaml")
 except WorkflowError:

@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eagle3build.capture.capture_hidden_states import capture_shard  # noqa: E402
+from eagle3build.capture.capture_hidden_states import CaptureSettings, capture_shard  # noqa: E402
 from eagle3build.formats.shards import ShardMeta, ShardReader  # noqa: E402
 from eagle3build.formats.tokens import read_tokens, write_tokens  # noqa: E402
 from eagle3build.target import default_aux_layer_ids, load_config, load_model, text_config  # noqa: E402
@@ -112,11 +112,12 @@ def hooks_capture(target, device, dtype, tokens, out, n, aux, tokens_per_batch) 
     t0 = time.perf_counter()
     model = load_model(target, getattr(torch, dtype), device)
     load_s = time.perf_counter() - t0
-    h = capture_shard(target, tokens, out, 0, n, aux, "bench", "train", model=model, device=device,
-                      storage_dtype="float32", tokens_per_batch=tokens_per_batch, fsync=False)
+    s = CaptureSettings(target_dir=target, tokens_path=tokens, out_path=out, start=0, count=n, aux_layer_ids=aux,
+                        target_fingerprint="bench", split="train", device=device, storage_dtype="float32",
+                        tokens_per_batch=tokens_per_batch, fsync=False)
+    h = capture_shard(s, model=model)
     if device == "cuda":  # a second pass, warm (the first pays for kernel selection)
-        h = capture_shard(target, tokens, out, 0, n, aux, "bench", "train", model=model, device=device,
-                          storage_dtype="float32", tokens_per_batch=tokens_per_batch, fsync=False)
+        h = capture_shard(s, model=model)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -66,8 +66,9 @@ def test_capture_shard_roundtrip_and_meta_check(tmp_path, tiny_target):
     tokens = tmp_path / "train.safetensors"
     pd.write_tokens(tokens, samples)
     out = tmp_path / "shard-00000.safetensors"
-    summary = cap.capture_shard(tiny_target, tokens, out, start=1, count=3, aux_layer_ids=[1, 3, 4],
-                                target_fingerprint="abc", split="train", tokens_per_batch=64)
+    summary = cap.capture_shard(cap.CaptureSettings(target_dir=tiny_target, tokens_path=tokens, out_path=out, start=1,
+                                                    count=3, aux_layer_ids=[1, 3, 4], target_fingerprint="abc",
+                                                    split="train", compute_dtype="auto", tokens_per_batch=64))
     assert summary["samples"] == 3 and summary["tokens"] == 30 + 7 + 19
     r = ShardReader(out)
     assert r.meta.sample_ids == ["s1", "s2", "s3"] and r.meta.aux_layer_ids == [1, 3, 4] and r.meta.dtype == "bfloat16"

@@ -7,6 +7,7 @@ import gzip
 import json
 
 import pytest
+from conftest import prepare_settings
 
 from eagle3build.data import prepare_data as pd
 from eagle3build.formats import conversation_files as cf
@@ -306,8 +307,9 @@ def test_prepare_trains_content_parts_and_skips_surrogates(tmp_path, smol_target
     f = tmp_path / "parts.jsonl.gz"
     f.write_bytes(gzip.compress(body))
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
-    rep = pd.prepare([{"path": str(f), "max_samples": None}], smol_target, *out, max_seq_len=256,
-                     min_supervised_tokens=4, eval_fraction=0.2, seed=0)
+    rep = pd.prepare(prepare_settings([{"path": str(f), "max_samples": None}], smol_target, out, max_seq_len=256,
+                                      min_supervised_tokens=4, eval_fraction=0.2, seed=0,
+                                      require_eval=False, benchmark_sets=[]))
     assert rep["kept"] == 10 and rep["skipped"] == {"bad_unicode": 2}
     assert [e["index"] for e in rep["skip_examples"]["bad_unicode"]] == [3, 8]
     src = rep["sources"][0]
@@ -333,9 +335,9 @@ def test_prepare_checks_every_benchmark_prompt_against_the_template(tmp_path, sm
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
 
     def run():
-        return pd.prepare([{"path": str(sharegpt_sample), "max_samples": 20}], target, *out, max_seq_len=128,
-                          min_supervised_tokens=1, eval_fraction=0.25, seed=0,
-                          benchmark_sets=["chat", "humaneval", "custom"], prompts_file=str(pf))
+        return pd.prepare(prepare_settings([{"path": str(sharegpt_sample), "max_samples": 20}], target, out,
+                                           max_seq_len=128, min_supervised_tokens=1, eval_fraction=0.25, seed=0,
+                                           benchmark_sets=["chat", "humaneval", "custom"], prompts_file=str(pf)))
 
     rep = run()
     check = rep["benchmark_prompt_check"]
@@ -373,8 +375,8 @@ def test_prepare_refuses_an_empty_chat_set_before_any_gpu_stage(tmp_path, smol_t
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
 
     def run(sets):
-        return pd.prepare([{"path": str(src), "max_samples": None}], smol_target, *out, max_seq_len=128,
-                          min_supervised_tokens=1, eval_fraction=0.5, seed=0, benchmark_sets=sets)
+        return pd.prepare(prepare_settings([{"path": str(src), "max_samples": None}], smol_target, out, max_seq_len=128,
+                                           min_supervised_tokens=1, eval_fraction=0.5, seed=0, benchmark_sets=sets))
 
     from eagle3build.formats import prompt_sets
 

@@ -48,8 +48,10 @@ def test_online_hooks_run_equals_offline(tiny_shards, tiny_target, tmp_path):
     d, samples, _ = tiny_shards
     over = dict(epochs=2, checkpoint_every=0, select="last")
     for split, n in (("train", 8), ("eval", 2)):  # shards of samples forwarded one at a time
-        cap.capture_shard(tiny_target, d / f"{split}.safetensors", tmp_path / f"{split}-1.safetensors", 0, n, TINY_AUX,
-                          "fp-tiny", split, tokens_per_batch=1)
+        cap.capture_shard(cap.CaptureSettings(target_dir=tiny_target, tokens_path=d / f"{split}.safetensors",
+                                              out_path=tmp_path / f"{split}-1.safetensors", start=0, count=n,
+                                              aux_layer_ids=TINY_AUX, target_fingerprint="fp-tiny", split=split,
+                                              compute_dtype="auto", tokens_per_batch=1))
     one = offline_kwargs(d, tiny_target, tmp_path / "offline-1", **over)
     one.update(train_shards=[str(tmp_path / "train-1.safetensors")], eval_shards=[str(tmp_path / "eval-1.safetensors")])
     td.train(**one)

@@ -94,8 +94,10 @@ def test_vllm_equals_hooks_on_bundled_target(smol_vllm, smol_target):
     assert stats["max_requests_per_step"] > 1  # rows of several requests in one step were split apart
     assert stats["max_steps_per_sample"] >= -(-260 // STEP_TOKENS)  # the 260-token sample came in >= 5 chunks
     assert stats["samples_over_several_steps"] >= 2
-    cap.capture_shard(smol_target, d / "train.safetensors", d / "hooks-float32.safetensors", 0, 10, SMOL_AUX, "fp-smol",
-                      "train", storage_dtype="float32", tokens_per_batch=512)
+    cap.capture_shard(cap.CaptureSettings(target_dir=smol_target, tokens_path=d / "train.safetensors",
+                                          out_path=d / "hooks-float32.safetensors", start=0, count=10,
+                                          aux_layer_ids=SMOL_AUX, target_fingerprint="fp-smol", split="train",
+                                          compute_dtype="auto", storage_dtype="float32", tokens_per_batch=512))
     v, h = ShardReader(d / "vllm-float32.safetensors"), ShardReader(d / "hooks-float32.safetensors")
     assert v.meta == h.meta
     for i, (_, ids, mask) in enumerate(samples):
@@ -125,8 +127,10 @@ def test_vllm_shard_trains_and_exports_like_a_hooks_shard(smol_vllm, smol_target
     from eagle3build.train import train_draft as td
 
     d, samples, _ = smol_vllm
-    cap.capture_shard(smol_target, d / "train.safetensors", d / "hooks-bfloat16.safetensors", 0, 10, SMOL_AUX, "fp-smol",
-                      "train")
+    cap.capture_shard(cap.CaptureSettings(target_dir=smol_target, tokens_path=d / "train.safetensors",
+                                          out_path=d / "hooks-bfloat16.safetensors", start=0, count=10,
+                                          aux_layer_ids=SMOL_AUX, target_fingerprint="fp-smol", split="train",
+                                          compute_dtype="auto"))
     hv, mv = _header(d / "vllm-bfloat16.safetensors")
     hh, mh = _header(d / "hooks-bfloat16.safetensors")
     assert hv == hh and mv == mh
@@ -198,8 +202,10 @@ def test_moe_and_multimodal_wrapper_equal_transformers(tmp_path, kind, request):
     samples = [(f"m{i}", rng.integers(0, 500, n).astype(np.int32), np.ones(n, np.uint8)) for i, n in enumerate(lens)]
     pd.write_tokens(tmp_path / "t.safetensors", samples)
     aux = [1, 3, 4]
-    res = cap.capture_shard(target, tmp_path / "t.safetensors", tmp_path / "v.safetensors", 0, 4, aux, "fp", "train",
-                            backend="vllm", storage_dtype="float32", tokens_per_batch=32)
+    res = cap.capture_shard(cap.CaptureSettings(
+        target_dir=target, tokens_path=tmp_path / "t.safetensors", out_path=tmp_path / "v.safetensors", start=0,
+        count=4, aux_layer_ids=aux, target_fingerprint="fp", split="train", backend="vllm", compute_dtype="auto",
+        storage_dtype="float32", tokens_per_batch=32))
     assert res["samples"] == 4 and res["samples_over_several_steps"] >= 1
     model = load_model(target, torch.float32)
     stack = find_decoder_layers(model, 7)

@@ -107,13 +107,16 @@ def test_serving_stages_fail_at_once_naming_vllm_and_the_target(no_vllm, tmp_pat
     """Before any work (the prompts file and the head do not even exist), naming the package and the artifact."""
     out = tmp_path / "results/r/benchmark.json"
     with pytest.raises(vllm_engine.VLLMUnavailable, match=rf"{out} needs the Python package 'vllm'"):
-        benchmark.benchmark(BenchmarkSettings(str(tmp_path), str(tmp_path / "nohead"), str(tmp_path / "missing.jsonl"),
-                                              str(out), [3], 8, 16, "auto", "org/m"))
+        benchmark.benchmark(BenchmarkSettings(target_dir=str(tmp_path), head_dir=str(tmp_path / "nohead"),
+                                              prompts_path=str(tmp_path / "missing.jsonl"), out_json=str(out), ks=[3],
+                                              num_prompts=8, max_tokens=16, served_name="org/m"))
     regen = tmp_path / "results/r/data/regenerated.jsonl"
     with pytest.raises(vllm_engine.VLLMUnavailable,
                        match=rf"{regen} \(data.regenerate.backend: vllm\) needs the Python package 'vllm'"):
-        regenerate_responses.regenerate([{"path": str(tmp_path / "missing.json"), "max_samples": None}], str(tmp_path),
-                                        regen, tmp_path / "report.json", 128, 16, "org/m", backend="vllm")
+        regenerate_responses.regenerate(regenerate_responses.RegenerateSettings(
+            sources=[{"path": str(tmp_path / "missing.json"), "max_samples": None}], target_dir=str(tmp_path),
+            out_jsonl=regen, out_report=tmp_path / "report.json", max_seq_len=128, max_tokens=16, served_name="org/m",
+            backend="vllm"))
     # auto: regeneration has a transformers backend for nodes without vLLM (issue 15), and says why
     choice = regenerate_responses.choose_backend("auto", needed_by=str(regen))
     assert choice["used"] == "transformers" and "import of vllm halted" in choice["reason"]
@@ -316,17 +319,18 @@ def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypa
     ex.check_loads_with_vllm(tmp_path / "head", target, "org/tiny", gpus=1, trust_remote_code=trust)
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "hi"}\n{"prompt": "there"}\n')
-    r = benchmark.benchmark(BenchmarkSettings(target, str(tmp_path / "head"), str(tmp_path / "unused.jsonl"),
-                                              str(tmp_path / "b.json"), [2], 2, 8, "auto", "org/tiny", max_model_len=64,
-                                              gpus=1, sets=["custom"], custom_prompts_path=str(prompts),
-                                              trust_remote_code=trust))
+    r = benchmark.benchmark(BenchmarkSettings(
+        target_dir=target, head_dir=str(tmp_path / "head"), prompts_path=str(tmp_path / "unused.jsonl"),
+        out_json=str(tmp_path / "b.json"), ks=[2], num_prompts=2, max_tokens=8, dtype="auto", served_name="org/tiny",
+        max_model_len=64, gpus=1, sets=["custom"], custom_prompts_path=str(prompts), trust_remote_code=trust))
     assert r["settings"]["sets"]["custom"]["skipped_too_long"] == 0
     src = tmp_path / "convs.jsonl"
     src.write_text(json.dumps({"id": "c0", "messages": [{"role": "user", "content": "hi"},
                                                         {"role": "assistant", "content": "old"}]}) + "\n")
-    regenerate_responses.regenerate([{"path": str(src), "max_samples": None}], target, tmp_path / "regen.jsonl",
-                                    tmp_path / "regen_report.json", 64, 8, "org/tiny", gpus=1, backend="vllm",
-                                    trust_remote_code=trust)
+    regenerate_responses.regenerate(regenerate_responses.RegenerateSettings(
+        sources=[{"path": str(src), "max_samples": None}], target_dir=target, out_jsonl=tmp_path / "regen.jsonl",
+        out_report=tmp_path / "regen_report.json", max_seq_len=64, max_tokens=8, served_name="org/tiny", gpus=1,
+        backend="vllm", trust_remote_code=trust))
 
     engines = [s["engine"] for s in specs]
     assert len(engines) == 4  # load check, benchmark baseline and k=2, regeneration

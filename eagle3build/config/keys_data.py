@@ -26,7 +26,7 @@ DATA_KEYS: tuple[Key, ...] = (
         "target.path",
         {"type": ["string", "null"]},
         None,
-        "local Hugging Face model directory; overrides bundled",
+        "a local Hugging Face model directory; overrides target.bundled (null: the bundled target)",
         each(TARGET_READERS, "files"),
     ),
     Key(
@@ -71,8 +71,9 @@ DATA_KEYS: tuple[Key, ...] = (
         {"type": "integer", "minimum": 1},
         1,
         (
-            "vLLM pipeline-parallel stages for serving the target (export load check, regeneration, benchmark); "
-            "each stage is tensor-parallel over the serve job's GPUs. >1 needs a Ray cluster."
+            "vLLM pipeline-parallel stages for serving the target (export load check, regeneration, pre-flight, "
+            "benchmark), each tensor-parallel over the serve job's resources.serve.gpu cards; >1 only where the target "
+            "does not fit one node (needs a Ray cluster)"
         ),
         {
             "regenerate_responses": "trigger",
@@ -97,8 +98,11 @@ DATA_KEYS: tuple[Key, ...] = (
                 },
             },
         },
-        [{"max_samples": 400, "path": "bundled:sharegpt"}],
-        "conversation files, each {path, max_samples}; path may be bundled:sharegpt",
+        [{"path": "bundled:sharegpt", "max_samples": 400}],
+        (
+            "conversation files, each {path, max_samples}: path a local file (JSON, JSONL, Parquet; docs/usage.md) or "
+            "bundled:sharegpt; max_samples the conversations kept from it (null = all)"
+        ),
         {"regenerate_responses": "trigger", "prepare_data": "trigger:sources"},
     ),
     Key(
@@ -134,8 +138,8 @@ DATA_KEYS: tuple[Key, ...] = (
         {"type": ["string", "null"]},
         None,
         (
-            'JSONL, each line {"prompt": str} or {"messages": [...]} ending on a user turn: benchmark set '
-            '`custom` (set exactly when benchmark.sets lists custom)'
+            'your own benchmark prompts, benchmark set `custom`: JSONL, each line {"prompt": str} or {"messages": '
+            '[...]} ending on a user turn; set exactly when benchmark.sets lists custom (else null)'
         ),
         {"prepare_data": "runtime", "benchmark": "files"},
     ),
@@ -153,7 +157,7 @@ DATA_KEYS: tuple[Key, ...] = (
         "data.regenerate.enabled",
         {"type": "boolean"},
         False,
-        "replace every assistant turn with the target's own answer (regenerate_responses)",
+        "replace every assistant turn with the target's own answer (stage regenerate_responses)",
         {"regenerate_responses": "files", "prepare_data": "trigger:sources"},
     ),
     Key(
@@ -171,8 +175,9 @@ DATA_KEYS: tuple[Key, ...] = (
         {"type": "string", "enum": ["keep", "drop"]},
         "keep",
         (
-            "an answer cut at max_tokens - keep (trained, its conversation ends there) or drop (its conversation "
-            "ends at the answer before)"
+            "an answer cut at max_tokens: keep (trained, its conversation ends there) | drop (its conversation ends at "
+            "the answer before); a small target's greedy answers that hit the cap are mostly repetition loops "
+            "(benchmarks/gpu/h200_regen.md)"
         ),
         {"regenerate_responses": "trigger"},
     ),
@@ -181,8 +186,10 @@ DATA_KEYS: tuple[Key, ...] = (
         {"type": "number", "minimum": 0},
         0.0,
         (
-            "0 = greedy answers; > 0 = answers sampled at this temperature (seeded by data.seed; not bit-equal "
-            "across vLLM reruns)"
+            "0 = greedy answers (as measured: benchmarks/gpu/h200_regen.md); > 0 = answers sampled at this "
+            "temperature, seeded by data.seed (vLLM: not bit-equal across reruns; a resumed job's later answers "
+            "differ). Peers sample: SpecForge's scripts/regenerate_train_data.py defaults to 0.7, speculators' "
+            "scripts/response_regeneration/script.py to the server's defaults"
         ),
         {"regenerate_responses": "trigger"},
     ),
@@ -191,8 +198,8 @@ DATA_KEYS: tuple[Key, ...] = (
         {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         1.0,
         (
-            "nucleus of the sampled answers (temperature > 0) - the smallest set of tokens whose probability "
-            "reaches top_p; 1 = all"
+            "nucleus of the sampled answers (temperature > 0 only), in (0, 1]: the smallest set of tokens whose "
+            "probability reaches top_p; 1 = every token"
         ),
         {"regenerate_responses": "trigger"},
     ),
@@ -200,42 +207,53 @@ DATA_KEYS: tuple[Key, ...] = (
         "data.regenerate.backend",
         {"type": "string", "enum": ["auto", "vllm", "transformers"]},
         "auto",
-        "auto = vLLM where it imports in the job, else transformers' generate",
+        "auto | vllm | transformers (auto: vLLM where it imports in the job, else transformers' generate)",
         {"regenerate_responses": "trigger"},
     ),
     Key(
         "data.regenerate.checkpoint_every",
         {"type": "integer", "minimum": 0},
         0,
-        "answers per generate call between resumable states (0 = none)",
+        (
+            "answers per engine call, after each of which a rerun of a killed job can resume "
+            "(results/R/data/regenerated.jsonl.state/); 0 = one call per turn round, no state (as measured on the "
+            "H200: benchmarks/gpu/h200_regen.md). A call drains the engine's batch at its end; each save rewrites "
+            "the whole state"
+        ),
         {"regenerate_responses": "runtime"},
     ),
     Key(
         "data.regenerate.batch_size",
         {"type": "integer", "minimum": 1},
         32,
-        "conversations per generate call (transformers backend)",
+        "conversations per generate call (transformers backend; vLLM batches itself)",
         {"regenerate_responses": "trigger"},
     ),
     Key(
         "capture.mode",
         {"type": "string", "enum": ["offline", "online"]},
         "offline",
-        "offline stores the hidden states as shards; online computes them in train_draft, every epoch",
+        (
+            "offline: the hidden states stored as shards (one file target each) | online: no shards, train_draft runs "
+            "the target beside the trainer every epoch (README \"Online training\")"
+        ),
         {"compat_report": "runtime", "capture_hidden_states": "files", "train_draft": "trigger:online files"},
     ),
     Key(
         "capture.online.queue_depth",
         {"type": "integer", "minimum": 1},
         2,
-        "training steps computed ahead by the target",
+        "training steps whose states the target computes ahead of the trainer",
         {"train_draft": "runtime"},
     ),
     Key(
         "capture.online.target_memory_fraction",
         {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
         0.5,
-        "share of each GPU of the train job for the target; the trainer gets the rest",
+        (
+            "share of each of the train job's GPUs for the target (weights, KV cache); the trainer gets the rest "
+            "(the compat report plans both)"
+        ),
         {"compat_report": "runtime", "train_draft": "runtime"},
     ),
     Key(
@@ -307,15 +325,20 @@ DATA_KEYS: tuple[Key, ...] = (
         "capture.compute_dtype",
         {"type": "string", "enum": ["auto", "bfloat16", "float16", "float32"]},
         "bfloat16",
-        "the dtype the target computes the hidden states in, offline (capture) or online (train_draft): auto = bf16 "
-        "on CUDA, fp32 on CPU; target.dtype before issue 52",
+        (
+            "the dtype the target computes the hidden states in, offline (capture) or online (train_draft): auto = "
+            "bf16 on CUDA, fp32 on CPU; target.dtype before issue 52. bf16 by default: on the 2-core CPU with "
+            "avx512_bf16 it captures 2.1x as fast as fp32, 0.6 % from fp32's aux states "
+            "(benchmarks/records/capture-dtype_cpu.json), the same served tau. On a CPU without native bf16, or with "
+            "capture.backend vllm on CPU (vLLM's CPU kernels take float32 only), set auto"
+        ),
         {"compat_report": "runtime", "capture_hidden_states": "trigger:compute_dtype", "train_draft": "trigger:online"},
     ),
     Key(
         "capture.storage_dtype",
         {"type": "string", "enum": ["bfloat16", "float16", "float32", "float8_e4m3fn"]},
         "bfloat16",
-        "or float8_e4m3fn: per-token scales, half the bytes",
+        "the dtype the shards store the hidden states in; float8_e4m3fn: per-token scales, half the bytes of bf16",
         {"compat_report": "trigger", "capture_hidden_states": "trigger", "train_draft": "trigger:online"},
     ),
     Key(

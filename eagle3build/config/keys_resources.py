@@ -19,7 +19,7 @@ RESOURCE_KEYS: tuple[Key, ...] = (
         "resources.gpu_model",
         {"type": ["string", "null"]},
         None,
-        "the GPU type jobs ask a cluster executor for, e.g. \"rtx-pro-6000-blackwell\" (null: any)",
+        "the GPU type the GPU jobs ask a cluster executor for, e.g. \"rtx-pro-6000-blackwell\" (null: any)",
         {
             "regenerate_responses": "runtime",
             "capture_hidden_states": "runtime",
@@ -54,7 +54,7 @@ RESOURCE_KEYS: tuple[Key, ...] = (
         "resources.materialize.runtime",
         {"type": "integer", "minimum": 1},
         20,
-        "minutes",
+        "run time of a materialize job (minutes)",
         {"materialize_target": "runtime"},
     ),
     Key(
@@ -75,14 +75,14 @@ RESOURCE_KEYS: tuple[Key, ...] = (
         "resources.cpu.runtime",
         {"type": "integer", "minimum": 1},
         60,
-        "minutes",
+        "run time of a cpu job (minutes)",
         {"compat_report": "runtime", "prepare_data": "runtime", "build_vocab_map": "runtime"},
     ),
     Key(
         "resources.capture.gpu",
         {"type": "integer", "minimum": 0},
         0,
-        "GPUs per job",
+        "GPUs of a capture job (0 = CPU)",
         {"compat_report": "runtime", "capture_hidden_states": "runtime"},
     ),
     Key(
@@ -103,14 +103,14 @@ RESOURCE_KEYS: tuple[Key, ...] = (
         "resources.capture.runtime",
         {"type": "integer", "minimum": 1},
         60,
-        "minutes",
+        "run time of a capture job (minutes)",
         {"capture_hidden_states": "runtime"},
     ),
     Key(
         "resources.train.gpu",
         {"type": "integer", "minimum": 0},
         0,
-        "GPUs per job",
+        "GPUs of a train job (0 = CPU)",
         {"compat_report": "runtime", "train_draft": "runtime"},
     ),
     Key(
@@ -127,12 +127,18 @@ RESOURCE_KEYS: tuple[Key, ...] = (
         "memory of a train job (MB)",
         {"train_draft": "runtime"},
     ),
-    Key("resources.train.runtime", {"type": "integer", "minimum": 1}, 120, "minutes", {"train_draft": "runtime"}),
+    Key(
+        "resources.train.runtime",
+        {"type": "integer", "minimum": 1},
+        120,
+        "run time of a train job (minutes)",
+        {"train_draft": "runtime"},
+    ),
     Key(
         "resources.serve.gpu",
         {"type": "integer", "minimum": 0},
         0,
-        "GPUs per job",
+        "GPUs of a serve job (0 = CPU)",
         {
             "compat_report": "runtime",
             "regenerate_responses": "runtime",
@@ -169,7 +175,7 @@ RESOURCE_KEYS: tuple[Key, ...] = (
         "resources.serve.runtime",
         {"type": "integer", "minimum": 1},
         60,
-        "minutes",
+        "run time of a serve job (minutes)",
         {
             "regenerate_responses": "runtime",
             "export_head": "runtime",

@@ -4,11 +4,13 @@ it reaches, with their role there. The only source of
 - the config schema, schemas/config.schema.yaml (``json_schema``; generated: ``python -m eagle3build.config.spec
   > schemas/config.schema.yaml``, tests/test_config_spec.py checks the file), which the Snakefile validates the
   config against;
+- config.yaml, the shipped default config the Snakefile reads (``config_yaml``: every key at its default, its doc
+  as the comment; generated: ``python -m eagle3build.config.spec --config-yaml > config.yaml``, checked the same way);
 - the stage contracts' trigger, runtime and file keys and their rerun-trigger params (eagle3build.workflow.contract,
   ``build_contracts``), hence the jobs' settings (``contract.StageSettings``);
-- the defaults of the stages' settings objects (``train.trainer.TrainConfig``, from section ``train``), which
-  are config.yaml's values (the shipped default config; tests/test_config_spec.py checks it holds every key
-  at its default).
+- the config fields of the stages' settings objects, their types, defaults (config.yaml's values) and choices
+  (eagle3build.config.settings: ``train.trainer.TrainConfig``, the capture's, the data stages' and the
+  benchmark's settings).
 
 A key's ``uses`` maps each stage it reaches to its roles there, space-separated: ``trigger`` (a rerun-trigger
 param of its own, named by the key's last part), ``trigger:<param>`` (part of the param ``<param>``: a section
@@ -17,7 +19,7 @@ of several keys, or a param the contract computes from its keys, such as ``versi
 ``runtime`` (read by the job at run time only: a change plans nothing) and ``files`` (decides which files the
 stage reads or writes). Adding a config key is one ``Key`` (``config_key.Key``) in its section's module,
 ``config_keys_data`` (run, target, data, capture, vocab), ``config_keys_head`` (train, export, benchmark,
-preflight, staleness) or ``config_keys_resources``, and config.yaml's line, plus its use; the ``draft`` section is
+preflight, staleness) or ``config_keys_resources``, config.yaml regenerated, and its use; the ``draft`` section is
 made from the method registry (``draft_keys``, eagle3build.draft.methods).
 
 Planning imports this module: no torch.
@@ -33,7 +35,39 @@ from .keys_data import DATA_KEYS
 from .keys_head import HEAD_KEYS
 from .keys_resources import RESOURCE_KEYS
 
-SECTION_DOCS = {"resources.cpu": "the CPU stages: compat_report, prepare_data, build_vocab_map"}
+# The sections' one-line docs: the schema's descriptions of the sections, config.yaml's comments on them.
+SECTION_DOCS = {
+    "target": "the target LLM the head drafts for",
+    "data": "the conversations the head is trained on (stages regenerate_responses, prepare_data)",
+    "data.regenerate": (
+        "opt-in (stage regenerate_responses): replace the assistant turns with the target's own answers, greedy or "
+        "sampled"
+    ),
+    "capture": "the target's hidden states the head is trained on (stage capture_hidden_states; online: train_draft)",
+    "capture.online": "read only where capture.mode is online",
+    "vocab": "the draft's vocabulary (stage build_vocab_map)",
+    "draft": "the draft head's kind and layer (the registries of eagle3build/draft/methods.py)",
+    "train": "the head's training (stage train_draft)",
+    "export": "the head as vLLM loads it (stage export_head)",
+    "benchmark": "vLLM with and without the head, per k (stage benchmark)",
+    "preflight": (
+        "the pre-flight speed-up bound (results/R/preflight.json, in compat.md): before any training, the target's "
+        "step time verifying 1..k+1 tokens per sequence, and the whole step with an untrained head at the "
+        "benchmark's k, measured in vLLM engines on the serve job's GPUs (eagle3build/compat/preflight_bound.py)"
+    ),
+    "staleness": "what replans a stage besides its inputs and settings (docs/staleness.md)",
+    "resources": (
+        "what each job asks the scheduler for: the one source (profiles only say where jobs run; cluster executors "
+        "read gpu_model, threads, mem_mb and runtime from here)"
+    ),
+    "resources.materialize": "the bundled target's materialize_target job",
+    "resources.cpu": "the CPU stages: compat_report, prepare_data, build_vocab_map",
+    "resources.capture": "a capture_hidden_states job (one shard)",
+    "resources.train": "a train_draft job",
+    "resources.serve": (
+        "the jobs that serve the target in vLLM: regenerate_responses, export_head, benchmark, preflight_bound"
+    ),
+}
 # draft.method's choices, as speculators and vLLM name them (the registry, eagle3build.draft.methods)
 DRAFT_METHODS = list(draft_methods.NAMES)
 
@@ -72,7 +106,7 @@ def draft_keys() -> tuple[Key, ...]:
             (
                 "other draft methods trained from this run's shards (results/<run>/methods/<method>/checkpoint and "
                 "head, each with this config's settings and its own draft.method) and served beside the run's head in "
-                "its benchmark, each named by its method; [] = none"
+                "its benchmark, one baseline, each named by its method: e.g. [peagle, dflash]; [] = none"
             ),
             {"benchmark": "trigger:benchmark"},
             quiet_default=True,
@@ -212,5 +246,71 @@ def schema_yaml(keys: tuple[Key, ...] = KEYS) -> str:
     return SCHEMA_HEADER + yaml.safe_dump(json_schema(keys), sort_keys=False, width=120, allow_unicode=True)
 
 
+CONFIG_HEADER = (
+    "# Default run: SmolLM2-135M-Instruct (bundled GGUF) + ShareGPT V3 (bundled), sized for a 2-core CPU.\n"
+    "# Every key is required and checked against schemas/config.schema.yaml before any job runs; a --configfile\n"
+    "# given on the command line is merged over this file.\n"
+    "# Generated from the key declarations (eagle3build/config/spec.py, keys_*.py) by\n"
+    "#   python -m eagle3build.config.spec --config-yaml > config.yaml\n"
+    "# and checked against them by tests/test_config_spec.py: edit the declarations, not this file.\n"
+)
+COMMENT_COLUMN = 36  # config.yaml's comments start here, or two spaces after a longer line
+LINE_WIDTH = 120  # no line of config.yaml is longer (a doc is wrapped onto comment lines)
+
+
+def _flow(value) -> str:
+    """``value`` as one line of YAML (flow style, mappings in their own order)."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=2**20, allow_unicode=True)
+    return text.removesuffix("\n").removesuffix("\n...").rstrip()
+
+
+def _commented(line: str, doc: str, width: int = LINE_WIDTH) -> list[str]:
+    """``line`` with ``doc`` as its comment, from ``COMMENT_COLUMN`` (or two spaces after ``line``), wrapped onto
+    comment lines at the same column so that none passes ``width`` characters (a word longer than that alone
+    excepted)."""
+    import textwrap
+
+    if not doc:
+        return [line]
+    col = max(COMMENT_COLUMN, len(line) + 2)
+    parts = textwrap.wrap(doc, max(width - col - 2, 20), break_long_words=False, break_on_hyphens=False)
+    return [line.ljust(col) + "# " + parts[0], *(" " * col + "# " + p for p in parts[1:])]
+
+
+def config_yaml(keys: tuple[Key, ...] = KEYS, section_docs: Mapping[str, str] | None = None) -> str:
+    """config.yaml's text: ``CONFIG_HEADER``, then every key of ``keys`` at its default (one line of YAML, flow style
+    for lists and mappings) in declaration order, nested by section, each with its ``doc`` as the comment, each
+    section with its doc of ``section_docs`` (default ``SECTION_DOCS``) where it has one; a blank line before each
+    top-level section. ``yaml.safe_load`` of it is ``defaults(keys)``.
+
+    Raises:
+        ValueError: as ``_tree``.
+    """
+    docs = SECTION_DOCS if section_docs is None else section_docs
+    lines = CONFIG_HEADER.splitlines()
+
+    def emit(tree: dict, path: str, depth: int) -> None:
+        indent = "  " * depth
+        for name, sub in tree.items():
+            if isinstance(sub, Key):
+                lines.extend(_commented(f"{indent}{name}: {_flow(sub.default)}", sub.doc))
+                continue
+            full = f"{path}.{name}" if path else name
+            if not depth:
+                lines.append("")
+            lines.extend(_commented(f"{indent}{name}:", docs.get(full, "")))
+            emit(sub, full, depth + 1)
+
+    emit(_tree(keys), "", 0)
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
-    print(schema_yaml(), end="")
+    import sys
+
+    if sys.argv[1:] not in ([], ["--config-yaml"]):
+        sys.exit("usage: python -m eagle3build.config.spec [--config-yaml]: the config schema "
+                 "(schemas/config.schema.yaml), or config.yaml with --config-yaml")
+    print(config_yaml() if sys.argv[1:] else schema_yaml(), end="")

@@ -156,7 +156,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     shift = m.shifted
     train_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks,
                                shift=shift)
-    eval_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, shift=shift)
+    eval_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, 0.0, shift=shift)
     if target is not None:
         on = inputs.online
         train_b = online_data.OnlineBatches(on, "train", target, train_layout)
