@@ -15,14 +15,14 @@ configfile: f"{workflow.basedir}/config.yaml"
 
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build import config_errors, config_spec
+from eagle3build.config import errors as config_errors, spec as config_spec
 
 # A config written before a key was renamed still runs: its old key moves to the new path (config_spec.RENAMED).
 for old, new in config_spec.upgrade(config):
-    logger.warning(f"config: {old} is now {new} (eagle3build/config_spec.py); read as such")
+    logger.warning(f"config: {old} is now {new} (eagle3build/config/spec.py); read as such")
 
-# A config that fails the schema stops here in one line (eagle3build.config_errors: the key, the file, the closest
-# valid name); EAGLE3BUILD_FULL_CONFIG_ERRORS=1 shows Snakemake's own message (the whole config and schema).
+# A config that fails the schema stops here with a line per problem, every problem at once (eagle3build.config.errors:
+# the key, the file, the closest valid name); EAGLE3BUILD_FULL_CONFIG_ERRORS=1 shows Snakemake's own message.
 try:
     validate(config, "schemas/config.schema.yaml")
 except WorkflowError:
@@ -47,7 +47,7 @@ include: "rules/serve_config.smk"
 include: "rules/serve_check.smk"
 
 
-# Every stage rule's inputs are those of its contract (eagle3build.contract), checked at every parse.
+# Every stage rule's inputs are those of its contract (eagle3build.workflow.contract), checked at every parse.
 check_contracts(rules)
 
 

@@ -27,6 +27,6 @@ else
   pip install -q --no-deps --no-build-isolation .
 fi
 # Exactly the lock: every pin of constraints-gpu.txt installed at its version.
-"$VENV/bin/python" -m eagle3build.lockcheck constraints-gpu.txt
+"$VENV/bin/python" -m eagle3build.workflow.lockcheck constraints-gpu.txt
 "$VENV/bin/python" -c "import torch, transformers, speculators, vllm, snakemake, eagle3build; print('install-gpu.sh: ok, torch', torch.__version__, 'cuda', torch.version.cuda, 'archs', ' '.join(torch.cuda.get_arch_list()) or '(no GPU visible)', 'vllm', vllm.__version__)"
 echo "$want" > "$STAMP"

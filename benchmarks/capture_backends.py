@@ -55,12 +55,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eagle3build import vllm_capture as vc  # noqa: E402
-from eagle3build.capture.capture_hidden_states import capture_shard  # noqa: E402
-from eagle3build.shards import ShardMeta, ShardReader  # noqa: E402
+from eagle3build.capture.capture_hidden_states import CaptureSettings, capture_shard  # noqa: E402
+from eagle3build.formats.shards import ShardMeta, ShardReader  # noqa: E402
+from eagle3build.formats.tokens import read_tokens, write_tokens  # noqa: E402
 from eagle3build.target import default_aux_layer_ids, load_config, load_model, text_config  # noqa: E402
-from eagle3build.tokens import read_tokens, write_tokens  # noqa: E402
-from eagle3build.vllm_engine import run_child  # noqa: E402
+from eagle3build.vllm import capture as vc  # noqa: E402
+from eagle3build.vllm.engine import run_child  # noqa: E402
 
 POSITION_BUCKETS = [(0, 1), (1, 64), (64, 512), (512, 1024), (1024, 1 << 30)]
 
@@ -112,11 +112,12 @@ def hooks_capture(target, device, dtype, tokens, out, n, aux, tokens_per_batch) 
     t0 = time.perf_counter()
     model = load_model(target, getattr(torch, dtype), device)
     load_s = time.perf_counter() - t0
-    h = capture_shard(target, tokens, out, 0, n, aux, "bench", "train", model=model, device=device,
-                      storage_dtype="float32", tokens_per_batch=tokens_per_batch, fsync=False)
+    s = CaptureSettings(target_dir=target, tokens_path=tokens, out_path=out, start=0, count=n, aux_layer_ids=aux,
+                        target_fingerprint="bench", split="train", device=device, storage_dtype="float32",
+                        tokens_per_batch=tokens_per_batch, fsync=False)
+    h = capture_shard(s, model=model)
     if device == "cuda":  # a second pass, warm (the first pays for kernel selection)
-        h = capture_shard(target, tokens, out, 0, n, aux, "bench", "train", model=model, device=device,
-                          storage_dtype="float32", tokens_per_batch=tokens_per_batch, fsync=False)
+        h = capture_shard(s, model=model)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -141,7 +142,7 @@ def vllm_capture(target, gpus, dtype, jobs, aux, hidden, step_tokens, work, env)
     os.environ.update(env)
     try:
         tag = "-".join([dtype] + [f"{k}-{v}" for k, v in env.items()])
-        v = run_child("eagle3build.vllm_capture:run_capture", spec, work, f"vllm-{tag}")
+        v = run_child("eagle3build.vllm.capture:run_capture", spec, work, f"vllm-{tag}")
     finally:
         for k, val in saved.items():
             os.environ.pop(k) if val is None else os.environ.__setitem__(k, val)

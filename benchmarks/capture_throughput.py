@@ -20,6 +20,7 @@ the shard) in bf16 and in fp8 storage; and bytes on disk per token against 8 x h
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eagle3build.capture.capture_hidden_states import capture_shard  # noqa: E402
+from eagle3build.capture.capture_hidden_states import CaptureSettings, capture_shard  # noqa: E402
 from eagle3build.data.prepare_data import write_tokens  # noqa: E402
 from eagle3build.target import default_aux_layer_ids, load_model, text_config  # noqa: E402
 
@@ -157,13 +158,15 @@ def main() -> None:
         [("bfloat16", 1, False), ("bfloat16", 4, True)] if args.variants else [])
     for storage, threads, fsync in variants:
         name = f"capture_{storage}" + ("" if (threads, fsync) == (4, False) else f"_threads{threads}{'_fsync' if fsync else ''}")
-        capture_shard(None, out / "tokens.safetensors", out / "warmup.safetensors", len(samples), B, aux, "bench",
-                      "train", device=dev, storage_dtype=storage, tokens_per_batch=B * T, model=model)
+        shard = CaptureSettings(target_dir=None, tokens_path=out / "tokens.safetensors",
+                                out_path=out / "warmup.safetensors", start=len(samples), count=B, aux_layer_ids=aux,
+                                target_fingerprint="bench", split="train", device=dev, storage_dtype=storage,
+                                tokens_per_batch=B * T)
+        capture_shard(shard, model=model)
         sync(dev)
         t = time.perf_counter()
-        capture_shard(None, out / "tokens.safetensors", out / "shard.safetensors", 0, len(samples), aux, "bench", "train",
-                      device=dev, storage_dtype=storage, tokens_per_batch=B * T, model=model, writer_threads=threads,
-                      fsync=fsync)
+        capture_shard(dataclasses.replace(shard, out_path=out / "shard.safetensors", start=0, count=len(samples),
+                                          writer_threads=threads, fsync=fsync), model=model)
         sync(dev)
         seconds = time.perf_counter() - t
         size = (out / "shard.safetensors").stat().st_size

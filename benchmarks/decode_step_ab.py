@@ -25,10 +25,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from eagle3build import vllm_engine  # noqa: E402
 from eagle3build.compat.preflight_bound import ENTRY  # noqa: E402
-from eagle3build.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
+from eagle3build.config.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
 from eagle3build.target import load_config, text_config  # noqa: E402
+from eagle3build.vllm import engine as vllm_engine  # noqa: E402
 
 
 def measure(target: str, gpus: int, engines: list[tuple[int, int]], lengths: list[int], context: int,

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from eagle3build.benchkit import keep_head, load_config
+from benchlab.benchkit import keep_head, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("materialize_target", "compat_report", "prepare_data", "capture_hidden_states", "build_vocab_map",

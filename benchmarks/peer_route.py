@@ -3,7 +3,7 @@ own training entry point, to a head that our benchmark serves beside the run's o
 
 From a built run (its shards under ``results/<run>/hidden_states/``, its compat report's aux layers, its
 ``train`` and ``vocab`` settings), it
-1. writes speculators' offline data directory from the shards (``eagle3build.speculators_data``: the same
+1. writes speculators' offline data directory from the shards (``benchlab.speculators_data``: the same
    train and eval samples, the same aux layers, token frequencies over the train samples only);
 2. runs ``python -m speculators.train`` (speculators/train/__main__.py, the entry point behind ``speculators
    train``) on it with every run setting speculators has a flag for (``train_command``: epochs, lr, weight
@@ -39,15 +39,15 @@ import time
 from pathlib import Path
 
 import yaml
+from benchlab.benchkit import load_config, stage_seconds
+from benchlab.speculators_data import write_speculators_data
+
+from eagle3build.atomic import atomic_path, write_json
+from eagle3build.config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
+from eagle3build.draft import methods as draft_methods
+from eagle3build.formats import artifacts
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-from eagle3build import artifacts, draft_methods  # noqa: E402
-from eagle3build.atomic import atomic_path, write_json  # noqa: E402
-from eagle3build.benchkit import load_config, stage_seconds  # noqa: E402
-from eagle3build.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
-from eagle3build.speculators_data import write_speculators_data  # noqa: E402
 
 HEAD_FILES = ("config.json", "model.safetensors")
 

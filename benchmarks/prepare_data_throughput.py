@@ -18,7 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from eagle3build.data.prepare_data import prepare  # noqa: E402
+from eagle3build.data.prepare_data import PrepareSettings, prepare  # noqa: E402
 
 
 def main() -> None:
@@ -35,8 +35,12 @@ def main() -> None:
             target = materialize("smollm2-135m-instruct", Path(tmp) / "target")
         out = [Path(tmp) / n for n in ("train.safetensors", "eval.safetensors", "prompts.jsonl", "report.json")]
         t0 = time.perf_counter()
-        rep = prepare([{"path": "bundled:sharegpt", "max_samples": args.max_samples}], target, *out, max_seq_len=args.max_seq_len,
-                      min_supervised_tokens=16, eval_fraction=0.1, seed=0)
+        # the data settings at their declared defaults (config.yaml's); the conversations' throughput only: no
+        # benchmark prompt checked, an empty eval split allowed (a few --max-samples)
+        rep = prepare(PrepareSettings(sources=[{"path": "bundled:sharegpt", "max_samples": args.max_samples}],
+                                      target_dir=target, out_train=out[0], out_eval=out[1], out_prompts=out[2],
+                                      out_report=out[3], max_seq_len=args.max_seq_len, require_eval=False,
+                                      benchmark_sets=[]))
         dt = time.perf_counter() - t0
     print(json.dumps({k: rep[k] for k in ("records_read", "kept", "train_samples", "eval_samples", "skipped",
                                           "skipped_total", "fixed", "truncated_to_max_seq_len", "tokens",

@@ -35,8 +35,7 @@ import time
 from pathlib import Path
 
 import yaml
-
-from eagle3build.benchkit import keep_head, load_config, stage_seconds
+from benchlab.benchkit import keep_head, load_config, stage_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 

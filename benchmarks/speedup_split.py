@@ -29,7 +29,7 @@ import numpy as np
 
 def runs(result: dict) -> list[dict]:
     """The runs with a head of one benchmark.json: ``runs`` (benchmark OUTPUT_VERSION 8 on) or ``eagle3`` (before);
-    eagle3build.head_format.benchmark_runs, restated so that this script reads a file without the package."""
+    eagle3build.formats.benchmark_runs.benchmark_runs, restated so that this script reads a file without the package."""
     return result.get("runs", result.get("eagle3")) or []
 
 

@@ -25,9 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eagle3build import vllm_engine  # noqa: E402
-from eagle3build.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
-from eagle3build.serve import prompt_sets  # noqa: E402
+from eagle3build.config.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
+from eagle3build.formats import prompt_sets  # noqa: E402
+from eagle3build.vllm import engine as vllm_engine  # noqa: E402
 
 
 def check(measured: dict[str, float], reference: dict[str, float], tolerance: float) -> list[dict]:
@@ -63,7 +63,7 @@ def serve(a) -> dict:
             "sets": [{"name": n, "count": len(ps)} for n, ps in by_set.items()],
             "speculative_config": {"method": "eagle3", "model": os.path.abspath(a.head), "num_speculative_tokens": a.k}}
     with tempfile.TemporaryDirectory(prefix="tau-guard-") as tmp:
-        r = vllm_engine.run_child("eagle3build.vllm_measure:decode_greedy", spec, tmp, "tau_guard")
+        r = vllm_engine.run_child("eagle3build.vllm.measure:decode_greedy", spec, tmp, "tau_guard")
     return {"k": a.k, "num_prompts": a.num_prompts, "max_tokens": a.max_tokens, "dtype": eng["dtype"],
             "tau": {n: r["sets"][n]["mean_acceptance_length"] for n in by_set},
             "acceptance_rate_per_position": {n: r["sets"][n]["acceptance_rate_per_position"] for n in by_set}}

@@ -33,10 +33,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-from eagle3build import vocab_map  # noqa: E402
-from eagle3build.artifacts import minimal_decisions  # noqa: E402
 from eagle3build.data.prepare_data import write_tokens  # noqa: E402
-from eagle3build.shards import ShardMeta, write_shard  # noqa: E402
+from eagle3build.draft import vocab_map  # noqa: E402
+from eagle3build.formats.artifacts import minimal_decisions  # noqa: E402
+from eagle3build.formats.shards import ShardMeta, write_shard  # noqa: E402
 from eagle3build.train import build_vocab_map  # noqa: E402
 from eagle3build.train import train_draft as td  # noqa: E402
 from eagle3build.train.train_data import MODEL_KEYS, Batches, shard_dataset_class  # noqa: E402

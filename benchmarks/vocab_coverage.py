@@ -38,9 +38,9 @@ def coverage(tokens_path: str, target_dir: str, benchmark_path: str, sizes: list
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
     from transformers import AutoTokenizer
 
+    from eagle3build.draft.vocab_map import coverage as share
+    from eagle3build.draft.vocab_map import draft_target_ids
     from eagle3build.train.build_vocab_map import count_assistant_tokens
-    from eagle3build.vocab_map import coverage as share
-    from eagle3build.vocab_map import draft_target_ids
 
     freq = count_assistant_tokens(tokens_path, num_samples)
     tok = AutoTokenizer.from_pretrained(target_dir)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .staleness import content_files  # noqa: F401 (content_files: planning reads it without torch)
+from .formats.target_files import content_files  # noqa: F401 (content_files: planning reads it without torch)
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def fingerprint(path: str | os.PathLike, workers: int | None = None) -> str:
     """A content fingerprint of a target directory (16 hex chars of a SHA-256).
 
     Hashes ``config.json`` (its JSON, keys sorted) and, for every other file of
-    ``staleness.content_files`` (tokenizer files, chat template, remote code, weight files and
+    ``target_files.content_files`` (tokenizer files, chat template, remote code, weight files and
     their index), its name, its size and the SHA-256 of all its bytes. Any changed byte of
     those files changes it (a fine-tune, a re-quantisation, one tensor edited in place); a
     file outside ``content_files`` (a ``NOTES.md``) and file times do not, so a copied target

@@ -6,7 +6,10 @@ import sys
 from snakemake.common import get_function_params, overwrite_function_params
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build import config_spec, contract, head_format, staleness, vllm_engine
+from eagle3build.config import spec as config_spec
+from eagle3build.formats import benchmark_runs, target_files
+from eagle3build.vllm import engine as vllm_engine
+from eagle3build.workflow import contract, missing, staleness
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -16,17 +19,17 @@ BENCH = f"{RES}/benchmarks"
 # The target: a user's HF directory, or a bundled GGUF materialised under resources/.
 TARGET = config["target"]["path"] or f"resources/targets/{config['target']['bundled']}"
 # Its content, not the folder, is what rules take as input: config, tokenizer files, chat
-# template, remote code and weight files (eagle3build.staleness.content_files). A new unrelated
+# template, remote code and weight files (eagle3build.formats.target_files.content_files). A new unrelated
 # file in the folder changes nothing; weights rewritten in place are newer than every output.
 # A bundled target's files are the outputs of materialize_target.
 # A folder that is no model folder (a Hugging Face cache's models--org--name, an unfinished
 # download) is refused here, naming what is missing, not in an input function later.
-if config["target"]["path"] and staleness.target_dir_problem(TARGET):
-    raise ValueError(staleness.target_dir_problem(TARGET))
+if config["target"]["path"] and target_files.target_dir_problem(TARGET):
+    raise ValueError(target_files.target_dir_problem(TARGET))
 # A folder with config.json and no weight files (a download that has the config and tokenizer but
 # not the weights yet; the examples' config-only targets) plans: a dry-run warns. A build whose
 # planned jobs read the weights stops before its first job (onstart below), naming the folder.
-TARGET_WEIGHTS_PROBLEM = config["target"]["path"] and staleness.target_weights_problem(TARGET)
+TARGET_WEIGHTS_PROBLEM = config["target"]["path"] and target_files.target_weights_problem(TARGET)
 # The rules whose jobs read the target's weights (the others read its config and tokenizer only).
 READS_TARGET_WEIGHTS = frozenset(
     {"preflight_bound", "regenerate_responses", "capture_hidden_states", "train_draft", "export_head", "benchmark"}
@@ -56,9 +59,9 @@ onstart:
 
 
 TARGET_FILES = (
-    staleness.content_files(TARGET)
+    target_files.content_files(TARGET)
     if config["target"]["path"]
-    else [f"{TARGET}/{f}" for f in staleness.MATERIALIZED_FILES]
+    else [f"{TARGET}/{f}" for f in target_files.MATERIALIZED_FILES]
 )
 
 
@@ -73,8 +76,8 @@ def target_dir(wildcards, input):
 # from it by its own job). Stages read only this file, which a report with the same
 # decisions rewrites byte for byte: Snakemake skips an input that is newer than the outputs
 # but has the checksum it recorded, so a report rebuilt on its own replans nothing below it.
-# Settings that may be `auto` reach the params as requested (eagle3build.contract.requested): writing
-# down what `auto` chose is no change (eagle3build.staleness.canonical_request). Not ancient(): Snakemake 9 then
+# Settings that may be `auto` reach the params as requested (eagle3build.workflow.contract.requested): writing
+# down what `auto` chose is no change (eagle3build.workflow.staleness.canonical_request). Not ancient(): Snakemake 9 then
 # never checks the jobs below a re-running report, and a changed setting would go unplanned.
 DECISIONS = f"{RES}/decisions.json"
 _RECORDED_DECISIONS = staleness.read_decisions(DECISIONS)
@@ -106,7 +109,7 @@ JOB_ENV = (
 
 def stage_params(stage, cfg=None):
     """A stage rule's rerun-trigger params, one per ``Param`` of its contract
-    (eagle3build.contract.CONTRACTS[stage].params), by name: ``params: **stage_params(stage)``; of config ``cfg``
+    (eagle3build.workflow.contract.CONTRACTS[stage].params), by name: ``params: **stage_params(stage)``; of config ``cfg``
     where given (``method_config``), else the workflow's.
     The `version` param is the stage's OUTPUT_VERSION and the installed versions of the packages that
     shape its output, or the job's conda environment (JOB_ENV); no packages when the config's
@@ -116,7 +119,7 @@ def stage_params(stage, cfg=None):
 
 
 def job_settings_param(stage, by_method=False):
-    """A stage job's settings (eagle3build.contract.StageSettings: its trigger and runtime keys' values),
+    """A stage job's settings (eagle3build.workflow.contract.StageSettings: its trigger and runtime keys' values),
     as a param made from ``threads``: Snakemake takes it as derived and does not compare it, so the
     runtime keys in it (resources, sizes for a disk check) plan nothing; the triggers are compared
     through ``stage_params``. ``by_method``: those of ``method_config(wildcards.method)`` (the
@@ -131,7 +134,7 @@ def job_settings_param(stage, by_method=False):
 
 def check_contracts(rules):
     """Each stage rule's named inputs, and each derived rule's (contract.STAGE_OF_RULE), are those of its stage's
-    contract (eagle3build.contract.CONTRACTS).
+    contract (eagle3build.workflow.contract.CONTRACTS).
 
     Raises:
         ValueError: a rule's inputs differ from its contract's.
@@ -145,12 +148,12 @@ def check_contracts(rules):
 
 def warn_missing_intermediates(rules):
     """Warn, at planning, of each intermediate of a built run that is gone while what was made from it is present
-    (eagle3build.staleness.missing_intermediates): Snakemake 9 plans nothing for it and says nothing. Names the
+    (eagle3build.workflow.missing.missing_intermediates): Snakemake 9 plans nothing for it and says nothing. Names the
     files, the command that rebuilds them and what is replanned after. ``rules``: the workflow's rules; those
     with wildcards in their outputs are producers only (their files are read through the rules that list them);
     the inputs of rules without outputs (rule ``all``) are targets, which Snakemake plans when missing."""
     steps = [
-        staleness.Step(r.name, tuple(str(f) for f in r.input if isinstance(f, str)), tuple(map(str, r.output)))
+        missing.Step(r.name, tuple(str(f) for f in r.input if isinstance(f, str)), tuple(map(str, r.output)))
         for r in rules
         if r.output and not r.has_wildcards()
     ]
@@ -159,8 +162,8 @@ def warn_missing_intermediates(rules):
         return next((r.name for r in rules if r.output and r.is_producer(path)), None)
 
     targets = frozenset(str(f) for r in rules if not r.output for f in r.input if isinstance(f, str))
-    for m in staleness.missing_intermediates(steps, producer_of, targets):
-        logger.warning(staleness.missing_intermediate_message(m))
+    for m in missing.missing_intermediates(steps, producer_of, targets):
+        logger.warning(missing.missing_intermediate_message(m))
 
 
 # One file target per shard: shard i of a split holds samples [i*S, min((i+1)*S, N)).
@@ -219,7 +222,7 @@ def custom_prompts_input(wildcards):
 
 # benchmark.compare_heads: named apart from the run's own head and from each other, and not the run's own head
 # directory; checked when planning, not after training (eagle3build.serve.benchmark checks the names too).
-head_format.check_compare_names(config["benchmark"]["compare_heads"])
+benchmark_runs.check_compare_names(config["benchmark"]["compare_heads"])
 if any(os.path.normpath(h["path"]) == f"{RES}/head" for h in config["benchmark"]["compare_heads"]):
     raise ValueError(f"config: benchmark.compare_heads lists {RES}/head, the run's own head, which runs anyway")
 
@@ -227,7 +230,7 @@ if any(os.path.normpath(h["path"]) == f"{RES}/head" for h in config["benchmark"]
 # draft.compare_methods: heads of other draft methods, trained from this run's shards under results/<run>/methods/
 # (rules train_draft_method, export_head_method) and served by the benchmark beside the run's own head
 COMPARE_METHODS = config["draft"]["compare_methods"]
-METHOD_HEADS = head_format.method_heads(
+METHOD_HEADS = benchmark_runs.method_heads(
     RES, config["draft"]["method"], COMPARE_METHODS, config["benchmark"]["compare_heads"]
 )
 

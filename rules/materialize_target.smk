@@ -1,7 +1,7 @@
 rule materialize_target:
     output:
         # the files, not the folder: rules take the target's files as input (rules/common.smk)
-        expand("resources/targets/{{name}}/{file}", file=staleness.MATERIALIZED_FILES),
+        expand("resources/targets/{{name}}/{file}", file=target_files.MATERIALIZED_FILES),
     log:
         "logs/materialize_target/{name}.log",
     conda:

@@ -1,8 +1,8 @@
 """The one Snakemake adapter, every rule's ``script:``: the job's log, GPUs and offline mode (``setup``), then
-the entry of its rule (eagle3build.contract: a stage's ``entry``, or ``RULE_ENTRIES``) with the job's named
+the entry of its rule (eagle3build.workflow.contract: a stage's ``entry``, or ``RULE_ENTRIES``) with the job's named
 inputs, outputs, params (its settings among them), wildcards and resources, by name
-(``eagle3build.job.run_stage``). No logic here: without Snakemake, call ``run_stage`` with mappings."""
-from eagle3build.job import run_stage, setup
+(``eagle3build.workflow.job.run_stage``). No logic here: without Snakemake, call ``run_stage`` with mappings."""
+from eagle3build.workflow.job import run_stage, setup
 
 setup(snakemake)
 run_stage(

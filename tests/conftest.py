@@ -100,7 +100,7 @@ def sharegpt_sample(tmp_path_factory) -> Path:
     """The first 60 records of the bundled ShareGPT file, as a small JSON array."""
     import json
 
-    from eagle3build.conversation_files import SourceStats, bundled_sharegpt_path, read_records
+    from eagle3build.formats.conversation_files import SourceStats, bundled_sharegpt_path, read_records
 
     recs = []
     for _, r in read_records(bundled_sharegpt_path(), SourceStats(path="bundled")):
@@ -115,6 +115,17 @@ def sharegpt_sample(tmp_path_factory) -> Path:
 TINY_AUX = [1, 3, 4]
 
 
+def prepare_settings(sources, target, out, **settings):
+    """prepare_data's ``PrepareSettings`` of ``sources`` (``[{"path", "max_samples"}]``) and the target folder
+    ``target``, written to ``out`` (the train, eval, prompts and report files: a sequence in that order, or a mapping
+    of those names); ``settings``: its other fields (config fields at their declared defaults otherwise)."""
+    from eagle3build.data.prepare_data import PrepareSettings
+
+    files = [out[k] for k in ("train", "eval", "prompts", "report")] if isinstance(out, dict) else list(out)
+    return PrepareSettings(sources=sources, target_dir=target, out_train=files[0], out_eval=files[1],
+                           out_prompts=files[2], out_report=files[3], **settings)
+
+
 @pytest.fixture(scope="session")
 def tiny_shards(tmp_path_factory, tiny_target):
     """Tokens skewed toward a few ids (like real text), one train and one eval shard captured from the
@@ -123,9 +134,9 @@ def tiny_shards(tmp_path_factory, tiny_target):
 
     import numpy as np
 
-    from eagle3build.artifacts import minimal_decisions
     from eagle3build.capture import capture_hidden_states as cap
     from eagle3build.data import prepare_data as pd
+    from eagle3build.formats.artifacts import minimal_decisions
     from eagle3build.train import build_vocab_map as bv
 
     d = tmp_path_factory.mktemp("pipeline")
@@ -141,8 +152,10 @@ def tiny_shards(tmp_path_factory, tiny_target):
     pd.write_tokens(d / "train.safetensors", samples[:8])
     pd.write_tokens(d / "eval.safetensors", samples[8:])
     for split, n in (("train", 8), ("eval", 2)):
-        cap.capture_shard(tiny_target, d / f"{split}.safetensors", d / f"{split}-shard.safetensors", 0, n, TINY_AUX,
-                          "fp-tiny", split)
+        cap.capture_shard(cap.CaptureSettings(target_dir=tiny_target, tokens_path=d / f"{split}.safetensors",
+                                              out_path=d / f"{split}-shard.safetensors", start=0, count=n,
+                                              aux_layer_ids=TINY_AUX, target_fingerprint="fp-tiny", split=split,
+                                              compute_dtype="auto"))
     (d / "decisions.json").write_text(json.dumps(minimal_decisions("fp-tiny", TINY_AUX, 49152)))
     info = bv.build(d / "train.safetensors", 49152, 256, d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     return d, samples, info

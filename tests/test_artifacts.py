@@ -1,4 +1,4 @@
-"""eagle3build/artifacts.py: typed loaders of the JSON artifacts against their schemas, and the one
+"""eagle3build/formats/artifacts.py: typed loaders of the JSON artifacts against their schemas, and the one
 adapter, scripts/run_stage.py, that only hands `snakemake`'s parts to one library function."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 import pytest
 from smk import REPO
 
-from eagle3build import artifacts
-from eagle3build.artifacts import ArtifactError, Decisions, HeadMeta, TrainMeta, minimal_decisions
 from eagle3build.compat import compat_report
-from eagle3build.contract import CONTRACTS, RULE_ENTRIES
+from eagle3build.formats import artifacts
+from eagle3build.formats.artifacts import ArtifactError, Decisions, HeadMeta, TrainMeta, minimal_decisions
+from eagle3build.workflow.contract import CONTRACTS, RULE_ENTRIES
 
 TRAIN_META = {"target_fingerprint": "1492001c043ec99e", "aux_layer_ids": [2, 15, 27],
               "vocab_fingerprint": "a0b27a73f4a0450c", "draft_vocab_size": 2048, "head_variant": "eagle3.1",
@@ -116,7 +116,7 @@ def test_the_adapter_only_unpacks_and_calls_one_library_function():
 def test_run_stage_calls_the_entry_with_what_it_names(tmp_path):
     """Without Snakemake: mappings in, the entry's arguments by name (here plot_benchmark's ``inputs`` and
     ``outputs``), the settings taken out of the params; an entry taking another argument is refused."""
-    from eagle3build import job
+    from eagle3build.workflow import job
 
     calls = []
 

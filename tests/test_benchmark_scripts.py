@@ -1,6 +1,6 @@
 """The benchmark scripts under benchmarks/ at tiny size on the CPU: they run and print real figures.
 (gpu_build.py is smoke-run over the reduced build in test_e2e.py, capture_backends.py in
-test_vllm_capture.py, peer_route.py in test_peer_route.py.)"""
+test_vllm_capture.py, peer_route.py in test_peer_route.py, check_records.py in test_records.py.)"""
 from __future__ import annotations
 
 import json
@@ -70,7 +70,8 @@ def test_prepare_data_throughput_tiny(smol_target):
 def test_every_benchmark_script_is_smoke_run():
     """Each benchmarks/*.py is run by a test: this file, or the three named in the module docstring."""
     tests = "".join((REPO / "tests" / f).read_text()
-                    for f in ("test_benchmark_scripts.py", "test_e2e.py", "test_vllm_capture.py", "test_peer_route.py"))
+                    for f in ("test_benchmark_scripts.py", "test_e2e.py", "test_vllm_capture.py", "test_peer_route.py",
+                          "test_records.py"))
     missing = [p.name for p in sorted([*(REPO / "benchmarks").glob("*.py"), REPO / "benchmarks/gpu/record.py"])
                if f'"{p.name}"' not in tests and f"benchmarks/{p.name}" not in tests and f"import {p.stem}\n" not in tests]
     assert not missing, f"benchmark scripts without a smoke test: {missing}"
@@ -128,7 +129,7 @@ def test_vocab_coverage_tiny(tmp_path, smol_target):
     import numpy as np
     from transformers import AutoTokenizer
 
-    from eagle3build.tokens import write_tokens
+    from eagle3build.formats.tokens import write_tokens
 
     text = " apple banana cherry dragonfruit"
     ids = AutoTokenizer.from_pretrained(smol_target)(text, add_special_tokens=False).input_ids

@@ -7,10 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3build import vllm_engine, vllm_measure
-from eagle3build.artifacts import ArtifactError
-from eagle3build.serve import benchmark, k_schedule, lossless, plot_benchmark, prompt_sets
+from eagle3build.formats import prompt_sets
+from eagle3build.formats.artifacts import ArtifactError
+from eagle3build.serve import benchmark, k_schedule, lossless, plot_benchmark
 from eagle3build.serve.benchmark import BenchmarkSettings
+from eagle3build.vllm import engine as vllm_engine
+from eagle3build.vllm import measure as vllm_measure
 
 
 def _head(tmp_path, draft_ids):
@@ -110,8 +112,8 @@ def test_schema_accepts_a_result_and_names_a_missing_field():
 @pytest.mark.parametrize("field", ["method", "draft_layer", "trained_positions", "head"])
 def test_schema_requires_each_run_to_name_its_head(field):
     """From issue 55 every run names what it served; a result of before (runs under "eagle3", no head
-    fields) still validates and reads (head_format.benchmark_runs)."""
-    from eagle3build.head_format import benchmark_runs
+    fields) still validates and reads (benchmark_runs.benchmark_runs)."""
+    from eagle3build.formats.benchmark_runs import benchmark_runs
 
     r = _result()
     del r["runs"][0][field]
@@ -459,7 +461,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     # the 550 ms baseline step + 2 x 10 ms
     table = [{"k": 2, "concurrency": 1, "step_cost_ratio": 1.2, "step_ms": 2.4, "decode_step_ms": 2.0,
               "verify_ms_per_token": 10.0}]
-    from eagle3build.step_costs import compare_benchmark
+    from eagle3build.draft.step_costs import compare_benchmark
 
     cmp = compare_benchmark(r, {"table": table})
     assert [row["k"] for row in cmp["rows"]] == [2]
@@ -469,8 +471,10 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_engine, "require_vllm", lambda **kw: None)
     for names in (["head"], ["peagle", "peagle"]):
         with pytest.raises(ValueError, match=r"compare_heads names .*: each must be unique"):
-            benchmark.benchmark(BenchmarkSettings("t", own, "p.jsonl", str(tmp_path / "x.json"), [2], 2, 8, "auto", "m",
-                                compare_heads=[{"name": n, "path": other} for n in names]))
+            benchmark.benchmark(BenchmarkSettings(
+                target_dir="t", head_dir=own, prompts_path="p.jsonl", out_json=str(tmp_path / "x.json"), ks=[2],
+                num_prompts=2, max_tokens=8, served_name="m",
+                compare_heads=[{"name": n, "path": other} for n in names]))
     # without compared heads the runs still name their head; settings name no compared head
     plain = _bench(tmp_path, own, tmp_path / "c.json", {"chat": 0, "humaneval": 0})
     assert plain["runs"][0]["head"] == "head" and "compare_heads" not in plain["settings"]
@@ -549,9 +553,11 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
     monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
 
     def run(max_model_len):
-        return benchmark.benchmark(BenchmarkSettings(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
-                                   str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=max_model_len,
-                                   sets=["custom"], custom_prompts_path=str(pf)))
+        return benchmark.benchmark(BenchmarkSettings(
+            target_dir=str(tiny_target), head_dir=_head(tmp_path, [1]), prompts_path=str(tmp_path / "unused.jsonl"),
+            out_json=str(tmp_path / "b.json"), ks=[2], num_prompts=8, max_tokens=16, dtype="auto",
+            served_name="org/tiny",
+            max_model_len=max_model_len, sets=["custom"], custom_prompts_path=str(pf)))
 
     r = run(fits + 16)
     assert [[p["id"] for p in s["prompts"]] for s in specs] == [["short"], ["short"]]  # baseline, k=2
@@ -565,9 +571,11 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
     assert specs == []
     # a k-schedule concurrency above the prompts that run could never be put in flight: refused before any engine
     with pytest.raises(ValueError, match=r"k_schedule_concurrencies \[1, 2\]: each must be from 1 to the 1 prompts"):
-        benchmark.benchmark(BenchmarkSettings(str(tiny_target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
-                            str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=fits + 16,
-                            sets=["custom"], custom_prompts_path=str(pf), k_schedule_concurrencies=[2, 1]))
+        benchmark.benchmark(BenchmarkSettings(
+            target_dir=str(tiny_target), head_dir=_head(tmp_path, [1]), prompts_path=str(tmp_path / "unused.jsonl"),
+            out_json=str(tmp_path / "b.json"), ks=[2], num_prompts=8, max_tokens=16, dtype="auto",
+            served_name="org/tiny",
+            max_model_len=fits + 16, sets=["custom"], custom_prompts_path=str(pf), k_schedule_concurrencies=[2, 1]))
     assert specs == []
 
 
@@ -600,9 +608,11 @@ def test_benchmark_skips_prompts_the_template_refuses(tiny_target, tmp_path, mon
     monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
 
     def run():
-        return benchmark.benchmark(BenchmarkSettings(str(target), _head(tmp_path, [1]), str(tmp_path / "unused.jsonl"),
-                                   str(tmp_path / "b.json"), [2], 8, 16, "auto", "org/tiny", max_model_len=512,
-                                   sets=["custom"], custom_prompts_path=str(pf)))
+        return benchmark.benchmark(BenchmarkSettings(
+            target_dir=str(target), head_dir=_head(tmp_path, [1]), prompts_path=str(tmp_path / "unused.jsonl"),
+            out_json=str(tmp_path / "b.json"), ks=[2], num_prompts=8, max_tokens=16, dtype="auto",
+            served_name="org/tiny",
+            max_model_len=512, sets=["custom"], custom_prompts_path=str(pf)))
 
     r = run()
     assert [[p["id"] for p in s["prompts"]] for s in specs] == [["plain"], ["plain"]]

@@ -7,7 +7,7 @@ import torch
 
 from eagle3build.capture import capture_hidden_states as cap
 from eagle3build.data import prepare_data as pd
-from eagle3build.shards import ShardMeta, ShardMismatch, ShardReader, check_meta, write_shard
+from eagle3build.formats.shards import ShardMeta, ShardMismatch, ShardReader, check_meta, write_shard
 from eagle3build.target import find_decoder_layers, load_model
 
 
@@ -66,8 +66,9 @@ def test_capture_shard_roundtrip_and_meta_check(tmp_path, tiny_target):
     tokens = tmp_path / "train.safetensors"
     pd.write_tokens(tokens, samples)
     out = tmp_path / "shard-00000.safetensors"
-    summary = cap.capture_shard(tiny_target, tokens, out, start=1, count=3, aux_layer_ids=[1, 3, 4],
-                                target_fingerprint="abc", split="train", tokens_per_batch=64)
+    summary = cap.capture_shard(cap.CaptureSettings(target_dir=tiny_target, tokens_path=tokens, out_path=out, start=1,
+                                                    count=3, aux_layer_ids=[1, 3, 4], target_fingerprint="abc",
+                                                    split="train", compute_dtype="auto", tokens_per_batch=64))
     assert summary["samples"] == 3 and summary["tokens"] == 30 + 7 + 19
     r = ShardReader(out)
     assert r.meta.sample_ids == ["s1", "s2", "s3"] and r.meta.aux_layer_ids == [1, 3, 4] and r.meta.dtype == "bfloat16"
@@ -111,7 +112,7 @@ def test_fp8_storage_roundtrip(tmp_path):
         err = (s["hidden_states"].reshape(-1, 3, 16) - hs[i].reshape(-1, 3, 16)).abs()
         assert (err <= amax * 2**-4 + 1e-12).all()
         torch.testing.assert_close(s["verifier_last_hidden_states"], last[i], rtol=2**-4, atol=last[i].abs().max().item() * 2**-4)
-    from eagle3build.shards import bytes_per_token
+    from eagle3build.formats.shards import bytes_per_token
 
     bf16 = ShardMeta("fp", [1, 2, 3], "bfloat16", 4096, ["a"], "train")
     fp8 = ShardMeta("fp", [1, 2, 3], "float8_e4m3fn", 4096, ["a"], "train")
@@ -122,7 +123,7 @@ def test_fp8_storage_roundtrip(tmp_path):
 def test_streaming_writer_is_read_by_safetensors_in_any_order(tmp_path):
     from safetensors.torch import load_file
 
-    from eagle3build.shards import ShardFileWriter
+    from eagle3build.formats.shards import ShardFileWriter
 
     meta = ShardMeta("fp", [0, 1], "bfloat16", 4, ["x", "y", "z"], "eval")
     lengths = [2, 3, 1]
@@ -139,7 +140,7 @@ def test_streaming_writer_is_read_by_safetensors_in_any_order(tmp_path):
 
 
 def test_unfinished_shard_is_never_accepted(tmp_path):
-    from eagle3build.shards import ShardFileWriter
+    from eagle3build.formats.shards import ShardFileWriter
 
     meta = ShardMeta("fp", [0], "bfloat16", 4, ["x", "y"], "train")
     w = ShardFileWriter(tmp_path / "s.safetensors", meta, [2, 2])
@@ -153,7 +154,7 @@ def test_unfinished_shard_is_never_accepted(tmp_path):
 def test_nonfinite_states_are_refused_naming_samples(tmp_path, dtype):
     """A NaN in one sample's aux states and an inf in another's last state: the shard is refused,
     the message names both sample ids and which state, and nothing is left on disk."""
-    from eagle3build.shards import NonFiniteStates
+    from eagle3build.formats.shards import NonFiniteStates
 
     meta = ShardMeta("fp", [1, 2], dtype, 8, ["ok-0", "nan-1", "inf-2", "ok-3"], "train")
     hs = [torch.randn(3, 16) for _ in range(4)]

@@ -1,4 +1,4 @@
-"""eagle3build.config_spec: each config key declared once, and what derives from the declarations: the config
+"""eagle3build.config.spec: each config key declared once, and what derives from the declarations: the config
 schema (schemas/config.schema.yaml), the stage contracts' keys and params, the jobs' settings and TrainConfig."""
 from __future__ import annotations
 
@@ -9,21 +9,63 @@ import pytest
 import yaml
 from smk import REPO
 
-from eagle3build import config_spec as cs
-from eagle3build.contract import CONTRACTS, PlanContext, build_contracts, job_settings, param_value
+from eagle3build.config import spec as cs
 from eagle3build.train.trainer import TrainConfig, train_config_class
+from eagle3build.workflow.contract import CONTRACTS, PlanContext, build_contracts, job_settings, param_value
 
 CONFIG = yaml.safe_load((REPO / "config.yaml").read_text())
 
 
 def test_the_schema_file_is_the_generated_one():
-    """schemas/config.schema.yaml is ``python -m eagle3build.config_spec``'s output, byte for byte."""
+    """schemas/config.schema.yaml is ``python -m eagle3build.config.spec``'s output, byte for byte."""
     assert (REPO / "schemas/config.schema.yaml").read_text() == cs.schema_yaml()
 
 
 def test_config_yaml_holds_every_key_at_its_default():
     assert CONFIG == cs.defaults()
     jsonschema.validate(CONFIG, cs.json_schema())
+
+
+def test_config_yaml_is_the_generated_one():
+    """config.yaml is ``python -m eagle3build.config.spec --config-yaml``'s output, byte for byte: every key in
+    declaration order with its declared doc as its comment, no line past 120 characters."""
+    text = (REPO / "config.yaml").read_text()
+    assert text == cs.config_yaml()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= cs.LINE_WIDTH
+    assert "  checkpoint_every: 20              # steps between resumable training states (0 = none); resumed on the " \
+           "same GPU count" in lines
+    assert "                                    # or fewer" in lines
+
+
+def test_config_yaml_comments_are_the_declared_docs():
+    """Each key's line carries its doc, wrapped onto the comment lines below it (a doc edited in the declaration
+    is what config.yaml says); a section's line carries its SECTION_DOCS entry; a new key gets its line."""
+    keys = cs.KEYS + (cs.Key("train.label_smoothing", {"type": "number"}, 0.1, "label smoothing of the draft's loss "
+                             "(0 = none), a doc long enough to be wrapped onto a second comment line of config.yaml",
+                             {"train_draft": "trigger:train"}),)
+    text = cs.config_yaml(keys, {"train": "the training", "train.sub": "unused"})
+    assert yaml.safe_load(text) == cs.defaults(keys)
+    lines = text.splitlines()
+    i = lines.index("  label_smoothing: 0.1              # label smoothing of the draft's loss (0 = none), a doc long "
+                    "enough to be wrapped")
+    assert lines[i + 1] == " " * cs.COMMENT_COLUMN + "# onto a second comment line of config.yaml"
+    assert "train:".ljust(cs.COMMENT_COLUMN) + "# the training" in lines
+    assert "target:" in lines  # a section without a doc: no comment
+
+
+def test_the_generator_prints_schema_and_config():
+    import subprocess
+    import sys
+
+    def out(*args):
+        return subprocess.run([sys.executable, "-m", "eagle3build.config.spec", *args], capture_output=True, text=True,
+                              cwd=REPO)
+
+    assert out().stdout == cs.schema_yaml()
+    assert out("--config-yaml").stdout == cs.config_yaml()
+    bad = out("--config")
+    assert bad.returncode != 0 and "usage: python -m eagle3build.config.spec [--config-yaml]" in bad.stderr
 
 
 def test_every_key_has_a_doc_a_type_and_a_stage():

@@ -1,4 +1,4 @@
-"""The stage contracts (eagle3build.contract): every config key classified, entries that read only
+"""The stage contracts (eagle3build.workflow.contract): every config key classified, entries that read only
 their stage's settings, entries and groups that exist."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3build.contract import CONTRACTS, STAGE_GROUPS, Contract, Param, StageSettings, job_settings
+from eagle3build.workflow.contract import CONTRACTS, STAGE_GROUPS, Contract, Param, StageSettings, job_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
@@ -71,7 +71,7 @@ def test_every_stage_has_a_contract_its_entry_and_its_group():
         module, function = c.entry.split(":")
         assert module == f"eagle3build.{c.group}.{stage}", c.entry
         tree = ast.parse((REPO / "eagle3build" / c.group / f"{stage}.py").read_text())
-        assert function == "run_job", c.entry  # one name for every stage's entry (eagle3build.job.run_stage)
+        assert function == "run_job", c.entry  # one name for every stage's entry (eagle3build.workflow.job.run_stage)
         assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, c.entry
         assert len({p.name for p in c.params}) == len(c.params), stage
         assert "settings" not in {p.name for p in c.params}, stage  # the job's settings param (rules/common.smk)
@@ -129,7 +129,7 @@ def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
     for part in ("Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "profiles", "eagle3build", "report"):
         src = REPO / part
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp_path / part)
-    contract = tmp_path / "eagle3build/contract.py"
+    contract = tmp_path / "eagle3build/workflow/contract.py"
     text = contract.read_text()
     edited = text.replace('Stage("build_vocab_map", "train", inputs=("tokens", "decisions"),',
                           'Stage("build_vocab_map", "train", inputs=("tokens",),')
@@ -145,7 +145,7 @@ def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
 def test_each_param_is_made_by_its_function():
     """A param is its keys' values passed to its ``make`` (no dispatch on strings): a value, a section, a
     setting as requested, the regenerated answers in place of the sources, the online states' settings."""
-    from eagle3build import contract as c
+    from eagle3build.workflow import contract as c
 
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())
     cfg["data"]["regenerate"]["enabled"] = True

@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from eagle3build.compat.probes import check_cpu_capture_dtype, run_probe
-from eagle3build.provenance import cpu_bf16_support
+from eagle3build.config.provenance import cpu_bf16_support
 
 AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
 ZEN4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"

@@ -7,11 +7,12 @@ import gzip
 import json
 
 import pytest
+from conftest import prepare_settings
 
-from eagle3build import conversation_files as cf
-from eagle3build import conversations as cv
-from eagle3build import tokens as tk
 from eagle3build.data import prepare_data as pd
+from eagle3build.formats import conversation_files as cf
+from eagle3build.formats import conversations as cv
+from eagle3build.formats import tokens as tk
 
 
 def parts(*texts, kind="text"):
@@ -266,7 +267,7 @@ def test_parquet_struct_nulls_are_absent_keys(tmp_path):
 def test_prompts_file_takes_content_parts_and_developer(tmp_path):
     """Benchmark prompts (data.prompts_file) in the same forms as training data: content parts joined,
     developer = system, a raw U+2028 inside a line; an image part is refused naming the line and type."""
-    from eagle3build import prompt_sets
+    from eagle3build.formats import prompt_sets
 
     f = tmp_path / "p.jsonl"
     lines = [{"id": "a", "messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
@@ -306,8 +307,9 @@ def test_prepare_trains_content_parts_and_skips_surrogates(tmp_path, smol_target
     f = tmp_path / "parts.jsonl.gz"
     f.write_bytes(gzip.compress(body))
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
-    rep = pd.prepare([{"path": str(f), "max_samples": None}], smol_target, *out, max_seq_len=256,
-                     min_supervised_tokens=4, eval_fraction=0.2, seed=0)
+    rep = pd.prepare(prepare_settings([{"path": str(f), "max_samples": None}], smol_target, out, max_seq_len=256,
+                                      min_supervised_tokens=4, eval_fraction=0.2, seed=0,
+                                      require_eval=False, benchmark_sets=[]))
     assert rep["kept"] == 10 and rep["skipped"] == {"bad_unicode": 2}
     assert [e["index"] for e in rep["skip_examples"]["bad_unicode"]] == [3, 8]
     src = rep["sources"][0]
@@ -324,7 +326,7 @@ def test_prepare_checks_every_benchmark_prompt_against_the_template(tmp_path, sm
     prompt, a set refused whole stops the stage there."""
     from test_benchmark_unit import refusing_target
 
-    from eagle3build import prompt_sets
+    from eagle3build.formats import prompt_sets
 
     target = refusing_target(smol_target, tmp_path / "refusing")
     pf = tmp_path / "mine.jsonl"
@@ -333,9 +335,9 @@ def test_prepare_checks_every_benchmark_prompt_against_the_template(tmp_path, sm
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
 
     def run():
-        return pd.prepare([{"path": str(sharegpt_sample), "max_samples": 20}], target, *out, max_seq_len=128,
-                          min_supervised_tokens=1, eval_fraction=0.25, seed=0,
-                          benchmark_sets=["chat", "humaneval", "custom"], prompts_file=str(pf))
+        return pd.prepare(prepare_settings([{"path": str(sharegpt_sample), "max_samples": 20}], target, out,
+                                           max_seq_len=128, min_supervised_tokens=1, eval_fraction=0.25, seed=0,
+                                           benchmark_sets=["chat", "humaneval", "custom"], prompts_file=str(pf)))
 
     rep = run()
     check = rep["benchmark_prompt_check"]
@@ -373,10 +375,10 @@ def test_prepare_refuses_an_empty_chat_set_before_any_gpu_stage(tmp_path, smol_t
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
 
     def run(sets):
-        return pd.prepare([{"path": str(src), "max_samples": None}], smol_target, *out, max_seq_len=128,
-                          min_supervised_tokens=1, eval_fraction=0.5, seed=0, benchmark_sets=sets)
+        return pd.prepare(prepare_settings([{"path": str(src), "max_samples": None}], smol_target, out, max_seq_len=128,
+                                           min_supervised_tokens=1, eval_fraction=0.5, seed=0, benchmark_sets=sets))
 
-    from eagle3build import prompt_sets
+    from eagle3build.formats import prompt_sets
 
     evals = sum(pd.is_eval(f"r{i}", 0, 0.5) for i in range(12))
     assert 0 < evals < 12

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eagle3build.head_format import draft_layer, trained_positions
+from eagle3build.draft.head_format import draft_layer, trained_positions
 from eagle3build.serve import export_head as ex
 from eagle3build.train import train_draft as td
 
@@ -64,7 +64,7 @@ def test_method_trains_with_speculators_model(trained, method, depths):
 def test_method_options_reach_speculators_model(tiny_shards, tiny_target):
     """draft.peagle.num_depths and draft.dflash.block_size / num_layers replace speculators' defaults in the
     model, its trainer kwargs and the saved config; an option of another method is refused by name."""
-    from eagle3build.head_model import method_spec, resolved_options, trainer_kwargs
+    from eagle3build.draft.head_model import method_spec, resolved_options, trainer_kwargs
 
     out, m = _train(tiny_shards, tiny_target, "dflash", "ck-dflash-4", method_options={"block_size": 4,
                                                                                         "num_layers": 2})
@@ -100,8 +100,8 @@ def test_summarise_per_position_methods():
 def test_compare_methods_heads_and_their_rules_entries():
     """draft.compare_methods: the benchmark's compared heads under results/<run>/methods/, in the listed order; the
     rules derived from train_draft and export_head run those stages' entries."""
-    from eagle3build import contract
-    from eagle3build.head_format import method_heads
+    from eagle3build.formats.benchmark_runs import method_heads
+    from eagle3build.workflow import contract
 
     assert method_heads("results/r", "eagle3", ["dflash", "peagle"], [{"name": "other", "path": "x"}]) == [
         {"name": "dflash", "path": "results/r/methods/dflash/head"},
@@ -123,7 +123,7 @@ def test_compare_methods_heads_and_their_rules_entries():
 
 
 def test_unknown_method_is_refused():
-    from eagle3build.head_model import method_class
+    from eagle3build.draft.head_model import method_class
 
     with pytest.raises(ValueError, match="draft.method 'dflash2' is not one of"):
         method_class("dflash2")
@@ -195,7 +195,7 @@ def test_method_replans_training_and_what_follows_never_capture():
     import yaml
     from smk import REPO
 
-    from eagle3build.contract import CONTRACTS, PlanContext, param_value
+    from eagle3build.workflow.contract import CONTRACTS, PlanContext, param_value
 
     base = yaml.safe_load((REPO / "config.yaml").read_text())
     other = copy.deepcopy(base)
@@ -236,8 +236,8 @@ def test_method_options_join_the_state_key_only_away_from_defaults(tiny_shards, 
 def test_load_check_failure_names_a_stale_peagle_head(tmp_path, monkeypatch, method, norm_before_fc, hinted):
     """A P-EAGLE head trained with norm_before_fc (before head_model.method_flags turned it off) that vLLM fails to
     serve gets the cause and the retrain command in the export's error; other heads get vLLM's error alone."""
-    from eagle3build import vllm_engine
     from eagle3build.serve import export_head as ex
+    from eagle3build.vllm import engine as vllm_engine
 
     head = tmp_path / "head"
     head.mkdir()

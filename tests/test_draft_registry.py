@@ -1,4 +1,4 @@
-"""The draft-method registry (eagle3build.draft_methods): one object per method holds what the method changes,
+"""The draft-method registry (eagle3build.draft.methods): one object per method holds what the method changes,
 one per draft layer what the layer changes (draft.layer, issue 54), the config's draft section is made from them,
 and no code outside it branches on a method's or a layer's name (issue 52)."""
 from __future__ import annotations
@@ -9,12 +9,13 @@ import re
 import pytest
 from smk import REPO
 
-from eagle3build import config_spec, draft_methods
-from eagle3build.draft_methods import LAYERS, METHODS
+from eagle3build.config import spec as config_spec
+from eagle3build.draft import methods as draft_methods
+from eagle3build.draft.methods import LAYERS, METHODS
 
 # the names no module branches on outside the registry: the methods' and the draft layers' (``llama`` | ``mla``)
 NAMES = frozenset(METHODS) | frozenset(LAYERS)
-REGISTRY = "eagle3build/draft_methods.py"
+REGISTRY = "eagle3build/draft/methods.py"
 
 
 def _is_name(node: ast.AST) -> bool:

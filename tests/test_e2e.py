@@ -85,7 +85,7 @@ def test_benchmark(built):
     assert sets["humaneval"]["prompt_ids"] == ["HumanEval/0", "HumanEval/1"]
     chat_ids = [json.loads(x)["id"] for x in (res / "data/prompts.jsonl").read_text().splitlines()][:2]
     assert sets["chat"]["prompt_ids"] == chat_ids and len(chat_ids) == 2
-    from eagle3build.tokens import read_tokens
+    from eagle3build.formats.tokens import read_tokens
 
     # Held out: no chat prompt is a trained sample (record ids).
     assert not set(chat_ids) & set(read_tokens(res / "data/train.safetensors").sample_ids)
@@ -258,10 +258,10 @@ def _changed_keys(change, prefix=""):
 
 
 def _contract_problems(change, planned, graph):
-    """Where a dry-run's plan disagrees with the stage contracts (eagle3build.contract): a planned stage
+    """Where a dry-run's plan disagrees with the stage contracts (eagle3build.workflow.contract): a planned stage
     that has none of the changed keys as trigger or file key and reads from no planned rule, or a plan
     for a change of keys that are no stage's trigger or file key."""
-    from eagle3build.contract import CONTRACTS
+    from eagle3build.workflow.contract import CONTRACTS
 
     keys = _changed_keys(change)
     out = []
@@ -447,7 +447,7 @@ def test_edited_adapter_rebuilds_nothing(built, tmp_path):
 
 def test_output_version_bump_rebuilds_its_stage_and_downstream(built, tmp_path):
     """A stage whose output bytes change bumps OUTPUT_VERSION: that plans exactly it and what follows."""
-    from eagle3build.contract import STAGE_GROUPS
+    from eagle3build.workflow.contract import STAGE_GROUPS
 
     wd, _ = built
     wf = _workflow_copy(tmp_path)
@@ -659,7 +659,7 @@ def _same_digest(recorded, current) -> bool:
 
 
 def _artifact_digests(wd) -> dict:
-    from eagle3build.contract import stage_version
+    from eagle3build.workflow.contract import stage_version
 
     return {stage: {"version": stage_version(stage),
                     "files": {f: _file_digest(wd / f, stage in FLOAT_COMPUTED) for f in files}}

@@ -68,7 +68,7 @@ def test_the_plan_shows_the_layout_the_engines_are_given(tmp_path):
     """The Kimi example with two pipeline stages (target.pipeline_parallel_size) and its capture pinned to the hooks
     backend: the plan shows each serving engine's layout as vllm_engine.engine_args gives it to vLLM, and no capture
     engine."""
-    from eagle3build import vllm_engine
+    from eagle3build.vllm import engine as vllm_engine
 
     over = tmp_path / "pp2.yaml"
     over.write_text(yaml.safe_dump({"target": {"pipeline_parallel_size": 2}, "capture": {"backend": "hooks"}}))

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from smk import REPO
 
-from eagle3build import lockcheck
+from eagle3build.workflow import lockcheck
 
 LOCK = REPO / "constraints-gpu.txt"
 REQS = REPO / "requirements-gpu.txt"
@@ -77,7 +77,7 @@ def test_containerfile_installs_exactly_the_lock():
     assert IMAGE_TAG in text  # the tag the kubernetes profile names
     script = (REPO / "install-gpu.sh").read_text()
     assert "pip install -q -r requirements-gpu.txt -c constraints-gpu.txt" in script
-    assert '-m eagle3build.lockcheck constraints-gpu.txt' in script  # the build fails unless the venv is the lock
+    assert '-m eagle3build.workflow.lockcheck constraints-gpu.txt' in script  # the build fails unless the venv is the lock
     ignored = (REPO / ".containerignore").read_text().split()
     assert {".venv", "results", ".git"} <= set(ignored)
 
@@ -104,6 +104,6 @@ def test_container_image_builds(tmp_path):
     p = subprocess.run([exe, "build", "-t", IMAGE_TAG, "-f", str(REPO / "Containerfile"), str(REPO)], capture_output=True,
                        text=True, timeout=3600)
     assert p.returncode == 0, p.stderr[-3000:]
-    out = subprocess.run([exe, "run", "--rm", IMAGE_TAG, "python", "-m", "eagle3build.lockcheck",
+    out = subprocess.run([exe, "run", "--rm", IMAGE_TAG, "python", "-m", "eagle3build.workflow.lockcheck",
                           "/opt/eagle3build/constraints-gpu.txt"], capture_output=True, text=True, timeout=600)
     assert "every pin installed" in out.stdout, out.stderr[-2000:]

@@ -6,9 +6,8 @@ from __future__ import annotations
 import sys
 
 import pytest
+from benchlab.benchkit import load_config
 from smk import REPO
-
-from eagle3build.benchkit import load_config
 
 sys.path.insert(0, str(REPO / "benchmarks/gpu"))
 import record  # noqa: E402  (the GPU record driver: its RECORDS table)

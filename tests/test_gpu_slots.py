@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from eagle3build import gpu_slots
+from eagle3build.workflow import gpu_slots
 
 WORKER = """
 import json, os, sys, time
-from eagle3build import gpu_slots
+from eagle3build.workflow import gpu_slots
 lock_dir, out, n, hold, crash = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
 a = gpu_slots.acquire(n, num_gpus=8, lock_dir=lock_dir, poll=0.05)
 t0 = time.time()

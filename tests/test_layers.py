@@ -1,13 +1,15 @@
-"""The package's layers: stage subpackages over one shared floor.
+"""The package's layers: floor packages in a declared order, stage subpackages over them.
 
-Modules are named by their path in the package: ``atomic`` (the floor, eagle3build/atomic.py),
-``train.train_draft`` (eagle3build/train/train_draft.py), ``train`` (the subpackage's
-``__init__``). A stage module (one per Snakemake rule, ``contract.STAGE_GROUPS``) imports
-the floor and its own subpackage's private modules, never a stage (not even lazily inside a
-function, not even one of its own subpackage); a private module of a subpackage imports no
-stage; no module imports another subpackage's modules; the floor imports no subpackage module;
-the imports among the package's modules, deferred ones (inside a function) included, have no cycle; no
-module passes ``MAX_LINES`` lines. Checked on the source with ``ast``, without importing.
+Modules are named by their path in the package: ``atomic`` (eagle3build/atomic.py, flat), ``formats.shards``
+(eagle3build/formats/shards.py), ``train.train_draft`` (a stage), ``train`` (the subpackage's ``__init__``). A
+module's *unit* is its subpackage, or the module itself where it sits flat. The floor's units, lowest first, are
+``FLOOR_ORDER``: a floor module imports its own unit's modules and those of units before it, never a later one and
+never a stage subpackage. A stage subpackage (``contract.STAGE_GROUPS``) imports the floor and its own private
+modules: a stage module (one per Snakemake rule) imports no stage (not even lazily inside a function, not even one
+of its own subpackage), a private module imports no stage, no module imports another stage subpackage. The imports
+among the package's modules, deferred ones (inside a function) included, have no cycle; at most ``MAX_FLAT``
+modules sit flat (the ``FLAT`` ones: what every unit uses); no module passes ``MAX_LINES`` lines. Checked on the
+source with ``ast``, without importing.
 """
 
 from __future__ import annotations
@@ -17,21 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from eagle3build.contract import STAGE_GROUPS
+from eagle3build.workflow.contract import STAGE_GROUPS
 
 PACKAGE = "eagle3build"
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / PACKAGE
 
 # The modules named after a Snakemake rule (rules/<stage>.smk), by their path.
 STAGES = frozenset(f"{group}.{stage}" for stage, group in STAGE_GROUPS.items())
-
-
-def group(module: str, modules: set[str]) -> str | None:
-    """The subpackage of ``module`` among ``modules`` (``"train"`` for ``train.trainer`` and for the
-    subpackage ``train`` itself); None on the floor."""
-    if "." in module or any(m.startswith(module + ".") for m in modules):
-        return module.split(".")[0]
-    return None
+# The floor's units in their order (docs/layout.md): each imports only itself and those before it. formats: the
+# file formats; target: the target loader; hooks: hook capture; draft: the draft head; config: the keys;
+# workflow: contracts and staleness; vllm: the engines. The stage subpackages sit above them all.
+FLOOR_ORDER = ("atomic", "formats", "target", "hooks", "draft", "config", "workflow", "vllm")
+FLAT = frozenset({"atomic", "target", "hooks"})  # modules flat in eagle3build/, besides __init__
+MAX_FLAT = 8
 
 
 def package_imports(source: str, module: str, modules: set[str], top_level_only: bool = False) -> set[str]:
@@ -89,19 +89,39 @@ def package_imports(source: str, module: str, modules: set[str], top_level_only:
     return found - {module}
 
 
-def layer_violations(sources: dict[str, str], stages: frozenset[str] = STAGES) -> list[str]:
-    """Every import (any depth) in ``sources`` (module name -> source text) that breaks the layers."""
+def unit(module: str, modules: set[str]) -> str:
+    """``module``'s unit: its subpackage (``"train"`` for ``train.trainer`` and for the subpackage ``train``
+    itself), or the module itself where it sits flat."""
+    return module.split(".")[0]
+
+
+def layer_violations(sources: dict[str, str], stages: frozenset[str] = STAGES,
+                     order: tuple[str, ...] = FLOOR_ORDER) -> list[str]:
+    """Every import (any depth) in ``sources`` (module name -> source text) that breaks the layers: a floor unit
+    importing a later floor unit or a stage subpackage, a module importing a stage (its own excepted: none), or a
+    stage subpackage's module importing another stage subpackage."""
     modules = set(sources)
+    rank = {u: i for i, u in enumerate(order)}
     out = []
     for mod, src in sorted(sources.items()):
-        own = group(mod, modules)
-        kind = "stage" if mod in stages else "shared module" if own is None else "private module"
+        own = unit(mod, modules)
+        floor = own in rank
+        kind = ("stage" if mod in stages else f"{own} module" if floor else "private module")
         for dep in sorted(package_imports(src, mod, modules)):
+            du = unit(dep, modules)
             if dep in stages:
                 out.append(f"{kind} {mod} imports stage {dep}")
-            elif group(dep, modules) not in (None, own):
-                out.append(f"{kind} {mod} imports {group(dep, modules)}'s module {dep}")
+            elif du not in rank:
+                if du != own:
+                    out.append(f"{kind} {mod} imports {du}'s module {dep}")
+            elif floor and rank[du] > rank[own]:
+                out.append(f"{kind} {mod} imports {dep}, of {du}, after {own} in the floor's order")
     return out
+
+
+def floor_units(sources: dict[str, str]) -> set[str]:
+    """The units of ``sources`` that are no stage subpackage."""
+    return {unit(m, set(sources)) for m in sources} - set(STAGE_GROUPS.values())
 
 
 def import_cycles(sources: dict[str, str], top_level_only: bool = False) -> list[list[str]]:
@@ -141,33 +161,18 @@ def package_sources() -> dict[str, str]:
     return out
 
 
-def floor_users(sources: dict[str, str]) -> dict[str, set[str]]:
-    """Each floor module of ``sources`` -> the subpackages whose modules import it, directly or through
-    floor modules (any depth)."""
-    modules = set(sources)
-    imports = {m: package_imports(s, m, modules) for m, s in sources.items()}
-    out = {}
-    for f in (m for m in modules if group(m, modules) is None):
-        users, seen, todo = set(), set(), [f]
-        while todo:
-            x = todo.pop()
-            for m, deps in imports.items():
-                if x in deps and m not in seen:
-                    seen.add(m)
-                    (todo.append(m) if group(m, modules) is None else users.add(group(m, modules)))
-        out[f] = users
-    return out
-
-
 def test_every_stage_module_exists():
     assert STAGES <= set(package_sources()), STAGES - set(package_sources())
 
 
-def test_subpackages_are_one_level_deep_and_hold_a_stage():
-    modules = set(package_sources())
-    groups = {group(m, modules) for m in modules} - {None}
-    assert all(m.count(".") <= 1 for m in modules)
-    assert groups == set(STAGE_GROUPS.values())
+def test_the_floor_is_the_declared_packages_and_few_flat_modules():
+    """Every unit below the stages is in ``FLOOR_ORDER``; the flat ones are ``FLAT``, at most ``MAX_FLAT``;
+    subpackages are one level deep."""
+    sources = package_sources()
+    assert floor_units(sources) == set(FLOOR_ORDER)
+    flat = {m for m in sources if "." not in m and not any(x.startswith(m + ".") for x in sources)}
+    assert flat == FLAT and len(flat) <= MAX_FLAT
+    assert all(m.count(".") <= 1 for m in sources)
 
 
 def test_no_module_breaks_the_layers():
@@ -175,16 +180,25 @@ def test_no_module_breaks_the_layers():
 
 
 def test_a_floor_module_serves_several_subpackages():
-    """A module that one subpackage's stages use alone lives in that subpackage; the floor holds modules
-    of two or more, and tools that no subpackage imports (``lockcheck``, a command-line check)."""
-    lonely = {m: users for m, users in floor_users(package_sources()).items() if len(users) == 1}
+    """A module that one stage subpackage's modules use alone lives in that subpackage; the floor holds modules
+    of two or more, and tools that no stage imports (``workflow.lockcheck``, a command-line check;
+    ``workflow.missing``, read by rules/common.smk; ``config.errors``, the Snakefile's)."""
+    sources = package_sources()
+    modules = set(sources)
+    imports = {m: package_imports(s, m, modules) for m, s in sources.items()}
+    stage_groups = set(STAGE_GROUPS.values())
+    lonely = {}
+    for f in (m for m in modules if unit(m, modules) not in stage_groups and m not in FLOOR_ORDER):
+        users, seen, todo = set(), set(), [f]
+        while todo:
+            x = todo.pop()
+            for m, deps in imports.items():
+                if x in deps and m not in seen:
+                    seen.add(m)
+                    (users.add(unit(m, modules)) if unit(m, modules) in stage_groups else todo.append(m))
+        if len(users) == 1:
+            lonely[f] = users
     assert lonely == {}
-
-
-def test_the_floor_check_finds_a_module_of_one_subpackage():
-    sources = {"a": "", "b": "from . import a\n", "c": "", "x": "", "x.s": "from ..b import f\nfrom .. import c\n",
-               "y": "", "y.t": "def f():\n    from eagle3build import c\n"}
-    assert floor_users(sources) == {"a": {"x"}, "b": {"x"}, "c": {"x", "y"}}
 
 
 def test_no_import_cycle():
@@ -193,7 +207,8 @@ def test_no_import_cycle():
 
 SYNTHETIC = {"capture.capture_hidden_states": "", "data": "", "data.prepare_data": "", "data.chat_masking": "",
              "compat.compat_report": "", "train.train_draft": "", "train.trainer": "", "serve.export_head": "",
-             "serve.benchmark": "", "tokens": "", "shards": ""}
+             "serve.benchmark": "", "formats": "", "formats.tokens": "", "formats.shards": "", "draft.methods": "",
+             "config.spec": "", "atomic": "", "target": ""}
 SYNTHETIC_STAGES = frozenset({"capture.capture_hidden_states", "data.prepare_data", "compat.compat_report",
                               "train.train_draft", "serve.export_head", "serve.benchmark"})
 
@@ -213,7 +228,8 @@ SYNTHETIC_STAGES = frozenset({"capture.capture_hidden_states", "data.prepare_dat
     ("import eagle3build.data.chat_masking\n",
      ["stage capture.capture_hidden_states imports data's module data.chat_masking"]),
     ("from eagle3build import data\n", ["stage capture.capture_hidden_states imports data's module data"]),
-    ("from ..tokens import read_tokens\nfrom .. import shards\nimport eagle3build.shards\n", []),
+    ("from ..formats.tokens import read_tokens\nfrom ..formats import shards\nimport eagle3build.config.spec\n"
+     "from .. import atomic\n", []),
 ])
 def test_checker_finds_a_stage_importing_a_stage_or_another_subpackage(src, expect):
     sources = {**SYNTHETIC, "capture.capture_hidden_states": src}
@@ -238,18 +254,33 @@ def test_checker_finds_a_private_module_importing_its_stage():
 
 
 @pytest.mark.parametrize("src, dep", [
-    ("def f():\n    from .data.prepare_data import DataError\n", "stage data.prepare_data"),
-    ("from .data import chat_masking\n", "data's module data.chat_masking"),
+    ("def f():\n    from ..data.prepare_data import DataError\n", "stage data.prepare_data"),
+    ("from ..data import chat_masking\n", "data's module data.chat_masking"),
     ("from eagle3build.train.trainer import Trainer\n", "train's module train.trainer"),
 ])
-def test_checker_finds_a_shared_module_importing_a_subpackage(src, dep):
-    sources = {**SYNTHETIC, "tokens": src}
-    assert layer_violations(sources, SYNTHETIC_STAGES) == [f"shared module tokens imports {dep}"]
+def test_checker_finds_a_floor_module_importing_a_stage_subpackage(src, dep):
+    sources = {**SYNTHETIC, "formats.tokens": src}
+    assert layer_violations(sources, SYNTHETIC_STAGES) == [f"formats module formats.tokens imports {dep}"]
+
+
+@pytest.mark.parametrize("mod, src, expect", [
+    ("formats.tokens", "from ..draft import methods\n",
+     ["formats module formats.tokens imports draft.methods, of draft, after formats in the floor's order"]),
+    ("draft.methods", "def f():\n    from eagle3build.config import spec\n",
+     ["draft module draft.methods imports config.spec, of config, after draft in the floor's order"]),
+    ("atomic", "from .formats import shards\n",
+     ["atomic module atomic imports formats.shards, of formats, after atomic in the floor's order"]),
+    ("config.spec", "from ..draft import methods\nfrom ..formats.tokens import x\nfrom .. import target\n", []),
+    ("formats.tokens", "from . import shards\nfrom ..atomic import write_json\n", []),
+])
+def test_checker_holds_the_floors_order(mod, src, expect):
+    sources = {**SYNTHETIC, mod: src}
+    assert layer_violations(sources, SYNTHETIC_STAGES) == expect
 
 
 def test_checker_rejects_a_relative_import_above_the_package():
     with pytest.raises(AssertionError, match="beyond the package"):
-        layer_violations({**SYNTHETIC, "tokens": "from ..x import y\n"}, SYNTHETIC_STAGES)
+        layer_violations({**SYNTHETIC, "atomic": "from ..x import y\n"}, SYNTHETIC_STAGES)
 
 
 def test_checker_finds_a_cycle_through_a_deferred_import_too():
@@ -315,5 +346,5 @@ def test_every_package_import_resolves():
 
 
 def test_the_import_check_finds_a_moved_name():
-    src = "def f():\n    from .vllm_engine import start_engine\n"
-    assert unresolved_imports({"vllm_capture": src}) == ["vllm_capture:2 eagle3build.vllm_engine.start_engine"]
+    src = "def f():\n    from .engine import start_engine\n"
+    assert unresolved_imports({"vllm.capture": src}) == ["vllm.capture:2 eagle3build.vllm.engine.start_engine"]

@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import prepare_settings
 
-from eagle3build import tokens as tk
 from eagle3build.data import prepare_data as pd
+from eagle3build.formats import tokens as tk
 
 GOOD = {"id": "good", "conversations": [{"from": "human", "value": "hi"},
                                         {"from": "gpt", "value": "Hello! How can I help you today?"}]}
@@ -68,12 +69,14 @@ def test_malformed_input(name, content, expected, tmp_path, smol_target):
     kind, what = expected
     if kind == "error":
         with pytest.raises(pd.DataError, match=what) as e:
-            pd.prepare([{"path": str(f), "max_samples": None}], smol_target, *out, max_seq_len=512,
-                       min_supervised_tokens=4, eval_fraction=0.01, seed=0)
+            pd.prepare(prepare_settings([{"path": str(f), "max_samples": None}], smol_target, out, max_seq_len=512,
+                                        min_supervised_tokens=4, eval_fraction=0.01, seed=0,
+                                        require_eval=False, benchmark_sets=[]))
         assert str(f) in str(e.value)
         return
-    rep = pd.prepare([{"path": str(f), "max_samples": None}], smol_target, *out, max_seq_len=512,
-                     min_supervised_tokens=4, eval_fraction=0.01, seed=0)
+    rep = pd.prepare(prepare_settings([{"path": str(f), "max_samples": None}], smol_target, out, max_seq_len=512,
+                                      min_supervised_tokens=4, eval_fraction=0.01, seed=0,
+                                      require_eval=False, benchmark_sets=[]))
     if kind == "skip":
         assert rep["skipped"] == {what: 1} and rep["kept"] == 1
     elif kind == "fix":
@@ -88,8 +91,9 @@ def test_ten_thousand_token_turn_is_truncated_not_dropped(tmp_path, smol_target)
     f = tmp_path / "long.json"
     f.write_text(json.dumps([sg(("human", "Summarise."), ("gpt", "word " * 10_000))]))
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
-    rep = pd.prepare([{"path": str(f), "max_samples": None}], smol_target, *out, max_seq_len=300,
-                     min_supervised_tokens=4, eval_fraction=0.01, seed=0)
+    rep = pd.prepare(prepare_settings([{"path": str(f), "max_samples": None}], smol_target, out, max_seq_len=300,
+                                      min_supervised_tokens=4, eval_fraction=0.01, seed=0,
+                                      require_eval=False, benchmark_sets=[]))
     assert rep["kept"] == 1 and rep["truncated_to_max_seq_len"] == 1 and rep["tokens"]["max"] == 300
     ids, mask = tk.read_tokens(out[0]).sample(0)
     assert len(ids) == 300 and mask[-1] == 1
@@ -100,8 +104,10 @@ def test_mixed_sources_and_caps(tmp_path, smol_target, sharegpt_sample):
     chat.write_text("".join(json.dumps(dict(msgs(("user", f"question {i}"), ("assistant", f"answer number {i} is here")),
                                             id=f"c{i}")) + "\n" for i in range(5)))
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
-    rep = pd.prepare([{"path": str(sharegpt_sample), "max_samples": 7}, {"path": str(chat), "max_samples": 3}],
-                     smol_target, *out, max_seq_len=256, min_supervised_tokens=4, eval_fraction=0.2, seed=0)
+    rep = pd.prepare(prepare_settings([{"path": str(sharegpt_sample), "max_samples": 7},
+                                       {"path": str(chat), "max_samples": 3}], smol_target, out, max_seq_len=256,
+                                      min_supervised_tokens=4, eval_fraction=0.2, seed=0,
+                                      require_eval=False, benchmark_sets=[]))
     assert [s["kept"] for s in rep["sources"]] == [7, 3] and rep["kept"] == 10
     ids = tk.read_tokens(out[0]).sample_ids + tk.read_tokens(out[1]).sample_ids
     assert sum(i.startswith("c") for i in ids) == 3
@@ -109,7 +115,7 @@ def test_mixed_sources_and_caps(tmp_path, smol_target, sharegpt_sample):
 
 def test_prompts_file(tmp_path):
     """Benchmark set `custom` (data.prompts_file): both line forms, ids kept or derived; a bad line is named."""
-    from eagle3build.serve import prompt_sets
+    from eagle3build.formats import prompt_sets
 
     pf = tmp_path / "p.jsonl"
     pf.write_text('{"prompt": "Tell me a joke."}\n{"id": "x", "messages": [{"role": "user", "content": "Hi"}]}\n')

@@ -14,10 +14,12 @@ import yaml
 from safetensors.torch import load_file
 from smk import REPO
 
-from eagle3build import draft_methods, head_format, mla_format, vllm_engine
-from eagle3build.artifacts import HeadMeta, minimal_decisions
+from eagle3build.draft import head_format, mla_format
+from eagle3build.draft import methods as draft_methods
+from eagle3build.formats.artifacts import HeadMeta, minimal_decisions
 from eagle3build.serve import export_head as ex
 from eagle3build.train import train_draft as td
+from eagle3build.vllm import engine as vllm_engine
 
 AUX = [2, 3, 4]  # EAGLE-3's [2, N//2, N-3] at the tiny preset's 7 layers
 VOCAB = 163_840
@@ -45,7 +47,7 @@ def kimi_shards(tmp_path_factory, kimi_target):
     shapes (the head only has to train and load: capture on this target is the capture tests' business), their
     token files, a draft vocab of 256 and a decisions.json stub: the folder."""
     from eagle3build.data import prepare_data as pd
-    from eagle3build.shards import ShardMeta, write_shard
+    from eagle3build.formats.shards import ShardMeta, write_shard
     from eagle3build.train import build_vocab_map as bv
 
     d = tmp_path_factory.mktemp("kimi-pipeline")
@@ -93,8 +95,8 @@ def test_mla_layer_is_speculators_eagle3_with_the_targets_mla(kimi_target):
     from speculators.models.eagle3.core import Eagle3DraftModel
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MLP
 
-    from eagle3build.head_model import build_model, trainer_kwargs
-    from eagle3build.mla_layer import DeepseekV3Eagle3FirstLayer
+    from eagle3build.draft.head_model import build_model, trainer_kwargs
+    from eagle3build.draft.mla_layer import DeepseekV3Eagle3FirstLayer
 
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[100:356] = True
@@ -132,7 +134,7 @@ def test_mla_layer_is_speculators_eagle3_with_the_targets_mla(kimi_target):
 
 
 def test_mla_is_refused_where_it_cannot_be_built(kimi_target, tiny_target):
-    from eagle3build.head_model import build_model
+    from eagle3build.draft.head_model import build_model
 
     t2d = torch.zeros(49152, dtype=torch.bool)
     t2d[:8] = True
@@ -227,7 +229,7 @@ def test_cpu_engines_of_an_mla_target_and_its_mla_drafter_use_cpu_mla(kimi_targe
 
 
 def _params(cfg, stage):
-    from eagle3build.contract import CONTRACTS, PlanContext, param_value
+    from eagle3build.workflow.contract import CONTRACTS, PlanContext, param_value
 
     return {p.name: param_value(p, cfg, PlanContext(stage)) for p in CONTRACTS[stage].params if p.name != "version"}
 
@@ -236,8 +238,8 @@ def test_draft_layer_replans_training_and_the_preflight_only_once_set():
     """draft.layer joins train_draft's ``train`` param, the pre-flight's ``preflight`` param and export_head's
     ``version`` (the layer's format version) only where it is not llama (config_spec ``quiet_default``: builds made
     before the key keep their params); no other stage reads it."""
-    from eagle3build.config_spec import KEYS
-    from eagle3build.contract import CONTRACTS
+    from eagle3build.config.spec import KEYS
+    from eagle3build.workflow.contract import CONTRACTS
 
     key = next(k for k in KEYS if k.path == "draft.layer")
     assert key.schema["enum"] == list(draft_methods.LAYER_NAMES) == ["llama", "mla"]
@@ -251,7 +253,7 @@ def test_draft_layer_replans_training_and_the_preflight_only_once_set():
     assert _params(other, "train_draft")["train"] == {**train, "layer": "mla"}
     assert _params(other, "preflight_bound")["preflight"] == {**pre, "draft_layer": "mla"}
     # export_head's version param carries the MLA format's version (2: the rope both vLLM versions read)
-    from eagle3build.contract import PlanContext, version
+    from eagle3build.workflow.contract import PlanContext, version
 
     def export_version(cfg):
         return version({"draft.layer": cfg["draft"]["layer"]}, PlanContext("export_head"))

@@ -25,7 +25,7 @@ import pytest
 import torch
 from smk import REPO
 
-from eagle3build import mla_format
+from eagle3build.draft import mla_format
 
 AUX = [2, 3, 4]
 
@@ -45,7 +45,7 @@ def _kimi_config_dir(tmp_path, yarn: bool):
 
 def _layer_and_export(tmp_path, yarn: bool):
     """(the trained layer config: transformers' DeepseekV3Config, the exported head's config.json as a dict)."""
-    from eagle3build.mla_layer import draft_layer_config
+    from eagle3build.draft.mla_layer import draft_layer_config
 
     layer = draft_layer_config(str(_kimi_config_dir(tmp_path, yarn)))
     ck = {"transformer_layer_config": json.loads(layer.to_json_string()), "draft_vocab_size": 256,
@@ -184,7 +184,7 @@ def test_rope_types_vllm_cannot_serve_as_trained_are_refused(tmp_path):
                                            "max_position_embeddings": 64})
     assert mla_format.check_rope({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}, "t") == {
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
-    from eagle3build.mla_layer import draft_layer_config
+    from eagle3build.draft.mla_layer import draft_layer_config
 
     d = _kimi_config_dir(tmp_path, True)
     cfg = json.loads((d / "config.json").read_text())

@@ -18,11 +18,11 @@ from safetensors.torch import load_file
 from test_train_resume_ddp import kill_at_step, run_train
 from test_train_resume_ddp import kwargs as offline_kwargs
 
-from eagle3build import plans
 from eagle3build.capture import capture_hidden_states as cap
 from eagle3build.compat import compat_report as cr
 from eagle3build.compat.compat_render import render_markdown
 from eagle3build.train import train_draft as td
+from eagle3build.workflow import budgets as plans
 
 TINY_AUX = [1, 3, 4]
 
@@ -48,8 +48,10 @@ def test_online_hooks_run_equals_offline(tiny_shards, tiny_target, tmp_path):
     d, samples, _ = tiny_shards
     over = dict(epochs=2, checkpoint_every=0, select="last")
     for split, n in (("train", 8), ("eval", 2)):  # shards of samples forwarded one at a time
-        cap.capture_shard(tiny_target, d / f"{split}.safetensors", tmp_path / f"{split}-1.safetensors", 0, n, TINY_AUX,
-                          "fp-tiny", split, tokens_per_batch=1)
+        cap.capture_shard(cap.CaptureSettings(target_dir=tiny_target, tokens_path=d / f"{split}.safetensors",
+                                              out_path=tmp_path / f"{split}-1.safetensors", start=0, count=n,
+                                              aux_layer_ids=TINY_AUX, target_fingerprint="fp-tiny", split=split,
+                                              compute_dtype="auto", tokens_per_batch=1))
     one = offline_kwargs(d, tiny_target, tmp_path / "offline-1", **over)
     one.update(train_shards=[str(tmp_path / "train-1.safetensors")], eval_shards=[str(tmp_path / "eval-1.safetensors")])
     td.train(**one)
@@ -116,7 +118,7 @@ def test_online_target_forwards_never_overlap_the_draft_forward(tiny_shards, tin
 
 
 def _vocab(d):
-    from eagle3build import vocab_map
+    from eagle3build.draft import vocab_map
 
     d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     return d2t, t2d

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from benchlab.speculators_data import TOKEN_FREQ, train_data_ratio, write_speculators_data
 from conftest import TINY_AUX
 from smk import REPO
 
-from eagle3build.shards import ShardMeta, ShardMismatch, ShardReader, write_shard
-from eagle3build.speculators_data import TOKEN_FREQ, train_data_ratio, write_speculators_data
+from eagle3build.formats.shards import ShardMeta, ShardMismatch, ShardReader, write_shard
 
 FP = "fp-tiny"  # the tiny shards' target fingerprint (conftest.tiny_shards)
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from smk import planned_jobs, write_config
 
-from eagle3build import step_costs
 from eagle3build.compat import compat_render, preflight_bound
+from eagle3build.draft import step_costs
 
 MEASURED = {"by_concurrency": {
     # a dense target: verifying more tokens costs almost nothing
@@ -109,8 +109,8 @@ def test_untrained_head_has_the_exported_format(tmp_path, tiny_target):
     speculators loads it."""
     from safetensors.torch import load_file
 
-    from eagle3build.head_format import expected_shapes
-    from eagle3build.head_model import write_untrained_head
+    from eagle3build.draft.head_format import expected_shapes
+    from eagle3build.draft.head_model import write_untrained_head
     from eagle3build.serve.export_head import check_loads_with_speculators
 
     out = write_untrained_head(str(tiny_target), tmp_path / "head", aux_layer_ids=[1, 3, 4], draft_vocab_size=1024,

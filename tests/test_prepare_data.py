@@ -6,11 +6,12 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import prepare_settings
 
-from eagle3build import conversation_files as cf
-from eagle3build import tokens as tk
 from eagle3build.data import chat_masking as cm
 from eagle3build.data import prepare_data as pd
+from eagle3build.formats import conversation_files as cf
+from eagle3build.formats import tokens as tk
 
 
 def conv(*turns, key="conversations"):
@@ -120,8 +121,9 @@ def test_too_few_supervised_tokens_is_said_in_words(tmp_path, smol_target):
                                   id="cut"),
                              dict(conv(("human", "q"), ("gpt", "ok")), id="short")]))
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
-    rep = pd.prepare([{"path": str(f), "max_samples": None}], smol_target, *out, max_seq_len=64,
-                     min_supervised_tokens=8, eval_fraction=0.01, seed=0)
+    rep = pd.prepare(prepare_settings([{"path": str(f), "max_samples": None}], smol_target, out, max_seq_len=64,
+                                      min_supervised_tokens=8, eval_fraction=0.01, seed=0,
+                                      require_eval=False, benchmark_sets=[]))
     long_start, cut_start = _answer_start_by_template(tok, long_q), _answer_start_by_template(tok, cut_q)
     assert long_start > 64 and 64 - 8 < cut_start < 64  # the cases the test means
     assert rep["skipped"] == {"too_few_supervised_tokens": 3} and rep["kept"] == 1
@@ -174,8 +176,9 @@ def test_split_is_deterministic_and_per_sample():
 def test_prepare_writes_splits_and_report(tmp_path, smol_target, sharegpt_sample):
     out = {k: tmp_path / f for k, f in dict(train="train.safetensors", eval="eval.safetensors",
                                             prompts="prompts.jsonl", report="report.json").items()}
-    rep = pd.prepare([{"path": str(sharegpt_sample), "max_samples": 40}], smol_target, out["train"], out["eval"],
-                     out["prompts"], out["report"], max_seq_len=256, min_supervised_tokens=4, eval_fraction=0.25, seed=0)
+    # the default benchmark sets' prompts checked (chat, humaneval), eval samples required
+    rep = pd.prepare(prepare_settings([{"path": str(sharegpt_sample), "max_samples": 40}], smol_target, out,
+                                      max_seq_len=256, min_supervised_tokens=4, eval_fraction=0.25, seed=0))
     tr, ev = tk.read_tokens(out["train"]), tk.read_tokens(out["eval"])
     assert len(tr) + len(ev) == rep["kept"] == 40
     assert len(ev) == rep["eval_samples"] and len(ev) > 0
@@ -188,7 +191,7 @@ def test_prepare_writes_splits_and_report(tmp_path, smol_target, sharegpt_sample
     prompts = [json.loads(x) for x in out["prompts"].read_text().splitlines()]
     assert prompts and all(p["messages"][-1]["role"] == "user" for p in prompts)
     # Benchmark set `chat`: held-out prompts only, none from a trained sample (record ids).
-    from eagle3build.serve.prompt_sets import load_sets
+    from eagle3build.formats.prompt_sets import load_sets
 
     chat = load_sets(["chat"], 1000, chat_path=out["prompts"])["chat"]
     assert [p["id"] for p in chat] == [p["id"] for p in prompts]
@@ -241,8 +244,9 @@ def test_template_that_raises_is_a_counted_skip(tmp_path, smol_target, sharegpt_
                                             prompts="prompts.jsonl", report="report.json").items()}
 
     def run(path, tgt):
-        rep = pd.prepare([{"path": str(path), "max_samples": None}], tgt, out["train"], out["eval"], out["prompts"],
-                         out["report"], max_seq_len=128, min_supervised_tokens=1, eval_fraction=0.25, seed=0)
+        rep = pd.prepare(prepare_settings([{"path": str(path), "max_samples": None}], tgt, out, max_seq_len=128,
+                                          min_supervised_tokens=1, eval_fraction=0.25, seed=0,
+                                          require_eval=False, benchmark_sets=[]))
         return rep, set(tk.read_tokens(out["train"]).sample_ids) | set(tk.read_tokens(out["eval"]).sample_ids)
 
     base, base_ids = run(plain, smol_target)

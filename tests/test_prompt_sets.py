@@ -6,7 +6,7 @@ import json
 import pytest
 from smk import REPO
 
-from eagle3build.serve import prompt_sets
+from eagle3build.formats import prompt_sets
 
 
 def test_humaneval_from_the_installed_package():

@@ -8,13 +8,14 @@ import json
 import shutil
 
 import pytest
+from conftest import prepare_settings
 from test_templates import supervised as _supervised_text  # the supervised runs, decoded
 
-from eagle3build import conversations as cv
-from eagle3build import tokens as tk
 from eagle3build.data import chat_masking as cm
 from eagle3build.data import prepare_data as pd
 from eagle3build.data import regenerate_responses as rr
+from eagle3build.formats import conversations as cv
+from eagle3build.formats import tokens as tk
 
 # A Hermes/Qwen2.5-style ChatML template in miniature: tools in the system turn, tool calls as
 # <tool_call> JSON, tool results as a user turn wrapped in <tool_response>, reasoning_content as a
@@ -64,8 +65,10 @@ def _prepare(tmp_path, target, records, name="d.jsonl", raw=None, **kw):
     else:
         f.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "report.json")]
-    args = dict(max_seq_len=512, min_supervised_tokens=2, eval_fraction=kw.pop("eval_fraction", 0.01), seed=0)
-    rep = pd.prepare([{"path": str(f), "max_samples": None}], target, *out, **args, **kw)
+    # no benchmark prompts checked, an empty eval split allowed, unless the test says
+    args = dict(max_seq_len=512, min_supervised_tokens=2, eval_fraction=0.01, seed=0, require_eval=False,
+                benchmark_sets=[]) | kw
+    rep = pd.prepare(prepare_settings([{"path": str(f), "max_samples": None}], target, out, **args))
     return rep, out
 
 
@@ -322,8 +325,9 @@ def test_regeneration_writes_token_ids_and_keeps_tool_conversations(tmp_path, mo
     src.write_text("".join(json.dumps(r) + "\n" for r in TOOL_CONVS[:1] + REASONING[:1]))
     monkeypatch.setattr(rr, "regenerate_with_transformers", lambda target, prompts, *a, **k: {
         **rr.regenerate_turns(prompts, lambda ps: [rr.Answer("new", 2, True, [7, 2]) for _ in ps], lambda m: 3, 100)})
-    rep = rr.regenerate([{"path": str(src), "max_samples": None}], "unused", tmp_path / "o.jsonl", tmp_path / "r.json",
-                        max_seq_len=256, max_tokens=8, served_name="m", backend="transformers")
+    rep = rr.regenerate(rr.RegenerateSettings(
+        sources=[{"path": str(src), "max_samples": None}], target_dir="unused", out_jsonl=tmp_path / "o.jsonl",
+        out_report=tmp_path / "r.json", max_seq_len=256, max_tokens=8, served_name="m", backend="transformers"))
     recs = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert rep["conversations_with_tools_kept"] == 1 and rep["turns_regenerated"] == 1
     q1 = next(r for r in recs if r["id"] == "q1")

@@ -240,7 +240,7 @@ def test_a_record_that_cannot_fit_the_disk_stops_before_its_first_job(tmp_path, 
         "resources/targets/kimi-k25-card": plan["resources/targets/kimi-k25-card"]}  # no capture
     # the recipe (the bundled target, not yet materialised: hidden 576; fp8 shards with their scales), as the compat
     # report bounds it: 8,256 samples x 2,048 tokens
-    from eagle3build.plans import hidden_state_bytes_per_token
+    from eagle3build.workflow.budgets import hidden_state_bytes_per_token
 
     assert record.disk_plan(record.RECORDS["recipe"], call) == [
         ("results/smollm2-8k/hidden_states", 8256 * 2048 * hidden_state_bytes_per_token(3, 576, "float8_e4m3fn", True))]

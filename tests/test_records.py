@@ -1,4 +1,4 @@
-"""The records of measured figures (eagle3build.records, benchmarks/records/) and the docs checked against them
+"""The records of measured figures (benchmarks/benchlab/records.py, benchmarks/records/) and the docs checked against them
 (issue 51): every figure README.md, docs/ and benchmarks/ cite is a link to its record's result, equal to it."""
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from benchlab import records as R
 from smk import REPO
-
-from eagle3build import records as R
 
 RECS = R.load_records(REPO / "benchmarks/records")
 
@@ -61,6 +60,70 @@ def test_check_text_catches_each_kind_of_problem():
         assert all(e.startswith("doc.md:1: ") for e in errors)
 
 
+def test_check_text_reads_reference_links_as_citations():
+    """A figure cited by a CommonMark reference link (``[1.55x][label]`` and a ``[label]: URL`` definition anywhere in
+    the document) is checked as an inline one is: its value, its record and key, the range and its cards."""
+    recs = {"a_h200": R.make_record("a", command="c", commit="abc1234", date="2026-12-01", versions={},
+                                    hardware={"gpus": ["NVIDIA H200"], "cpu_count": 16},
+                                    results={"k3.speedup.all": 1.5525, "k3.tau.chat": 2.7758}),
+            "a_h100": R.make_record("a", command="c", commit="abc1234", date="2026-12-05", versions={},
+                                    hardware={"gpus": ["NVIDIA H100"], "cpu_count": 16},
+                                    results={"k3.speedup.all": 1.27})}
+    defs = ("\n\n[a H100]: ../benchmarks/records/a_h100.json#k3.speedup.all\n"
+            "[a  h200]: <../benchmarks/records/a_h200.json#k3.speedup.all> \"the recipe\"\n"
+            "[2.78]: ../benchmarks/records/a_h200.json#k3.tau.chat\n[docs]: ../README.md\n")
+    ok = ("| speed-up | [1.27x][A h100] (H100) to [**1.55x**][a H200] (H200) | τ [2.78][] or [2.78] |"
+          " [the docs][docs] |" + defs)
+    assert R.check_text(ok, recs, "ok.md") == []
+    # mixed with an inline link in one paragraph, the definitions before the use
+    mixed = (defs.lstrip() + "\nfrom [1.27x](benchmarks/records/a_h100.json#k3.speedup.all) (H100)\nto [1.55x][a h200]"
+             " (H200)\n")
+    assert R.check_text(mixed, recs, "ok.md") == []
+    cases = {
+        "decodes [1.61x][a h200] (H200)": "the record says 1.5525",
+        "decodes [1.55x][nowhere] (H200)": "[nowhere]: no definition of this reference",
+        "τ [2.7][] on chat": "[2.7]: no definition of this reference",
+        "decodes [1.55x][a chat] (H200)": "record a_h200 has no result k3.speedup.chat",
+        "decodes [1.55x][a h300] (H300)": "no record benchmarks/records/a_h300.json",
+        "decodes [1.55x][a h200] (H200)": "give the range (cite a_h100#k3.speedup.all",
+        "[1.27x][a h100] to [1.55x][a h200]": "a range's end names its card",
+        "decodes 1.61x as fast [see][docs]": "figure '1.61x' without a record",
+    }
+    more = ("\n\n[a chat]: ../benchmarks/records/a_h200.json#k3.speedup.chat\n"
+            "[a h300]: ../benchmarks/records/a_h300.json#k3.speedup.all\n")
+    for text, needle in cases.items():
+        errors = R.check_text(text + defs + more, recs, "doc.md")
+        assert any(needle in e for e in errors), (text, errors)
+        assert all(e.startswith("doc.md:1: ") for e in errors), errors
+    errors = R.check_text("text\n\n\nsee [1.61x][a h200] (H200)" + defs, recs, "doc.md")
+    assert errors and all(e.startswith("doc.md:4: [1.61x][a h200] (a_h200#k3.speedup.all, defined at line 7)")
+                          for e in errors), errors
+    # CommonMark: a definition cannot interrupt a paragraph; a label defined twice keeps the first
+    errors = R.check_text("[1.27x][a h100] (H100)\n[a h100]: ../benchmarks/records/a_h100.json#k3.speedup.all\n",
+                          recs, "doc.md")
+    assert any(e.startswith("doc.md:2: [a h100]: a definition cannot interrupt a paragraph") for e in errors)
+    errors = R.check_text("x\n\n[d]: ../benchmarks/records/a_h100.json#k3.speedup.all\n"
+                          "[D]: ../benchmarks/records/a_h200.json#k3.speedup.all\n", recs, "doc.md")
+    assert errors == ["doc.md:4: [D] is defined at line 3 already"]
+
+
+def test_long_lines_counts_characters():
+    """The test of the length rule: a 201-character line is reported with its file, line and length, a line of 200
+    characters (non-ASCII ones counted as one) is not."""
+    assert R.long_lines("τ" * 200 + "\n" + "x" * 200, "a.md") == []
+    errors = R.long_lines("short\n" + "τ" * 201 + "\n" + "x" * 200 + "\n", "a.md")
+    assert len(errors) == 1 and errors[0].startswith("a.md:2: 201 characters"), errors
+    assert R.long_lines("| " + "x" * 199 + " |", "t.md")[0].startswith("t.md:1: 203 characters")
+
+
+def test_no_doc_line_over_200_characters():
+    """README.md, docs/ and benchmarks/ are read by people: no line over 200 characters (code blocks and tables
+    included), counted in characters, not newlines."""
+    paths = [REPO / "README.md", *sorted(REPO.glob("docs/**/*.md")), *sorted(REPO.glob("benchmarks/**/*.md"))]
+    errors = [e for p in paths for e in R.long_lines(p.read_text(), str(p.relative_to(REPO)))]
+    assert errors == [], "\n".join(errors)
+
+
 def test_summarise_benchmark_on_the_recipe_run():
     """A real benchmark.json (the recipe's H200 run, its texts left out): the figures its record quotes."""
     bench = json.loads((REPO / "tests/data/benchmark_recipe_h200.json").read_text())
@@ -104,12 +167,12 @@ def test_records_are_valid_and_named_by_card():
 
 
 def test_records_cli(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "eagle3build.records", "show", "recipe_h100"], capture_output=True,
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks/check_records.py"), "show", "recipe_h100"], capture_output=True,
                        text=True, cwd=REPO)
     assert p.returncode == 0 and "k3.speedup.all\t1.27" in p.stdout
     (tmp_path / "benchmarks/records").mkdir(parents=True)
     (tmp_path / "README.md").write_text("decodes 1.61x as fast\n")
-    p = subprocess.run([sys.executable, "-m", "eagle3build.records", "check", str(tmp_path)], capture_output=True,
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks/check_records.py"), "check", str(tmp_path)], capture_output=True,
                        text=True, cwd=REPO)
     assert p.returncode == 1 and "README.md:1: figure '1.61x' without a record" in p.stderr
 

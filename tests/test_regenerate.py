@@ -8,12 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import prepare_settings
 
-from eagle3build import conversations as cv
-from eagle3build import tokens as tk
-from eagle3build import vllm_engine, vllm_measure
 from eagle3build.data import prepare_data as pd
 from eagle3build.data import regenerate_responses as rr
+from eagle3build.formats import conversations as cv
+from eagle3build.formats import tokens as tk
+from eagle3build.vllm import engine as vllm_engine
+from eagle3build.vllm import measure as vllm_measure
 
 REPO = Path(__file__).resolve().parents[1]
 CONVS = [
@@ -91,8 +93,10 @@ def test_regenerate_transformers_end_to_end_then_mask(tmp_path, smol_target):
     src = tmp_path / "src.jsonl"
     src.write_text("".join(json.dumps({"id": f"r{i}", "messages": c}) + "\n" for i, c in enumerate(CONVS)))
     out, rep_path = tmp_path / "regen.jsonl", tmp_path / "rep.json"
-    rep = rr.regenerate([{"path": str(src), "max_samples": None}], str(smol_target), out, rep_path, max_seq_len=256,
-                        max_tokens=12, served_name="m", dtype="float32", backend="transformers", batch_size=2)
+    rep = rr.regenerate(rr.RegenerateSettings(
+        sources=[{"path": str(src), "max_samples": None}], target_dir=str(smol_target), out_jsonl=out,
+        out_report=rep_path, max_seq_len=256, max_tokens=12, served_name="m", dtype="float32", backend="transformers",
+        batch_size=2))
     assert rep["backend"] == {"used": "transformers", "requested": "transformers",
                               "reason": "data.regenerate.backend: transformers"}
     recs = [json.loads(x) for x in out.read_text().splitlines()]
@@ -100,8 +104,9 @@ def test_regenerate_transformers_end_to_end_then_mask(tmp_path, smol_target):
     assert rep["conversations_out"] == 3 and rep["answers_at_max_tokens"] == sum(r[cv.UNFINISHED_KEY] for r in recs)
     assert rep["generated_tokens"] > 0 and json.loads(rep_path.read_text()) == rep
     files = [tmp_path / n for n in ("train.st", "eval.st", "prompts.jsonl", "data.json")]
-    data = pd.prepare([{"path": str(out), "max_samples": None}], smol_target, *files, max_seq_len=256,
-                      min_supervised_tokens=1, eval_fraction=0.01, seed=0)
+    data = pd.prepare(prepare_settings([{"path": str(out), "max_samples": None}], smol_target, files, max_seq_len=256,
+                                       min_supervised_tokens=1, eval_fraction=0.01, seed=0,
+                                       require_eval=False, benchmark_sets=[]))
     assert data["last_turn_unfinished"] == rep["answers_at_max_tokens"]
     from transformers import AutoTokenizer
 
@@ -211,17 +216,18 @@ def test_regenerate_drop_writes_no_cut_answer(tmp_path, smol_target):
     src = tmp_path / "src.jsonl"
     src.write_text("".join(json.dumps({"id": f"r{i}", "messages": c}) + "\n" for i, c in enumerate(CONVS)))
     out, rep_path = tmp_path / "regen.jsonl", tmp_path / "rep.json"
-    rep = rr.regenerate([{"path": str(src), "max_samples": None}], str(smol_target), out, rep_path, max_seq_len=256,
-                        max_tokens=12, served_name="m", unfinished="drop", dtype="float32", backend="transformers",
-                        batch_size=4)
+    rep = rr.regenerate(rr.RegenerateSettings(
+        sources=[{"path": str(src), "max_samples": None}], target_dir=str(smol_target), out_jsonl=out,
+        out_report=rep_path, max_seq_len=256, max_tokens=12, served_name="m", unfinished="drop", dtype="float32",
+        backend="transformers", batch_size=4))
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert "r2" not in [r["id"] for r in recs] and not any(r[cv.UNFINISHED_KEY] for r in recs)
     assert rep["unfinished"] == "drop" and rep["answers_at_max_tokens"] >= 1
     assert rep["conversations_out"] == len(recs) >= 1 and all(r["messages"][-1]["role"] == "assistant" for r in recs)
     assert 1 <= 3 - len(recs) <= rep["answers_at_max_tokens"]  # a conversation is gone only where its first answer was cut
-    with pytest.raises(ValueError, match="unfinished"):
-        rr.regenerate([], str(smol_target), out, rep_path, max_seq_len=256, max_tokens=12, served_name="m",
-                      unfinished="cut")
+    with pytest.raises(ValueError, match=r"data.regenerate.unfinished 'cut' is not one of \['keep', 'drop'\]"):
+        rr.RegenerateSettings(sources=[], target_dir=str(smol_target), out_jsonl=out, out_report=rep_path,
+                              unfinished="cut")
 
 
 @pytest.mark.parametrize("mode", ["keep", "drop"])
@@ -335,9 +341,10 @@ def test_regenerate_sampled_transformers_is_seeded_and_reported(tmp_path, tiny_t
 
     def run(name, **kw):
         out = tmp_path / f"{name}.jsonl"
-        rep = rr.regenerate([{"path": str(src), "max_samples": None}], str(tiny_target), out, tmp_path / f"{name}.json",
-                            max_seq_len=256, max_tokens=8, served_name="m", dtype="float32", backend="transformers",
-                            batch_size=2, **kw)
+        rep = rr.regenerate(rr.RegenerateSettings(
+            sources=[{"path": str(src), "max_samples": None}], target_dir=str(tiny_target), out_jsonl=out,
+            out_report=tmp_path / f"{name}.json", max_seq_len=256, max_tokens=8, served_name="m", dtype="float32",
+            backend="transformers", batch_size=2, **kw))
         return out.read_text(), rep
 
     with caplog.at_level(logging.INFO, logger=rr.__name__):
@@ -367,8 +374,9 @@ def test_a_bad_sampling_setting_is_named(tmp_path, kw, key):
     from snakemake.utils import validate
 
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-        rr.regenerate([], "unused", tmp_path / "o.jsonl", tmp_path / "r.json", max_seq_len=256, max_tokens=12,
-                      served_name="m", backend="transformers", **kw)
+        rr.regenerate(rr.RegenerateSettings(sources=[], target_dir="unused", out_jsonl=tmp_path / "o.jsonl",
+                                            out_report=tmp_path / "r.json", max_seq_len=256, max_tokens=12,
+                                            served_name="m", backend="transformers", **kw))
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         rr.check_sampling(kw.get("temperature", 0.0), kw.get("top_p", 1.0))
     schema = str(REPO / "schemas/config.schema.yaml")
@@ -394,9 +402,10 @@ def test_the_state_key_holds_temperature_and_top_p(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rr, "regenerate_with_transformers", fake)
     for t, p in ((0.0, 1.0), (0.0, 1.0), (0.7, 1.0), (0.7, 0.9)):
-        rr.regenerate([{"path": str(src), "max_samples": None}], str(tmp_path / "target"), tmp_path / "o.jsonl",
-                      tmp_path / "r.json", max_seq_len=256, max_tokens=12, served_name="m", backend="transformers",
-                      checkpoint_every=4, temperature=t, top_p=p)
+        rr.regenerate(rr.RegenerateSettings(
+            sources=[{"path": str(src), "max_samples": None}], target_dir=str(tmp_path / "target"),
+            out_jsonl=tmp_path / "o.jsonl", out_report=tmp_path / "r.json", max_seq_len=256, max_tokens=12,
+            served_name="m", backend="transformers", checkpoint_every=4, temperature=t, top_p=p))
     assert keys[0] == keys[1] and len(set(keys)) == 3 and all(len(k) == 16 for k in keys)
 
 
@@ -422,7 +431,8 @@ def test_vllm_child_samples_from_the_engine_seed(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=SamplingParams))
     monkeypatch.setattr(vllm_measure, "start_engine", lambda engine: (LLM(), 0.0))
-    spec = {"engine": {"seed": 5}, "conversations": CONVS, "max_tokens": 12, "max_seq_len": 256}
+    spec = {"engine": {"seed": 5}, "conversations": CONVS, "max_tokens": 12, "max_seq_len": 256, "unfinished": "keep",
+            "temperature": 0.0, "top_p": 1.0, "checkpoint_every": 0, "state_path": None, "key": ""}
     res = rr.run_child(spec)
     assert res["turns_regenerated"] == 5 and made == [{"temperature": 0.0, "max_tokens": 12}]
     rr.run_child({**spec, "temperature": 0.8, "top_p": 0.9})

@@ -18,18 +18,18 @@ import time
 import pytest
 from smk import REPO
 
-from eagle3build import vllm_engine
-from eagle3build.job import OFFLINE_VARS
 from eagle3build.serve import openai_server as server
 from eagle3build.serve import serve_check as sc
 from eagle3build.serve import serve_config as cfg
 from eagle3build.serve import serving_files as sf
+from eagle3build.vllm import engine as vllm_engine
+from eagle3build.workflow.job import OFFLINE_VARS
 
 LLAMA_HEAD = {"speculators_model_type": "eagle3", "draft_vocab_size": 64,
               "speculators_config": {"verifier": {"name_or_path": "org/not-cached-model"},
                                      "proposal_methods": [{"speculative_tokens": 3}]},
               "transformer_layer_config": {"model_type": "llama", "num_hidden_layers": 1}}
-# an exported MLA head: vLLM's own Eagle3DeepseekV3ForCausalLM config (eagle3build/mla_format.py, served_config)
+# an exported MLA head: vLLM's own Eagle3DeepseekV3ForCausalLM config (eagle3build/draft/mla_format.py, served_config)
 MLA_HEAD = {"architectures": ["Eagle3DeepseekV3ForCausalLM"], "model_type": "deepseek_v2", "kv_lora_rank": 512,
             "num_hidden_layers": 1, "draft_vocab_size": 64}
 
@@ -359,7 +359,7 @@ def test_the_guarded_server_runs_its_module_as_main_and_dies_with_the_job(tmp_pa
     info = tmp_path / "info.json"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
     job = subprocess.Popen([sys.executable, "-c", (
-        "import os, subprocess, sys, time; from eagle3build import vllm_engine; "
+        "import os, subprocess, sys, time; from eagle3build.vllm import engine as vllm_engine; "
         "subprocess.Popen(vllm_engine.guarded_module_argv('stand_in_server', [sys.argv[1], '--port', '1']), "
         "env={**os.environ, vllm_engine.PARENT_ENV: str(os.getpid())}, process_group=0); time.sleep(60)"),
         str(info)], env=env, start_new_session=True)

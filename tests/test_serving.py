@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3build import serving
 from eagle3build.compat import compat_report as cr
+from eagle3build.draft import servable as serving
 
 vllm = pytest.importorskip("vllm")
 
@@ -62,7 +62,7 @@ def test_compat_report_refuses_before_capture(tmp_path, tiny_target, monkeypatch
 @pytest.mark.vllm
 def test_head_with_four_aux_ids_loads_and_drafts_in_vllm(tmp_path, smol_target):
     """The exported config's num_aux_hidden_states makes vLLM build a 4H-wide fc (it assumes 3 otherwise)."""
-    from eagle3build.head_format import HEAD_VARIANTS
+    from eagle3build.draft.head_format import HEAD_VARIANTS
     from eagle3build.serve import export_head as ex
     from eagle3build.train.train_draft import build_model
 

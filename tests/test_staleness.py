@@ -1,5 +1,5 @@
 """What replans a stage besides its settings: output versions, library versions, `auto` values,
-the target's files and fingerprint (eagle3build.staleness, eagle3build.target)."""
+the target's files and fingerprint (eagle3build.workflow.staleness, eagle3build.target)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from smk import REPO, planned_jobs, run
 
-from eagle3build import contract, staleness
 from eagle3build.target import content_files, fingerprint
+from eagle3build.workflow import contract, missing, staleness
 
 STAGES = ["materialize_target", "compat_report", "preflight_bound", "regenerate_responses", "prepare_data",
           "capture_hidden_states", "build_vocab_map", "train_draft", "export_head", "benchmark", "plot_benchmark",
@@ -188,37 +188,37 @@ def test_a_missing_intermediate_is_named_with_its_reader_rebuild_and_followers(t
     and reader, the command that rebuilds it and the rules replanned after; nothing for a fresh run or a target."""
     monkeypatch.chdir(tmp_path)
     shards = [f"h/shard-{i:05d}.st" for i in range(5)]
-    steps = [staleness.Step("train_draft", (*shards, "d.json"), ("ckpt/config.json", "ckpt/model.st")),
-             staleness.Step("export_head", ("ckpt/model.st",), ("head/config.json", "head/model.st")),
-             staleness.Step("benchmark", ("head/model.st",), ("bench.json",)),
-             staleness.Step("plot", ("bench.json",), ("bench.png",))]
+    steps = [missing.Step("train_draft", (*shards, "d.json"), ("ckpt/config.json", "ckpt/model.st")),
+             missing.Step("export_head", ("ckpt/model.st",), ("head/config.json", "head/model.st")),
+             missing.Step("benchmark", ("head/model.st",), ("bench.json",)),
+             missing.Step("plot", ("bench.json",), ("bench.png",))]
     producers = {**dict.fromkeys(shards, "capture"), "d.json": "compat_report", "ckpt/model.st": "train_draft",
                  "head/model.st": "export_head", "bench.json": "benchmark"}
-    assert staleness.missing_intermediates(steps, producers.get) == []  # nothing built: nothing to say
+    assert missing.missing_intermediates(steps, producers.get) == []  # nothing built: nothing to say
     _touch(*shards, "d.json", "ckpt/config.json", "ckpt/model.st", "head/config.json", "head/model.st", "bench.json",
            "bench.png")
-    assert staleness.missing_intermediates(steps, producers.get) == []
+    assert missing.missing_intermediates(steps, producers.get) == []
     Path(shards[1]).unlink()
-    (m,) = staleness.missing_intermediates(steps, producers.get)
-    assert m == staleness.MissingIntermediate("capture", ("h/shard-00001.st",), ("train_draft",), "ckpt/config.json",
+    (m,) = missing.missing_intermediates(steps, producers.get)
+    assert m == missing.MissingIntermediate("capture", ("h/shard-00001.st",), ("train_draft",), "ckpt/config.json",
                                               ("train_draft", "export_head", "benchmark", "plot"))
-    assert staleness.missing_intermediate_message(m) == (
+    assert missing.missing_intermediate_message(m) == (
         "h/shard-00001.st is missing while ckpt/config.json, made from it by train_draft, is present: Snakemake "
         "rebuilds a missing file only for a job planned to read it, so unless this plan runs train_draft it stays "
         "missing (docs/staleness.md). Rebuild with `snakemake h/shard-00001.st <your options>`; the next run then "
         "replans train_draft, export_head, benchmark, plot (the rebuilt file is newer than what they made)")
-    assert staleness.missing_intermediates(steps, producers.get, frozenset({"h/shard-00001.st"})) == []  # a target
+    assert missing.missing_intermediates(steps, producers.get, frozenset({"h/shard-00001.st"})) == []  # a target
     for s in shards:
         Path(s).unlink(missing_ok=True)
     Path("head/model.st").unlink()
-    many, head = staleness.missing_intermediates(steps, producers.get)
+    many, head = missing.missing_intermediates(steps, producers.get)
     assert (many.producer, len(many.files), head.files, head.readers, head.follows) == (
         "capture", 5, ("head/model.st",), ("benchmark",), ("benchmark", "plot"))
-    assert staleness.missing_intermediate_message(many).startswith(
+    assert missing.missing_intermediate_message(many).startswith(
         "5 files of rule capture (h/shard-00000.st, h/shard-00001.st, h/shard-00002.st, ...) are missing while "
         "ckpt/config.json, made from them by train_draft, is present")
     assert "Rebuild with `snakemake <your options> --forcerun capture --until capture (every capture job)`" in (
-        staleness.missing_intermediate_message(many))
+        missing.missing_intermediate_message(many))
 
 
 def _fake_finished_run(wd: Path, config: Path) -> None:

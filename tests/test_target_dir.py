@@ -7,7 +7,7 @@ import os
 
 from smk import REPO, run, write_config
 
-from eagle3build.staleness import target_dir_problem, target_weights_problem
+from eagle3build.formats.target_files import target_dir_problem, target_weights_problem
 
 
 def hf_cache_model(root):

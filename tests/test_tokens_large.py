@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from eagle3build import tokens as tk
+from eagle3build.formats import tokens as tk
 
 
 def test_three_million_one_token_samples(tmp_path):
@@ -58,7 +58,7 @@ def test_writing_holds_no_copy_of_the_file(tmp_path):
 
     code = f"""
 import resource, numpy as np
-from eagle3build import tokens as tk
+from eagle3build.formats import tokens as tk
 n, t = 20_000, 1_000
 ids = np.arange(n * t, dtype=np.int32)
 mask = np.ones(n * t, np.uint8)

@@ -120,7 +120,7 @@ _INIT: dict = {}
 def weights_init(tiny_shards, tiny_target, k):
     """A freshly built model's tensor ``k`` (to show training moved the weights)."""
     if not _INIT:
-        from eagle3build import vocab_map as vm
+        from eagle3build.draft import vocab_map as vm
 
         d, _, _ = tiny_shards
         d2t, t2d, _ = vm.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3build import vllm_capture as vc
-from eagle3build.artifacts import minimal_decisions
 from eagle3build.capture import capture_hidden_states as cap
 from eagle3build.compat import compat_report as cr
 from eagle3build.data import prepare_data as pd
-from eagle3build.shards import ShardMeta, ShardReader
-from eagle3build.vllm_engine import run_child
+from eagle3build.formats.artifacts import minimal_decisions
+from eagle3build.formats.shards import ShardMeta, ShardReader
+from eagle3build.vllm import capture as vc
+from eagle3build.vllm.engine import run_child
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -78,7 +78,7 @@ def smol_vllm(tmp_path_factory, smol_target):
                        "tokens_path": str(d / "train.safetensors"), "indices": list(range(len(samples)))})
     shards += _online_shards(d / "online")
     engine = vc.capture_engine_args(str(smol_target), gpus=0, max_model_len=max(LENGTHS) + 1, tokens_per_step=STEP_TOKENS)
-    res = run_child("eagle3build.vllm_capture:run_capture", {"engine": engine, "aux_layer_ids": SMOL_AUX, "shards": shards},
+    res = run_child("eagle3build.vllm.capture:run_capture", {"engine": engine, "aux_layer_ids": SMOL_AUX, "shards": shards},
                     d, "smol")
     return d, samples, res
 
@@ -94,8 +94,10 @@ def test_vllm_equals_hooks_on_bundled_target(smol_vllm, smol_target):
     assert stats["max_requests_per_step"] > 1  # rows of several requests in one step were split apart
     assert stats["max_steps_per_sample"] >= -(-260 // STEP_TOKENS)  # the 260-token sample came in >= 5 chunks
     assert stats["samples_over_several_steps"] >= 2
-    cap.capture_shard(smol_target, d / "train.safetensors", d / "hooks-float32.safetensors", 0, 10, SMOL_AUX, "fp-smol",
-                      "train", storage_dtype="float32", tokens_per_batch=512)
+    cap.capture_shard(cap.CaptureSettings(target_dir=smol_target, tokens_path=d / "train.safetensors",
+                                          out_path=d / "hooks-float32.safetensors", start=0, count=10,
+                                          aux_layer_ids=SMOL_AUX, target_fingerprint="fp-smol", split="train",
+                                          compute_dtype="auto", storage_dtype="float32", tokens_per_batch=512))
     v, h = ShardReader(d / "vllm-float32.safetensors"), ShardReader(d / "hooks-float32.safetensors")
     assert v.meta == h.meta
     for i, (_, ids, mask) in enumerate(samples):
@@ -125,8 +127,10 @@ def test_vllm_shard_trains_and_exports_like_a_hooks_shard(smol_vllm, smol_target
     from eagle3build.train import train_draft as td
 
     d, samples, _ = smol_vllm
-    cap.capture_shard(smol_target, d / "train.safetensors", d / "hooks-bfloat16.safetensors", 0, 10, SMOL_AUX, "fp-smol",
-                      "train")
+    cap.capture_shard(cap.CaptureSettings(target_dir=smol_target, tokens_path=d / "train.safetensors",
+                                          out_path=d / "hooks-bfloat16.safetensors", start=0, count=10,
+                                          aux_layer_ids=SMOL_AUX, target_fingerprint="fp-smol", split="train",
+                                          compute_dtype="auto"))
     hv, mv = _header(d / "vllm-bfloat16.safetensors")
     hh, mh = _header(d / "hooks-bfloat16.safetensors")
     assert hv == hh and mv == mh
@@ -198,8 +202,10 @@ def test_moe_and_multimodal_wrapper_equal_transformers(tmp_path, kind, request):
     samples = [(f"m{i}", rng.integers(0, 500, n).astype(np.int32), np.ones(n, np.uint8)) for i, n in enumerate(lens)]
     pd.write_tokens(tmp_path / "t.safetensors", samples)
     aux = [1, 3, 4]
-    res = cap.capture_shard(target, tmp_path / "t.safetensors", tmp_path / "v.safetensors", 0, 4, aux, "fp", "train",
-                            backend="vllm", storage_dtype="float32", tokens_per_batch=32)
+    res = cap.capture_shard(cap.CaptureSettings(
+        target_dir=target, tokens_path=tmp_path / "t.safetensors", out_path=tmp_path / "v.safetensors", start=0,
+        count=4, aux_layer_ids=aux, target_fingerprint="fp", split="train", backend="vllm", compute_dtype="auto",
+        storage_dtype="float32", tokens_per_batch=32))
     assert res["samples"] == 4 and res["samples_over_several_steps"] >= 1
     model = load_model(target, torch.float32)
     stack = find_decoder_layers(model, 7)
@@ -274,7 +280,7 @@ def test_unknown_layer_layout_and_parallelism_are_refused():
     assert (kw["tensor_parallel_size"], kw["enforce_eager"], kw["enable_prefix_caching"]) == (4, True, False)
     assert kw["enable_flashinfer_autotune"] is False  # an engine for a few requests: nothing to tune
     assert "kv_cache_memory_bytes" not in kw  # /x has no config: vLLM's own sizing
-    assert kw["worker_extension_cls"] == "eagle3build.vllm_capture.CaptureExtension" and kw["dtype"] == "bfloat16"
+    assert kw["worker_extension_cls"] == "eagle3build.vllm.capture.CaptureExtension" and kw["dtype"] == "bfloat16"
     assert kw["max_num_batched_tokens"] == 8192 and kw["skip_tokenizer_init"] is True
 
 
@@ -324,7 +330,7 @@ def test_online_vllm_equals_offline_vllm(smol_vllm, smol_target, tmp_path):
     tests/test_online.py: the shards come from this module's engine, not one of its own.)"""
     from safetensors.torch import load_file
 
-    from eagle3build.tokens import read_tokens
+    from eagle3build.formats.tokens import read_tokens
     from eagle3build.train import build_vocab_map as bv
     from eagle3build.train import train_draft as td
 

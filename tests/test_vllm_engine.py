@@ -12,12 +12,13 @@ import yaml
 from safetensors.numpy import save_file
 from smk import REPO, planned_resources
 
-from eagle3build import vllm_engine, vllm_measure
 from eagle3build.compat import compat_report
 from eagle3build.data import regenerate_responses
 from eagle3build.serve import benchmark
 from eagle3build.serve import export_head as ex
 from eagle3build.serve.benchmark import BenchmarkSettings
+from eagle3build.vllm import engine as vllm_engine
+from eagle3build.vllm import measure as vllm_measure
 
 
 def _example_workdir(tmp_path):
@@ -106,13 +107,16 @@ def test_serving_stages_fail_at_once_naming_vllm_and_the_target(no_vllm, tmp_pat
     """Before any work (the prompts file and the head do not even exist), naming the package and the artifact."""
     out = tmp_path / "results/r/benchmark.json"
     with pytest.raises(vllm_engine.VLLMUnavailable, match=rf"{out} needs the Python package 'vllm'"):
-        benchmark.benchmark(BenchmarkSettings(str(tmp_path), str(tmp_path / "nohead"), str(tmp_path / "missing.jsonl"),
-                                              str(out), [3], 8, 16, "auto", "org/m"))
+        benchmark.benchmark(BenchmarkSettings(target_dir=str(tmp_path), head_dir=str(tmp_path / "nohead"),
+                                              prompts_path=str(tmp_path / "missing.jsonl"), out_json=str(out), ks=[3],
+                                              num_prompts=8, max_tokens=16, served_name="org/m"))
     regen = tmp_path / "results/r/data/regenerated.jsonl"
     with pytest.raises(vllm_engine.VLLMUnavailable,
                        match=rf"{regen} \(data.regenerate.backend: vllm\) needs the Python package 'vllm'"):
-        regenerate_responses.regenerate([{"path": str(tmp_path / "missing.json"), "max_samples": None}], str(tmp_path),
-                                        regen, tmp_path / "report.json", 128, 16, "org/m", backend="vllm")
+        regenerate_responses.regenerate(regenerate_responses.RegenerateSettings(
+            sources=[{"path": str(tmp_path / "missing.json"), "max_samples": None}], target_dir=str(tmp_path),
+            out_jsonl=regen, out_report=tmp_path / "report.json", max_seq_len=128, max_tokens=16, served_name="org/m",
+            backend="vllm"))
     # auto: regeneration has a transformers backend for nodes without vLLM (issue 15), and says why
     choice = regenerate_responses.choose_backend("auto", needed_by=str(regen))
     assert choice["used"] == "transformers" and "import of vllm halted" in choice["reason"]
@@ -139,8 +143,8 @@ def test_export_without_vllm_skips_the_load_check_and_records_why(no_vllm, tiny_
 def test_kv_cache_bytes_per_token_for_known_shapes():
     """Llama-3.1-8B in bf16: 32 layers x 2 x 8 KV heads x 128 = 128 KiB a token (vLLM's figure for it);
     over 8 ranks one KV head each; Kimi-K2.5 (MLA): 61 latents of 512 + 64, on every rank."""
-    from eagle3build.plans import kv_cache_bytes_per_token
     from eagle3build.target import load_config, text_config
+    from eagle3build.workflow.budgets import kv_cache_bytes_per_token
 
     llama = text_config(load_config(REPO / "examples/targets/llama-3.1-8b-instruct-shape"))
     assert kv_cache_bytes_per_token(llama, 2) == 131072
@@ -160,7 +164,7 @@ def test_gpu_engines_are_sized_to_their_job():
     """The load check, a capture and a benchmark engine on a GPU: KV cache from the tokens they hold, not 92 % of
     the card; eager where a few requests run; CUDA graphs up to one decode step otherwise. CPU engines keep their
     settings (VLLM_CPU_KVCACHE_SPACE, eager)."""
-    from eagle3build import vllm_capture
+    from eagle3build.vllm import capture as vllm_capture
 
     target = str(REPO / "examples/targets/llama-3.1-8b-instruct-shape")
     per_token = 33 * 2 * 8 * 128 * 2  # target + one draft layer, bf16, one GPU
@@ -315,17 +319,18 @@ def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypa
     ex.check_loads_with_vllm(tmp_path / "head", target, "org/tiny", gpus=1, trust_remote_code=trust)
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "hi"}\n{"prompt": "there"}\n')
-    r = benchmark.benchmark(BenchmarkSettings(target, str(tmp_path / "head"), str(tmp_path / "unused.jsonl"),
-                                              str(tmp_path / "b.json"), [2], 2, 8, "auto", "org/tiny", max_model_len=64,
-                                              gpus=1, sets=["custom"], custom_prompts_path=str(prompts),
-                                              trust_remote_code=trust))
+    r = benchmark.benchmark(BenchmarkSettings(
+        target_dir=target, head_dir=str(tmp_path / "head"), prompts_path=str(tmp_path / "unused.jsonl"),
+        out_json=str(tmp_path / "b.json"), ks=[2], num_prompts=2, max_tokens=8, dtype="auto", served_name="org/tiny",
+        max_model_len=64, gpus=1, sets=["custom"], custom_prompts_path=str(prompts), trust_remote_code=trust))
     assert r["settings"]["sets"]["custom"]["skipped_too_long"] == 0
     src = tmp_path / "convs.jsonl"
     src.write_text(json.dumps({"id": "c0", "messages": [{"role": "user", "content": "hi"},
                                                         {"role": "assistant", "content": "old"}]}) + "\n")
-    regenerate_responses.regenerate([{"path": str(src), "max_samples": None}], target, tmp_path / "regen.jsonl",
-                                    tmp_path / "regen_report.json", 64, 8, "org/tiny", gpus=1, backend="vllm",
-                                    trust_remote_code=trust)
+    regenerate_responses.regenerate(regenerate_responses.RegenerateSettings(
+        sources=[{"path": str(src), "max_samples": None}], target_dir=target, out_jsonl=tmp_path / "regen.jsonl",
+        out_report=tmp_path / "regen_report.json", max_seq_len=64, max_tokens=8, served_name="org/tiny", gpus=1,
+        backend="vllm", trust_remote_code=trust))
 
     engines = [s["engine"] for s in specs]
     assert len(engines) == 4  # load check, benchmark baseline and k=2, regeneration
@@ -364,7 +369,7 @@ def test_no_engine_outlives_its_job(tmp_path, sig):
 
     pids = tmp_path / "pids.json"
     job = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from eagle3build import vllm_engine; "
+        "import sys; from eagle3build.vllm import engine as vllm_engine; "
         f"vllm_engine.run_child('tests_child_entry:engine_like', {{'pids': {str(pids)!r}}}, {str(tmp_path)!r}, 'e')")],
         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}, start_new_session=True)
     deadline = time.monotonic() + 60
@@ -395,7 +400,7 @@ def test_no_real_engine_outlives_its_job(tmp_path, tiny_target):
     pids = tmp_path / "pids.json"
     eng = vllm_engine.engine_args(str(tiny_target), gpus=0, served_name="m", max_model_len=256, max_num_seqs=1)
     job = subprocess.Popen([sys.executable, "-c", (
-        "import json, sys; from eagle3build import vllm_engine; "
+        "import json, sys; from eagle3build.vllm import engine as vllm_engine; "
         "vllm_engine.run_child('tests_child_entry:real_engine', json.loads(sys.argv[1]), sys.argv[2], 'e')"),
         json.dumps({"engine": eng, "pids": str(pids)}), str(tmp_path)],
         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}, start_new_session=True,

@@ -9,8 +9,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from eagle3build import vocab_map as vm
-from eagle3build.artifacts import minimal_decisions
+from eagle3build.draft import vocab_map as vm
+from eagle3build.formats.artifacts import minimal_decisions
 from eagle3build.serve import export_head as ex
 from eagle3build.train import build_vocab_map as bv
 from eagle3build.train import train_draft as td

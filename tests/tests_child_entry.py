@@ -33,7 +33,7 @@ def real_engine(spec: dict) -> dict:
     import time
     from pathlib import Path
 
-    from eagle3build import vllm_measure
+    from eagle3build.vllm import measure as vllm_measure
 
     llm, _ = vllm_measure.start_engine(spec["engine"])
 

@@ -4,7 +4,7 @@
 
 Each NAME is a Snakemake build of the project's own rules under the recipe or a record's overlay (the overlays
 beside this file), run with ``--cores 16 --resources gpu=1 --scheduler greedy --rerun-incomplete`` in ``--workdir``
-(default: the repository) until its targets exist; then the record (``eagle3build.records``: command, commit,
+(default: the repository) until its targets exist; then the record (``benchmarks/benchlab/records.py``: command, commit,
 versions, card, date, the quoted figures) is written to ``OUT/records/<name>_<card>.json`` and the run's small
 result files and logs to ``OUT/<name>.tgz``. The records go to ``benchmarks/records/`` in the repository; the
 archives stay out of it (git history or the record's ``archive`` keeps what a reader needs).
@@ -61,8 +61,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from eagle3build import records
-from eagle3build.benchkit import load_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its benchlab tooling
+from benchlab import records  # noqa: E402
+from benchlab.benchkit import load_config  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -173,7 +174,7 @@ RECORDS: dict[str, Record] = {
 
 def run_name(configfiles: tuple[str, ...]) -> str:
     """The config's ``run`` after merging ``configfiles`` over config.yaml as the workflow does, validated
-    (``eagle3build.benchkit.load_config``: a typo'd key stops here, before any device time is spent).
+    (``benchlab.benchkit.load_config``: a typo'd key stops here, before any device time is spent).
 
     Raises:
         ValueError: the merged config fails the schema (the message names the files and the field).
@@ -321,7 +322,7 @@ def disk_plan(rec: Record, call: Call) -> list[tuple[str, int]]:
     (train + eval samples) x ``data.max_seq_len``: eagle3build/compat/compat_report.py) less the bytes of the run's
     shards already there. The hidden size is the target's (its config.json, or the Kimi preset's before it is made;
     a bundled target not yet materialised: SmolLM2's 576)."""
-    from eagle3build.plans import hidden_state_bytes_per_token
+    from eagle3build.workflow.budgets import hidden_state_bytes_per_token
 
     cfg = merged_config(rec.configfiles)
     out: list[tuple[str, int]] = []

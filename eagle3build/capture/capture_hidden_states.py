@@ -31,13 +31,14 @@ from typing import Any
 
 import torch
 
-from ..contract import StageSettings
+from ..config.provenance import NATIVE_BF16_FLAGS, emulates_bf16
+from ..config.settings import config_fields, declared
+from ..formats.shard_pipeline import WriterPipeline
+from ..formats.shards import ShardFileWriter, ShardMeta, encode_states
+from ..formats.tokens import read_tokens
 from ..hooks import HookCapture, padded_batch, plan_batches, unpad  # noqa: F401 - plan_batches: this stage's API
-from ..provenance import NATIVE_BF16_FLAGS, emulates_bf16
-from ..shard_pipeline import WriterPipeline
-from ..shards import ShardFileWriter, ShardMeta, encode_states
 from ..target import load_model, resolve_dtype, text_config
-from ..tokens import read_tokens
+from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ OUTPUT_VERSION = 1
 
 
 def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, num_aux: int, storage_dtype: str, tokens: int,
-                         trust_remote_code: bool = False, hidden_size: int | None = None) -> dict:
+                         trust_remote_code: bool = declared("target.trust_remote_code"),
+                         hidden_size: int | None = None) -> dict:
     """Fail before the target is loaded if this shard cannot fit on the disk under ``out_path``.
 
     Bytes: ``tokens x (num_aux + 1) x hidden x element size`` (+ ids, mask and fp8 scales),
@@ -57,8 +59,8 @@ def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, nu
     Raises:
         OSError: the shard needs more bytes than are free (both numbers in the message).
     """
-    from ..plans import hidden_state_bytes_per_token, plan_disk
     from ..target import load_config
+    from ..workflow.budgets import hidden_state_bytes_per_token, plan_disk
 
     # ``hidden_size`` where the caller already holds the model (no target directory needed)
     hidden = hidden_size or text_config(load_config(target_dir, trust_remote_code)).hidden_size
@@ -107,77 +109,81 @@ def check_disk_for_split(out_path: str | os.PathLike, offsets, split_samples: in
     return {"shards_missing": missing, "tokens": tokens, "needed_bytes": need, "free_bytes": free}
 
 
+@config_fields({
+    "compute_dtype": "capture.compute_dtype", "storage_dtype": "capture.storage_dtype",
+    "tokens_per_batch": "capture.tokens_per_batch", "samples_per_shard": "capture.samples_per_shard",
+    "trust_remote_code": "target.trust_remote_code", "pipeline_parallel_size": "target.pipeline_parallel_size",
+})
+class CaptureSettings:
+    """What one capture job runs (``capture_shard``): samples ``[start, start+count)`` of the tokens file
+    ``tokens_path`` (prepare_data's split ``split``) into the shard ``out_path``, with the target of ``target_dir``
+    (None where the caller hands ``capture_shard`` a loaded model), the compat report's ``aux_layer_ids``,
+    ``target_fingerprint`` and ``backend`` (``hooks``: transformers in this process, or ``vllm``: our hooks inside a
+    vLLM engine in a child process; the report's choice, not ``capture.backend``'s ``auto``), on ``device``
+    (``cpu`` or ``cuda``) and the job's ``gpus`` (the vllm backend's tensor parallel size; None: 1 on ``cuda``, 0 on
+    ``cpu``). ``split_samples``: the split's configured samples (``capture.num_<split>_samples``); where given,
+    the split's shards still missing must fit on the disk (``check_disk_for_split``, shards of
+    ``samples_per_shard``). ``writer_threads`` write samples' rows in parallel; ``fsync`` flushes the shard to
+    disk before the rename. The config fields (below) are made from their keys' declarations (``config.settings``).
+    """
+
+    target_dir: str | os.PathLike | None
+    tokens_path: str | os.PathLike
+    out_path: str | os.PathLike
+    start: int
+    count: int
+    aux_layer_ids: list[int]
+    target_fingerprint: str
+    split: str
+    backend: str = "hooks"
+    device: str = "cpu"
+    gpus: int | None = None
+    split_samples: int | None = None
+    writer_threads: int = 4
+    fsync: bool = True
+
+
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any], wildcards: Mapping[str, str], resources: Mapping[str, Any]) -> dict:
-    """Rule ``capture_hidden_states``' entry (``eagle3build.job.run_stage``): ``capture_shard`` of shard
+    """Rule ``capture_hidden_states``' entry (``eagle3build.workflow.job.run_stage``): ``capture_shard`` of shard
     ``params["shard"]`` (``{"start", "num_samples"}``) of split ``wildcards["split"]`` from ``inputs["tokens"]``
     into ``outputs["shard"]``, with the aux layer ids, target fingerprint and backend of the compat report's
     ``inputs["decisions"]`` (``artifacts.Decisions``), on ``cuda`` when the job holds ``resources["gpu"]`` > 0
-    GPUs (the vllm backend: tensor parallel over them), else on the CPU. The split's size
-    (``capture.num_<split>_samples``) and ``target.pipeline_parallel_size`` are runtime-only settings: more
-    samples add shards without replanning the full ones. Returns ``capture_shard``'s summary.
+    GPUs (the vllm backend: tensor parallel over them), else on the CPU; the config fields of ``CaptureSettings``
+    from ``settings``. The split's size (``capture.num_<split>_samples``) and ``target.pipeline_parallel_size`` are
+    runtime-only settings: more samples add shards without replanning the full ones. Returns ``capture_shard``'s
+    summary.
 
     Raises:
         artifacts.ArtifactError: the decisions file is missing or does not match its schema.
         and whatever ``capture_shard`` raises.
     """
-    from ..artifacts import Decisions
+    from ..formats.artifacts import Decisions
 
-    s, split, gpus = settings, wildcards["split"], resources.get("gpu", 0)
+    split, gpus = wildcards["split"], resources.get("gpu", 0)
     d = Decisions.load(inputs["decisions"])
-    return capture_shard(params["target_dir"], inputs["tokens"], outputs["shard"], params["shard"]["start"],
-                         params["shard"]["num_samples"], aux_layer_ids=d.aux_layer_ids,
-                         target_fingerprint=d.target_fingerprint, split=split, backend=d.backend,
-                         device="cuda" if gpus > 0 else "cpu", gpus=gpus, compute_dtype=s["capture.compute_dtype"],
-                         storage_dtype=s["capture.storage_dtype"], tokens_per_batch=s["capture.tokens_per_batch"],
-                         trust_remote_code=s["target.trust_remote_code"],
-                         pipeline_parallel_size=s["target.pipeline_parallel_size"],
-                         split_samples=s[f"capture.num_{split}_samples"],
-                         samples_per_shard=s["capture.samples_per_shard"])
+    return capture_shard(CaptureSettings.from_settings(
+        settings, target_dir=params["target_dir"], tokens_path=inputs["tokens"], out_path=outputs["shard"],
+        start=params["shard"]["start"], count=params["shard"]["num_samples"], aux_layer_ids=d.aux_layer_ids,
+        target_fingerprint=d.target_fingerprint, split=split, backend=d.backend,
+        device="cuda" if gpus > 0 else "cpu", gpus=gpus, split_samples=settings[f"capture.num_{split}_samples"]))
 
 
-def capture_shard(
-    target_dir: str | os.PathLike,
-    tokens_path: str | os.PathLike,
-    out_path: str | os.PathLike,
-    start: int,
-    count: int,
-    aux_layer_ids: list[int],
-    target_fingerprint: str,
-    split: str,
-    backend: str = "hooks",
-    device: str = "cpu",
-    compute_dtype: str = "auto",
-    storage_dtype: str = "bfloat16",
-    tokens_per_batch: int = 4096,
-    trust_remote_code: bool = False,
-    model: torch.nn.Module | None = None,
-    writer_threads: int = 4,
-    fsync: bool = True,
-    gpus: int | None = None,
-    pipeline_parallel_size: int = 1,
-    split_samples: int | None = None,
-    samples_per_shard: int | None = None,
-) -> dict:
-    """Capture samples ``[start, start+count)`` of ``tokens_path`` into the shard ``out_path``.
+def capture_shard(s: CaptureSettings, model: torch.nn.Module | None = None) -> dict:
+    """Capture the samples of ``s`` (``CaptureSettings``) into its shard ``s.out_path``.
 
-    ``backend``: ``hooks`` (transformers in this process) or ``vllm`` (our hooks inside a
-    vLLM engine started in a child process, ``vllm_capture``; ``gpus`` = the job's GPUs =
-    its tensor parallel size, default 1 on ``cuda``, 0 on ``cpu``; ``pipeline_parallel_size``
-    > 1 is refused). Both write the same shard format and metadata.
-    ``model``: an already loaded target (hooks; benchmarks and tests); else it is loaded from
-    ``target_dir``. ``writer_threads`` write samples' rows in parallel; ``fsync`` (default) flushes
-    the shard to disk before the rename. ``split_samples`` (the split's configured samples) and
-    ``samples_per_shard``: where given, the shards of the split still missing must fit on the
-    disk (``check_disk_for_split``). Returns a summary: samples, tokens, seconds, tokens/s.
+    Both backends write the same shard format and metadata. ``model``: an already loaded target (hooks; benchmarks
+    and tests); else it is loaded from ``s.target_dir``. Returns a summary: samples, tokens, seconds, tokens/s.
 
     Raises:
-        ValueError: ``backend`` is neither ``hooks`` nor ``vllm``.
-        vllm_capture.ParallelismError: ``vllm`` with pipeline parallel.
+        ValueError: ``s.backend`` is neither ``hooks`` nor ``vllm``.
+        vllm_capture.ParallelismError: ``vllm`` with pipeline parallel (``s.pipeline_parallel_size`` > 1).
         OSError: this shard, or the split's missing shards, cannot fit on the disk.
         IndexError: the tokens file holds fewer than ``start + 1`` samples (the message
             gives both numbers; lower ``capture.num_train_samples`` or add data).
     """
+    target_dir, tokens_path, out_path, start, count = s.target_dir, s.tokens_path, s.out_path, s.start, s.count
+    aux_layer_ids, backend, device, split = s.aux_layer_ids, s.backend, s.device, s.split
     if backend not in ("hooks", "vllm"):
         raise ValueError(f"capture backend {backend!r}: expected 'hooks' or 'vllm'")
     toks = read_tokens(tokens_path)
@@ -186,22 +192,20 @@ def capture_shard(
     idx = list(range(start, min(start + count, len(toks))))
     if len(idx) < count:
         log.warning("%s holds %d samples; shard %s gets %d instead of %d", tokens_path, len(toks), out_path, len(idx), count)
-    plan = check_disk_for_shard(out_path, target_dir, len(aux_layer_ids), storage_dtype,
-                                sum(len(toks.sample(i)[0]) for i in idx), trust_remote_code,
+    plan = check_disk_for_shard(out_path, target_dir, len(aux_layer_ids), s.storage_dtype,
+                                sum(len(toks.sample(i)[0]) for i in idx), s.trust_remote_code,
                                 hidden_size=None if model is None else text_config(model.config).hidden_size)
-    if split_samples is not None:
-        check_disk_for_split(out_path, toks.offsets, split_samples, samples_per_shard or count, plan["bytes_per_token"])
+    if s.split_samples is not None:
+        check_disk_for_split(out_path, toks.offsets, s.split_samples, s.samples_per_shard, plan["bytes_per_token"])
     if backend == "vllm":
-        return _capture_vllm(target_dir, tokens_path, out_path, idx, toks, aux_layer_ids, target_fingerprint, split,
-                             device, compute_dtype, storage_dtype, tokens_per_batch, trust_remote_code, writer_threads,
-                             fsync, gpus, pipeline_parallel_size)
+        return _capture_vllm(s, idx, toks)
     if model is None:
-        if emulates_bf16(compute_dtype, device):
+        if emulates_bf16(s.compute_dtype, device):
             log.warning("capture.compute_dtype %s on a CPU without native bf16 (%s absent): this capture runs about 29x slower "
-                        "than in float32 (eagle3build.provenance.cpu_bf16_support); capture.compute_dtype: auto takes float32",
-                        compute_dtype, " / ".join(NATIVE_BF16_FLAGS))
+                        "than in float32 (config.provenance.cpu_bf16_support); capture.compute_dtype: auto takes float32",
+                        s.compute_dtype, " / ".join(NATIVE_BF16_FLAGS))
         t_load = time.perf_counter()
-        model = load_model(target_dir, resolve_dtype(compute_dtype, device), device, trust_remote_code)
+        model = load_model(target_dir, resolve_dtype(s.compute_dtype, device), device, s.trust_remote_code)
         log.info("target loaded in %.1f s (%s on %s)", time.perf_counter() - t_load, model.dtype, device)
     hidden = text_config(model.config).hidden_size
     cap = HookCapture(model, aux_layer_ids)
@@ -210,16 +214,16 @@ def capture_shard(
 
     samples = [toks.sample(i) for i in idx]
     lengths = [len(s[0]) for s in samples]
-    meta = ShardMeta(target_fingerprint=target_fingerprint, aux_layer_ids=list(aux_layer_ids), dtype=storage_dtype,
+    meta = ShardMeta(target_fingerprint=s.target_fingerprint, aux_layer_ids=list(aux_layer_ids), dtype=s.storage_dtype,
                      hidden_size=hidden, sample_ids=[toks.sample_ids[i] for i in idx], split=split)
-    writer = ShardFileWriter(out_path, meta, lengths, fsync=fsync)
+    writer = ShardFileWriter(out_path, meta, lengths, fsync=s.fsync)
     from tqdm import tqdm
 
     t0 = time.perf_counter()
     bar = tqdm(total=sum(lengths), unit="tok", unit_scale=True, file=sys.stderr, mininterval=5, desc=f"capture {split}")
     try:
-        pipe = WriterPipeline(writer, samples, str(in_device), threads=writer_threads)
-        for batch in plan_batches(lengths, tokens_per_batch):
+        pipe = WriterPipeline(writer, samples, str(in_device), threads=s.writer_threads)
+        for batch in plan_batches(lengths, s.tokens_per_batch):
             ids, att = padded_batch([samples[j][0] for j in batch], in_device)
             aux, last = unpad(*cap.capture(ids, att), att)
             pipe.submit(batch, encode_states(aux, last, meta))
@@ -240,21 +244,22 @@ def capture_shard(
     return summary
 
 
-def _capture_vllm(target_dir, tokens_path, out_path, idx, toks, aux_layer_ids, target_fingerprint, split, device,
-                  compute_dtype, storage_dtype, tokens_per_batch, trust_remote_code, writer_threads, fsync, gpus,
-                  pipeline_parallel_size) -> dict:
-    """The ``vllm`` backend for ``capture_shard``: same metadata, the engine's worker writes the shard."""
+def _capture_vllm(s: CaptureSettings, idx: list[int], toks) -> dict:
+    """The ``vllm`` backend for ``capture_shard``: samples ``idx`` of ``toks`` (the tokens file ``s.tokens_path``
+    read), the same metadata; the engine's worker writes the shard."""
     from ..target import load_config
-    from ..vllm_capture import capture_shard_vllm
+    from ..vllm.capture import capture_shard_vllm
 
-    hidden = text_config(load_config(target_dir, trust_remote_code)).hidden_size
-    meta = ShardMeta(target_fingerprint=target_fingerprint, aux_layer_ids=list(aux_layer_ids), dtype=storage_dtype,
-                     hidden_size=hidden, sample_ids=[toks.sample_ids[i] for i in idx], split=split)
+    hidden = text_config(load_config(s.target_dir, s.trust_remote_code)).hidden_size
+    meta = ShardMeta(target_fingerprint=s.target_fingerprint, aux_layer_ids=list(s.aux_layer_ids),
+                     dtype=s.storage_dtype, hidden_size=hidden, sample_ids=[toks.sample_ids[i] for i in idx],
+                     split=s.split)
+    gpus = s.gpus
     if gpus is None:
-        gpus = 1 if device.startswith("cuda") else 0
-    res = capture_shard_vllm(target_dir, tokens_path, out_path, idx, [len(toks.sample(i)[0]) for i in idx], meta,
-                             gpus=gpus, compute_dtype=compute_dtype, tokens_per_batch=tokens_per_batch,
-                             pipeline_parallel_size=pipeline_parallel_size, trust_remote_code=trust_remote_code,
-                             writer_threads=writer_threads, fsync=fsync)
+        gpus = 1 if s.device.startswith("cuda") else 0
+    res = capture_shard_vllm(s.target_dir, s.tokens_path, s.out_path, idx, [len(toks.sample(i)[0]) for i in idx], meta,
+                             gpus=gpus, compute_dtype=s.compute_dtype, tokens_per_batch=s.tokens_per_batch,
+                             pipeline_parallel_size=s.pipeline_parallel_size, trust_remote_code=s.trust_remote_code,
+                             writer_threads=s.writer_threads, fsync=s.fsync)
     log.info("captured through vLLM %s", res)
     return res

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import write_json, write_text
-from ..contract import StageSettings
-from ..head_format import HEAD_FLAGS, HEAD_VARIANTS
-from ..plans import hidden_state_bytes_per_token, plan_disk, plan_gpus
-from ..provenance import COMPAT_PACKAGES, cpu_bf16_support, host, software_versions
-from ..serving import check_servable
-from ..serving import probe_vllm as probe_serving_vllm
-from ..staleness import content_files
+from ..config.provenance import COMPAT_PACKAGES, cpu_bf16_support, host, software_versions
+from ..draft.head_format import HEAD_FLAGS, HEAD_VARIANTS
+from ..draft.servable import check_servable
+from ..draft.servable import probe_vllm as probe_serving_vllm
+from ..formats.target_files import content_files
 from ..target import check_aux_layer_ids, default_aux_layer_ids, fingerprint, load_config, text_config
+from ..workflow.budgets import hidden_state_bytes_per_token, plan_disk, plan_gpus
+from ..workflow.contract import StageSettings
 from .compat_render import render_markdown
 from .probes import (
     Probe,
@@ -251,7 +251,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
         capture["aux_layer_ids"] = aux_probe.value
         if aux_probe.status != "fail":
             # Before any capture: can the vLLM that will serve the head load these aux ids?
-            # Asked of the installed vLLM's own code, else answered by the lock (eagle3build.serving).
+            # Asked of the installed vLLM's own code, else answered by the lock (eagle3build.draft.servable).
             ids = list(aux_probe.value)
             vllm_ok = probes["vllm"].status != "fail"
             probes["vllm_serving"] = run_probe(
@@ -312,7 +312,7 @@ def plan_online(target_dir: str, target: dict, capture: dict, online: dict, gpu_
     """``plans.plan_online_for_target`` for this target: its stored weight bytes (parameters x bytes per
     parameter, as inspected) and the decided backend and aux ids (``capture``); ``online`` as
     ``build_report`` takes it."""
-    from ..plans import plan_online_for_target
+    from ..workflow.budgets import plan_online_for_target
 
     tc = text_config(load_config(target_dir, trust_remote_code))
     return plan_online_for_target(tc, target["parameters"] * target["weight_bytes_per_parameter"],
@@ -396,29 +396,29 @@ def write_markdown(compat_json: str, out_md: str, preflight_json: str | None = N
     """
     import json
 
-    from ..artifacts import Compat
+    from ..formats.artifacts import Compat
 
     pre = json.loads(Path(preflight_json).read_text()) if preflight_json else None
     write_text(out_md, render_markdown(Compat.load(compat_json).data, pre))
 
 
 def markdown_job(inputs: Mapping[str, Any], outputs: Mapping[str, str]) -> None:
-    """Rule ``compat_markdown``'s entry (``eagle3build.job.run_stage``, ``contract.RULE_ENTRIES``):
+    """Rule ``compat_markdown``'s entry (``eagle3build.workflow.job.run_stage``, ``contract.RULE_ENTRIES``):
     ``write_markdown`` of ``inputs["json"]`` into ``outputs["md"]``, with the pre-flight table where the rule has a
     ``preflight`` input (an empty list: none). Raises what ``write_markdown`` raises."""
     write_markdown(inputs["json"], outputs["md"], preflight_json=inputs["preflight"] or None)
 
 
 def run_job(outputs: Mapping[str, str], settings: StageSettings, params: Mapping[str, Any]) -> dict:
-    """Rule ``compat_report``'s entry (``eagle3build.job.run_stage``): ``build_report`` for the target of
-    ``params["target_dir"]`` with the job's ``settings`` (its contract's keys, eagle3build.contract), then
+    """Rule ``compat_report``'s entry (``eagle3build.workflow.job.run_stage``): ``build_report`` for the target of
+    ``params["target_dir"]`` with the job's ``settings`` (its contract's keys, eagle3build.workflow.contract), then
     ``write`` compat.json (``outputs["json"]``) and ``write_decisions`` decisions.json (``outputs["decisions"]``).
     Returns the report.
 
     The disk and GPU plans read runtime-only keys (sample counts, ``data.max_seq_len``, resources):
     growing the sample count or changing resources must not re-run this report and, behind it, every
     shard (each capture job re-checks the disk for its own shard). Backend and aux ids are the
-    config's own values (the rule's params carry them as requested: eagle3build.contract.requested).
+    config's own values (the rule's params carry them as requested: eagle3build.workflow.contract.requested).
     The planned tokens are an upper bound: (train + eval samples) x ``data.max_seq_len``.
 
     Raises:

@@ -71,6 +71,6 @@ def materialize(name: str, out_dir: str | os.PathLike, dtype: str = "bfloat16") 
 
 
 def run_job(params: Mapping[str, Any], wildcards: Mapping[str, str]) -> Path:
-    """Rule ``materialize_target``'s entry (``eagle3build.job.run_stage``): ``materialize`` bundled target
+    """Rule ``materialize_target``'s entry (``eagle3build.workflow.job.run_stage``): ``materialize`` bundled target
     ``wildcards["name"]`` into ``params["out_dir"]`` (the folder of the rule's output files)."""
     return materialize(wildcards["name"], params["out_dir"])

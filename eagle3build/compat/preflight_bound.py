@@ -48,15 +48,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import draft_methods, vllm_engine, vllm_measure
-from ..artifacts import Decisions
 from ..atomic import write_json
-from ..contract import StageSettings
-from ..head_model import write_untrained_head
-from ..mla_format import layer_config
-from ..plans import kv_cache_bytes_per_token
-from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from ..step_costs import bound_table
+from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
+from ..draft import methods as draft_methods
+from ..draft.head_model import write_untrained_head
+from ..draft.mla_format import layer_config
+from ..draft.step_costs import bound_table
+from ..formats.artifacts import Decisions
+from ..vllm import engine as vllm_engine
+from ..vllm import measure as vllm_measure
+from ..workflow.budgets import kv_cache_bytes_per_token
+from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +198,7 @@ def measure_speculative_steps(spec: dict) -> dict:
     """
     from vllm import SamplingParams
 
-    from ..vllm_measure import counter_delta, spec_counters, spec_figures
+    from ..vllm.measure import counter_delta, spec_counters, spec_figures
 
     llm, start_s = vllm_measure.start_engine(spec["engine"], speculative_config=spec["speculative_config"])
     req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
@@ -372,7 +374,7 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
-    """Rule ``preflight_bound``'s entry (``eagle3build.job.run_stage``): ``preflight`` on the job's
+    """Rule ``preflight_bound``'s entry (``eagle3build.workflow.job.run_stage``): ``preflight`` on the job's
     ``resources["gpu"]`` GPUs into ``outputs["json"]``, with the job's settings. ``inputs``: ``target`` (its files)
     and ``decisions`` (the compat report's decisions.json). Returns what ``preflight`` returns and raises what
     it raises."""

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from ..head_format import HEAD_FLAGS
-from ..provenance import NATIVE_BF16_FLAGS, base_version, emulates_bf16, installed_version, safe_version
+from ..config.provenance import NATIVE_BF16_FLAGS, base_version, emulates_bf16, installed_version, safe_version
+from ..draft.head_format import HEAD_FLAGS
 from ..target import find_decoder_layers, load_config, text_config
 
 log = logging.getLogger(__name__)
@@ -257,8 +257,8 @@ def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
             the layer's parameters) is in the message.
         AssertionError: the states differ (the per-sample errors are in the message).
     """
-    from .. import vllm_capture
-    from ..vllm_engine import require_vllm
+    from ..vllm import capture as vllm_capture
+    from ..vllm.engine import require_vllm
 
     require_vllm("the vllm capture probe")
     expected = tuple(expected_params or vllm_capture.LAYER_PARAMS)
@@ -284,10 +284,10 @@ def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int) -> dict:
     import numpy as np
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from .. import vllm_capture
+    from ..formats.shards import ShardMeta, ShardReader
+    from ..formats.tokens import write_tokens
     from ..hooks import HookCapture
-    from ..shards import ShardMeta, ShardReader
-    from ..tokens import write_tokens
+    from ..vllm import capture as vllm_capture
 
     aux = [1, 2, 4]
     with tempfile.TemporaryDirectory(prefix="eagle3build-vllm-probe-") as d:

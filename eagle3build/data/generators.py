@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..config.settings import declared
+
 
 def check_sampling(temperature: float, top_p: float) -> None:
     """Check ``data.regenerate.temperature`` (>= 0, finite; 0 = greedy) and ``top_p`` (in (0, 1]).
@@ -56,8 +58,9 @@ class TransformersGenerator:
             end-of-sequence token.
     """
 
-    def __init__(self, model, tokenizer, max_tokens: int, batch_size: int, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0):
+    def __init__(self, model, tokenizer, max_tokens: int, batch_size: int,
+                 temperature: float = declared("data.regenerate.temperature"),
+                 top_p: float = declared("data.regenerate.top_p"), seed: int = declared("data.seed")):
         check_sampling(temperature, top_p)
         self.model, self.tok, self.max_tokens, self.batch_size = model, tokenizer, max_tokens, batch_size
         self.temperature, self.top_p = temperature, top_p

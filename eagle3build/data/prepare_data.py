@@ -78,12 +78,21 @@ from typing import Any
 
 import numpy as np
 
-from .. import prompt_sets
 from ..atomic import write_json, write_text
-from ..contract import StageSettings
-from ..conversation_files import DataError, SourceStats, read_records, resolve_source_path
-from ..conversations import EXAMPLES_PER_REASON, Conversation, Counters, content_key, normalise, template_messages
-from ..tokens import write_tokens
+from ..config.settings import config_fields
+from ..config.spec import key as config_key
+from ..formats import prompt_sets
+from ..formats.conversation_files import DataError, SourceStats, read_records, resolve_source_path
+from ..formats.conversations import (
+    EXAMPLES_PER_REASON,
+    Conversation,
+    Counters,
+    content_key,
+    normalise,
+    template_messages,
+)
+from ..formats.tokens import write_tokens
+from ..workflow.contract import StageSettings, num_aux_layers, require_eval
 from .chat_masking import TemplateRaised, answer_start, open_last_turn, reasoning_key, tokenize_batch
 
 log = logging.getLogger(__name__)
@@ -143,9 +152,9 @@ def _count_turns(extra: dict, conv: Conversation, tok, ids: np.ndarray, rendered
             extra["reasoning_turns_rendered"] += words in " ".join(rendered.split())
 
 
-def check_benchmark_prompts(tok, chat: list[dict], sets: list[str] | None, prompts_file: str | os.PathLike | None
+def check_benchmark_prompts(tok, chat: list[dict], sets: list[str], prompts_file: str | os.PathLike | None
                             ) -> tuple[list[dict], dict]:
-    """Render every prompt of the benchmark ``sets`` (default ``["chat"]``: ``chat``, the eval prompts
+    """Render every prompt of the benchmark ``sets`` (``chat``: ``chat``, the eval prompts
     about to be written; ``humaneval``; ``custom``, ``prompts_file``) with ``tok``'s chat template and
     the generation prompt, as the benchmark's vLLM will. Returns ``(chat prompts the template renders,
     {set: {"prompts", "refused", "examples": [{"id", "detail"}] (the first three)}})``.
@@ -154,7 +163,7 @@ def check_benchmark_prompts(tok, chat: list[dict], sets: list[str] | None, promp
         PromptSetError: a set whose every prompt the template refuses; an unreadable ``prompts_file``.
     """
     by_set: dict[str, list[dict]] = {}
-    for name in sets or ["chat"]:
+    for name in sets:
         if name == "chat":
             by_set[name] = chat
         elif name == "humaneval":
@@ -196,65 +205,72 @@ def too_few_supervised_detail(supervised: int, minimum: int, max_seq_len: int, s
             f"{supervised} of its tokens, fewer than data.min_supervised_tokens {minimum}")
 
 
-def prepare(
-    sources: list[dict],
-    target_dir: str | os.PathLike,
-    out_train: str | os.PathLike,
-    out_eval: str | os.PathLike,
-    out_prompts: str | os.PathLike,
-    out_report: str | os.PathLike,
-    max_seq_len: int,
-    min_supervised_tokens: int,
-    eval_fraction: float,
-    seed: int,
-    num_aux_layers: int = 3,
-    trust_remote_code: bool = False,
-    reasoning: str = "keep",
-    require_eval: bool = False,
-    benchmark_sets: list[str] | None = None,
-    prompts_file: str | os.PathLike | None = None,
-) -> dict:
-    """Run the whole stage; returns the data report (also written to ``out_report``).
+@config_fields({
+    "max_seq_len": "data.max_seq_len", "min_supervised_tokens": "data.min_supervised_tokens",
+    "eval_fraction": "data.eval_fraction", "seed": "data.seed", "reasoning": "data.reasoning",
+    "prompts_file": "data.prompts_file", "benchmark_sets": "benchmark.sets",
+    "trust_remote_code": "target.trust_remote_code",
+})
+class PrepareSettings:
+    """What one prepare_data job runs (``prepare``): the conversations of ``sources`` (``{"path": str,
+    "max_samples": int | None}`` each; ``path`` may be ``bundled:sharegpt``; ``max_samples`` caps the conversations
+    *kept* from that file: data.sources, or the regenerated answers, the contract's ``sources`` param) tokenized
+    with the target of ``target_dir`` into ``out_train``, ``out_eval`` (tokens files), ``out_prompts`` (the first
+    user turn of each eval-split conversation: benchmark set ``chat``, see ``prompt_sets``) and ``out_report``
+    (the data report). ``num_aux_layers`` sizes the projected hidden-state bytes (``(num_aux_layers + 1) *
+    hidden_size * 2`` bytes per token in bf16); ``require_eval``: an empty eval split is an error (the rule sets it
+    when the run captures eval samples, ``capture.num_eval_samples`` > 0, whose shard jobs would fail on it later).
+    Both are the contract's params (``workflow.contract.num_aux_layers``, ``require_eval``), by default those of
+    the default config. The config fields (below) are made from their keys' declarations (``config.settings``):
+    ``reasoning``: ``keep`` (assistant reasoning rendered where the template reads it) or ``drop``;
+    ``benchmark_sets`` (``benchmark.sets``) and ``prompts_file`` (``data.prompts_file``, set ``custom``): every
+    prompt of those sets is checked against the target's chat template here (``prepare``).
+    """
 
-    ``sources``: list of ``{"path": str, "max_samples": int | None}``; ``path`` may be
-    ``bundled:sharegpt``. ``max_samples`` caps the conversations *kept* from that file.
-    ``num_aux_layers`` sizes the projected hidden-state bytes: ``(num_aux_layers + 1) *
-    hidden_size * 2`` bytes per token in bf16. ``out_prompts``: the first user turn of each
-    eval-split conversation (benchmark set ``chat``, see ``prompt_sets``). ``reasoning``:
-    ``keep`` (assistant reasoning rendered where the template reads it) or ``drop``.
-    ``require_eval``: an empty eval split is an error (the rule sets it when the run captures
-    eval samples, ``capture.num_eval_samples`` > 0, whose shard jobs would fail on it later).
-    ``benchmark_sets`` (``benchmark.sets``, default ``["chat"]``) and ``prompts_file``
-    (``data.prompts_file``, set ``custom``): every prompt of those sets is rendered with the target's
-    chat template and generation prompt before any GPU stage; one it refuses is a counted skip naming
-    the prompt (report ``benchmark_prompt_check``; a refused chat prompt is not written), and a set
-    it refuses whole stops the stage (``prompt_sets.drop_refused``), as does set ``chat`` left with no
-    prompt at all where ``benchmark_sets`` names it (not under the default ``None``: a caller that
-    benchmarks nothing). A custom file absent here (a job on another machine) is left to the
-    benchmark, which checks again.
+    sources: list[dict]
+    target_dir: str | os.PathLike
+    out_train: str | os.PathLike
+    out_eval: str | os.PathLike
+    out_prompts: str | os.PathLike
+    out_report: str | os.PathLike
+    num_aux_layers: int = num_aux_layers(config_key("capture.aux_layer_ids").default)
+    require_eval: bool = require_eval(config_key("capture.num_eval_samples").default)
+
+
+def prepare(s: PrepareSettings) -> dict:
+    """Run the whole stage of ``s`` (``PrepareSettings``); returns the data report (also written to
+    ``s.out_report``).
+
+    Every prompt of the benchmark sets ``s.benchmark_sets`` (``custom``: ``s.prompts_file``) is rendered with the
+    target's chat template and generation prompt before any GPU stage; one it refuses is a counted skip naming
+    the prompt (report ``benchmark_prompt_check``; a refused chat prompt is not written), and a set it refuses
+    whole stops the stage (``prompt_sets.drop_refused``), as does set ``chat`` left with no prompt at all where
+    ``s.benchmark_sets`` names it. A custom file absent here (a job on another machine) is left to the benchmark,
+    which checks again.
 
     Raises:
         DataError: a source file cannot be read at all; no sample survives; the eval split is
-            empty while ``require_eval``; a token id is at or beyond the
+            empty while ``s.require_eval``; a token id is at or beyond the
             target's ``vocab_size`` (file, record, token id and text named).
         PromptSetError: a benchmark set whose every prompt the chat template refuses (set, prompt id and the
-            template's message named); set ``chat``, named in ``benchmark_sets``, left without a prompt (no
+            template's message named); set ``chat``, named in ``s.benchmark_sets``, left without a prompt (no
             eval-split conversation opening with a user turn that does not open a train conversation too);
-            an unreadable ``prompts_file`` (file and line named).
-        ValueError: ``reasoning`` is neither ``keep`` nor ``drop``.
+            an unreadable ``s.prompts_file`` (file and line named).
+        ValueError: ``s.reasoning`` is neither ``keep`` nor ``drop`` (raised when ``s`` is made).
     """
+    sources, target_dir, max_seq_len, reasoning = s.sources, s.target_dir, s.max_seq_len, s.reasoning
+    min_supervised_tokens, eval_fraction, seed = s.min_supervised_tokens, s.eval_fraction, s.seed
     from transformers import AutoTokenizer
 
-    from ..plans import hidden_state_bytes_per_token
     from ..target import load_config, text_config
+    from ..workflow.budgets import hidden_state_bytes_per_token
 
-    if reasoning not in ("keep", "drop"):
-        raise ValueError(f"data.reasoning {reasoning!r}: expected 'keep' or 'drop'")
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(os.fspath(target_dir), trust_remote_code=trust_remote_code, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(os.fspath(target_dir), trust_remote_code=s.trust_remote_code,
+                                        local_files_only=True)
     if not tok.chat_template:
         raise DataError(f"target {target_dir}: tokenizer has no chat template")
-    cfg = text_config(load_config(target_dir, trust_remote_code))
+    cfg = text_config(load_config(target_dir, s.trust_remote_code))
     hidden, vocab_size = cfg.hidden_size, cfg.vocab_size
     rkey = reasoning_key(tok) if reasoning == "keep" else None
 
@@ -351,7 +367,7 @@ def prepare(
     paths = [s["path"] for s in sources]
     if not train:
         raise DataError(f"no training sample survived preparation of {paths}; see the skip counts in the log")
-    if require_eval and not evals:
+    if s.require_eval and not evals:
         raise DataError(f"the eval split of {paths} is empty ({len(train)} train samples at data.eval_fraction "
                         f"{eval_fraction}), but capture.num_eval_samples asks for eval samples: raise data.eval_fraction or add "
                         "data (records are split by id; those without one by their content)")
@@ -362,18 +378,18 @@ def prepare(
     seen_in_train = sum(o in train_openings for o, _ in prompts)
     opened = len(prompts)
     prompts = [p for o, p in prompts if o not in train_openings]
-    prompts, prompt_check = check_benchmark_prompts(tok, prompts, benchmark_sets, prompts_file)
-    if benchmark_sets and "chat" in benchmark_sets and not prompts:  # the benchmark would stop on it after training
+    prompts, prompt_check = check_benchmark_prompts(tok, prompts, s.benchmark_sets, s.prompts_file)
+    if "chat" in s.benchmark_sets and not prompts:  # the benchmark would stop on it after training
         raise prompt_sets.PromptSetError(
             f"benchmark set 'chat' would be empty: of the {len(evals)} eval-split conversations of {paths}, {opened} "
             f"open with a user turn and {seen_in_train} of those open a train conversation too "
             "(benchmark_prompts_seen_in_train); raise data.eval_fraction or add data, or leave chat out of benchmark.sets")
 
-    write_tokens(out_train, train)
-    write_tokens(out_eval, evals)
-    write_text(out_prompts, "".join(json.dumps(p) + "\n" for p in prompts))
+    write_tokens(s.out_train, train)
+    write_tokens(s.out_eval, evals)
+    write_text(s.out_prompts, "".join(json.dumps(p) + "\n" for p in prompts))
     total_tokens = sum(lengths)
-    bytes_per_token = hidden_state_bytes_per_token(num_aux_layers, hidden, "bfloat16")
+    bytes_per_token = hidden_state_bytes_per_token(s.num_aux_layers, hidden, "bfloat16")
     report = {
         "sources": [s.__dict__ for s in source_stats],
         "records_read": sum(s.records_read for s in source_stats),
@@ -406,13 +422,13 @@ def prepare(
         "supervised_fraction": supervised / total_tokens,
         "hidden_state_bytes": {
             "per_token_bf16": bytes_per_token,
-            "layers": num_aux_layers + 1,
+            "layers": s.num_aux_layers + 1,
             "hidden_size": hidden,
             "all_kept_samples": bytes_per_token * total_tokens,
         },
         "seconds": round(time.perf_counter() - t0, 2),
     }
-    write_json(out_report, report)
+    write_json(s.out_report, report)
     log.info(
         "data: read %d records, kept %d (train %d, eval %d), skipped %d %s, fixed %s; "
         "tokens mean %.0f p50 %.0f p95 %.0f max %d; supervised %.1f%%",
@@ -424,17 +440,12 @@ def prepare(
 
 
 def run_job(outputs: Mapping[str, str], settings: StageSettings, params: Mapping[str, Any]) -> dict:
-    """Rule ``prepare_data``'s entry (``eagle3build.job.run_stage``): ``prepare`` with the job's settings and its
-    computed params (``sources``: data.sources or the regenerated answers, ``num_aux_layers``, ``require_eval``:
-    eagle3build.contract), writing ``outputs`` ``train``, ``eval``, ``prompts`` and ``report``. Returns the data
-    report; raises what ``prepare`` raises."""
-    s = settings
-    return prepare(
-        sources=params["sources"], target_dir=params["target_dir"], out_train=outputs["train"],
+    """Rule ``prepare_data``'s entry (``eagle3build.workflow.job.run_stage``): ``prepare`` with the job's settings (the
+    config fields of ``PrepareSettings``; ``benchmark.sets``: every benchmark prompt is checked against the chat
+    template here) and its computed params (``sources``: data.sources or the regenerated answers,
+    ``num_aux_layers``, ``require_eval``: eagle3build.workflow.contract), writing ``outputs`` ``train``, ``eval``,
+    ``prompts`` and ``report``. Returns the data report; raises what ``prepare`` raises."""
+    return prepare(PrepareSettings.from_settings(
+        settings, sources=params["sources"], target_dir=params["target_dir"], out_train=outputs["train"],
         out_eval=outputs["eval"], out_prompts=outputs["prompts"], out_report=outputs["report"],
-        max_seq_len=s["data.max_seq_len"], min_supervised_tokens=s["data.min_supervised_tokens"],
-        eval_fraction=s["data.eval_fraction"], seed=s["data.seed"], num_aux_layers=params["num_aux_layers"],
-        trust_remote_code=s["target.trust_remote_code"], reasoning=s["data.reasoning"],
-        require_eval=params["require_eval"],
-        benchmark_sets=s["benchmark.sets"],  # every benchmark prompt is checked against the chat template here
-        prompts_file=s["data.prompts_file"])
+        num_aux_layers=params["num_aux_layers"], require_eval=params["require_eval"]))

@@ -73,11 +73,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import vllm_engine, vllm_measure
 from ..atomic import atomic_path, write_json, write_text
-from ..contract import StageSettings
-from ..conversation_files import DataError, SourceStats, read_records, resolve_source_path
-from ..conversations import UNFINISHED_KEY, Conversation, Counters, normalise, template_messages
+from ..config.settings import config_fields, declared
+from ..config.spec import key as config_key
+from ..formats.conversation_files import DataError, SourceStats, read_records, resolve_source_path
+from ..formats.conversations import UNFINISHED_KEY, Conversation, Counters, normalise, template_messages
+from ..vllm import engine as vllm_engine
+from ..vllm import measure as vllm_measure
+from ..workflow.contract import StageSettings
 from .generators import Answer, TransformersGenerator, check_sampling
 
 log = logging.getLogger(__name__)
@@ -87,12 +90,13 @@ log = logging.getLogger(__name__)
 OUTPUT_VERSION = 3  # 2: token_ids of each regenerated answer; tool conversations kept. 3: data.regenerate.unfinished,
 #                    answers_at_max_tokens_looping in the report
 
-UNFINISHED = ("keep", "drop")
+# the choices of data.regenerate.unfinished and .backend, as declared
+UNFINISHED = tuple(config_key("data.regenerate.unfinished").schema["enum"])
 # A verbatim repetition loop (ends_in_loop): the answer's last LOOP_TAIL characters occur at least
 # LOOP_REPEATS times in its last LOOP_WINDOW characters.
 LOOP_TAIL, LOOP_WINDOW, LOOP_REPEATS = 60, 600, 3
 
-BACKENDS = ("auto", "vllm", "transformers")
+BACKENDS = tuple(config_key("data.regenerate.backend").schema["enum"])
 
 
 def decoding(temperature: float, top_p: float) -> str:
@@ -152,41 +156,45 @@ def choose_backend(requested: str, needed_by: str = "regenerate_responses") -> d
     return {"used": "vllm", "requested": requested, "reason": why}
 
 
-def regenerate(
-    sources: list[dict],
-    target_dir: str,
-    out_jsonl: str | os.PathLike,
-    out_report: str | os.PathLike,
-    max_seq_len: int,
-    max_tokens: int,
-    served_name: str,
-    unfinished: str = "keep",
-    checkpoint_every: int = 0,
-    dtype: str = "auto",
-    seed: int = 0,
-    gpus: int = 0,
-    pipeline_parallel_size: int = 1,
-    backend: str = "auto",
-    batch_size: int = 32,
-    trust_remote_code: bool = False,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-) -> dict:
-    """Replace every assistant turn with the target's own answer; write ``out_jsonl`` and a report.
+@config_fields({
+    "sources": "data.sources", "max_seq_len": "data.max_seq_len", "seed": "data.seed",
+    "max_tokens": "data.regenerate.max_tokens", "unfinished": "data.regenerate.unfinished",
+    "temperature": "data.regenerate.temperature", "top_p": "data.regenerate.top_p",
+    "backend": "data.regenerate.backend", "checkpoint_every": "data.regenerate.checkpoint_every",
+    "batch_size": "data.regenerate.batch_size", "served_name": "target.served_name", "dtype": "target.serve_dtype",
+    "pipeline_parallel_size": "target.pipeline_parallel_size", "trust_remote_code": "target.trust_remote_code",
+})
+class RegenerateSettings:
+    """What one regenerate_responses job runs (``regenerate``): the conversations of ``sources`` answered by the
+    target of ``target_dir`` on the job's ``gpus`` GPUs (vLLM's tensor parallel size, or the devices transformers
+    spreads the layers over; 0 = CPU), written to ``out_jsonl`` and the report ``out_report``. The config fields
+    (below) are made from their keys' declarations (``config.settings``): ``max_tokens``: cap of one regenerated
+    answer (tokens); ``unfinished``: ``keep`` or ``drop`` an answer that reaches it (module docstring);
+    ``temperature`` 0 = greedy, > 0 = answers sampled at that temperature from the nucleus of probability
+    ``top_p``; ``seed``: ``data.seed``, vLLM's engine seed or torch's generator's (transformers);
+    ``checkpoint_every``: answers per engine call between saved states (0: none); ``dtype``: ``target.serve_dtype``
+    (``auto`` = bf16 on GPUs, float32 on CPU); ``backend``: auto | vllm | transformers (``choose_backend``);
+    ``batch_size``: conversations per ``generate`` call of the transformers backend.
+    """
 
-    ``max_tokens``: cap of one regenerated answer (tokens); an answer that reaches it is kept
-    as its conversation's last turn, flagged ``last_turn_unfinished`` (``unfinished`` ``keep``), or
-    left out (``drop``) (module docstring).
+    target_dir: str
+    out_jsonl: str | os.PathLike
+    out_report: str | os.PathLike
+    gpus: int = 0
+
+
+def regenerate(s: RegenerateSettings) -> dict:
+    """Replace every assistant turn of ``s.sources`` with the target's own answer (``s``: ``RegenerateSettings``);
+    write ``s.out_jsonl`` and a report.
+
+    An answer that reaches ``s.max_tokens`` is kept as its conversation's last turn, flagged
+    ``last_turn_unfinished`` (``unfinished`` ``keep``), or left out (``drop``) (module docstring).
     Report: the backend used and why, conversations in and out, assistant turns regenerated (kept),
     conversations cut at ``max_seq_len``, answers that hit ``max_tokens`` and how many of them end
     in a repetition loop (``ends_in_loop``), the ``unfinished`` rule, ``temperature`` and ``top_p``,
     generated tokens and tokens/s, skip counts of normalisation.
 
-    ``temperature``: 0 = greedy; > 0 = answers sampled at that temperature from the nucleus of
-    probability ``top_p`` (module docstring: what is reproducible then). ``seed``: ``data.seed``,
-    vLLM's engine seed, or torch's generator's for the transformers backend.
-
-    ``checkpoint_every``: answers per engine call (one ``generate`` of ``regenerate_turns``; not
+    ``s.checkpoint_every``: answers per engine call (one ``generate`` of ``regenerate_turns``; not
     the transformers backend's ``batch_size``) between saved states, in
     ``<out_jsonl>.state/state.json``; a rerun of the same job with the same inputs and settings
     resumes from it; removed once the outputs are written (left behind by a job that never
@@ -194,24 +202,21 @@ def regenerate(
     the answers of every process, ``seconds`` counts the last process only. With temperature > 0
     the answers generated after a resume differ from those of an uninterrupted run (the sampler's
     random state is not saved); the key holds ``temperature`` and ``top_p``.
-    ``gpus``: GPUs the job holds (vLLM's tensor parallel size, or the devices transformers
-    spreads the layers over; 0 = CPU); ``dtype`` ``auto`` = bf16 on GPUs, float32 on CPU.
-    ``backend``: auto | vllm | transformers (``choose_backend``); ``batch_size``: conversations
-    per ``generate`` call of the transformers backend.
 
     Raises:
-        ValueError: ``unfinished`` is not ``keep`` or ``drop``, ``checkpoint_every`` < 0, ``temperature``
-            < 0 or ``top_p`` outside (0, 1] (checked first).
+        ValueError: ``checkpoint_every`` < 0, ``temperature`` < 0 or ``top_p`` outside (0, 1] (checked first);
+            ``unfinished`` or ``backend`` outside their choices (when ``s`` is made).
         vllm_engine.VLLMUnavailable: ``backend="vllm"`` and vLLM cannot be imported (checked first).
         DataError: no conversation in the sources.
         RuntimeError: the vLLM child failed.
     """
-    if unfinished not in UNFINISHED:
-        raise ValueError(f"data.regenerate.unfinished must be one of {UNFINISHED}, got {unfinished!r}")
+    sources, target_dir, out_jsonl, out_report = s.sources, s.target_dir, s.out_jsonl, s.out_report
+    max_seq_len, max_tokens, unfinished, checkpoint_every = s.max_seq_len, s.max_tokens, s.unfinished, s.checkpoint_every
+    temperature, top_p, gpus = s.temperature, s.top_p, s.gpus
     if checkpoint_every < 0:
         raise ValueError(f"data.regenerate.checkpoint_every must be >= 0, got {checkpoint_every}")
     check_sampling(temperature, top_p)
-    choice = choose_backend(backend, needed_by=os.fspath(out_jsonl))
+    choice = choose_backend(s.backend, needed_by=os.fspath(out_jsonl))
     log.info("regeneration backend: %s (%s), %s decoding", choice["used"], choice["reason"], decoding(temperature, top_p))
     t0 = time.perf_counter()
     convs, counters, stats = collect(sources)
@@ -220,8 +225,8 @@ def regenerate(
     prompts = [template_messages(c.messages, None) for c in convs]
     state_dir = Path(f"{os.fspath(out_jsonl)}.state")
     resume = {"checkpoint_every": checkpoint_every, "state_path": os.fspath(state_dir / "state.json"),
-              "key": _state_key(prompts, target_dir, choice, max_tokens, max_seq_len, unfinished, dtype, seed, gpus,
-                                pipeline_parallel_size, batch_size, trust_remote_code, temperature, top_p)
+              "key": _state_key(prompts, target_dir, choice, max_tokens, max_seq_len, unfinished, s.dtype, s.seed, gpus,
+                                s.pipeline_parallel_size, s.batch_size, s.trust_remote_code, temperature, top_p)
               if checkpoint_every else ""}
     if not convs:
         res = {"conversations": [], "last_turn_unfinished": [], "turns_regenerated": 0,
@@ -229,19 +234,18 @@ def regenerate(
                "generated_tokens": 0,
                "generate_seconds": 0.0}
     elif choice["used"] == "vllm":
-        eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name,
-                                      max_model_len=max_seq_len + max_tokens, seed=seed, dtype=dtype,
-                                      pipeline_parallel_size=pipeline_parallel_size, trust_remote_code=trust_remote_code)
+        eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=s.served_name,
+                                      max_model_len=max_seq_len + max_tokens, seed=s.seed, dtype=s.dtype,
+                                      pipeline_parallel_size=s.pipeline_parallel_size,
+                                      trust_remote_code=s.trust_remote_code)
         spec = {"engine": eng, "conversations": prompts, "max_tokens": max_tokens,
                 "max_seq_len": max_seq_len, "unfinished": unfinished, "temperature": temperature, "top_p": top_p,
                 **resume}
         with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:
             res = vllm_engine.run_child("eagle3build.data.regenerate_responses:run_child", spec, tmp, "regenerate")
     else:
-        res = regenerate_with_transformers(target_dir, prompts, max_tokens, max_seq_len,
-                                           device="cuda" if gpus > 0 else "cpu", dtype=dtype, batch_size=batch_size,
-                                           trust_remote_code=trust_remote_code, unfinished=unfinished,
-                                           temperature=temperature, top_p=top_p, seed=seed, **resume)
+        res = regenerate_with_transformers(s, prompts, device="cuda" if gpus > 0 else "cpu",
+                                           state_path=resume["state_path"], key=resume["key"])
     lines, n_out = [], 0
     for conv, msgs, cut_last in zip(convs, res["conversations"], res["last_turn_unfinished"], strict=True):
         if any(m["role"] == "assistant" for m in msgs):
@@ -295,8 +299,10 @@ def ends_in_loop(text: str) -> bool:
 
 
 def regenerate_turns(conversations: list[list[dict]], generate: Callable[[list[list[dict]]], list[Answer]],
-                     prompt_tokens: Callable[[list[dict]], int], max_seq_len: int, unfinished: str = "keep",
-                     checkpoint_every: int = 0, state_path: str | os.PathLike | None = None, key: str = "") -> dict:
+                     prompt_tokens: Callable[[list[dict]], int], max_seq_len: int,
+                     unfinished: str = declared("data.regenerate.unfinished"),
+                     checkpoint_every: int = declared("data.regenerate.checkpoint_every"),
+                     state_path: str | os.PathLike | None = None, key: str = "") -> dict:
     """The backend-independent rounds: turn position by turn position over all conversations.
 
     ``generate``: the target's answers (greedy or sampled) to a batch of chat prompts (each ending
@@ -434,7 +440,7 @@ def run_child(spec: dict) -> dict:
     (``temperature`` 0) or sampled at ``temperature`` and ``top_p``."""
     from vllm import SamplingParams
 
-    temperature, top_p = spec.get("temperature", 0.0), spec.get("top_p", 1.0)
+    temperature, top_p = spec["temperature"], spec["top_p"]
     check_sampling(temperature, top_p)
     llm, _ = vllm_measure.start_engine(spec["engine"])
     tok = llm.get_tokenizer()
@@ -454,47 +460,40 @@ def run_child(spec: dict) -> dict:
         return len(tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
                               add_special_tokens=False))
 
-    return regenerate_turns(spec["conversations"], generate, prompt_tokens, spec["max_seq_len"],
-                            spec.get("unfinished", "keep"), spec.get("checkpoint_every", 0), spec.get("state_path"),
-                            spec.get("key", ""))
+    return regenerate_turns(spec["conversations"], generate, prompt_tokens, spec["max_seq_len"], spec["unfinished"],
+                            spec["checkpoint_every"], spec["state_path"], spec["key"])
 
 
-def regenerate_with_transformers(target_dir: str, conversations: list[list[dict]], max_tokens: int, max_seq_len: int,
-                                 device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
-                                 trust_remote_code: bool = False, unfinished: str = "keep", checkpoint_every: int = 0,
-                                 state_path: str | None = None, key: str = "", temperature: float = 0.0,
-                                 top_p: float = 1.0, seed: int = 0) -> dict:
-    """``regenerate_turns`` on transformers' ``generate`` (``TransformersGenerator``: greedy at
-    ``temperature`` 0, else sampled with torch seeded by ``seed``); the target is loaded by
-    ``target.load_model`` (``device="cuda"``: layers over every visible GPU, i.e. the job's).
+def regenerate_with_transformers(s: RegenerateSettings, conversations: list[list[dict]], device: str = "cpu",
+                                 state_path: str | None = None, key: str = "") -> dict:
+    """``regenerate_turns`` of ``conversations`` (chat prompts) on transformers' ``generate``
+    (``TransformersGenerator`` with ``s``'s ``max_tokens``, ``batch_size``, ``temperature``, ``top_p`` and ``seed``:
+    greedy at temperature 0, else sampled with torch seeded by ``seed``); the target of ``s.target_dir`` is loaded
+    in ``s.dtype`` by ``target.load_model`` on ``device`` (``"cuda"``: layers over every visible GPU, i.e. the
+    job's). ``s.checkpoint_every``, ``state_path`` and ``key``: the resumable state of ``regenerate_turns``.
 
     Raises:
         ValueError: ``temperature`` or ``top_p`` out of range, checked before the target is loaded.
     """
-    check_sampling(temperature, top_p)
+    check_sampling(s.temperature, s.top_p)
     from transformers import AutoTokenizer
 
     from ..target import load_model, resolve_dtype
 
-    model = load_model(target_dir, resolve_dtype(dtype, device), device, trust_remote_code)
-    tok = AutoTokenizer.from_pretrained(os.fspath(target_dir), trust_remote_code=trust_remote_code, local_files_only=True)
-    gen = TransformersGenerator(model, tok, max_tokens, batch_size, temperature, top_p, seed)
-    return regenerate_turns(conversations, gen, gen.prompt_tokens, max_seq_len, unfinished, checkpoint_every,
+    model = load_model(s.target_dir, resolve_dtype(s.dtype, device), device, s.trust_remote_code)
+    tok = AutoTokenizer.from_pretrained(os.fspath(s.target_dir), trust_remote_code=s.trust_remote_code,
+                                        local_files_only=True)
+    gen = TransformersGenerator(model, tok, s.max_tokens, s.batch_size, s.temperature, s.top_p, s.seed)
+    return regenerate_turns(conversations, gen, gen.prompt_tokens, s.max_seq_len, s.unfinished, s.checkpoint_every,
                             state_path, key)
 
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
-    """Rule ``regenerate_responses``' entry (``eagle3build.job.run_stage``): ``regenerate`` the job's
+    """Rule ``regenerate_responses``' entry (``eagle3build.workflow.job.run_stage``): ``regenerate`` the job's
     ``data.sources`` with the target of ``params["target_dir"]`` on its ``resources["gpu"]`` GPUs into
-    ``outputs["jsonl"]`` and ``outputs["report"]``. Returns the report; raises what ``regenerate`` raises."""
-    s = settings
-    return regenerate(
-        sources=s["data.sources"], target_dir=params["target_dir"], out_jsonl=outputs["jsonl"],
-        out_report=outputs["report"], max_seq_len=s["data.max_seq_len"], max_tokens=s["data.regenerate.max_tokens"],
-        unfinished=s["data.regenerate.unfinished"], temperature=s["data.regenerate.temperature"],
-        top_p=s["data.regenerate.top_p"], checkpoint_every=s["data.regenerate.checkpoint_every"],
-        served_name=s["target.served_name"], dtype=s["target.serve_dtype"], seed=s["data.seed"],
-        gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
-        backend=s["data.regenerate.backend"], batch_size=s["data.regenerate.batch_size"],
-        trust_remote_code=s["target.trust_remote_code"])
+    ``outputs["jsonl"]`` and ``outputs["report"]``; the config fields of ``RegenerateSettings`` from ``settings``.
+    Returns the report; raises what ``regenerate`` raises."""
+    return regenerate(RegenerateSettings.from_settings(
+        settings, target_dir=params["target_dir"], out_jsonl=outputs["jsonl"], out_report=outputs["report"],
+        gpus=resources.get("gpu", 0)))

@@ -49,26 +49,26 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import prompt_sets, vllm_engine, vocab_map
 from ..atomic import write_json
-from ..contract import StageSettings
-from ..head_format import (
-    OWN_HEAD,
-    check_compare_names,
+from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
+from ..config.settings import config_fields, declared
+from ..draft import vocab_map
+from ..draft.head_format import (
     draft_layer,
     draft_layers,
     head_config,
     method_of,
-    run_label,
     speculative_config,
     trained_positions,
 )
-from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from ..step_costs import compare_benchmark, step_cost
+from ..draft.step_costs import compare_benchmark, step_cost
+from ..formats import prompt_sets
+from ..formats.benchmark_runs import OWN_HEAD, check_compare_names, run_label
+from ..vllm import engine as vllm_engine
+from ..workflow.contract import StageSettings
 from . import lossless
 from .k_schedule import k_schedule
 
@@ -88,11 +88,11 @@ log = logging.getLogger(__name__)
 # Not bumped for issue 55 item 4 (every run names what it served: head, method, draft_layer, trained_positions beside
 # num_speculative_tokens; the runs under "runs", before "eagle3" whatever the method; "heads" lists each served head
 # once; the pre-flight draft_cost names the own head's method): that issue asks that no finished build replan, and
-# every reader takes both layouts (head_format.benchmark_runs), so a finished build keeps its file until its benchmark
+# every reader takes both layouts (benchmark_runs.benchmark_runs), so a finished build keeps its file until its benchmark
 # reruns for another reason.
 OUTPUT_VERSION = 7
 
-RUN_ENTRY = "eagle3build.vllm_measure:decode_greedy"
+RUN_ENTRY = "eagle3build.vllm.measure:decode_greedy"
 BenchmarkError = lossless.BenchmarkError  # raised by the lossless check; named here for the stage's callers
 
 
@@ -105,49 +105,41 @@ def validate(result: dict) -> None:
     Raises:
         artifacts.ArtifactError: a field is missing or out of range (the message names it).
     """
-    from ..artifacts import validate as validate_artifact
+    from ..formats.artifacts import validate as validate_artifact
 
     validate_artifact(result, "benchmark", "benchmark result")
 
 
-@dataclass(frozen=True)
+@config_fields({
+    "ks": "benchmark.ks", "num_prompts": "benchmark.num_prompts", "max_tokens": "benchmark.max_tokens",
+    "dtype": "target.serve_dtype", "served_name": "target.served_name", "max_model_len": "benchmark.max_model_len",
+    "seed": "benchmark.seed", "concurrency": "benchmark.concurrency",
+    "pipeline_parallel_size": "target.pipeline_parallel_size", "sets": "benchmark.sets",
+    "near_tie_max_logprob_gap": "benchmark.near_tie_max_logprob_gap", "trust_remote_code": "target.trust_remote_code",
+    "k_schedule_concurrencies": "benchmark.k_schedule_concurrencies",
+})
 class BenchmarkSettings:
     """What one benchmark job runs (``benchmark``): the files, the config's ``benchmark.*`` and ``target.*``
-    settings it reads, and the job's GPUs.
+    settings it reads (its config fields, below, made from their keys' declarations: ``config.settings``), and the
+    job's GPUs.
 
     ``target_dir``: the target's folder; ``head_dir``: the run's exported head; ``prompts_path``: prepare_data's
-    held-out chat prompts (set ``chat``); ``out_json``: benchmark.json. ``ks``: num_speculative_tokens to run;
-    ``num_prompts``: per set (the first N); ``max_tokens``: greedy output tokens a prompt; ``dtype``:
-    ``target.serve_dtype`` (``auto`` = bf16 on GPUs, float32 on CPU); ``served_name``: the verifier's name in the
-    heads; ``max_model_len``: tokens of prompt and output; ``seed``; ``concurrency``: requests in flight (0: all);
-    ``gpus``: GPUs the job holds (the engines' tensor parallel size; 0 = CPU); ``pipeline_parallel_size``;
-    ``sets``: ``prompt_sets`` names (default ``["chat"]``); ``custom_prompts_path``: set ``custom``'s file;
+    held-out chat prompts (set ``chat``); ``out_json``: benchmark.json; ``gpus``: GPUs the job holds (the engines'
+    tensor parallel size; 0 = CPU); ``custom_prompts_path``: set ``custom``'s file; ``preflight_path``: the run's
+    preflight.json; ``compare_heads``: ``[{"name", "path"}]`` of other exported heads served beside the run's own
+    (``benchmark.compare_heads``, then draft.compare_methods'). Of the config fields: ``dtype`` is
+    ``target.serve_dtype`` (``auto`` = bf16 on GPUs, float32 on CPU); ``sets``: ``prompt_sets`` names;
     ``near_tie_max_logprob_gap``: nats, or ``auto`` (``lossless.NEAR_TIE_GAP`` of the dtype);
-    ``trust_remote_code``; ``preflight_path``: the run's preflight.json; ``k_schedule_concurrencies``: the k
-    schedule's concurrencies (``serve.k_schedule``; empty: none); ``compare_heads``: ``[{"name", "path"}]`` of
-    other exported heads served beside the run's own (``benchmark.compare_heads``, then draft.compare_methods').
+    ``k_schedule_concurrencies``: the k schedule's concurrencies (``serve.k_schedule``; empty: none).
     """
 
     target_dir: str
     head_dir: str
     prompts_path: str
     out_json: str
-    ks: list[int]
-    num_prompts: int
-    max_tokens: int
-    dtype: str
-    served_name: str
-    max_model_len: int = 2048
-    seed: int = 0
-    concurrency: int = 1
     gpus: int = 0
-    pipeline_parallel_size: int = 1
-    sets: list[str] | None = None
     custom_prompts_path: str | None = None
-    near_tie_max_logprob_gap: float | str = "auto"
-    trust_remote_code: bool = False
     preflight_path: str | None = None
-    k_schedule_concurrencies: list[int] | None = None
     compare_heads: list[Mapping[str, str]] | None = None
 
     @classmethod
@@ -156,19 +148,17 @@ class BenchmarkSettings:
         """Rule ``benchmark``'s job as settings: the head of ``params["head_dir"]`` on the job's
         ``resources["gpu"]`` GPUs into ``outputs["json"]``; the ``custom_prompts`` and ``preflight`` inputs where
         the rule has them (an empty list: none); the compared heads: ``benchmark.compare_heads``, then
-        ``params["method_heads"]`` (draft.compare_methods', ``head_format.method_heads``; absent: none)."""
+        ``params["method_heads"]`` (draft.compare_methods', ``benchmark_runs.method_heads``; absent: none); the
+        config fields from ``settings`` (``from_settings``).
+
+        Raises:
+            KeyError: an input, output or param named here is missing.
+        """
         s = settings
-        return cls(
-            target_dir=params["target_dir"], head_dir=params["head_dir"], prompts_path=inputs["prompts"],
-            out_json=outputs["json"], ks=s["benchmark.ks"], num_prompts=s["benchmark.num_prompts"],
-            max_tokens=s["benchmark.max_tokens"], dtype=s["target.serve_dtype"], served_name=s["target.served_name"],
-            max_model_len=s["benchmark.max_model_len"], seed=s["benchmark.seed"],
-            concurrency=s["benchmark.concurrency"], gpus=resources.get("gpu", 0),
-            pipeline_parallel_size=s["target.pipeline_parallel_size"], sets=s["benchmark.sets"],
-            custom_prompts_path=inputs["custom_prompts"] or None,
-            near_tie_max_logprob_gap=s["benchmark.near_tie_max_logprob_gap"],
-            trust_remote_code=s["target.trust_remote_code"], preflight_path=inputs["preflight"] or None,
-            k_schedule_concurrencies=s["benchmark.k_schedule_concurrencies"],
+        return cls.from_settings(
+            s, target_dir=params["target_dir"], head_dir=params["head_dir"], prompts_path=inputs["prompts"],
+            out_json=outputs["json"], gpus=resources.get("gpu", 0),
+            custom_prompts_path=inputs["custom_prompts"] or None, preflight_path=inputs["preflight"] or None,
             compare_heads=[*s["benchmark.compare_heads"], *params.get("method_heads", [])])
 
 
@@ -193,7 +183,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     (``draft_cost``; ``step_costs.compare_benchmark``), logged; with ``s.k_schedule_concurrencies`` (e.g. ``[1, 4,
     16]``) ``k_schedule`` (``serve.k_schedule``). ``s.compare_heads``: other exported heads of this target (any
     draft method), each run at every k after the run's own head, against the same baseline with the same prompts,
-    lossless check included. Every run in ``runs`` names what it served: ``head`` (``head_format.OWN_HEAD`` for the
+    lossless check included. Every run in ``runs`` names what it served: ``head`` (``benchmark_runs.OWN_HEAD`` for the
     run's own, else its name), its draft ``method``, ``draft_layer`` (``head_format.draft_layer``),
     ``trained_positions`` (``head_format.trained_positions``; null: one token a forward, any k) and
     ``num_speculative_tokens``; ``heads`` lists each served head once with the same fields. The pre-flight
@@ -207,7 +197,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
             no chat template (transformers' errors, before any engine starts).
         ValueError: ``max_tokens`` >= ``max_model_len``, a ``k_schedule_concurrencies`` entry above the
             number of prompts that run (it could not be put in flight), or a ``compare_heads`` name used twice
-            or equal to ``head_format.OWN_HEAD`` (before any engine starts).
+            or equal to ``benchmark_runs.OWN_HEAD`` (before any engine starts).
         RuntimeError: an engine run failed.
         FileNotFoundError, KeyError: ``head_dir`` (or a ``compare_heads`` path) has no ``model.safetensors``
             holding ``d2t``, or a ``config.json`` naming a method vLLM serves and its layers (before any engine
@@ -219,7 +209,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
 
     vllm_engine.require_vllm(needed_by=os.fspath(s.out_json))
     check_compare_names(s.compare_heads or [])
-    loaded = prompt_sets.load_sets(s.sets or ["chat"], s.num_prompts, chat_path=s.prompts_path,
+    loaded = prompt_sets.load_sets(s.sets, s.num_prompts, chat_path=s.prompts_path,
                                    custom_path=s.custom_prompts_path)
     limit = s.max_model_len - s.max_tokens
     if limit < 1:
@@ -240,7 +230,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     log.info("prompts per set: %s (skipped as too long: %s)", {k: len(v) for k, v in by_set.items()}, skipped)
     n_prompts = sum(len(ps) for ps in by_set.values())
     in_flight = s.concurrency or n_prompts
-    sweep_cs = sorted(set(s.k_schedule_concurrencies or []))
+    sweep_cs = sorted(set(s.k_schedule_concurrencies))
     if sweep_cs and (sweep_cs[0] < 1 or sweep_cs[-1] > n_prompts):
         raise ValueError(f"benchmark.k_schedule_concurrencies {sweep_cs}: each must be from 1 to the {n_prompts} prompts "
                          f"that run ({len(by_set)} set(s)), or that many requests are never in flight: raise "
@@ -263,7 +253,8 @@ def benchmark(s: BenchmarkSettings) -> dict:
         return _benchmark(Path(tmpdir), engine, by_set, s, gap, skipped, {k: len(v) for k, v in refused.items()})
 
 
-def chat_token_counter(target_dir: str, trust_remote_code: bool = False) -> Callable[[list[dict]], int]:
+def chat_token_counter(target_dir: str, trust_remote_code: bool = declared("target.trust_remote_code")
+                       ) -> Callable[[list[dict]], int]:
     """A function of a chat prompt's messages -> its token count as vLLM's ``LLM.chat`` renders it: the
     target's tokenizer (``target_dir``, local files only) and chat template with the generation prompt,
     no special tokens added beyond the template's.
@@ -412,6 +403,6 @@ def compare(base: dict, run: dict, prompts: list[dict], differences: list[dict] 
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
-    """Rule ``benchmark``'s entry (``eagle3build.job.run_stage``): ``benchmark`` the job's
+    """Rule ``benchmark``'s entry (``eagle3build.workflow.job.run_stage``): ``benchmark`` the job's
     ``BenchmarkSettings.from_job``. Returns the benchmark; raises what ``benchmark`` raises."""
     return benchmark(BenchmarkSettings.from_job(inputs, outputs, settings, params, resources))

@@ -30,23 +30,25 @@ from typing import Any
 
 import torch
 
-from .. import draft_methods, vllm_engine, vocab_map
-from ..artifacts import TrainMeta
 from ..atomic import atomic_path, write_json
-from ..contract import StageSettings
-from ..draft_methods import DEFAULT_LAYER, DEFAULT_METHOD
-from ..head_format import aux_layer_ids, draft_layers, expected_shapes, speculative_config
-from ..head_model import TORCH_DTYPES, served_config
+from ..draft import methods as draft_methods
+from ..draft import vocab_map
+from ..draft.head_format import aux_layer_ids, draft_layers, expected_shapes, speculative_config
+from ..draft.head_model import TORCH_DTYPES, served_config
+from ..draft.methods import DEFAULT_LAYER, DEFAULT_METHOD
+from ..formats.artifacts import TrainMeta
+from ..vllm import engine as vllm_engine
+from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
-OUTPUT_VERSION = 2  # 2: transformer_layer_config.num_aux_hidden_states (eagle3build.serving)
+OUTPUT_VERSION = 2  # 2: transformer_layer_config.num_aux_hidden_states (eagle3build.draft.servable)
 
 
 # One engine run: start, decode greedily, read vLLM's spec-decode counters.
-RUN_ENTRY = "eagle3build.vllm_measure:decode_greedy"
+RUN_ENTRY = "eagle3build.vllm.measure:decode_greedy"
 
 
 class ExportError(ValueError):
@@ -249,7 +251,7 @@ def check_loads_with_speculators(head_dir: str | os.PathLike, target_dir: str, s
 
 def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[str, Any],
             resources: Mapping[str, Any]) -> dict:
-    """Rule ``export_head``'s entry (``eagle3build.job.run_stage``): ``export`` the checkpoint of
+    """Rule ``export_head``'s entry (``eagle3build.workflow.job.run_stage``): ``export`` the checkpoint of
     ``params["checkpoint_dir"]`` with the vocab map of ``inputs`` into ``params["out_dir"]``, the vLLM load check
     on the job's ``resources["gpu"]`` GPUs. Returns the head's meta; raises what ``export`` raises."""
     s = settings

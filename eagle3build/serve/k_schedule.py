@@ -12,13 +12,14 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import draft_methods, vllm_engine
-from ..head_format import head_config, speculative_config
-from ..step_costs import step_cost
+from ..draft import methods as draft_methods
+from ..draft.head_format import head_config, speculative_config
+from ..draft.step_costs import step_cost
+from ..vllm import engine as vllm_engine
 
 log = logging.getLogger(__name__)
 
-SWEEP_ENTRY = "eagle3build.vllm_measure:decode_sweep"
+SWEEP_ENTRY = "eagle3build.vllm.measure:decode_sweep"
 
 
 def best_ks(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int], baseline: Mapping[int, float],

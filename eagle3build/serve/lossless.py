@@ -19,11 +19,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import vllm_engine
+from ..vllm import engine as vllm_engine
 
 log = logging.getLogger(__name__)
 
-TOP_ENTRY = "eagle3build.vllm_measure:top_logprobs"
+TOP_ENTRY = "eagle3build.vllm.measure:top_logprobs"
 NEAR_TIE_TOP = 5  # baseline log-probabilities read at a differing position
 # Near-tie threshold (nats) by engine dtype, for ``near_tie_max_logprob_gap: auto``. bf16 keeps 8
 # significant bits: a logit of magnitude 16-32 is rounded to 0.125, and the last hidden state of

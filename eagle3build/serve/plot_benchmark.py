@@ -3,7 +3,7 @@
 Left: vLLM's acceptance rate at each draft position, one line per k (num_speculative_tokens)
 and prompt set, with τ in the legend. Right: output tokens/s of each run with a head relative to
 the baseline per prompt set and over all sets (speed-up bars; the line at 1 is the baseline). Each
-line and bar names its head's method, draft layer, k and trained positions (``head_format.head_description``).
+line and bar names its head's method, draft layer, k and trained positions (``benchmark_runs.head_description``).
 Values are read from ``benchmark.json``
 (eagle3build/schemas/benchmark.schema.json), nothing is recomputed.
 """
@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 
 from ..atomic import atomic_path
-from ..head_format import OWN_HEAD, benchmark_runs, head_description, run_label
+from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs, head_description, run_label
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
 # Not bumped for issue 55 item 4 (each bar and line names its head's method, draft layer, k and trained positions,
@@ -44,7 +44,7 @@ def plot(benchmark_json: str | os.PathLike, out_png: str | os.PathLike) -> dict:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from ..artifacts import Benchmark
+    from ..formats.artifacts import Benchmark
 
     b = Benchmark.load(benchmark_json).data  # checked against eagle3build/schemas/benchmark.schema.json
     runs = benchmark_runs(b)
@@ -104,6 +104,6 @@ def _tick(run: dict) -> str:
 
 
 def run_job(inputs: Mapping[str, str], outputs: Mapping[str, str]) -> dict:
-    """Rule ``plot_benchmark``'s entry (``eagle3build.job.run_stage``): ``plot`` ``inputs["benchmark"]`` into
+    """Rule ``plot_benchmark``'s entry (``eagle3build.workflow.job.run_stage``): ``plot`` ``inputs["benchmark"]`` into
     ``outputs["png"]``. Returns what ``plot`` returns and raises what it raises."""
     return plot(inputs["benchmark"], outputs["png"])

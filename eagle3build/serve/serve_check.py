@@ -45,12 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import prompt_sets, vllm_engine
 from ..atomic import write_json
-from ..contract import StageSettings
-from ..head_format import OWN_HEAD, benchmark_runs
-from ..provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from ..vllm_measure import counter_delta, spec_figures, summary
+from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
+from ..config.settings import config_fields
+from ..formats import prompt_sets
+from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
+from ..vllm import engine as vllm_engine
+from ..vllm.measure import counter_delta, spec_figures, summary
+from ..workflow.contract import StageSettings
 from . import openai_server as server
 from . import serving_files as sf
 
@@ -221,21 +223,19 @@ def pass_figures(answers: list[dict], counters: Mapping[str, Any], exp: Expected
     return out
 
 
-@dataclass(frozen=True)
+@config_fields({"tau_tolerance": "serve.tau_tolerance", "start_timeout_s": "serve.start_timeout_s",
+                "load_concurrencies": "serve.load_concurrencies"})
 class CheckSettings:
     """One serve_check job: ``serve_dir`` (the serving files), ``benchmark_path``, ``prompts_path`` (prompts.jsonl),
     ``custom_prompts_path`` (data.prompts_file or None), ``out_json``, ``server_log`` (the server's output),
-    ``tau_tolerance`` (tokens), ``start_timeout_s`` (seconds), ``load_concurrencies`` (vllm bench serve's requests in
-    flight; empty: none), ``server_module`` (vLLM's server module)."""
+    ``server_module`` (vLLM's server module); its config fields (``config.settings``): ``tau_tolerance`` (tokens),
+    ``start_timeout_s`` (seconds), ``load_concurrencies`` (vllm bench serve's requests in flight; empty: none)."""
 
     serve_dir: str
     benchmark_path: str
     prompts_path: str
     out_json: str
     server_log: str
-    tau_tolerance: float = 0.05
-    start_timeout_s: float = 900.0
-    load_concurrencies: list[int] = field(default_factory=list)
     custom_prompts_path: str | None = None
     server_module: str = sf.SERVER_MODULE  # what ``python -m`` runs with ``--config serve.yaml`` (a stand-in in tests)
 
@@ -378,12 +378,10 @@ def _load(base_url: str, model: str, opts: Mapping[str, Any], exp: Expected, con
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any]) -> dict:
-    """Rule ``serve_check``'s entry (``eagle3build.job.run_stage``): ``serve_check`` of the serving files of
+    """Rule ``serve_check``'s entry (``eagle3build.workflow.job.run_stage``): ``serve_check`` of the serving files of
     ``inputs["serve_yaml"]``'s folder against ``inputs["benchmark"]``, the server's output in ``params["server_log"]``,
     into ``outputs["json"]``. Returns the check; raises what ``serve_check`` raises."""
-    s = settings
-    return serve_check(CheckSettings(
-        serve_dir=os.path.dirname(inputs["serve_yaml"]), benchmark_path=inputs["benchmark"],
+    return serve_check(CheckSettings.from_settings(
+        settings, serve_dir=os.path.dirname(inputs["serve_yaml"]), benchmark_path=inputs["benchmark"],
         prompts_path=inputs["prompts"], custom_prompts_path=inputs["custom_prompts"] or None,
-        out_json=outputs["json"], server_log=params["server_log"], tau_tolerance=s["serve.tau_tolerance"],
-        start_timeout_s=s["serve.start_timeout_s"], load_concurrencies=s["serve.load_concurrencies"]))
+        out_json=outputs["json"], server_log=params["server_log"]))

@@ -35,11 +35,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import draft_methods, vllm_engine
 from ..atomic import atomic_path, write_json, write_text
-from ..contract import StageSettings
-from ..head_format import OWN_HEAD, benchmark_runs, head_config, speculative_config
-from ..job import OFFLINE_VARS
+from ..draft import methods as draft_methods
+from ..draft.head_format import head_config, speculative_config
+from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
+from ..vllm import engine as vllm_engine
+from ..workflow.contract import StageSettings
+from ..workflow.job import OFFLINE_VARS
 from . import serving_files as sf
 from .k_schedule import SCHEDULE_ENV
 
@@ -187,7 +189,7 @@ def write(out_dir: str | os.PathLike, contents: Mapping[str, Any], python: str =
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any]) -> dict:
-    """Rule ``serve_config``'s entry (``eagle3build.job.run_stage``): the serving files of the head of
+    """Rule ``serve_config``'s entry (``eagle3build.workflow.job.run_stage``): the serving files of the head of
     ``inputs["head_config"]`` and the target ``params["target_dir"]`` from ``inputs["benchmark"]``, into the folder of
     ``outputs["yaml"]``. Returns serving.json's content; raises what ``serving`` raises."""
     import json

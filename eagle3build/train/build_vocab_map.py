@@ -22,9 +22,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..contract import StageSettings
-from ..tokens import read_tokens
-from ..vocab_map import coverage, draft_target_ids, write_map
+from ..draft.vocab_map import coverage, draft_target_ids, write_map
+from ..formats.tokens import read_tokens
+from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def vocab_fingerprint(freq: dict[int, int], draft_vocab_size: int) -> str:
 
 
 def run_job(inputs: Mapping[str, str], outputs: Mapping[str, str], settings: StageSettings) -> dict:
-    """Rule ``build_vocab_map``'s entry (``eagle3build.job.run_stage``): ``build`` from ``inputs["tokens"]``
+    """Rule ``build_vocab_map``'s entry (``eagle3build.workflow.job.run_stage``): ``build`` from ``inputs["tokens"]``
     (its first ``capture.num_train_samples`` samples) a map of ``vocab.draft_vocab_size`` tokens into
     ``outputs`` ``d2t``, ``t2d`` and ``info``, with the target vocabulary size (tokens) read from the compat
     report's ``inputs["decisions"]`` (``artifacts.Decisions``). Returns ``build``'s summary.
@@ -59,7 +59,7 @@ def run_job(inputs: Mapping[str, str], outputs: Mapping[str, str], settings: Sta
         artifacts.ArtifactError: the decisions file is missing or does not match its schema.
         ValueError: ``draft_vocab_size`` exceeds the target vocabulary.
     """
-    from ..artifacts import Decisions
+    from ..formats.artifacts import Decisions
 
     target_vocab_size = Decisions.load(inputs["decisions"]).target_vocab_size
     return build(inputs["tokens"], target_vocab_size, settings["vocab.draft_vocab_size"], outputs["d2t"],

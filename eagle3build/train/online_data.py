@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from ..tokens import read_tokens
+from ..formats.tokens import read_tokens
 from .train_data import Batches, BatchLayout, cast_and_noise
 from .trainer import OnlineSettings
 
@@ -110,9 +110,9 @@ def check_memory_split(inputs, backend: str, num_aux: int, cfg, draft_vocab: int
     Raises:
         MemoryError: the plan fails; its message names both sides' bytes.
     """
-    from ..plans import plan_online_for_target
-    from ..staleness import content_files
+    from ..formats.target_files import content_files
     from ..target import load_config, text_config
+    from ..workflow.budgets import plan_online_for_target
 
     on = inputs.online
     if on.gpus == 0:
@@ -155,7 +155,7 @@ def check_trainer_memory(device: str, text_cfg, cfg, num_aux: int, draft_vocab: 
     """
     if not device.startswith("cuda"):
         return None
-    from ..plans import draft_training_bytes_for
+    from ..workflow.budgets import draft_training_bytes_for
 
     need = draft_training_bytes_for(text_cfg, draft_vocab, num_aux, cfg.total_seq_len, cfg.ttt_steps)
     free, total = torch.cuda.mem_get_info(torch.device(device))

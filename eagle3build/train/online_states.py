@@ -42,7 +42,7 @@ import time
 import numpy as np
 import torch
 
-from ..shards import ShardMeta, dequantize_fp8, encode_states
+from ..formats.shards import ShardMeta, dequantize_fp8, encode_states
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,8 @@ class VllmStates:
     def __init__(self, target_dir: str, aux_layer_ids: list[int], storage_dtype: str, gpus: int = 0,
                  compute_dtype: str = "auto", tokens_per_batch: int = 4096, max_model_len: int = 2049,
                  trust_remote_code: bool = False, memory_fraction: float | None = None):
-        from ..vllm_capture import capture_engine_args, start_capture_engine
-        from ..vllm_engine import child_env, require_vllm
+        from ..vllm.capture import capture_engine_args, start_capture_engine
+        from ..vllm.engine import child_env, require_vllm
 
         require_vllm(target_dir)
         # The engine's environment as its own child process would get it (offline, vLLM's CPU
@@ -162,7 +162,7 @@ class VllmStates:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from ..vllm_capture import SAMPLE_KEY, _rank0
+        from ..vllm.capture import SAMPLE_KEY, _rank0
 
         lengths = [len(x) for x in ids]
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in x]) for x in ids]

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..shards import ShardReader
+from ..formats.shards import ShardReader
 
 
 def shard_dataset_class():
@@ -106,7 +106,7 @@ class BatchLayout:
     num_aux: int
     dtype: torch.dtype
     seed: int
-    noise_std: float = 0.0
+    noise_std: float
     world_size: int = 1
     ranks: list[int] | None = None
     shift: bool = True

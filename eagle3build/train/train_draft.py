@@ -38,14 +38,14 @@ from typing import Any
 
 import torch
 
-from .. import draft_methods
-from ..artifacts import Decisions
 from ..atomic import atomic_path
-from ..contract import StageSettings
-from ..draft_methods import DEFAULT_LAYER, DEFAULT_METHOD
-from ..head_format import HEAD_VARIANTS
-from ..head_model import build_model, method_flags, trainer_kwargs
-from ..shards import ShardReader, check_meta
+from ..draft import methods as draft_methods
+from ..draft.head_format import HEAD_VARIANTS
+from ..draft.head_model import build_model, method_flags, trainer_kwargs
+from ..draft.methods import DEFAULT_LAYER, DEFAULT_METHOD
+from ..formats.artifacts import Decisions
+from ..formats.shards import ShardReader, check_meta
+from ..workflow.contract import StageSettings
 from . import ddp, online_data
 from .train_data import Batches, BatchLayout
 from .train_metrics import plot_curves
@@ -95,7 +95,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
         train_state.ResumeAcrossWorldSizes: this run's saved state has a smaller world size than the
             processes (the state is kept).
     """
-    from .. import vocab_map
+    from ..draft import vocab_map
 
     distributed, rank, processes = ddp.dist_info()
     decisions = Decisions.load(inputs.decisions_json)
@@ -156,7 +156,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     shift = m.shifted
     train_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks,
                                shift=shift)
-    eval_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, shift=shift)
+    eval_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, 0.0, shift=shift)
     if target is not None:
         on = inputs.online
         train_b = online_data.OnlineBatches(on, "train", target, train_layout)
@@ -365,7 +365,7 @@ def online_inputs(capture: Mapping[str, Any], capture_online: Mapping[str, Any],
 
 def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[str, Any],
             resources: Mapping[str, Any]) -> None:
-    """Rule ``train_draft``'s entry (``eagle3build.job.run_stage``): ``train`` on the CPU (``resources["gpu"]``
+    """Rule ``train_draft``'s entry (``eagle3build.workflow.job.run_stage``): ``train`` on the CPU (``resources["gpu"]``
     0), on one GPU, or with ``launch`` on more (one DDP process per GPU of the job's slots), into
     ``params["out_dir"]``. ``inputs``: ``train`` and ``eval`` (the shards, or online the tokens file of each
     split), ``d2t``, ``t2d``, ``vocab``, ``decisions`` (target fingerprint, aux ids, head variant, capture

@@ -16,25 +16,20 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, make_dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..config_spec import KEYS, Key, section_keys
+from ..config.settings import declared, section_fields, settings_class
+from ..config.spec import KEYS, Key
 from .train_data import Batches, to_device
 from .train_metrics import accumulate, draft_flops_per_token, history_entry, summarise, to_floats
 from .train_state import TrainState
 
 
 class _TrainConfigChecks:
-    """The checks and views of ``TrainConfig`` (whose fields config_spec's section ``train`` declares)."""
-
-    def __post_init__(self) -> None:
-        for k in section_keys("train"):
-            choices = k.schema.get("enum")
-            if choices is not None and getattr(self, k.name) not in choices:
-                raise ValueError(f"train.{k.name} {getattr(self, k.name)!r} is not one of {list(choices)}")
+    """The views of ``TrainConfig`` (whose fields config_spec's section ``train`` declares)."""
 
     def settings(self) -> dict:
         """The fields a saved state must match to be resumed (all but ``checkpoint_every``)."""
@@ -42,14 +37,11 @@ class _TrainConfigChecks:
 
 
 def train_config_class(keys: tuple[Key, ...] = KEYS) -> type:
-    """A frozen dataclass with a field per key of section ``train`` of ``keys`` (eagle3build.config_spec): its
-    Python type, its default (config.yaml's value); constructing one with a value outside a key's ``enum``
-    raises ValueError."""
-    fields = [(k.name, k.python_type(), field(default=k.default)) for k in section_keys("train", keys)]
-    doc = "The config's ``train:`` section, as ``train()`` receives it; fields, types and defaults from " \
-          "eagle3build.config_spec:\n\n" + "\n".join(f"- ``{k.name}``: {k.doc}" for k in section_keys("train", keys))
-    return make_dataclass("TrainConfig", fields, bases=(_TrainConfigChecks,), frozen=True,
-                          namespace={"__doc__": doc, "__module__": __name__})
+    """A frozen dataclass with a keyword-only field per key of section ``train`` of ``keys``
+    (eagle3build.config.spec; ``config.settings.settings_class``): its Python type, its default (config.yaml's
+    value); constructing one with a value outside a key's ``enum`` raises ValueError."""
+    return settings_class("TrainConfig", section_fields("train", keys), keys, bases=(_TrainConfigChecks,),
+                          module=__name__, doc="The config's ``train:`` section, as ``train()`` receives it.")
 
 
 # The config's ``train:`` section (``head_variant``: ``eagle3``, ``eagle3.1`` or ``auto``, the compat report's
@@ -81,7 +73,7 @@ class OnlineSettings:
     compute_dtype: str
     tokens_per_batch: int
     gpus: int = 0
-    queue_depth: int = 2
+    queue_depth: int = declared("capture.online.queue_depth")
     target_memory_fraction: float | None = None
 
     def state_settings(self) -> dict:

@@ -18,7 +18,7 @@ shared expert likewise), depth 61 -> 7 layers (1 dense + 6 MoE, so EAGLE-3's ``[
 weights (the wrapper's config keeps the tower; every engine here serves text only, vLLM's
 ``language_model_only``). The rope: theta 50,000 without scaling, or with ``--yarn`` K2.5's YaRN (``K25_YARN``:
 4,096 trained positions stretched 64x to 262,144), the two kinds of rope an MLA draft head is exported for
-(eagle3build/mla_format.py). Weights: normal(0, 0.02), norms 1, router bias 0, from ``torch.Generator``
+(eagle3build/draft/mla_format.py). Weights: normal(0, 0.02), norms 1, router bias 0, from ``torch.Generator``
 seeded with ``--seed`` (same seed, same bytes). The tokenizer: SmolLM2's byte-level BPE and chat template
 (the bundled GGUF; Kimi's tiktoken BPE is on no registry here), its vocabulary padded with placeholder
 pieces ``<|kimi_reserved_N|>`` to 163,840 ids, ``<|media_pad|>`` at the config's

@@ -1,0 +1,481 @@
+"""One contract per stage: what reaches it, through which channel, and what it makes.
+
+``CONTRACTS[stage]`` (a ``Contract``) declares, for each workflow stage (one Snakemake rule,
+``rules/<stage>.smk`` and ``eagle3build/<group>/<stage>.py``; every rule's ``script:`` is the one adapter,
+scripts/run_stage.py):
+
+- ``inputs``: the names of the rule's input files (rules/common.smk checks each rule against them
+  when the workflow is parsed);
+- ``params``: the rule's rerun-trigger params (``Param``: a name, the config keys its value is made
+  from, the function that makes it), which rules/common.smk builds (``stage_params``, ``param_value``);
+  their keys are the stage's
+  ``triggers``: a change to one plans the stage again;
+- ``runtime``: the config keys the job reads at run time only (threads, memory, GPUs, the offline
+  switch, sizes for a disk check): never params, so a change plans nothing;
+- ``files``: the config keys that decide which files the stage reads or writes (the run's folder,
+  the target's path, the data files, the number of shards): a change plans it through its files
+  (a key may be a file key and runtime too: capture reads its split's size for a disk check);
+- ``decisions``: the fields of decisions.json it reads (dotted), ``packages``: the libraries whose
+  versions shape its output (the rule's ``version`` param, with ``output_version``),
+  ``entry``: the library function the adapter calls (``module:function``, ``run_job`` of the stage's module;
+  ``eagle3build.workflow.job.run_stage`` hands it the job's ``inputs``, ``outputs``, ``settings``, ``params``,
+  ``wildcards`` and ``resources``, those it names, by name).
+
+The config keys of ``params``, ``runtime`` and ``files`` are not listed here: each key's declaration in
+eagle3build.config.spec names the stages it reaches and its role there, and ``build_contracts`` makes the
+contracts from them and the ``STAGES`` (inputs, computed params, decisions, packages, entry).
+
+Config keys are dotted paths into config.yaml (``data.regenerate.max_tokens``). A key may be a
+trigger of one stage and read at run time by another (``data.max_seq_len``: prepare_data tokenizes
+to it, the compat report's disk plan multiplies by it), never both for one stage
+(tests/test_contract.py: every key of schemas/config.schema.yaml is in some stage's contract, and
+no stage has a key as trigger and runtime-only).
+
+The job gets its settings as one ``StageSettings`` (``job_settings``): the values, from the workflow's
+config, of its trigger and runtime keys and no others (the adapters read no ``snakemake.config``);
+the trigger params only decide staleness. Planning
+imports this module (no torch).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..config.spec import KEYS, ROLES, Key
+from ..draft import methods as draft_methods
+from .staleness import canonical_request, package_versions
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What a param may read besides the config, at planning time (rules/common.smk): the ``stage``, the
+    ``decisions`` recorded by an earlier compat report (decisions.json as a dict, None before the first),
+    ``job_env`` (the jobs' conda environment's digest, ``staleness.env_digest``, or None: the planner's
+    environment) and ``regenerated`` (the path of regenerate_responses' answers, results/<run>/data/)."""
+
+    stage: str
+    decisions: Mapping[str, Any] | None = None
+    job_env: Mapping[str, Any] | None = None
+    regenerated: str = ""
+
+
+def value(values: Mapping[str, Any], ctx: PlanContext) -> Any:
+    """The one key's value (mappings with sorted keys: ``config_value``)."""
+    (v,) = values.values()
+    return v
+
+
+def section(values: Mapping[str, Any], ctx: PlanContext) -> dict:
+    """The keys as one mapping by their last part, sorted (``canonical``)."""
+    return canonical({k.rsplit(".", 1)[-1]: v for k, v in values.items()})
+
+
+@dataclass(frozen=True)
+class NamedSection:
+    """``section`` with some keys named otherwise than by their last part: ``names``, (path, name) pairs
+    (config_spec's ``trigger:<param>/<name>``: a key renamed keeps its name in the param, so no build replans),
+    and some left out while they hold their default: ``quiet``, (path, default) pairs (config_spec's
+    ``Key.quiet_default``: a key added keeps the param of a build that does not set it, so none replans)."""
+
+    names: tuple[tuple[str, str], ...] = ()
+    quiet: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def __name__(self) -> str:
+        return "section"
+
+    def __call__(self, values: Mapping[str, Any], ctx: PlanContext) -> dict:
+        names, quiet = dict(self.names), dict(self.quiet)
+        return canonical({names.get(k, k.rsplit(".", 1)[-1]): v for k, v in values.items()
+                          if not (k in quiet and v == quiet[k])})
+
+
+def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
+    """A setting that may be ``auto`` (``capture.backend``, ``capture.aux_layer_ids``), as requested: writing
+    down what ``auto`` chose is no change (``staleness.canonical_request`` against ``ctx.decisions``)."""
+    ((key, v),) = values.items()
+    return canonical_request(v, ctx.decisions, key.rsplit(".", 1)[-1])
+
+
+def version(values: Mapping[str, Any], ctx: PlanContext) -> dict:
+    """The stage's ``OUTPUT_VERSION`` and, unless ``staleness.track_package_versions`` is false, its packages'
+    versions or the jobs' environment (``stage_version``); where the stage's version also reads ``draft.layer``
+    (export_head) and it names a layer other than the default, that layer's ``format_version`` as
+    ``layer_format`` (draft_methods.DraftLayer: a default-layer build keeps its param)."""
+    out = stage_version(ctx.stage, values.get("staleness.track_package_versions", True), ctx.job_env)
+    layer = values.get("draft.layer", draft_methods.DEFAULT_LAYER)
+    if layer != draft_methods.DEFAULT_LAYER:
+        out["layer_format"] = draft_methods.get_layer(layer).format_version
+    return out
+
+
+def prepare_sources(values: Mapping[str, Any], ctx: PlanContext) -> list[dict]:
+    """prepare_data's sources: ``data.sources``, or the regenerated answers (``ctx.regenerated``) where
+    ``data.regenerate.enabled``."""
+    if values["data.regenerate.enabled"]:
+        return [{"max_samples": None, "path": ctx.regenerated}]
+    return values["data.sources"]
+
+
+def num_aux_layers_param(values: Mapping[str, Any], ctx: PlanContext) -> int:
+    """``num_aux_layers`` of ``capture.aux_layer_ids``."""
+    return num_aux_layers(values["capture.aux_layer_ids"])
+
+
+def require_eval_param(values: Mapping[str, Any], ctx: PlanContext) -> bool:
+    """``require_eval`` of ``capture.num_eval_samples``."""
+    return require_eval(values["capture.num_eval_samples"])
+
+
+def online_param(values: Mapping[str, Any], ctx: PlanContext) -> dict | None:
+    """``online_capture`` of ``capture.mode``, the sample counts, ``capture.storage_dtype``,
+    ``capture.tokens_per_batch`` and ``capture.compute_dtype``."""
+    return online_capture(values["capture.mode"], values["capture.num_train_samples"],
+                          values["capture.num_eval_samples"], values["capture.storage_dtype"],
+                          values["capture.tokens_per_batch"], values["capture.compute_dtype"])
+
+
+@dataclass(frozen=True)
+class Param:
+    """One rerun-trigger param of a rule: ``name``, made from config ``keys`` by ``make``.
+
+    ``make(values, ctx)``: ``values`` maps each of ``keys`` to its config value (``config_value``), ``ctx``
+    is the ``PlanContext``; returns the param's value (``value``, ``section``, ``requested``, ``version``,
+    ``prepare_sources``, ``num_aux_layers_param``, ``require_eval_param``, ``online_param``). Snakemake
+    compares the values: a change plans the stage again.
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    make: Callable[[Mapping[str, Any], PlanContext], Any] = value
+
+
+def param_value(param: Param, config: Mapping[str, Any], ctx: PlanContext) -> Any:
+    """``param``'s value for ``config`` (the workflow's config dict) in ``ctx``.
+
+    Raises:
+        KeyError: ``config`` lacks one of the param's keys.
+    """
+    return param.make({k: config_value(config, k) for k in param.keys}, ctx)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A stage's contract (see the module docstring); the tuples of strings are config keys."""
+
+    stage: str
+    group: str
+    inputs: tuple[str, ...]
+    params: tuple[Param, ...]
+    runtime: tuple[str, ...]
+    files: tuple[str, ...]
+    decisions: tuple[str, ...]
+    packages: tuple[str, ...]
+    entry: str
+
+    @property
+    def triggers(self) -> tuple[str, ...]:
+        """The config keys of the params, in order, each once."""
+        return tuple(dict.fromkeys(k for p in self.params for k in p.keys))
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What a stage's contract declares beside its config keys (which eagle3build.config.spec declares, with the
+    stages each reaches): ``computed``, its params whose value a function makes from their keys (``version``,
+    ``requested``, ...; a param's keys are the config keys of role ``trigger:<name>`` for the stage, none for
+    ``version`` of a stage without packages); the rest as ``Contract``."""
+
+    stage: str
+    group: str
+    inputs: tuple[str, ...]
+    computed: Mapping[str, Callable[[Mapping[str, Any], PlanContext], Any]]
+    decisions: tuple[str, ...]
+    packages: tuple[str, ...]
+    entry: str
+
+
+STAGES: tuple[Stage, ...] = (
+    # The bundled target, dequantised once: a build made from it stays consistent with it after an
+    # upgrade, and re-materialising would rewrite 270 MB of weights and replan every stage (no packages).
+    Stage("materialize_target", "compat", inputs=(), computed={"version": version}, decisions=(), packages=(),
+          entry="eagle3build.compat.materialize_target:run_job"),
+    # The disk and GPU plans are read at run time: growing the sample count or changing resources must
+    # not re-run the report and, behind it, every shard. Backend and aux ids reach the params as
+    # requested (staleness.canonical_request); the job reads them as configured.
+    Stage("compat_report", "compat", inputs=("target",),
+          computed={"backend": requested, "aux_layer_ids": requested, "version": version}, decisions=(), packages=(),
+          entry="eagle3build.compat.compat_report:run_job"),
+    Stage("regenerate_responses", "data", inputs=("target", "sources"), computed={"version": version},
+          decisions=(), packages=("vllm",), entry="eagle3build.data.regenerate_responses:run_job"),
+    # Tokenization and chat-template rendering; the regenerated answers replace data.sources when enabled.
+    Stage("prepare_data", "data", inputs=("target", "regenerated", "sources"),
+          computed={"version": version, "sources": prepare_sources, "num_aux_layers": num_aux_layers_param,
+                    "require_eval": require_eval_param},
+          decisions=(), packages=("tokenizers", "transformers"), entry="eagle3build.data.prepare_data:run_job"),
+    # One shard per job: the sample counts and the shard size decide which shards exist (a shard's
+    # range is its param), and the job reads the split's size for its disk check. Aux ids and backend
+    # are triggers only: the job reads what the report decided.
+    Stage("capture_hidden_states", "capture", inputs=("decisions", "tokens"),
+          computed={"aux_layer_ids": requested, "backend": requested, "version": version},
+          decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
+          packages=("torch", "transformers"), entry="eagle3build.capture.capture_hidden_states:run_job"),
+    # speculators' build_vocab_mappings_from_distribution runs on torch
+    Stage("build_vocab_map", "train", inputs=("tokens", "decisions"), computed={"version": version},
+          decisions=("target.vocab_size",), packages=("speculators", "torch"),
+          entry="eagle3build.train.build_vocab_map:run_job"),
+    # Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage
+    # and compute dtypes, batching) becomes its trigger; offline the shards carry them. Its inputs are
+    # then the tokens files instead of the shards (rules/common.smk, states_input).
+    Stage("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
+          computed={"aux_layer_ids": requested, "version": version, "online": online_param},
+          decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
+          packages=("speculators", "torch"), entry="eagle3build.train.train_draft:run_job"),
+    Stage("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
+          computed={"version": version}, decisions=(), packages=("speculators", "torch"),
+          entry="eagle3build.serve.export_head:run_job"),
+    Stage("benchmark", "serve",
+          inputs=("head", "head_config", "prompts", "custom_prompts", "compare_heads", "preflight", "target"),
+          computed={"version": version}, decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:run_job"),
+    # Before training: vLLM engines on the serve job's GPUs time the target's verification steps alone and with an
+    # untrained head (decisions.json: its aux layer ids and variant).
+    Stage("preflight_bound", "compat", inputs=("target", "decisions"), computed={"version": version},
+          decisions=("capture.aux_layer_ids", "head.recommended_variant"), packages=("vllm", "torch", "speculators"),
+          entry="eagle3build.compat.preflight_bound:run_job"),
+    Stage("plot_benchmark", "serve", inputs=("benchmark",), computed={"version": version}, decisions=(),
+          packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:run_job"),
+    # The serving files (results/<run>/serve/): the head behind vLLM's OpenAI-compatible server at the benchmark's
+    # choice of k, on the serve section's layout. vLLM's version decides which server options the file may name.
+    Stage("serve_config", "serve", inputs=("head", "head_config", "benchmark", "target"), computed={"version": version},
+          decisions=(), packages=("vllm",), entry="eagle3build.serve.serve_config:run_job"),
+    # The server started from those files, the benchmark's prompts sent through it with the openai client.
+    Stage("serve_check", "serve",
+          inputs=("serve_yaml", "serve_env", "serving", "benchmark", "prompts", "custom_prompts", "target"),
+          computed={"version": version}, decisions=(), packages=("vllm", "openai"),
+          entry="eagle3build.serve.serve_check:run_job"),
+)
+
+
+def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = KEYS) -> dict[str, Contract]:
+    """Each stage's ``Contract`` from its ``Stage`` and the config keys' declarations (``config_spec.Key.uses``):
+    a computed param per ``Stage.computed`` entry, with the keys of role ``trigger:<its name>``; a ``value``
+    param per other key of role ``trigger`` (named by its last part) or alone in a ``trigger:<name>``; a
+    ``section`` param per ``trigger:<name>`` of several keys; ``runtime`` and ``files`` the keys of those roles.
+
+    Raises:
+        ValueError: a key reaches a stage that is not one, has a role that is not one, or two keys of role
+            ``trigger`` of one stage share their last part.
+    """
+    names = {st.stage for st in stages}
+    for k in keys:
+        for stage in k.uses:
+            if stage not in names:
+                raise ValueError(f"config key {k.path} reaches {stage!r}, which is not a stage")
+            bad = [r for r in k.roles(stage) if r.split(":", 1)[0] not in ROLES]
+            if bad:
+                raise ValueError(f"config key {k.path}: roles {bad} for {stage} are not among {list(ROLES)}")
+    out = {}
+    for st in stages:
+        groups: dict[str, list[str]] = {}
+        renamed: dict[str, list[tuple[str, str]]] = {}
+        quiet: dict[str, list[tuple[str, Any]]] = {}
+        for k in keys:
+            found = k.trigger_param(st.stage)
+            if found is None:
+                continue
+            name, given, key_name = found
+            if not given and name in groups:
+                raise ValueError(f"{st.stage}: two trigger keys named {name!r}: {groups[name][0]} and {k.path}")
+            groups.setdefault(name, []).append(k.path)
+            if key_name != k.name:
+                renamed.setdefault(name, []).append((k.path, key_name))
+            if k.quiet_default:
+                quiet.setdefault(name, []).append((k.path, k.default))
+        params = [Param(name, tuple(groups.pop(name, ())), make) for name, make in st.computed.items()]
+        for name, ks in groups.items():
+            if len(ks) == 1 and name not in quiet:
+                make = value
+            elif name in renamed or name in quiet:
+                make = NamedSection(tuple(renamed.get(name, ())), tuple(quiet.get(name, ())))
+            else:
+                make = section
+            params.append(Param(name, tuple(ks), make))
+        out[st.stage] = Contract(
+            st.stage, st.group, st.inputs, tuple(params),
+            runtime=tuple(k.path for k in keys if "runtime" in k.roles(st.stage)),
+            files=tuple(k.path for k in keys if "files" in k.roles(st.stage)),
+            decisions=st.decisions, packages=st.packages, entry=st.entry)
+    return out
+
+
+CONTRACTS: dict[str, Contract] = build_contracts()
+
+# Each stage's subpackage: the stage module is eagle3build/<group>/<stage>.py, beside its
+# private modules (docs/layout.md); the rule is rules/<stage>.smk; its entry, the module's run_job.
+STAGE_GROUPS: dict[str, str] = {s: c.group for s, c in CONTRACTS.items()}
+
+# The libraries whose versions shape each stage's output bytes (rules' `version` param). A stage's OUTPUT_VERSION
+# covers the modules it uses too, shared (tokens.py, conversations.py, shards.py, head_format.py, vocab_map.py, ...)
+# and private (data/chat_masking.py, train/trainer.py, ...; tests/test_layers.py keeps stages from importing each
+# other): a change to a module that alters a stage's output bytes bumps that stage's OUTPUT_VERSION (and that of
+# every other stage whose bytes it alters); tests/test_e2e.py's digest test catches a forgotten bump.
+STAGE_PACKAGES: dict[str, tuple[str, ...]] = {s: c.packages for s, c in CONTRACTS.items()}
+
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # eagle3build/
+_VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
+
+
+@functools.cache
+def output_version(stage: str) -> int:
+    """``OUTPUT_VERSION`` of stage module ``eagle3build/<group>/<stage>.py`` (group: ``STAGE_GROUPS``). A change
+    to a stage, or to a shared module it uses, that alters its output bytes bumps it; a refactor that changes no
+    bytes does not, and rebuilds nothing (tests/test_e2e.py's digest test holds this). Read from the module's source
+    text, not by importing it: planning must not import torch (seconds, and once per Snakemake process).
+
+    Raises:
+        KeyError: ``stage`` is not a stage.
+        FileNotFoundError: the stage module is missing.
+        ValueError: the module has no ``OUTPUT_VERSION = <int>`` line at top level.
+    """
+    path = _PACKAGE_DIR / STAGE_GROUPS[stage] / f"{stage}.py"
+    m = _VERSION_LINE.search(path.read_text())
+    if m is None:
+        raise ValueError(f"{path}: no top-level 'OUTPUT_VERSION = <int>' line (every stage module has one)")
+    return int(m.group(1))
+
+
+def stage_version(stage: str, track_packages: bool = True, job_env: dict | None = None) -> dict:
+    """What a stage's rule carries in its ``version`` param: ``{"output": OUTPUT_VERSION,
+    "packages": {name: version}}`` (packages from ``STAGE_PACKAGES``, their versions
+    ``staleness.package_versions``; ``{}`` when not tracked or none).
+
+    ``job_env``: where the jobs run when not in the planner's environment (``{"conda": staleness.env_digest(...)}``
+    under ``--sdm conda``): then ``"packages"`` is ``{"environment": job_env}``, not the planner's
+    versions, which are not the job's; a changed environment file replans the stage.
+    """
+    packages = STAGE_PACKAGES[stage]
+    if job_env is not None and packages and track_packages:
+        return {"output": output_version(stage), "packages": {"environment": job_env}}
+    return {"output": output_version(stage), "packages": package_versions(packages, track_packages)}
+
+
+# Rules that are no stage (no contract) but run an entry of a stage's module through the one adapter.
+RULE_ENTRIES: dict[str, str] = {
+    # compat.md from compat.json, its own job: a missing compat.md comes back without re-running the report
+    "compat_markdown": "eagle3build.compat.compat_report:markdown_job",
+}
+
+
+# Rules that run a stage's job on other paths (rules/*.smk ``use rule STAGE as RULE``): draft.compare_methods' heads
+STAGE_OF_RULE: dict[str, str] = {"train_draft_method": "train_draft", "export_head_method": "export_head"}
+
+
+def stage_of(rule: str) -> str:
+    """The stage whose job ``rule`` runs: the stage a derived rule names in ``STAGE_OF_RULE``, else ``rule``."""
+    return STAGE_OF_RULE.get(rule, rule)
+
+
+def entry(rule: str) -> str:
+    """The entry (``module:function``) the adapter calls for ``rule``: its stage contract's (``stage_of``), or
+    ``RULE_ENTRIES``'.
+
+    Raises:
+        KeyError: ``rule`` is neither a stage, nor derived from one, nor in ``RULE_ENTRIES``.
+    """
+    rule = stage_of(rule)
+    if rule in CONTRACTS:
+        return CONTRACTS[rule].entry
+    if rule in RULE_ENTRIES:
+        return RULE_ENTRIES[rule]
+    raise KeyError(f"rule {rule!r} has no entry (eagle3build.workflow.contract.CONTRACTS, RULE_ENTRIES)")
+
+
+def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
+    """How many aux layers the head reads: 3 for ``auto`` (target.default_aux_layer_ids), else the ids' count."""
+    return 3 if aux_layer_ids == "auto" else len(aux_layer_ids)
+
+
+def online_capture(mode: str, num_train: int, num_eval: int, storage_dtype: str, tokens_per_batch: int,
+                   compute_dtype: str) -> dict | None:
+    """train_draft's ``online`` param: None offline (the shards carry these settings), else the settings that
+    shape the states it computes (``_ONLINE_KEYS`` by their last part; ``capture.compute_dtype`` as ``compute_dtype``)."""
+    if mode != "online":
+        return None
+    return {"num_train_samples": num_train, "num_eval_samples": num_eval, "storage_dtype": storage_dtype,
+            "tokens_per_batch": tokens_per_batch, "compute_dtype": compute_dtype}
+
+
+def require_eval(num_eval_samples: int) -> bool:
+    """Whether prepare_data must produce eval samples (capture.num_eval_samples > 0)."""
+    return num_eval_samples > 0
+
+
+def canonical(obj: Any) -> Any:
+    """``obj`` with every mapping's keys sorted (lists and scalars as they are). Snakemake compares
+    params by their repr, so a config whose keys come in another order (yaml.safe_dump sorts them)
+    must not read as changed params; the job's settings come in the same order."""
+    if isinstance(obj, Mapping):
+        return {k: canonical(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, list):
+        return [canonical(v) for v in obj]
+    return obj
+
+
+def config_value(config: Mapping[str, Any], key: str) -> Any:
+    """The value at dotted path ``key`` of ``config`` (``"data.regenerate.max_tokens"``), ``canonical``.
+
+    Raises:
+        KeyError: no such key in ``config``.
+    """
+    value: Any = config
+    for part in key.split("."):
+        value = value[part]
+    return canonical(value)
+
+
+class StageSettings:
+    """A job's settings: the values of its stage's trigger and runtime keys, read from the workflow's config.
+
+    ``settings["train.lr"]`` is one value; ``settings["train"]`` is every declared key directly
+    under a section, as a dict by the keys' last part (``{"lr": 0.001, ...}``). The rule hands it to
+    the job as a param computed from ``threads`` (rules/common.smk, ``job_settings_param``): Snakemake
+    takes such a param as derived and does not compare it, so the runtime keys in it plan nothing.
+    """
+
+    def __init__(self, stage: str, values: Mapping[str, Any]):
+        self.stage = stage
+        self.values = dict(values)
+
+    def __getitem__(self, key: str) -> Any:
+        """The value of config key ``key``, or the section ``key`` as a dict.
+
+        Raises:
+            KeyError: ``key`` is neither a declared key of the stage nor a section holding one: a
+                job reads no setting its contract does not declare.
+        """
+        if key in self.values:
+            return self.values[key]
+        section = {k[len(key) + 1:]: v for k, v in self.values.items()
+                   if k.startswith(key + ".") and "." not in k[len(key) + 1:]}
+        if not section:
+            raise KeyError(f"{key!r} is not a setting of stage {self.stage} (eagle3build.workflow.contract.CONTRACTS)")
+        return section
+
+    def __repr__(self) -> str:
+        return f"StageSettings({self.stage!r}, {self.values!r})"
+
+
+def job_settings(stage: str, config: Mapping[str, Any],
+                 contracts: Mapping[str, Contract] | None = None) -> StageSettings:
+    """The settings of a job of ``stage`` from the workflow's config (the dict Snakemake loaded), by its contract
+    in ``contracts`` (default ``CONTRACTS``).
+
+    Raises:
+        KeyError: ``stage`` is not a stage, or ``config`` lacks one of its declared keys.
+    """
+    c = (CONTRACTS if contracts is None else contracts)[stage]
+    return StageSettings(stage, {k: config_value(config, k) for k in c.triggers + c.runtime})

@@ -1,0 +1,123 @@
+"""Set-up shared by the workflow's jobs: one log file per job, offline mode, thread count; and the one
+adapter's call of a stage's entry (``run_stage``).
+
+``setup(snakemake)`` points Python logging *and* the process's stdout/stderr file
+descriptors at the rule's log, so output of C extensions and of child processes (vLLM's
+engine core) lands there too. Takes the ``snakemake`` object duck-typed; nothing here
+imports Snakemake.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+import sys
+from typing import Any, Callable
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+_GPU_ALLOCATION = None  # this job's GPU slots, held for the life of the process
+
+
+def log_to_file(path: str | os.PathLike) -> logging.Logger:
+    """Send logging, stdout and stderr (fd 1 and 2) to ``path`` (appending); return the root logger."""
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    logging.basicConfig(level=logging.INFO, format=FORMAT, stream=sys.stderr, force=True)
+    logging.captureWarnings(True)
+    return logging.getLogger()
+
+
+def setup(smk) -> logging.Logger:
+    """Log to ``smk.log[0]``; set HF offline mode when setting ``target.offline`` (``smk.params.settings``,
+    the job's ``contract.StageSettings``) is true; use ``smk.threads`` torch threads; for a job with
+    ``resources.gpu > 0``, take that many GPUs no concurrent job holds and export them as
+    ``CUDA_VISIBLE_DEVICES`` (``gpu_slots``), held until the process exits; log the installed versions of
+    the packages that shape the stage's output (its contract's ``packages``), as the job's environment
+    holds them."""
+    log = log_to_file(smk.log[0])
+    from . import gpu_slots
+
+    n_gpu = int(getattr(smk.resources, "gpu", 0) or 0)
+    global _GPU_ALLOCATION
+    _GPU_ALLOCATION = gpu_slots.claim_for_job(n_gpu)
+    if _GPU_ALLOCATION is not None:
+        log.info("CUDA_VISIBLE_DEVICES=%s", _GPU_ALLOCATION.cuda_visible_devices)
+    offline = smk.params.settings["target.offline"]
+    if offline:
+        for var in OFFLINE_VARS:
+            os.environ[var] = "1"  # inherited by child processes (the vLLM engine) too
+    from .contract import CONTRACTS, stage_of
+    from .staleness import package_versions
+
+    contract = CONTRACTS.get(stage_of(getattr(smk, "rule", None)))
+    if contract is not None and contract.packages:  # what this job's environment holds (docs/staleness.md)
+        log.info("packages that shape this stage's output: %s", package_versions(contract.packages))
+    import torch
+
+    torch.set_num_threads(max(1, int(smk.threads)))
+    log.info("job %s: %d thread(s), offline=%s", getattr(smk, "rule", "?"), smk.threads, offline)
+    return log
+
+
+# What a stage's entry may take, each by this name (``run_stage``): the job's named input and output files
+# (a path, or a list of paths for an input that is a list), its settings (``contract.StageSettings``), its
+# other params (derived paths such as ``target_dir``, computed triggers such as ``prepare_data``'s ``sources``),
+# its wildcards and its resources (``gpu``: the GPUs it holds).
+JOB_ARGUMENTS = ("inputs", "outputs", "settings", "params", "wildcards", "resources")
+
+
+def _paths(named: Any) -> dict[str, str | list[str]]:
+    """Named files as plain paths: a Snakemake ``Namedlist``'s named items or a mapping, each value a ``str``
+    or a list of ``str`` (an input function that gave nothing: an empty list)."""
+    items = named.items() if hasattr(named, "items") else ()
+    return {k: str(v) if isinstance(v, (str, os.PathLike)) else [str(p) for p in v] for k, v in items}
+
+
+def _mapping(named: Any) -> dict[str, Any]:
+    """A ``Namedlist``'s named items (or a mapping's) as a dict; ``{}`` for None."""
+    return dict(named.items()) if named is not None else {}
+
+
+def entry_function(rule: str) -> Callable[..., Any]:
+    """The entry of ``rule`` (``contract.entry``: ``module:function``), imported.
+
+    Raises:
+        KeyError: ``rule`` has no entry.
+    """
+    from .contract import entry
+
+    module, function = entry(rule).split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def run_stage(rule: str, *, inputs: Any = None, outputs: Any = None, params: Any = None, wildcards: Any = None,
+              resources: Any = None, settings: Any = None) -> Any:
+    """Call ``rule``'s entry (``entry_function``) with the ``JOB_ARGUMENTS`` it names, by name; return what it
+    returns. The one Snakemake adapter (scripts/run_stage.py) passes ``snakemake``'s ``input``, ``output``,
+    ``params``, ``wildcards`` and ``resources``; without Snakemake, mappings do (``inputs={"tokens": path}``).
+    ``settings`` defaults to ``params["settings"]`` (rules/common.smk, ``job_settings_param``), which the entry's
+    ``params`` then leave out.
+
+    Raises:
+        KeyError: ``rule`` has no entry.
+        TypeError: the entry takes an argument that is not one of ``JOB_ARGUMENTS``.
+    """
+    fn = entry_function(rule)
+    params = _mapping(params)
+    settings = params.pop("settings", None) if settings is None else settings
+    given = {"inputs": _paths(inputs), "outputs": _paths(outputs), "settings": settings, "params": params,
+             "wildcards": _mapping(wildcards), "resources": _mapping(resources)}
+    names = list(inspect.signature(fn).parameters)
+    unknown = [n for n in names if n not in given]
+    if unknown:
+        raise TypeError(f"the entry of {rule} takes {unknown}, not among {list(JOB_ARGUMENTS)} (eagle3build.workflow.job)")
+    return fn(**{n: given[n] for n in names})

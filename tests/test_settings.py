@@ -1,0 +1,177 @@
+"""eagle3build.config.settings: the stages' settings objects, their config fields made from the key table, and no
+default of a declared key restated outside the declarations (issue 59 item 3)."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+from pathlib import Path
+
+import pytest
+from smk import REPO
+
+from eagle3build.capture.capture_hidden_states import CaptureSettings
+from eagle3build.config import settings as st
+from eagle3build.config import spec as cs
+from eagle3build.data.prepare_data import PrepareSettings
+from eagle3build.data.regenerate_responses import RegenerateSettings
+from eagle3build.serve.benchmark import BenchmarkSettings
+from eagle3build.serve.serve_check import CheckSettings
+from eagle3build.train.trainer import TrainConfig
+from eagle3build.workflow.contract import CONTRACTS, STAGE_GROUPS, job_settings
+
+# Each settings object of a stage and the stage whose settings fill its config fields.
+SETTINGS = {TrainConfig: "train_draft", CaptureSettings: "capture_hidden_states", PrepareSettings: "prepare_data",
+            RegenerateSettings: "regenerate_responses", BenchmarkSettings: "benchmark", CheckSettings: "serve_check"}
+STAGE_DIRS = sorted({REPO / "eagle3build" / g for g in STAGE_GROUPS.values()})
+# The modules whose functions' keyword defaults are checked too: the stages that take one settings object, their
+# private modules, and TrainConfig's.
+SETTLED = (*sorted((REPO / "eagle3build/capture").glob("*.py")), *sorted((REPO / "eagle3build/data").glob("*.py")),
+           REPO / "eagle3build/serve/benchmark.py", REPO / "eagle3build/serve/serve_check.py",
+           REPO / "eagle3build/train/trainer.py")
+
+
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts)
+
+
+def generated_classes() -> dict[type, str]:
+    """Every class of the stage subpackages made by ``config.settings`` (it has ``CONFIG_KEYS``) -> its module."""
+    out = {}
+    for d in STAGE_DIRS:
+        for f in sorted(d.glob("*.py")):
+            mod = importlib.import_module(_module(f))
+            for obj in vars(mod).values():
+                if isinstance(obj, type) and obj.__module__ == mod.__name__ and "CONFIG_KEYS" in vars(obj):
+                    out[obj] = mod.__name__
+    return out
+
+
+def key_names() -> dict[str, list[cs.Key]]:
+    """Name -> the keys a parameter or field of that name takes: each key's last part, and each config field's
+    name in a settings object (``dtype``: target.serve_dtype, ``benchmark_sets``: benchmark.sets)."""
+    out: dict[str, list[cs.Key]] = {}
+    for k in cs.KEYS:
+        out.setdefault(k.name, []).append(k)
+    for cls in SETTINGS:
+        for name, path in cls.CONFIG_KEYS.items():
+            if cs.key(path) not in out.setdefault(name, []):
+                out[name].append(cs.key(path))
+    return out
+
+
+def restated(source: str, names: dict[str, list[cs.Key]], functions: bool = True) -> list[str]:
+    """The fields of classes (an annotated name with a value in a class body) and, with ``functions``, the keyword
+    defaults of functions in ``source`` whose name is one of ``names`` and whose literal default is the declared
+    default of one of its keys (equal and of the same type): ``"where(name=value): key"``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        pairs = []
+        if functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            pos = a.posonlyargs + a.args
+            pairs += list(zip(pos[len(pos) - len(a.defaults):], a.defaults, strict=True))
+            pairs += [(x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None]
+            pairs = [(x.arg, d) for x, d in pairs]
+        elif isinstance(node, ast.ClassDef):
+            pairs = [(s.target.id, s.value) for s in node.body
+                     if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.value is not None]
+        for name, default in pairs:
+            try:
+                value = ast.literal_eval(default)
+            except ValueError:
+                continue  # not a literal: declared(...), a computed default
+            for k in names.get(name, []):
+                if value == k.default and type(value) is type(k.default):
+                    found.append(f"{node.name}({name}={value!r}): {k.path}")
+    return found
+
+
+def test_the_settings_objects_are_generated_from_the_key_table():
+    """Each stage that reads config keys through a settings object has one made by config.settings, and no other
+    class of the stages is."""
+    assert set(generated_classes()) == set(SETTINGS)
+
+
+@pytest.mark.parametrize("cls", list(SETTINGS), ids=lambda c: c.__name__)
+def test_config_fields_hold_the_declared_defaults_and_the_stage_settings(cls):
+    """A config field's default is its key's declared default (config.yaml's value: benchmark.sets' [chat, humaneval],
+    not the ["chat"] BenchmarkSettings once restated), its type the key's, its choices checked; every key is a
+    setting of the class's stage, so ``from_settings`` fills it from a job's settings."""
+    config = cs.defaults()
+    assert cls.CONFIG_KEYS, cls
+    for name, path in cls.CONFIG_KEYS.items():
+        k = cs.key(path)
+        assert st.default_of(cls, name) == k.default, (cls, name)
+        field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        assert field.kw_only and field.type == k.python_type(), (cls, name)
+        assert f"``{name}`` (``{path}``, default ``{k.default!r}``): {k.doc}" in cls.__doc__
+    stage = CONTRACTS[SETTINGS[cls]]
+    assert set(cls.CONFIG_KEYS.values()) <= set(stage.triggers + stage.runtime), cls
+    s = job_settings(stage.stage, config)
+    values = {name: s[path] for name, path in cls.CONFIG_KEYS.items()}
+    own = {f.name: f"<{f.name}>" for f in dataclasses.fields(cls)
+           if f.name not in cls.CONFIG_KEYS and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    made = cls.from_settings(s, **own)
+    assert {name: getattr(made, name) for name in cls.CONFIG_KEYS} == values
+    with pytest.raises(TypeError):
+        cls.from_settings(s, **own, **{next(iter(cls.CONFIG_KEYS)): None})
+
+
+def test_the_benchmark_sets_default_is_the_configs():
+    """Issue 59: BenchmarkSettings restated 9 defaults, sets=None meaning ["chat"] against the config's
+    ["chat", "humaneval"]; the same drift in prepare_data's benchmark_sets and the capture's compute_dtype."""
+    bench = BenchmarkSettings(target_dir="t", head_dir="h", prompts_path="p", out_json="o")
+    assert bench.sets == ["chat", "humaneval"] == cs.key("benchmark.sets").default
+    assert (bench.max_model_len, bench.seed, bench.k_schedule_concurrencies) == (2048, 0, [])
+    assert bench.sets is not BenchmarkSettings(target_dir="t", head_dir="h", prompts_path="p", out_json="o").sets
+    prep = PrepareSettings(sources=[], target_dir="t", out_train="a", out_eval="b", out_prompts="c", out_report="d")
+    assert prep.benchmark_sets == ["chat", "humaneval"]
+    assert (prep.num_aux_layers, prep.require_eval) == (3, True)  # the default config's params (capture.*)
+    cap = CaptureSettings(target_dir="t", tokens_path="x", out_path="y", start=0, count=1, aux_layer_ids=[1],
+                          target_fingerprint="f", split="train")
+    assert cap.compute_dtype == "bfloat16" == cs.key("capture.compute_dtype").default
+    with pytest.raises(ValueError, match=r"target.serve_dtype 'fp8' is not one of \['float32', 'bfloat16'"):
+        BenchmarkSettings(target_dir="t", head_dir="h", prompts_path="p", out_json="o", dtype="fp8")
+
+
+def test_a_class_that_declares_a_config_field_itself_is_refused():
+    with pytest.raises(TypeError, match="BenchmarkLike.seed is config key benchmark.seed's field"):
+        @st.config_fields({"seed": "benchmark.seed"})
+        class BenchmarkLike:
+            seed: int = 0
+    with pytest.raises(KeyError, match="'benchmark.seeds' is not a config key"):
+        st.config_fields({"seed": "benchmark.seeds"})
+
+
+def test_no_settings_class_of_a_stage_restates_a_declared_default():
+    """No field of a class in the stage subpackages holds a literal that is a declared key's default under the key's
+    name (a settings class made by hand beside the generated ones: ``max_model_len: int = 2048``)."""
+    names = key_names()
+    found = [f"{_module(f)}.{hit}" for d in STAGE_DIRS for f in sorted(d.glob("*.py"))
+             for hit in restated(f.read_text(), names, functions=False)]
+    assert found == []
+
+
+def test_the_settled_stages_restate_no_declared_default():
+    """Nor a keyword default of a function of the stages that take one settings object (capture, data, the
+    benchmark) and of TrainConfig's module: such a default is ``declared(path)``, read from the key table."""
+    names = key_names()
+    found = [f"{_module(f)}.{hit}" for f in SETTLED for hit in restated(f.read_text(), names)]
+    assert found == []
+
+
+def test_the_check_finds_a_restated_default():
+    """The scan the two tests above run: a hand-written settings class and keyword defaults that copy declared
+    defaults are found (also under a settings object's field name: ``dtype``), other values and computed defaults
+    are not."""
+    source = (
+        "class HandMade:\n    max_model_len: int = 2048\n    seed: int = 1\n    sets: list | None = None\n\n"
+        "def bench(x, seed=0, *, dtype='auto', trust_remote_code=declared('target.trust_remote_code'), top_p=1):\n"
+        "    pass\n")
+    assert restated(source, key_names()) == [
+        "HandMade(max_model_len=2048): benchmark.max_model_len",
+        "bench(seed=0): data.seed", "bench(seed=0): train.seed", "bench(seed=0): benchmark.seed",
+        "bench(dtype='auto'): target.serve_dtype",
+    ]
+    assert restated(source, key_names(), functions=False) == ["HandMade(max_model_len=2048): benchmark.max_model_len"]
