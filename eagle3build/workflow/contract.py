@@ -104,13 +104,10 @@ def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
 def version(values: Mapping[str, Any], ctx: PlanContext) -> dict:
     """The stage's ``OUTPUT_VERSION`` and, unless ``staleness.track_package_versions`` is false, its packages'
     versions or the jobs' environment (``stage_version``); where the stage's version also reads ``draft.layer``
-    (export_head) and it names a layer other than the default, that layer's ``format_version`` as
-    ``layer_format`` (draft_methods.DraftLayer: a default-layer build keeps its param)."""
+    (export_head), what that layer adds (``DraftLayer.version_param``: the MLA layer's format version as
+    ``layer_format``; nothing for the default layer, whose builds keep their param)."""
     out = stage_version(ctx.stage, values.get("staleness.track_package_versions", True), ctx.job_env)
-    layer = values.get("draft.layer", draft_methods.DEFAULT_LAYER)
-    if layer != draft_methods.DEFAULT_LAYER:
-        out["layer_format"] = draft_methods.get_layer(layer).format_version
-    return out
+    return {**out, **draft_methods.get_layer(values.get("draft.layer", draft_methods.DEFAULT_LAYER)).version_param()}
 
 
 def prepare_sources(values: Mapping[str, Any], ctx: PlanContext) -> list[dict]:
