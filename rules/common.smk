@@ -231,10 +231,9 @@ if any(os.path.normpath(h["path"]) == f"{RES}/head" for h in config["benchmark"]
 # The draft head (eagle3build.draft.choice): draft.method, its options and draft.layer resolved once, here, against
 # the target's config.json (a bundled target's known fields before it is materialised); what cannot be built stops
 # the plan in one line naming the keys. The jobs get it as their derived `draft` param (draft_param).
+BUNDLED = None if config["target"]["path"] else config["target"]["bundled"]
 try:
-    DRAFT = draft_choice.resolve(
-        config["draft"], *target_files.planning_config(TARGET, None if config["target"]["path"] else config["target"]["bundled"])
-    )
+    DRAFT = draft_choice.resolve(config["draft"], *target_files.planning_config(TARGET, BUNDLED))
     # draft.compare_methods: heads of other draft methods, trained from this run's shards under
     # results/<run>/methods/ (rules train_draft_method, export_head_method), each with its own layer where the
     # method is not built with draft.layer (said below), served by the benchmark beside the run's own head

@@ -189,7 +189,8 @@ def test_mla_head_exports_in_vllms_deepseek_eagle3_layout(kimi_shards, kimi_targ
     assert head.speculative_config(3) == {"method": "eagle3", "model": str(tmp_path / "head"),
                                           "num_speculative_tokens": 3}
     assert (head.method, head.layer) == (draft_methods.EAGLE3, draft_methods.MLA)
-    HeadMeta.load(head)  # head_meta.json matches its schema (layer, capture_mode)
+    # head_meta.json matches its schema (layer, capture_mode) and names the layer config.json is of
+    assert Head.read(tmp_path / "head", meta=HeadMeta).meta["layer"] == "mla"
     # a checkpoint whose train_meta.json names another layer than its config.json is refused
     bad = tmp_path / "ck-bad"
     import shutil

@@ -151,8 +151,8 @@ def export(
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         save_file(out_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "head_meta.json").write_text(json.dumps(head_meta, indent=2) + "\n")
-    head = Head.of(out_dir, cfg)
     try:
+        head = Head.of(out_dir, cfg)  # the exported head, of the config just written
         check_loads_with_speculators(head, target_dir, out_state, trained)
         if vllm_check:
             head_meta["vllm_load_check"] = check_loads_with_vllm(head, target_dir, served_name, gpus=gpus,

@@ -33,7 +33,8 @@ no stage has a key as trigger and runtime-only).
 
 The job gets its settings as one ``StageSettings`` (``job_settings``): the values, from the workflow's
 config, of its trigger and runtime keys and no others (the adapters read no ``snakemake.config``);
-the trigger params only decide staleness. Planning
+the trigger params only decide staleness. The jobs that build a draft head (train_draft, preflight_bound) also get
+the draft planning resolved from the ``draft`` keys (eagle3build.draft.choice), as a derived ``draft`` param. Planning
 imports this module (no torch).
 """
 
