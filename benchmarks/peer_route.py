@@ -157,9 +157,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     cfg = load_config(a.configfile)
     method = draft_methods.get(cfg["draft"]["method"])
-    if not method.peer_route:
+    if method.peer_route_type is None:
         raise SystemExit(f"peer_route.py: draft.method {method.name!r}; the peer route trains "
-                         f"{[m.name for m in draft_methods.METHODS.values() if m.peer_route]} heads")
+                         f"{[m.name for m in draft_methods.METHODS.values() if m.peer_route_type]} heads")
     wd = Path(a.workdir).resolve()
     res = wd / "results" / cfg["run"]
     # a relative target.path is the workdir's, as for snakemake (speculators runs in OUT)

@@ -7,6 +7,7 @@ from snakemake.common import get_function_params, overwrite_function_params
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
 from eagle3build.config import spec as config_spec
+from eagle3build.draft import choice as draft_choice
 from eagle3build.formats import benchmark_runs, target_files
 from eagle3build.vllm import engine as vllm_engine
 from eagle3build.workflow import contract, missing, staleness
@@ -227,8 +228,20 @@ if any(os.path.normpath(h["path"]) == f"{RES}/head" for h in config["benchmark"]
     raise ValueError(f"config: benchmark.compare_heads lists {RES}/head, the run's own head, which runs anyway")
 
 
-# draft.compare_methods: heads of other draft methods, trained from this run's shards under results/<run>/methods/
-# (rules train_draft_method, export_head_method) and served by the benchmark beside the run's own head
+# The draft head (eagle3build.draft.choice): draft.method, its options and draft.layer resolved once, here, against
+# the target's config.json (a bundled target's known fields before it is materialised); what cannot be built stops
+# the plan in one line naming the keys. The jobs get it as their derived `draft` param (draft_param).
+BUNDLED = None if config["target"]["path"] else config["target"]["bundled"]
+try:
+    DRAFT = draft_choice.resolve(config["draft"], *target_files.planning_config(TARGET, BUNDLED))
+    # draft.compare_methods: heads of other draft methods, trained from this run's shards under
+    # results/<run>/methods/ (rules train_draft_method, export_head_method), each with its own layer where the
+    # method is not built with draft.layer (said below), served by the benchmark beside the run's own head
+    COMPARED = {d.method.name: d for d in draft_choice.compared(config["draft"], DRAFT)}
+except draft_choice.DraftError as e:
+    raise WorkflowError(str(e)) from None
+if workflow.is_main_process and draft_choice.compare_note(DRAFT, tuple(COMPARED.values())):
+    logger.warning(draft_choice.compare_note(DRAFT, tuple(COMPARED.values())))
 COMPARE_METHODS = config["draft"]["compare_methods"]
 METHOD_HEADS = benchmark_runs.method_heads(
     RES, config["draft"]["method"], COMPARE_METHODS, config["benchmark"]["compare_heads"]
@@ -251,9 +264,28 @@ def method_heads_param(wildcards, input):
     return METHOD_HEADS
 
 
+def method_draft(method):
+    """The draft of a draft.compare_methods job of ``method`` (any method: a head asked for by path is built too):
+    the run's layer where the method is built with it, else its own (eagle3build.draft.choice.compare_draft)."""
+    return COMPARED.get(method) or draft_choice.compare_draft(config["draft"], DRAFT, method)
+
+
 def method_config(method):
-    """The workflow's config with ``draft.method`` set to ``method``: what a draft.compare_methods job reads."""
-    return {**config, "draft": {**config["draft"], "method": method}}
+    """The workflow's config with ``draft.method`` set to ``method`` and ``draft.layer`` to the layer its head is
+    built with (``method_draft``): what a draft.compare_methods job reads."""
+    return {**config, "draft": {**config["draft"], "method": method, "layer": method_draft(method).layer.name}}
+
+
+def draft_param(by_method=False):
+    """The job's draft (eagle3build.draft.choice.Draft.section: method, layer, options), resolved at planning, as a
+    param made from ``threads``: derived, not compared (its keys are the ``train`` and ``preflight`` params'
+    triggers). ``by_method``: ``method_draft(wildcards.method)`` (the draft.compare_methods rules)."""
+    section = DRAFT.section()
+
+    def draft(wildcards, threads):
+        return method_draft(wildcards.method).section() if by_method else section
+
+    return signature_once(draft)
 
 
 def method_stage_params(stage):

@@ -63,6 +63,7 @@ rule preflight_bound:
     params:
         **stage_params("preflight_bound"),
         target_dir=target_dir,
+        draft=draft_param(),
         settings=job_settings_param("preflight_bound"),
     script:
         "../scripts/run_stage.py"

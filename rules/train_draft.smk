@@ -31,6 +31,7 @@ rule train_draft:
         **stage_params("train_draft"),
         out_dir=lambda w, output: os.path.dirname(output.config),
         target_dir=target_dir,
+        draft=draft_param(),
         settings=job_settings_param("train_draft"),
     script:
         "../scripts/run_stage.py"
@@ -56,4 +57,5 @@ use rule train_draft as train_draft_method with:
         f"{BENCH}/train_draft_{{method}}.tsv"
     params:
         **method_stage_params("train_draft"),
+        draft=draft_param(by_method=True),
         settings=job_settings_param("train_draft", by_method=True),

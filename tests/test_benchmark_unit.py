@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from eagle3build.draft.head_format import Head
 from eagle3build.formats import prompt_sets
 from eagle3build.formats.artifacts import ArtifactError
 from eagle3build.serve import benchmark, k_schedule, lossless, plot_benchmark
@@ -444,7 +445,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     heads = [{"name": "peagle", "path": other}]
     r = _bench(tmp_path, own, tmp_path / "b.json", {"chat": 0, "humaneval": 0}, compare_heads=heads)
     assert [x[0] for x in seen] == ["baseline", "eagle3_k2", "compare_peagle_k2", "baseline_top_logprobs"]
-    assert seen[1][1:] == (None, own) and seen[2][1:] == (2, other)  # the own head's engine as before; P-EAGLE's 2 layers
+    assert seen[1][1:] == (1, own) and seen[2][1:] == (2, other)  # each engine sized by its head's layers: 1, P-EAGLE's 2
     assert [(e["head"], e["method"], e["draft_layer"], e["num_speculative_tokens"], e["trained_positions"])
             for e in r["runs"]] == [("head", "eagle3", "llama", 2, None), ("peagle", "peagle", "llama", 2, 8)]
     assert [h["name"] for h in r["heads"]] == ["head", "peagle"] and r["heads"][1]["trained_positions"] == 8
@@ -685,20 +686,26 @@ def test_best_ks_and_schedule_bands():
         k_schedule.best_ks(sweep, [1, 4, 16], {1: 100.0})  # the target alone not measured at 4
 
 
-def test_parallel_k_for_a_peagle_head():
-    """A P-EAGLE schedule holds 0 and one k: the k whose tokens/s, served everywhere, gains most over the target
-    alone (sum of logs over the concurrencies), among the k whose drafts were accepted somewhere."""
+def test_schedule_k_of_each_method():
+    """A P-EAGLE schedule holds 0 and one k (its method's ``schedule_k``): the k whose tokens/s, served everywhere,
+    gains most over the target alone (sum of logs over the concurrencies), among the k whose drafts were accepted
+    somewhere. An EAGLE-3 or DFlash schedule may hold any swept k (None)."""
+    from eagle3build.draft.methods import METHODS
+
+    parallel_k = METHODS["peagle"].schedule_k
     sweep = {1: {1: 150.0, 4: 360.0, 16: 790.0},
              3: {1: 190.0, 4: 350.0, 16: 700.0}}
     target = {1: 100.0, 4: 300.0, 16: 800.0}
     # k 1: log(1.5 x 1.2 x 0.9875) = 0.575; k 3: log(1.9 x 1.1667 x 0.875) = 0.662
-    assert k_schedule.parallel_k(sweep, [1, 4, 16], target) == 3
-    assert k_schedule.parallel_k({**sweep, 3: {1: 170.0, 4: 350.0, 16: 700.0}}, [1, 4, 16], target) == 1  # 0.551
-    assert k_schedule.parallel_k({1: {1: 12.0}, 2: {1: 12.0}}, [1], {1: 10.0}) == 1  # a tie: the smaller k
-    assert k_schedule.parallel_k({1: {1: 9.0}, 2: {1: 8.0}}, [1], {1: 10.0}) == 0  # none pays
+    assert parallel_k(sweep, [1, 4, 16], target) == 3
+    assert parallel_k({**sweep, 3: {1: 170.0, 4: 350.0, 16: 700.0}}, [1, 4, 16], target) == 1  # 0.551
+    assert parallel_k({1: {1: 12.0}, 2: {1: 12.0}}, [1], {1: 10.0}) == 1  # a tie: the smaller k
+    assert parallel_k({1: {1: 9.0}, 2: {1: 8.0}}, [1], {1: 10.0}) == 0  # none pays
     # k 3's drafts never accepted: only k 1 is a candidate
-    assert k_schedule.parallel_k(sweep, [1, 4, 16], target, {1: {1: 1.3}, 3: {1: 1.0, 4: None, 16: 1.0}}) == 1
-    assert k_schedule.parallel_k({1: {1: 0.0}}, [1], {1: 10.0}) == 0  # nothing decoded: no gain
+    assert parallel_k(sweep, [1, 4, 16], target, {1: {1: 1.3}, 3: {1: 1.0, 4: None, 16: 1.0}}) == 1
+    assert parallel_k({1: {1: 0.0}}, [1], {1: 10.0}) == 0  # nothing decoded: no gain
+    assert METHODS["eagle3"].schedule_k(sweep, [1, 4, 16], target) is None
+    assert METHODS["dflash"].schedule_k(sweep, [1, 4, 16], target) is None
 
 
 def _sweep_engines(specs, tps):
@@ -735,7 +742,7 @@ def test_k_schedule_sweeps_chooses_and_serves_the_schedule(tmp_path, monkeypatch
     tps = {"sweep_baseline": {1: 100.0, 4: 300.0}, "sweep_k0": {1: 90.0, 4: 280.0}, "sweep_k1": {1: 140.0, 4: 330.0},
            "sweep_k3": {1: 180.0, 4: 290.0}, "sweep_schedule": {1: 175.0, 4: 320.0}}
     monkeypatch.setattr(vllm_engine, "run_child", _sweep_engines(specs, tps))
-    head = _head(tmp_path, [1, 2])
+    head = Head.read(_head(tmp_path, [1, 2]))
     r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0", "sweep_schedule"]
     assert all(s["engine"]["max_num_seqs"] == 4 and s["concurrencies"] == [1, 4] for _, s, _ in specs)
@@ -803,8 +810,9 @@ def test_k_schedule_of_a_peagle_head_holds_one_k(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_engine, "run_child", _sweep_engines(specs, tps))
     head = Path(_head(tmp_path, [1, 2]))
     (head / "config.json").write_text('{"speculators_model_type": "peagle", '
-                                      '"transformer_layer_config": {"num_hidden_layers": 1}}')
-    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+                                      '"transformer_layer_config": {"num_hidden_layers": 1}, '
+                                      '"speculators_config": {"proposal_methods": [{"speculative_tokens": 8}]}}')
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, Head.read(head), [1, 3], 8, [1, 4])
     # over the target alone, served everywhere: k 1 log(1.4 x 1.1) = 0.432, k 3 log(1.8 x 0.9667) = 0.554: k 3;
     # k 0 then measured with num_speculative_tokens 3; at 4 in flight k 3 (290) beats k 0 (280)
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0", "sweep_schedule"]
@@ -817,17 +825,17 @@ def test_k_schedule_of_a_peagle_head_holds_one_k(tmp_path, monkeypatch):
     assert r["speculative_config"]["num_speculative_tokens"] == 3
     # k 0 faster than k 3 at 4 in flight: bands of 3 and 0, never k 1 beside them
     tps["sweep_k0"][4] = 295.0
-    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, Head.read(head), [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 2, 3], [3, 4, 0]]
     # no k pays over the target alone: its k 0 is not measured, the target alone is served
     specs.clear()
     tps.update(sweep_k1={1: 95.0, 4: 250.0}, sweep_k3={1: 99.0, 4: 200.0})
-    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, Head.read(head), [1, 3], 8, [1, 4])
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3"]
     assert r["schedule"] == [[1, 4, 0]] and r["speculative_config"] is None and r["sweep"][0]["k"] == 1
     # the same figures for an EAGLE-3 head: k 3 at 1 in flight, k 1 at 4
     tps.update(sweep_k1={1: 140.0, 4: 330.0}, sweep_k3={1: 180.0, 4: 290.0})
     (head / "config.json").write_text('{"speculators_model_type": "eagle3", '
                                       '"transformer_layer_config": {"num_hidden_layers": 1, "model_type": "llama"}}')
-    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, str(head), [1, 3], 8, [1, 4])
+    r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, Head.read(head), [1, 3], 8, [1, 4])
     assert r["schedule"] == [[1, 2, 3], [3, 4, 1]] and "parallel_drafting" not in r["speculative_config"]

@@ -9,18 +9,21 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eagle3build.draft.head_format import draft_layer, trained_positions
+from eagle3build.draft.choice import DraftError, resolve
+from eagle3build.draft.head_format import Head
 from eagle3build.serve import export_head as ex
 from eagle3build.train import train_draft as td
 
 
-def _train(tiny_shards, tiny_target, method, out_name, **kw):
+def _train(tiny_shards, tiny_target, method, out_name, options=None, **kw):
+    """``method``'s head trained 3 steps (``options``: its ``draft.<method>`` knobs, as the config's section: train's
+    ``draft`` argument is the JSON-able section torchrun's ranks get)."""
     d, _, _ = tiny_shards
     out = d / out_name
     m = td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
                  str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(out),
                  epochs=1, max_steps=3, lr=3e-3, total_seq_len=128, seed=0, device="cpu", checkpoint_every=0,
-                 method=method, **kw)
+                 draft={"method": method, **({method: options} if options else {})}, **kw)
     return out, m
 
 
@@ -50,7 +53,7 @@ def test_method_trains_with_speculators_model(trained, method, depths):
     if method == "peagle":
         assert shapes["mask_hidden"] == (1, 1, 192) and shapes["embed_tokens.weight"] == (49152, 64)
         # eagle3.1's flags (the fixture's decisions) less the two vLLM's P-EAGLE parser drops and norm_before_fc
-        # (vLLM 0.26's parallel-drafting load runs its CUDA rms_norm on a 1-D tensor: head_model.method_flags)
+        # (vLLM 0.26's parallel-drafting load runs its CUDA rms_norm on a 1-D tensor: eagle3build/draft/peagle.py)
         assert {k: cfg[k] for k in meta["head_flags"]} == meta["head_flags"] == {
             "norm_before_residual": True, "norm_before_fc": False, "norm_output": False, "fc_norm": False}
         assert "input_norm.weight" not in shapes
@@ -64,22 +67,19 @@ def test_method_trains_with_speculators_model(trained, method, depths):
 def test_method_options_reach_speculators_model(tiny_shards, tiny_target):
     """draft.peagle.num_depths and draft.dflash.block_size / num_layers replace speculators' defaults in the
     model, its trainer kwargs and the saved config; an option of another method is refused by name."""
-    from eagle3build.draft.head_model import method_spec, resolved_options, trainer_kwargs
-
-    out, m = _train(tiny_shards, tiny_target, "dflash", "ck-dflash-4", method_options={"block_size": 4,
-                                                                                        "num_layers": 2})
+    out, m = _train(tiny_shards, tiny_target, "dflash", "ck-dflash-4", options={"block_size": 4, "num_layers": 2})
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["block_size"] == 4 and cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert sum(k.endswith("self_attn.q_proj.weight") for k in f.keys()) == 2
     assert len(m["final_eval"]["full_acc_per_step"]) == 3  # block slots 1..3
-    assert trained_positions(out) == 3  # what the benchmark warns about at a larger k
-    assert resolved_options("peagle", {"num_depths": 4}) == {"num_depths": 4}
-    assert resolved_options("dflash") == {"block_size": 8, "num_layers": 5}
-    assert method_spec("peagle", {"num_depths": 4})["args"]["num_depths"] == 4
-    assert trainer_kwargs("eagle3", 3, 1.0, "eager", None)["ttt_steps"] == 3
-    with pytest.raises(ValueError, match=r"draft.peagle: \['block_size'\] are not options of peagle"):
-        method_spec("peagle", {"block_size": 4})
+    assert Head.read(out).trained_positions == 3  # what the benchmark warns about at a larger k
+    assert dict(resolve({"method": "peagle", "peagle": {"num_depths": 4}}).options) == {"num_depths": 4}
+    assert dict(resolve({"method": "dflash"}).options) == {"block_size": 8, "num_layers": 5}
+    assert resolve({"method": "peagle", "peagle": {"num_depths": 4}}).spec()["args"]["num_depths"] == 4
+    assert resolve().trainer_kwargs(3, 1.0, "eager")["ttt_steps"] == 3
+    with pytest.raises(DraftError, match=r"config: draft.peagle: \['block_size'\] are not options of peagle"):
+        resolve({"method": "peagle", "peagle": {"block_size": 4}})
 
 
 def test_summarise_per_position_methods():
@@ -122,11 +122,12 @@ def test_compare_methods_heads_and_their_rules_entries():
         contract.entry("benchmark_method")
 
 
-def test_unknown_method_is_refused():
-    from eagle3build.draft.head_model import method_class
-
-    with pytest.raises(ValueError, match="draft.method 'dflash2' is not one of"):
-        method_class("dflash2")
+def test_unknown_method_is_refused(tmp_path):
+    with pytest.raises(DraftError, match="config: draft.method 'dflash2' is not one of"):
+        resolve({"method": "dflash2"})
+    (tmp_path / "config.json").write_text('{"speculators_model_type": "dflash2"}')
+    with pytest.raises(ValueError, match=r"config.json: draft.method 'dflash2' is not one of"):
+        Head.read(tmp_path)
 
 
 @pytest.mark.parametrize("method", ["peagle", "dflash"])
@@ -145,21 +146,25 @@ def test_export_writes_and_reloads_each_method(tiny_shards, tiny_target, trained
         names = set(f.keys())
         assert f.get_tensor("fc.weight").dtype == torch.bfloat16
     if method == "peagle":
-        # no input_norm.weight: P-EAGLE heads are built without norm_before_fc (head_model.method_flags)
+        # no input_norm.weight: P-EAGLE heads are built without norm_before_fc (its flags: eagle3build/draft/peagle.py)
         assert "mask_hidden" in names and "embed_tokens.weight" in names and "input_norm.weight" not in names
         assert len(names) == 17
         assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 3
-        assert ex.speculative_config(head, 3) == {"method": "eagle3", "parallel_drafting": True,
-                                                  "model": str(head), "num_speculative_tokens": 3}
-        assert trained_positions(head) == 8  # num_depths
-        assert ex.draft_layers(head) == 1
-        assert draft_layer(head) == "llama"  # what benchmark.json names the head's layer
+        h = Head.read(head)
+        assert h.speculative_config(3) == {"method": "eagle3", "parallel_drafting": True, "model": str(head),
+                                           "num_speculative_tokens": 3}
+        assert h.trained_positions == 8  # num_depths
+        assert h.kv_layers == 1
+        assert h.draft_layer == "llama"  # what benchmark.json names the head's layer
+        assert h.aux_layer_ids == (1, 3, 4) and h.method.name == "peagle"
     else:
         assert "embed_tokens.weight" not in names and len(names) == 6 + 5 * 11
         assert cfg["aux_hidden_state_layer_ids"] == [1, 3, 4]
-        assert ex.speculative_config(head, 3) == {"method": "dflash", "model": str(head), "num_speculative_tokens": 3}
-        assert ex.draft_layers(head) == 5
-        assert draft_layer(head) == "qwen3"  # speculators' DFlash layers (draft_methods.DFLASH.arch)
+        h = Head.read(head)
+        assert h.speculative_config(3) == {"method": "dflash", "model": str(head), "num_speculative_tokens": 3}
+        assert h.kv_layers == 5
+        assert h.draft_layer == "qwen3"  # speculators' DFlash layers (its arch: eagle3build/draft/dflash.py)
+        assert h.aux_layer_ids == (1, 3, 4) and h.trained_positions == 7
 
 
 def test_export_refuses_a_dflash_head_vllm_would_serve_causal(tiny_shards, tiny_target, trained, tmp_path):
@@ -226,7 +231,7 @@ def test_method_options_join_the_state_key_only_away_from_defaults(tiny_shards, 
     cfg = td.TrainConfig(epochs=1, max_steps=1, total_seq_len=128, seed=0, checkpoint_every=0)
 
     def key(options):
-        return td.setup(cfg, inputs, "cpu", None, False, "dflash", options).key
+        return td.setup(cfg, inputs, "cpu", None, False, resolve({"method": "dflash", "dflash": options})).key
 
     assert key(None) == key({"block_size": 8, "num_layers": 5}) != key({"block_size": 4, "num_layers": 5})
 
@@ -234,21 +239,24 @@ def test_method_options_join_the_state_key_only_away_from_defaults(tiny_shards, 
 @pytest.mark.parametrize("method,norm_before_fc,hinted", [("peagle", True, True), ("peagle", False, False),
                                                           ("eagle3", True, False)])
 def test_load_check_failure_names_a_stale_peagle_head(tmp_path, monkeypatch, method, norm_before_fc, hinted):
-    """A P-EAGLE head trained with norm_before_fc (before head_model.method_flags turned it off) that vLLM fails to
-    serve gets the cause and the retrain command in the export's error; other heads get vLLM's error alone."""
+    """A P-EAGLE head trained with norm_before_fc (before its flags turned it off) that vLLM fails to serve gets the
+    cause and the retrain command in the export's error (``DraftMethod.load_hint``); other heads get vLLM's error
+    alone."""
     from eagle3build.serve import export_head as ex
     from eagle3build.vllm import engine as vllm_engine
 
     head = tmp_path / "head"
     head.mkdir()
     (head / "config.json").write_text(json.dumps({"speculators_model_type": method, "norm_before_fc": norm_before_fc,
-                                                  "transformer_layer_config": {"num_hidden_layers": 1}}))
+                                                  "transformer_layer_config": {"num_hidden_layers": 1},
+                                                  "speculators_config": {"proposal_methods": [
+                                                      {"speculative_tokens": 8}]}}))
 
     def fail(*a, **kw):
         raise RuntimeError("Engine core initialization failed")
 
     monkeypatch.setattr(vllm_engine, "run_child", fail)
     with pytest.raises(ex.ExportError, match="Engine core initialization failed") as e:
-        ex.check_loads_with_vllm(head, str(tmp_path / "target"), "t", gpus=0)
+        ex.check_loads_with_vllm(Head.read(head), str(tmp_path / "target"), "t", gpus=0)
     assert ("snakemake --forcerun train_draft" in str(e.value)) is hinted
     assert ("norm_before_fc" in str(e.value)) is hinted

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from eagle3build.formats.target_files import BUNDLED_CONFIGS
 from eagle3build.target import bundled_gguf_path, fingerprint
 
 
@@ -18,6 +19,10 @@ def test_hf_directory_contents(smol_target):
     cfg = json.loads((smol_target / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 30 and cfg["hidden_size"] == 576 and cfg["vocab_size"] == 49152
     assert "quantization_config" not in cfg
+    # what planning knows of it before it is materialised (draft.layer mla is refused there: no kv_lora_rank)
+    known = BUNDLED_CONFIGS["smollm2-135m-instruct"]
+    assert {k: cfg[k] for k in known} == known == {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    assert "kv_lora_rank" not in cfg
     with safe_open(str(smol_target / "model.safetensors"), "pt") as f:
         w = f.get_tensor("model.layers.0.self_attn.q_proj.weight")
         assert w.dtype == torch.bfloat16 and w.shape == (576, 576)

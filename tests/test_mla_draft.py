@@ -14,8 +14,10 @@ import yaml
 from safetensors.torch import load_file
 from smk import REPO
 
-from eagle3build.draft import head_format, mla_format
 from eagle3build.draft import methods as draft_methods
+from eagle3build.draft import mla_format
+from eagle3build.draft.choice import DraftError, resolve
+from eagle3build.draft.head_format import Head
 from eagle3build.formats.artifacts import HeadMeta, minimal_decisions
 from eagle3build.serve import export_head as ex
 from eagle3build.train import train_draft as td
@@ -80,7 +82,8 @@ def mla_checkpoint(kimi_shards, kimi_target):
     out = d / "ck-mla"
     m = td.train(str(kimi_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
                  str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(out),
-                 epochs=1, max_steps=3, lr=3e-3, total_seq_len=128, ttt_steps=3, seed=0, device="cpu", layer="mla")
+                 epochs=1, max_steps=3, lr=3e-3, total_seq_len=128, ttt_steps=3, seed=0, device="cpu",
+                 draft={"layer": "mla"})
     return out, m
 
 
@@ -90,19 +93,19 @@ def _export(d, ck, target, head, check):
 
 
 def test_mla_layer_is_speculators_eagle3_with_the_targets_mla(kimi_target):
-    """``build_model(layer="mla")``: speculators' Eagle3DraftModel whose one layer is the registered MLA layer,
+    """``build_model`` of an MLA draft: speculators' Eagle3DraftModel whose one layer is the registered MLA layer,
     built from the target's MLA config, with vLLM's tensor names and shapes; one TTT forward trains every part."""
     from speculators.models.eagle3.core import Eagle3DraftModel
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MLP
 
-    from eagle3build.draft.head_model import build_model, trainer_kwargs
+    from eagle3build.draft.head_model import build_model
     from eagle3build.draft.mla_layer import DeepseekV3Eagle3FirstLayer
 
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[100:356] = True
     d2t = torch.full((256,), 100, dtype=torch.int64)
     torch.manual_seed(0)
-    m = build_model(str(kimi_target), AUX, d2t, t2d, 3, "eagle3.1", "cpu", layer="mla")
+    m = build_model(str(kimi_target), AUX, d2t, t2d, 3, "eagle3.1", "cpu", draft=resolve({"layer": "mla"}))
     assert isinstance(m, Eagle3DraftModel) and isinstance(m.layers[0], DeepseekV3Eagle3FirstLayer)
     assert isinstance(m.layers[0].mlp, DeepseekV3MLP) and len(m.layers) == 1
     tl = m.config.transformer_layer_config
@@ -124,7 +127,7 @@ def test_mla_layer_is_speculators_eagle3_with_the_targets_mla(kimi_target):
     _, loss, metrics = m(hidden_states=torch.randn(1, T, 3 * 256), input_ids=torch.randint(100, 356, (1, T)),
                          document_ids=torch.zeros(1, T, dtype=torch.long), loss_mask=torch.ones(1, T, dtype=torch.bool),
                          verifier_last_hidden_states=torch.randn(1, T, 256),
-                         **trainer_kwargs("eagle3", 3, 1.0, "eager"))
+                         **resolve({"layer": "mla"}).trainer_kwargs(3, 1.0, "eager"))
     loss.backward()
     assert {k for k in metrics if k.startswith("loss_") and k[5].isdigit()} >= {"loss_0_sum", "loss_1_sum",
                                                                                      "loss_2_sum"}
@@ -140,12 +143,16 @@ def test_mla_is_refused_where_it_cannot_be_built(kimi_target, tiny_target):
     t2d[:8] = True
     with pytest.raises(ValueError, match="has no multi-head latent attention"):
         build_model(str(tiny_target), [1, 3, 4], torch.zeros(8, dtype=torch.int64), t2d, 1, "eagle3", "cpu",
-                    layer="mla")
-    with pytest.raises(ValueError, match="mla is built for draft.method eagle3 only, not 'peagle'"):
-        build_model(str(kimi_target), AUX, torch.zeros(8, dtype=torch.int64), torch.zeros(VOCAB, dtype=torch.bool), 1,
-                    "eagle3", "cpu", method="peagle", layer="mla")
-    with pytest.raises(ValueError, match="draft.layer 'gqa' is not one of"):
-        draft_methods.get_layer("gqa")
+                    draft=resolve({"layer": "mla"}))
+    # refused before any build, where the config is resolved: the planning's one line (tests/test_draft_choice.py)
+    with pytest.raises(DraftError, match="the mla layer is built for draft.method eagle3 only, not peagle"):
+        resolve({"method": "peagle", "layer": "mla"})
+    with pytest.raises(DraftError, match="config: draft.layer 'gqa' is not one of"):
+        resolve({"layer": "gqa"})
+    # the target's config.json read without torch: the tiny llama target refused, the Kimi-shaped one taken
+    with pytest.raises(DraftError, match=f"cannot be built for target.path {tiny_target}, which has no multi-head"):
+        resolve({"layer": "mla"}, json.loads((tiny_target / "config.json").read_text()), f"target.path {tiny_target}")
+    assert resolve({"layer": "mla"}, json.loads((kimi_target / "config.json").read_text())).layer.name == "mla"
 
 
 @pytest.mark.slow  # the training fixture: ~30 s on 2 cores
@@ -177,12 +184,13 @@ def test_mla_head_exports_in_vllms_deepseek_eagle3_layout(kimi_shards, kimi_targ
     assert torch.equal(state["layers.0.self_attn.kv_b_proj.weight"], trained["layers.0.self_attn.kv_b_proj.weight"])
     assert head_meta["layer"] == "mla" and "vllm_load_check" not in head_meta
     # what the benchmark reads of it: benchmark.json's draft_layer "mla", one KV-cached layer, served as EAGLE-3
-    head = tmp_path / "head"
-    assert (head_format.draft_layer(head), head_format.draft_layers(head), head_format.trained_positions(head)) == (
-        "mla", 1, None)
-    assert head_format.speculative_config(head, 3) == {"method": "eagle3", "model": str(head),
-                                                       "num_speculative_tokens": 3}
-    HeadMeta.load(head)  # head_meta.json matches its schema (layer, capture_mode)
+    head = Head.read(tmp_path / "head")
+    assert (head.draft_layer, head.kv_layers, head.trained_positions, head.aux_layer_ids) == ("mla", 1, None, tuple(AUX))
+    assert head.speculative_config(3) == {"method": "eagle3", "model": str(tmp_path / "head"),
+                                          "num_speculative_tokens": 3}
+    assert (head.method, head.layer) == (draft_methods.EAGLE3, draft_methods.MLA)
+    # head_meta.json matches its schema (layer, capture_mode) and names the layer config.json is of
+    assert Head.read(tmp_path / "head", meta=HeadMeta).meta["layer"] == "mla"
     # a checkpoint whose train_meta.json names another layer than its config.json is refused
     bad = tmp_path / "ck-bad"
     import shutil
@@ -273,7 +281,10 @@ def test_preflight_times_the_mla_draft_beside_the_llama_layer(kimi_target, tmp_p
     caching off for MLA targets: the bound itself runs on a card)."""
     from eagle3build.compat import preflight_bound as pb
 
-    assert pb.preflight_layers("llama") == ["llama"] and pb.preflight_layers("mla") == ["mla", "llama"]
+    # the drafts it times (choice.Draft.bound_drafts): EAGLE-3 heads of the run's layer, the llama layer beside mla
+    assert [(d.method.name, d.layer.name) for d in resolve({"layer": "mla"}).bound_drafts()] == [
+        ("eagle3", "mla"), ("eagle3", "llama")]
+    assert [(d.method.name, d.layer.name) for d in resolve({"method": "dflash"}).bound_drafts()] == [("eagle3", "llama")]
     dec = tmp_path / "decisions.json"
     dec.write_text(json.dumps(minimal_decisions("x", AUX, VOCAB, hidden_size=256)))
     served = []  # (run name, the served head's architecture, k)
@@ -286,15 +297,18 @@ def test_preflight_times_the_mla_draft_beside_the_llama_layer(kimi_target, tmp_p
         sc = spec["speculative_config"]
         arch = json.loads(open(f"{sc['model']}/config.json").read())["architectures"][0]
         served.append((name, arch, sc["num_speculative_tokens"]))
-        layers.append((head_format.draft_layer(sc["model"]), sc["method"]))
+        layers.append((Head.read(sc["model"]).draft_layer, sc["method"]))
         step = 0.004 if arch == "Eagle3DeepseekV3ForCausalLM" else 0.005  # the MLA draft made cheaper here
         return {"engine_start_s": 1.0, "by_concurrency": {"1": {"step_s": step, "tpot_s": step, "tau": 1.0,
                                                                 "drafts": 10}}}
 
     monkeypatch.setattr(pb.vllm_engine, "run_child", fake_child)
-    res = pb.preflight(str(kimi_target), str(tmp_path / "p.json"), max_k=3, benchmark_ks=[3], concurrencies=[1],
-                       draft_vocab_size=256, served_name="k", decisions_json=str(dec), gpus=0,
-                       draft_layers=pb.preflight_layers("mla"))
+    def settings(out, **draft):
+        return pb.PreflightSettings(str(kimi_target), str(tmp_path / out), str(dec), max_k=3, benchmark_ks=[3],
+                                    concurrencies=[1], draft_vocab_size=256, served_name="k", gpus=0,
+                                    draft=resolve(draft))
+
+    res = pb.preflight(settings("p.json", layer="mla"))
     assert served == [("preflight_k3", "Eagle3DeepseekV3ForCausalLM", 3), ("preflight_llama_k3", "Eagle3DraftModel", 3)]
     assert layers == [("mla", "eagle3"), ("llama", "eagle3")]
     assert res["settings"]["draft_layer"] == "mla" and list(res["draft_layers"]) == ["mla", "llama"]
@@ -309,7 +323,6 @@ def test_preflight_times_the_mla_draft_beside_the_llama_layer(kimi_target, tmp_p
     assert json.loads((tmp_path / "p.json").read_text()) == json.loads(json.dumps(res))
     # the llama layer alone: the file as it always was
     served.clear()
-    res = pb.preflight(str(kimi_target), str(tmp_path / "q.json"), max_k=3, benchmark_ks=[3], concurrencies=[1],
-                       draft_vocab_size=256, served_name="k", decisions_json=str(dec), gpus=0)
+    res = pb.preflight(settings("q.json"))
     assert served == [("preflight_k3", "Eagle3DraftModel", 3)] and "draft_layers" not in res
     assert "draft_layer" not in res["settings"]

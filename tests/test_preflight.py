@@ -9,6 +9,7 @@ from smk import planned_jobs, write_config
 
 from eagle3build.compat import compat_render, preflight_bound
 from eagle3build.draft import step_costs
+from eagle3build.draft.choice import resolve
 
 MEASURED = {"by_concurrency": {
     # a dense target: verifying more tokens costs almost nothing
@@ -113,9 +114,11 @@ def test_untrained_head_has_the_exported_format(tmp_path, tiny_target):
     from eagle3build.draft.head_model import write_untrained_head
     from eagle3build.serve.export_head import check_loads_with_speculators
 
-    out = write_untrained_head(str(tiny_target), tmp_path / "head", aux_layer_ids=[1, 3, 4], draft_vocab_size=1024,
-                               head_variant="eagle3", served_name="org/tiny", dtype="bfloat16")
+    head = write_untrained_head(str(tiny_target), tmp_path / "head", aux_layer_ids=[1, 3, 4], draft_vocab_size=1024,
+                                head_variant="eagle3", served_name="org/tiny", dtype="bfloat16")
+    out = head.path
     cfg = json.loads((out / "config.json").read_text())
+    assert cfg == head.config and (head.method.name, head.layer.name, head.kv_layers) == ("eagle3", "llama", 1)
     state = load_file(str(out / "model.safetensors"))
     assert {k: tuple(v.shape) for k, v in state.items()} == expected_shapes(cfg)
     assert state["fc.weight"].shape == (64, 192) and state["lm_head.weight"].shape == (1024, 64)
@@ -123,7 +126,7 @@ def test_untrained_head_has_the_exported_format(tmp_path, tiny_target):
     assert state["d2t"].eq(0).all() and int(state["t2d"].sum()) == 1024 and bool(state["t2d"][:1024].all())
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == "org/tiny" and cfg["dtype"] == "bfloat16"
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4] and cfg["norm_before_fc"] is False
-    check_loads_with_speculators(out, str(tiny_target), state)
+    check_loads_with_speculators(head, str(tiny_target), state)
     with pytest.raises(ValueError, match="draft vocab size 50000"):
         write_untrained_head(str(tiny_target), tmp_path / "h2", aux_layer_ids=[1], draft_vocab_size=50000,
                              head_variant="eagle3", served_name="t", dtype="float32")
@@ -157,18 +160,21 @@ def test_plan_runs_it_only_where_serving_has_gpus(tmp_path):
 def test_preflight_times_the_benchmarks_length(tmp_path, monkeypatch):
     """The job times decode and speculative steps over benchmark.max_tokens output tokens (time per output token
     falls with length: the H200 A/B in benchmarks/records/decode-step-ab_h200.json); fewer than 2 is refused
-    before any engine starts."""
-    seen = {}
-    monkeypatch.setattr(preflight_bound, "preflight", lambda **kw: seen.update(kw) or {})
+    before any engine starts. Its settings are one PreflightSettings, its draft the one planning resolved."""
+    seen = []
+    monkeypatch.setattr(preflight_bound, "preflight", lambda s: seen.append(s) or {})
     settings = {"preflight.max_k": "auto", "benchmark.ks": [3], "preflight.concurrencies": [1, 16],
                 "vocab.draft_vocab_size": 32, "target.served_name": "t", "target.serve_dtype": "auto",
                 "preflight.context_tokens": 256, "preflight.repeats": 5, "target.trust_remote_code": False,
-                "target.pipeline_parallel_size": 1, "benchmark.max_tokens": 96, "draft.layer": "llama"}
-    preflight_bound.run_job({"decisions": "d.json"}, {"json": "p.json"}, settings, {"target_dir": "t"}, {"gpu": 1})
-    assert (seen["decode_tokens"], seen["gpus"], seen["concurrencies"]) == (96, 1, [1, 16])
-    assert seen["draft_layers"] == ["llama"]
+                "target.pipeline_parallel_size": 1, "benchmark.max_tokens": 96, "draft.layer": "mla"}
+    params = {"target_dir": "t", "draft": {"method": "eagle3", "layer": "mla"}}
+    preflight_bound.run_job({"decisions": "d.json"}, {"json": "p.json"}, settings, params, {"gpu": 1})
+    (s,) = seen
+    assert (s.decode_tokens, s.gpus, s.concurrencies, s.max_k, s.out_json) == (96, 1, [1, 16], "auto", "p.json")
+    assert s.draft == resolve({"layer": "mla"}) and [d.layer.name for d in s.draft.bound_drafts()] == ["mla", "llama"]
     monkeypatch.undo()
     with pytest.raises(ValueError, match=r"decode_tokens \(benchmark.max_tokens\) 1 must be at least 2"):
-        preflight_bound.preflight("t", str(tmp_path / "p.json"), max_k=3, benchmark_ks=[3], concurrencies=[1],
-                                  draft_vocab_size=32, served_name="t", decisions_json="d.json", decode_tokens=1)
+        preflight_bound.preflight(preflight_bound.PreflightSettings(
+            "t", str(tmp_path / "p.json"), "d.json", max_k=3, benchmark_ks=[3], concurrencies=[1],
+            draft_vocab_size=32, served_name="t", decode_tokens=1))
     assert not (tmp_path / "p.json").exists()

@@ -18,6 +18,7 @@ import time
 import pytest
 from smk import REPO
 
+from eagle3build.draft.head_format import Head
 from eagle3build.serve import openai_server as server
 from eagle3build.serve import serve_check as sc
 from eagle3build.serve import serve_config as cfg
@@ -184,15 +185,15 @@ def test_an_mla_head_is_served_through_speculative_config_with_method_eagle3(tmp
                                "attention_backend": "CPU_MLA"}
     r = files["serving"]["speculators_route"]
     assert r == {"available": False, "command": None, "verifier": None,
-                 "why": "the head's config.json is vLLM's own (an MLA head, Eagle3DeepseekV3ForCausalLM): vLLM's "
-                        "speculators parser reads llama and qwen3 layers only"}
+                 "why": "the head's config.json is vLLM's own (Eagle3DeepseekV3ForCausalLM), not speculators' format: "
+                        "vLLM's speculators parser reads llama and qwen3 layers only"}
 
 
 def test_speculators_route_is_offered_where_the_verifier_resolves_offline(tmp_path):
     target, head = folders(tmp_path)
     local = {**LLAMA_HEAD, "speculators_config": {**LLAMA_HEAD["speculators_config"],
                                                   "verifier": {"name_or_path": str(target)}}}
-    r = cfg.speculators_route(str(head), local)
+    r = cfg.speculators_route(Head.of(head, local))
     assert r["available"] is True and r["command"] == f"python -m vllm.entrypoints.openai.api_server --model {head}"
     assert not cfg.verifier_resolves_offline("org/not-cached-model") and not cfg.verifier_resolves_offline(None)
 

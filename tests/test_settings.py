@@ -11,6 +11,7 @@ import pytest
 from smk import REPO
 
 from eagle3build.capture.capture_hidden_states import CaptureSettings
+from eagle3build.compat.preflight_bound import PreflightSettings
 from eagle3build.config import settings as st
 from eagle3build.config import spec as cs
 from eagle3build.data.prepare_data import PrepareSettings
@@ -22,12 +23,14 @@ from eagle3build.workflow.contract import CONTRACTS, STAGE_GROUPS, job_settings
 
 # Each settings object of a stage and the stage whose settings fill its config fields.
 SETTINGS = {TrainConfig: "train_draft", CaptureSettings: "capture_hidden_states", PrepareSettings: "prepare_data",
-            RegenerateSettings: "regenerate_responses", BenchmarkSettings: "benchmark", CheckSettings: "serve_check"}
+            RegenerateSettings: "regenerate_responses", BenchmarkSettings: "benchmark", CheckSettings: "serve_check",
+            PreflightSettings: "preflight_bound"}
 STAGE_DIRS = sorted({REPO / "eagle3build" / g for g in STAGE_GROUPS.values()})
 # The modules whose functions' keyword defaults are checked too: the stages that take one settings object, their
 # private modules, and TrainConfig's.
 SETTLED = (*sorted((REPO / "eagle3build/capture").glob("*.py")), *sorted((REPO / "eagle3build/data").glob("*.py")),
            REPO / "eagle3build/serve/benchmark.py", REPO / "eagle3build/serve/serve_check.py",
+           REPO / "eagle3build/compat/preflight_bound.py",
            REPO / "eagle3build/train/trainer.py")
 
 

@@ -14,6 +14,7 @@ from smk import REPO, planned_resources
 
 from eagle3build.compat import compat_report
 from eagle3build.data import regenerate_responses
+from eagle3build.draft.head_format import Head
 from eagle3build.serve import benchmark
 from eagle3build.serve import export_head as ex
 from eagle3build.serve.benchmark import BenchmarkSettings
@@ -313,10 +314,10 @@ def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypa
 
     (tmp_path / "head").mkdir()  # the benchmark reads the head's draft vocab (d2t) before any engine starts
     save_file({"d2t": np.zeros(1, dtype=np.int64)}, str(tmp_path / "head/model.safetensors"))
-    # the load check and the benchmark read the head's method and layer count (head_format.speculative_config)
+    # the load check and the benchmark read the head's method and layer count (head_format.Head)
     (tmp_path / "head/config.json").write_text('{"speculators_model_type": "eagle3", '
                                                '"transformer_layer_config": {"num_hidden_layers": 1}}')
-    ex.check_loads_with_vllm(tmp_path / "head", target, "org/tiny", gpus=1, trust_remote_code=trust)
+    ex.check_loads_with_vllm(Head.read(tmp_path / "head"), target, "org/tiny", gpus=1, trust_remote_code=trust)
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "hi"}\n{"prompt": "there"}\n')
     r = benchmark.benchmark(BenchmarkSettings(

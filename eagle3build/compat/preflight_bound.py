@@ -45,12 +45,15 @@ import logging
 import os
 import statistics
 from collections.abc import Mapping
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from ..draft import methods as draft_methods
+from ..config.settings import config_fields
+from ..draft.choice import Draft, resolve
+from ..draft.head_format import Head
 from ..draft.head_model import write_untrained_head
 from ..draft.mla_format import layer_config
 from ..draft.step_costs import bound_table
@@ -76,6 +79,7 @@ SPEC_ENTRY = "eagle3build.compat.preflight_bound:measure_speculative_steps"
 # benchmarks/records/decode-step-ab_h200.json) read 2.30 ms a token over 32 tokens and 1.73 over 96 in one engine
 # (2.46 and 1.88 in the pre-flight's engine size), and a pre-flight timed at 32 tokens read the decode step 23 % above
 # the benchmark's at 96 (2.39 against 1.95 ms; benchmarks/gpu/kimi_h200.md, calls 12-16).
+SEED = 0  # the engines' sampling seed: every measurement decodes greedily
 DECODE_TOKENS = 32
 
 
@@ -233,108 +237,131 @@ def measure_speculative_steps(spec: dict) -> dict:
     return out
 
 
-def preflight_layers(draft_layer: str) -> list[str]:
-    """The draft layers the pre-flight bound times for config ``draft.layer`` (``draft_methods.LAYERS``), the
-    run's own first: ``[DEFAULT_LAYER]`` (llama) for it; any other layer beside it (``["mla", "llama"]``: the
-    choice between them is what the bound informs).
-
-    Raises:
-        ValueError: ``draft_layer`` is no registered layer.
-    """
-    lay = draft_methods.EAGLE3.layer(draft_layer)  # write_untrained_head's method
-    return [lay.name] if lay.name == draft_methods.DEFAULT_LAYER else [lay.name, draft_methods.DEFAULT_LAYER]
-
-
-def draft_kv_bytes_per_token(head_dir: str | os.PathLike, dtype_bytes: int, tensor_parallel_size: int = 1) -> int | None:
-    """KV cache bytes one token takes in the draft head of ``head_dir`` on one GPU (``plans.kv_cache_bytes_per_token``
-    of its layer config: an MLA layer's latent ``kv_lora_rank + qk_rope_head_dim`` replicated on every rank; a
-    llama layer's K and V of its KV heads on this rank), per draft layer times its layers; None where the
-    config's attention is not one ``plans`` knows."""
-    import json
+def draft_kv_bytes_per_token(head: Head, dtype_bytes: int, tensor_parallel_size: int = 1) -> int | None:
+    """KV cache bytes one token takes in the draft ``head`` (a ``Head``) on one GPU
+    (``budgets.kv_cache_bytes_per_token`` of its layer config: an MLA layer's latent ``kv_lora_rank +
+    qk_rope_head_dim`` replicated on every rank; a llama layer's K and V of its KV heads on this rank), per draft
+    layer times its layers; None where the config's attention is not one ``budgets`` knows."""
     from types import SimpleNamespace
 
-    cfg = layer_config(json.loads((Path(head_dir) / "config.json").read_text()))
-    return kv_cache_bytes_per_token(SimpleNamespace(**cfg), dtype_bytes, tensor_parallel_size)
+    return kv_cache_bytes_per_token(SimpleNamespace(**layer_config(head.config)), dtype_bytes, tensor_parallel_size)
 
 
-def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks: list[int], concurrencies: list[int],
-              draft_vocab_size: int, served_name: str, decisions_json: str, dtype: str = "auto", gpus: int = 0,
-              context_tokens: int = 256, repeats: int = 5, seed: int = 0, trust_remote_code: bool = False,
-              pipeline_parallel_size: int = 1, decode_tokens: int = DECODE_TOKENS,
-              draft_layers: list[str] | tuple[str, ...] = (draft_methods.DEFAULT_LAYER,)) -> dict:
+@config_fields({
+    "max_k": "preflight.max_k", "benchmark_ks": "benchmark.ks", "concurrencies": "preflight.concurrencies",
+    "draft_vocab_size": "vocab.draft_vocab_size", "served_name": "target.served_name", "dtype": "target.serve_dtype",
+    "context_tokens": "preflight.context_tokens", "repeats": "preflight.repeats",
+    "trust_remote_code": "target.trust_remote_code", "pipeline_parallel_size": "target.pipeline_parallel_size",
+    "decode_tokens": "benchmark.max_tokens",
+})
+class PreflightSettings:
+    """What one pre-flight job measures (``preflight``): its files, its GPUs and the run's draft, and its config
+    fields (``config.settings``: the config's ``preflight.*``, ``benchmark.*``, ``target.*`` and ``vocab.*`` keys it
+    reads, below).
+
+    ``target_dir``: the target's folder; ``out_json``: preflight.json; ``decisions_json``: the compat report's
+    decisions (the head's aux layer ids and variant); ``gpus``: the job's GPUs (0 = vLLM's CPU backend); ``draft``:
+    the run's draft (``choice.Draft``: its untrained heads are ``Draft.bound_drafts``). Of the config fields:
+    ``max_k``: the largest k to tabulate (1..max_k, each verifying k+1 tokens), or ``"auto"``: the largest of
+    ``benchmark_ks``, at which the whole step is measured (within 1..max_k; at max_k where none is);
+    ``concurrencies``: sequences in flight; ``draft_vocab_size``: the head's draft vocab (tokens); ``dtype``: ``auto`` =
+    bf16 on GPUs, fp32 on CPU; ``context_tokens``: cached context per sequence (rounded up to a multiple of 256, which
+    every KV block size of vLLM divides); ``decode_tokens``: output tokens per request of the decode and
+    speculative-step measurements, the length the benchmark's measured steps are checked at. The engines' sampling
+    seed is ``SEED`` (greedy decoding: it picks nothing).
+    """
+
+    target_dir: str
+    out_json: str
+    decisions_json: str
+    gpus: int = 0
+    draft: Draft = field(default_factory=resolve)
+
+    @property
+    def seed(self) -> int:
+        return SEED
+
+    @classmethod
+    def from_job(cls, inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
+                 params: Mapping[str, Any], resources: Mapping[str, Any]) -> PreflightSettings:
+        """Rule ``preflight_bound``'s job as settings: into ``outputs["json"]`` on the job's ``resources["gpu"]``
+        GPUs, the target of ``params["target_dir"]``, the ``decisions`` input, the draft planning resolved
+        (``params["draft"]``, ``choice.Draft.section``) and the job's settings.
+
+        Raises:
+            choice.DraftError: ``params["draft"]`` cannot be built.
+        """
+        return cls.from_settings(
+            settings, target_dir=params["target_dir"], out_json=outputs["json"], decisions_json=inputs["decisions"],
+            gpus=resources.get("gpu", 0), draft=resolve(params["draft"]))
+
+
+def preflight(s: PreflightSettings) -> dict:
     """Measure the target's step costs alone (``measure_in_engine``, one engine) and with an untrained head
-    (``measure_speculative_steps``, one engine per measured k), each in a child process, and write ``out_json``:
-    settings, measurements, ``bound_table``'s rows, versions and hardware.
+    (``measure_speculative_steps``, one engine per measured k), each in a child process, and write ``s.out_json``:
+    settings, measurements, ``bound_table``'s rows, versions and hardware. ``s``: ``PreflightSettings``.
 
-    ``max_k``: the largest k to tabulate (1..max_k, each verifying k+1 tokens), or ``"auto"``: the largest
-    of ``benchmark_ks`` (the config's ``preflight.max_k`` and ``benchmark.ks``); the whole step is measured at
-    the ``benchmark_ks`` within 1..max_k (at max_k where none is); ``concurrencies``: sequences in flight;
-    ``draft_vocab_size``: the head's draft vocab (tokens); ``decisions_json``: the compat report's decisions
-    (the head's aux layer ids and variant); ``gpus``: the job's GPUs (0 = vLLM's CPU backend); ``dtype``: the
-    engine's (``auto`` = bf16 on GPUs, fp32 on CPU); ``context_tokens``: cached context per sequence (rounded
-    up to a multiple of 256, which every KV block size of vLLM divides); ``decode_tokens``: output tokens per
-    request of the decode and speculative-step measurements (the job passes benchmark.max_tokens, the length the
-    benchmark's measured steps are checked at, a cap the benchmark's requests may stop before; default
-    ``DECODE_TOKENS``); ``draft_layers``: the draft layers to time the whole step with (``preflight_layers``), the
-    run's own first: its steps and table are the result's ``speculative`` and ``table``; where that is not the
-    llama layer alone, ``draft_layers`` gets each layer's ``{"speculative", "table", "draft_kv_bytes_per_token"}``
-    and ``settings`` its ``draft_layer``.
+    The whole step is timed with an untrained head of each of ``s.draft.bound_drafts()`` (an EAGLE-3 head of
+    ``draft.layer``, and of the default llama layer beside a layer of its own), the run's layer first: its steps and
+    table are the result's ``speculative`` and ``table``; where more than one layer is timed, ``draft_layers`` gets
+    each layer's ``{"speculative", "table", "draft_kv_bytes_per_token"}`` and ``settings`` its ``draft_layer``.
 
     Raises:
         vllm_engine.VLLMUnavailable: no importable vLLM.
-        artifacts.ArtifactError: ``decisions_json`` is missing or does not match its schema.
+        artifacts.ArtifactError: ``s.decisions_json`` is missing or does not match its schema.
         ValueError: ``max_k`` below 1 (or ``auto`` with no ``benchmark_ks``), an empty ``concurrencies``, a
-            concurrency below 1, ``decode_tokens`` below 2, a draft vocab larger than the target's, no
-            ``draft_layers``, or an MLA layer for a target without MLA (``head_model.build_model``).
+            concurrency below 1, ``decode_tokens`` below 2, a draft vocab larger than the target's, or an MLA layer
+            for a target without MLA (``head_model.build_model``).
         RuntimeError: an engine failed, a context missed the prefix cache (``measure_in_engine``), or the
             head drafted nothing (``measure_speculative_steps``).
     """
     import tempfile
 
-    ks = list(range(1, (max(benchmark_ks, default=0) if max_k == "auto" else int(max_k)) + 1))
+    ks = list(range(1, (max(s.benchmark_ks, default=0) if s.max_k == "auto" else int(s.max_k)) + 1))
+    concurrencies, decode_tokens = s.concurrencies, s.decode_tokens
     if not ks or not concurrencies or min(concurrencies) < 1:
         raise ValueError(f"preflight: ks {ks} and concurrencies {concurrencies} must be non-empty lists of integers >= 1")
     if decode_tokens < 2:
         raise ValueError(f"preflight: decode_tokens (benchmark.max_tokens) {decode_tokens} must be at least 2: a time per "
                          "output token needs two output tokens")
-    layers = list(draft_layers)
-    if not layers or len(set(layers)) < len(layers):
-        raise ValueError(f"preflight: draft_layers {layers} must name each layer once, at least one")
-    measured_ks = sorted(set(benchmark_ks) & set(ks)) or [max(ks)]
-    vllm_engine.require_vllm(needed_by=os.fspath(out_json))
-    decisions = Decisions.load(decisions_json)
-    ctx = -(-context_tokens // 256) * 256
+    drafts = s.draft.bound_drafts()
+    measured_ks = sorted(set(s.benchmark_ks) & set(ks)) or [max(ks)]
+    vllm_engine.require_vllm(needed_by=os.fspath(s.out_json))
+    decisions = Decisions.load(s.decisions_json)
+    ctx = -(-s.context_tokens // 256) * 256
     k_max, c_max = max(ks), max(concurrencies)
     max_len = ctx + decode_tokens + 16
+    target_dir, served_name, trust_remote_code = s.target_dir, s.served_name, s.trust_remote_code
 
     def engine(k: int, verify_tokens: int) -> dict:
         # every prefix stays cached while the other requests come and go; graphs up to one step's tokens
-        return vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_len + k,
-                                       seed=seed, dtype=dtype, trust_remote_code=trust_remote_code,
+        return vllm_engine.engine_args(target_dir, gpus=s.gpus, served_name=served_name, max_model_len=max_len + k,
+                                       seed=s.seed, dtype=s.dtype, trust_remote_code=trust_remote_code,
                                        max_num_seqs=c_max, kv_cache_tokens=3 * c_max * (max_len + k),
                                        draft_layers=1 if k else 0, graph_batch_tokens=c_max * verify_tokens,
-                                       enable_prefix_caching=True, pipeline_parallel_size=pipeline_parallel_size)
+                                       enable_prefix_caching=True, pipeline_parallel_size=s.pipeline_parallel_size)
 
     from ..target import load_config, text_config
 
     vocab = text_config(load_config(target_dir, trust_remote_code)).vocab_size
-    common = {"concurrencies": sorted(set(concurrencies)), "context_tokens": ctx, "repeats": repeats,
-              "vocab_size": vocab, "seed": seed, "decode_tokens": decode_tokens}
+    common = {"concurrencies": sorted(set(concurrencies)), "context_tokens": ctx, "repeats": s.repeats,
+              "vocab_size": vocab, "seed": s.seed, "decode_tokens": decode_tokens}
     eng = engine(0, k_max + 1)
     with tempfile.TemporaryDirectory(prefix="eagle3-preflight-") as tmp:
         measured = vllm_engine.run_child(ENTRY, {**common, "engine": eng, "verify_tokens": list(range(1, k_max + 2))},
                                          tmp, "preflight")
         by_layer = {}
-        for i, layer in enumerate(layers):
+        for i, draft in enumerate(drafts):
+            layer = draft.layer.name
             # the first layer's head and engine runs keep the names a one-layer pre-flight always had
             name = "" if i == 0 else f"-{layer}"
             head = write_untrained_head(target_dir, Path(tmp) / f"untrained-head{name}",
-                                        aux_layer_ids=decisions.aux_layer_ids, draft_vocab_size=draft_vocab_size,
+                                        aux_layer_ids=decisions.aux_layer_ids, draft_vocab_size=s.draft_vocab_size,
                                         head_variant=decisions.head_variant, served_name=served_name,
-                                        dtype=eng["dtype"], trust_remote_code=trust_remote_code, seed=seed, layer=layer)
+                                        dtype=eng["dtype"], trust_remote_code=trust_remote_code, seed=s.seed, draft=draft)
             speculative = {}
             for k in measured_ks:
-                sc = draft_methods.EAGLE3.speculative_config(os.fspath(head), k)  # write_untrained_head's method
+                sc = head.speculative_config(k)
                 speculative[str(k)] = vllm_engine.run_child(
                     SPEC_ENTRY, {**common, "engine": engine(k, k + 1), "speculative_config": sc}, tmp,
                     f"preflight{name.replace('-', '_')}_k{k}")
@@ -342,7 +369,7 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
                 measured, {k: {c: v["step_s"] for c, v in r["by_concurrency"].items()} for k, r in speculative.items()},
                 ks), "draft_kv_bytes_per_token": draft_kv_bytes_per_token(
                     head, 4 if eng["dtype"] == "float32" else 2, eng["tensor_parallel_size"])}
-    speculative, rows = by_layer[layers[0]]["speculative"], by_layer[layers[0]]["table"]
+    speculative, rows = by_layer[drafts[0].layer.name]["speculative"], by_layer[drafts[0].layer.name]["table"]
     for layer, r in by_layer.items():
         if len(by_layer) > 1:
             log.info("draft layer %s: %s B of KV cache per token; per drafted token %s ms (c=%s)", layer,
@@ -356,8 +383,8 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
     result = {"schema": SCHEMA, "versions": software_versions(BENCHMARK_PACKAGES, keep_missing=False),
               "hardware": hardware(),
               "settings": {"ks": ks, "measured_ks": measured_ks, "concurrencies": common["concurrencies"],
-                           "context_tokens": ctx, "repeats": repeats, "dtype": eng["dtype"],
-                           "draft_vocab_size": draft_vocab_size, "aux_layer_ids": decisions.aux_layer_ids,
+                           "context_tokens": ctx, "repeats": s.repeats, "dtype": eng["dtype"],
+                           "draft_vocab_size": s.draft_vocab_size, "aux_layer_ids": decisions.aux_layer_ids,
                            "head_variant": decisions.head_variant,
                            "tensor_parallel_size": eng["tensor_parallel_size"], "decode_tokens": decode_tokens},
               "target": {"dir_name": Path(target_dir).name, "served_name": served_name},
@@ -365,25 +392,17 @@ def preflight(target_dir: str, out_json: str, *, max_k: int | str, benchmark_ks:
                            "by_concurrency": measured["by_concurrency"]},
               "speculative": speculative,
               "table": rows}
-    if layers != [draft_methods.DEFAULT_LAYER]:  # a llama-only pre-flight's file stays as it was
-        result["settings"]["draft_layer"] = layers[0]
+    if len(by_layer) > 1:  # a pre-flight of one layer (llama) writes the file it always wrote
+        result["settings"]["draft_layer"] = drafts[0].layer.name
         result["draft_layers"] = by_layer
-    write_json(out_json, result)
+    write_json(s.out_json, result)
     return result
 
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
     """Rule ``preflight_bound``'s entry (``eagle3build.workflow.job.run_stage``): ``preflight`` on the job's
-    ``resources["gpu"]`` GPUs into ``outputs["json"]``, with the job's settings. ``inputs``: ``target`` (its files)
-    and ``decisions`` (the compat report's decisions.json). Returns what ``preflight`` returns and raises what
-    it raises."""
-    s = settings
-    return preflight(
-        target_dir=params["target_dir"], out_json=outputs["json"], max_k=s["preflight.max_k"],
-        benchmark_ks=s["benchmark.ks"], concurrencies=s["preflight.concurrencies"],
-        draft_vocab_size=s["vocab.draft_vocab_size"], served_name=s["target.served_name"],
-        decisions_json=inputs["decisions"], dtype=s["target.serve_dtype"],
-        gpus=resources.get("gpu", 0), context_tokens=s["preflight.context_tokens"], repeats=s["preflight.repeats"],
-        trust_remote_code=s["target.trust_remote_code"], pipeline_parallel_size=s["target.pipeline_parallel_size"],
-        decode_tokens=s["benchmark.max_tokens"], draft_layers=preflight_layers(s["draft.layer"]))
+    ``resources["gpu"]`` GPUs into ``outputs["json"]``, with the job's settings (``PreflightSettings.from_job``).
+    ``inputs``: ``target`` (its files) and ``decisions`` (the compat report's decisions.json). Returns what
+    ``preflight`` returns and raises what it raises."""
+    return preflight(PreflightSettings.from_job(inputs, outputs, settings, params, resources))

@@ -82,7 +82,7 @@ def draft_keys() -> tuple[Key, ...]:
     return (
         Key(
             "draft.method",
-            {"type": "string", "enum": list(DRAFT_METHODS)},
+            {"type": "string", "enum": list(draft_methods.METHODS)},
             draft_methods.DEFAULT_METHOD,
             "the draft head's kind, as speculators and vLLM name it: " + " | ".join(m.summary for m in methods)
             + "; one capture serves all three (docs/design/peagle_dflash.md)",
@@ -91,7 +91,7 @@ def draft_keys() -> tuple[Key, ...]:
         ),
         Key(
             "draft.layer",
-            {"type": "string", "enum": list(draft_methods.LAYER_NAMES)},
+            {"type": "string", "enum": list(draft_methods.LAYERS)},
             draft_methods.DEFAULT_LAYER,
             "the draft's decoder layer, where draft.method is built with it (other methods keep theirs): "
             + " | ".join(x.summary for x in draft_methods.LAYERS.values()),
@@ -101,7 +101,7 @@ def draft_keys() -> tuple[Key, ...]:
         ),
         Key(
             "draft.compare_methods",
-            {"type": "array", "items": {"type": "string", "enum": list(DRAFT_METHODS)}, "uniqueItems": True},
+            {"type": "array", "items": {"type": "string", "enum": list(draft_methods.METHODS)}, "uniqueItems": True},
             [],
             (
                 "other draft methods trained from this run's shards (results/<run>/methods/<method>/checkpoint and "

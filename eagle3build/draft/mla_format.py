@@ -1,6 +1,6 @@
-"""The MLA draft head's format (``draft.layer: mla``, the ``MLA`` layer of the registry eagle3build/draft/methods.py):
-its layer config keys, tensor shapes and the ``config.json`` vLLM serves it from (shared layer; no torch: planning
-and the head checks import it through the registry).
+"""The MLA draft head's format (``draft.layer: mla``, the ``MLA`` layer of eagle3build/draft/mla.py): its layer
+config keys, tensor shapes, the ``config.json`` vLLM serves it from and what a target needs for it (shared layer; no
+torch: planning and the head checks import it through the registry).
 
 Trained, the head is speculators' EAGLE-3 checkpoint (``Eagle3DraftModel.save_pretrained``: ``config.json`` with
 ``speculators_model_type: eagle3`` and a ``deepseek_v3`` ``transformer_layer_config``; ``mla_layer`` registers the
@@ -111,6 +111,25 @@ def expected_shapes(cfg: dict, num_aux: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def rope_problem(rope: dict | None) -> str | None:
+    """Why an MLA draft layer cannot be trained and served with the rope parameters ``rope`` (a transformers
+    config's ``rope_parameters``, or a legacy ``rope_scaling`` with ``type``), in words; None where it can
+    (``check_rope``'s conditions)."""
+    rope = dict(rope or {})
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    if kind not in ROPE_TYPES:
+        return (f"rope_type {kind!r} is not one an MLA draft is served with by vLLM's DeepSeek EAGLE-3 layer "
+                f"({', '.join(ROPE_TYPES)})")
+    if kind == "yarn":
+        missing = [k for k in ("factor", "original_max_position_embeddings") if rope.get(k) is None]
+        if missing:
+            return f"YaRN rope_parameters without {', '.join(missing)}"
+    if "attention_factor" in rope:
+        return (f"rope_parameters.attention_factor {rope['attention_factor']!r}: vLLM 0.26 and 0.32 read it "
+                "differently (deepseek_yarn against deepseek_llama_scaling)")
+    return None
+
+
 def check_rope(rope: dict | None, where: str) -> dict:
     """The rope parameters ``rope`` (a transformers config's standardised ``rope_parameters``: ``rope_type``,
     ``rope_theta`` and the type's keys) of an MLA draft layer, with a legacy ``type`` key folded into
@@ -119,22 +138,14 @@ def check_rope(rope: dict | None, where: str) -> dict:
     Raises:
         ValueError: a rope type other than ``default`` or ``yarn`` (``ROPE_TYPES``), a YaRN without ``factor`` or
             ``original_max_position_embeddings``, or an ``attention_factor`` (vLLM 0.32 would serve YaRN with
-            attention factor 1.0 as llama scaling, 0.26 as YaRN); ``where`` names the config.
+            attention factor 1.0 as llama scaling, 0.26 as YaRN): ``rope_problem``; ``where`` names the config.
     """
+    problem = rope_problem(rope)
+    if problem:
+        raise ValueError(f"{where}: {problem}; use draft.layer llama")
     rope = dict(rope or {})
     legacy = rope.pop("type", None)
     rope.setdefault("rope_type", legacy or "default")
-    kind = rope["rope_type"]
-    if kind not in ROPE_TYPES:
-        raise ValueError(f"{where}: rope_type {kind!r} is not one an MLA draft is served with by vLLM's DeepSeek "
-                         f"EAGLE-3 layer ({', '.join(ROPE_TYPES)}); use draft.layer llama")
-    if kind == "yarn":
-        missing = [k for k in ("factor", "original_max_position_embeddings") if rope.get(k) is None]
-        if missing:
-            raise ValueError(f"{where}: YaRN rope_parameters without {', '.join(missing)}")
-    if "attention_factor" in rope:
-        raise ValueError(f"{where}: rope_parameters.attention_factor {rope['attention_factor']!r}: vLLM 0.26 and 0.32 "
-                         "read it differently (deepseek_yarn against deepseek_llama_scaling); use draft.layer llama")
     return rope
 
 
@@ -179,3 +190,15 @@ def served_config(cfg: dict, aux_layer_ids: list[int], dtype: str) -> dict:
            "norm_before_fc": False, "dtype": dtype}
     out.update({k: bool(cfg.get(k, False)) for k in SERVED_FLAGS})
     return out
+
+
+def target_problem(target_config: dict) -> str | None:
+    """Why an MLA draft layer cannot be built for a target of ``config.json`` ``target_config`` (read as JSON at
+    planning; a multimodal wrapper's ``text_config``, Kimi-K2.5's, is the text model's): no multi-head latent
+    attention (no ``kv_lora_rank``), or a rope the layer is not served with (``rope_problem`` of its
+    ``rope_parameters``, else its legacy ``rope_scaling``); None where it can be built."""
+    text = target_config.get("text_config") if isinstance(target_config.get("text_config"), dict) else target_config
+    if not text.get("kv_lora_rank"):
+        return "has no multi-head latent attention (no kv_lora_rank in its config.json)"
+    problem = rope_problem(text.get("rope_parameters") or text.get("rope_scaling"))
+    return f"has a rope the MLA draft layer is not served with: {problem}" if problem else None

@@ -4,11 +4,13 @@ Shared by the compat stage's ``preflight_bound`` (which measures) and the serve 
 (which compares): a speculative step that verifies k drafts costs ``step(k)``; with τ tokens emitted per
 step (mean acceptance length, EAGLE-3 paper, arXiv 2503.01840) the speed-up over plain decoding is
 ``τ x T_decode / step(k)``, so τ must reach ``step(k) / T_decode`` to break even and 1.5 times that for
-1.5x; τ cannot exceed k + 1.
+1.5x; τ cannot exceed k + 1. A k schedule's sweep is judged by the same figures (``accepted``, ``log_gain``).
 """
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping
 
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
 
@@ -80,6 +82,23 @@ def bound_table(measured: dict, steps_s: dict, ks: list[int]) -> list[dict]:
                          "break_even_reachable": ratio <= k + 1, "speedup_1_5x_reachable": 1.5 * ratio <= k + 1,
                          "max_speedup_at_tau_k_plus_1": round((k + 1) / ratio, 3)})
     return rows
+
+
+def accepted(taus: Mapping[int, Mapping[int, float | None]] | None, k: int, c: int) -> bool:
+    """Whether k's drafts were accepted at concurrency c (τ above 1; τ None: the engine drafted nothing there);
+    True where no τ are given (``taus``: k -> concurrency -> τ, the k schedule's sweep)."""
+    if taus is None:
+        return True
+    t = taus.get(k, {}).get(c)
+    return t is not None and t > 1.0
+
+
+def log_gain(tps: Mapping[int, float], baseline: Mapping[int, float]) -> float:
+    """Sum over the concurrencies of ``tps`` (concurrency -> output tokens/s) of log(its tokens/s over
+    ``baseline``'s): a schedule's speed-up on balance; -inf where either is not positive (nothing decoded)."""
+    if any(tps[c] <= 0 or baseline[c] <= 0 for c in tps):
+        return -math.inf
+    return sum(math.log(tps[c] / baseline[c]) for c in tps)
 
 
 def speculative_step_s(run: dict) -> float | None:

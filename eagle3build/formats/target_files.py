@@ -2,7 +2,8 @@
 (``content_files``: the config, tokenizer and chat template, remote code, the weights and their index), which
 materialize_target writes for a bundled target (``MATERIALIZED_FILES``), and what is wrong with a folder that is
 no target (``target_dir_problem``: missing, a hub cache folder, no config.json; ``target_weights_problem``: no
-weights). Read at planning (rules/common.smk: a target's files are the inputs of the rules that read it) and by
+weights), and its config.json as planning reads it (``planning_config``; ``BUNDLED_CONFIGS`` before a bundled target
+is materialised). Read at planning (rules/common.smk: a target's files are the inputs of the rules that read it) and by
 the target loader (eagle3build/target.py).
 """
 
@@ -16,6 +17,14 @@ from pathlib import Path
 # the model and the tokenizer); its rule declares them as outputs.
 MATERIALIZED_FILES = ("chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
                       "tokenizer.json", "tokenizer_config.json")
+
+# What planning knows of each bundled target before materialize_target writes its folder: the fields of its
+# config.json that decide what can be built for it (``draft.layer: mla`` asks for ``kv_lora_rank``).
+# SmolLM2-135M-Instruct is a llama model with grouped-query attention, no multi-head latent attention
+# (tests/test_materialize.py checks the materialised config.json holds these fields).
+BUNDLED_CONFIGS: dict[str, dict] = {
+    "smollm2-135m-instruct": {"architectures": ["LlamaForCausalLM"], "model_type": "llama"},
+}
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -145,3 +154,17 @@ def content_files(path: str | os.PathLike) -> list[str]:
         return [os.fspath(path / "config.json")]
     return sorted(os.fspath(f) for f in path.iterdir()
                   if f.is_file() and (f.name in _CONTENT_NAMES or f.name.endswith(_CONTENT_SUFFIXES)))
+
+
+def planning_config(path: str | os.PathLike, bundled: str | None = None) -> tuple[dict | None, str]:
+    """The target's ``config.json`` as planning reads it (no torch), and the config key naming the target, for a
+    message: a folder's (``target.path`` ``path``; a bundled target's once materialised under ``path``), else a
+    bundled target's known fields (``BUNDLED_CONFIGS`` of ``bundled``: its folder is not written before the build).
+    ``(None, name)`` where neither can be read (a folder not there yet, a config.json that is no JSON object): what
+    depends on it is then checked by the job that first reads the target."""
+    name = f"target.bundled {bundled}" if bundled else f"target.path {path}"
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        return (cfg if isinstance(cfg, dict) else None), name
+    except (OSError, ValueError):
+        return (dict(BUNDLED_CONFIGS[bundled]) if bundled in BUNDLED_CONFIGS else None), name

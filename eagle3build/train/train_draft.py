@@ -39,10 +39,9 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_path
-from ..draft import methods as draft_methods
+from ..draft.choice import Draft, resolve
 from ..draft.head_format import HEAD_VARIANTS
-from ..draft.head_model import build_model, method_flags, trainer_kwargs
-from ..draft.methods import DEFAULT_LAYER, DEFAULT_METHOD
+from ..draft.head_model import build_model
 from ..formats.artifacts import Decisions
 from ..formats.shards import ShardReader, check_meta
 from ..workflow.contract import StageSettings
@@ -71,19 +70,17 @@ OUTPUT_VERSION = 3  # 2: train.select (the best epoch's weights by simulated tau
 
 
 def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,
-          trust_remote_code: bool = False, method: str = DEFAULT_METHOD, method_options: dict | None = None,
-          layer: str = DEFAULT_LAYER) -> Trainer:
+          trust_remote_code: bool = False, draft: Draft | None = None) -> Trainer:
     """Check the inputs against the compat report, build model, batches, optimizer and scheduler.
 
     ``torch.manual_seed(cfg.seed)`` comes first: the model's initial weights depend on it.
     ``device`` is resolved by ``ddp.resolve_device`` (one GPU per rank under torchrun); the
     model is wrapped in DDP (``Trainer.net``) when a process group is up.
     Batches load as bf16 on CUDA (computed under bf16 autocast; half the host->device bytes)
-    and fp32 on CPU (bf16 matmuls are ~20x slower there). ``method`` (config ``draft.method``, a
-    ``draft_methods.METHODS`` key) picks speculators' model, its forward arguments (``head_model.trainer_kwargs``)
-    and whether rows are ``shift_batch``ed (``draft_methods.DraftMethod.shifted``); ``method_options`` its knobs
-    (config ``draft.<method>.*``, ``head_model.method_spec``); ``layer`` the draft's decoder layer (config
-    ``draft.layer``, ``draft_methods.LAYERS``: ``llama`` | ``mla``, ``head_model.build_model``).
+    and fp32 on CPU (bf16 matmuls are ~20x slower there). ``draft`` (a ``choice.Draft``: config ``draft.method``,
+    its options ``draft.<method>.*`` and ``draft.layer``; None: eagle3 with the llama layer) picks speculators'
+    model and its layer (``head_model.build_model``), its forward arguments (``Draft.trainer_kwargs``) and whether
+    rows are ``shift_batch``ed (``DraftMethod.shifted``).
     The world size (packed rows per step): torchrun's process count, or ``world_size`` rows in one
     process; where ``checkpoint_every`` > 0 and this run saved a state, the state's
     (``train_state.resume_world``: a run saved on 8 GPUs resumes on 4 with two ranks' rows per process).
@@ -112,15 +109,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     d2t, t2d, vocab_info = vocab_map.load(inputs.d2t_path, inputs.t2d_path, inputs.vocab_json)
     settings = {**cfg.settings(), "shards": [(p, os.path.getsize(p)) for p in inputs.train_shards],
                 "vocab": vocab_info["fingerprint"], "target": fp, "aux": aux}
-    m = draft_methods.get(method)
-    if m.recorded:  # an EAGLE-3 run's saved states keep their key
-        settings["method"] = method
-        # the knobs only where set away from speculators' defaults: a state saved before they were keys resumes
-        options = m.resolved_options(method_options)
-        if options != m.resolved_options():
-            settings["method_options"] = options
-    if draft_methods.get_layer(layer).recorded:  # a llama run's saved states keep their key
-        settings["layer"] = layer
+    draft = draft or resolve()
+    settings.update(draft.state_fields())  # an EAGLE-3 llama run's saved states keep their key
     if inputs.online:  # what the states are made from: a state saved online resumes only the same online run
         on = inputs.online
         settings["online"] = on.state_settings()
@@ -149,11 +139,11 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
                                              cfg, len(aux), int(d2t.shape[0]))
     torch.manual_seed(cfg.seed)
     model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device, trust_remote_code,
-                        method, method_options, layer)
+                        draft)
     hidden = model.config.transformer_layer_config.hidden_size
     ranks = [r for r in range(world) if r % processes == rank]  # all in one process; its own under torchrun
     # the eval batches: no noise, one rank's rows, whatever the world size
-    shift = m.shifted
+    shift = draft.method.shifted
     train_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks,
                                shift=shift)
     eval_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, 0.0, shift=shift)
@@ -171,18 +161,14 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     net = ddp.wrap(model, device) if distributed else model
     if cfg.loss_implementation == "fused" and not device.startswith("cuda"):
         raise ValueError("train.loss_implementation 'fused' needs CUDA (a Triton kernel); use 'eager'")
-    call_kwargs = trainer_kwargs(method, cfg.ttt_steps, cfg.ttt_step_loss_decay, cfg.loss_implementation,
-                                 method_options)
+    call_kwargs = draft.trainer_kwargs(cfg.ttt_steps, cfg.ttt_step_loss_decay, cfg.loss_implementation)
     params, opt, sched = _optimizer(model, cfg, total_steps, device)
     meta = {"target_fingerprint": fp, "aux_layer_ids": aux, "vocab_fingerprint": vocab_info["fingerprint"],
             "draft_vocab_size": int(d2t.shape[0]), "head_variant": cfg.head_variant,
-            "head_flags": method_flags(method, cfg.head_variant, layer), "ttt_steps": cfg.ttt_steps,
+            "head_flags": draft.head_flags(HEAD_VARIANTS[cfg.head_variant]), "ttt_steps": cfg.ttt_steps,
             "world_size": world,
-            "capture_mode": inputs.mode, "capture_backend": decisions.backend}
-    if m.recorded:  # an EAGLE-3 checkpoint's train_meta.json stays as it was (export reads eagle3 then)
-        meta["method"] = method
-    if draft_methods.get_layer(layer).recorded:  # likewise a llama head's
-        meta["layer"] = layer
+            "capture_mode": inputs.mode, "capture_backend": decisions.backend,
+            **draft.meta_fields()}  # an EAGLE-3 llama checkpoint's train_meta.json stays as it was
     place = Placement(device, distributed, rank, ranks, world, processes)
     return Trainer(cfg=cfg, inputs=inputs, place=place, model=model, net=net, params=params, opt=opt, sched=sched,
                    call_kwargs=call_kwargs, train_b=train_b, eval_b=eval_b, total_steps=total_steps,
@@ -218,8 +204,7 @@ def write_outputs(t: Trainer, state: TrainState, metrics: dict) -> None:
 
 
 def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,
-        trust_remote_code: bool = False, method: str = DEFAULT_METHOD, method_options: dict | None = None,
-        layer: str = DEFAULT_LAYER) -> dict:
+        trust_remote_code: bool = False, draft: Draft | None = None) -> dict:
     """Train a draft head as :func:`train` describes (:func:`setup`, then resume from a saved
     :class:`TrainState` when ``checkpoint_every`` > 0, then :func:`train_epoch` and :func:`evaluate`
     per epoch); rank 0 writes the outputs. Returns ``metrics.json``'s content.
@@ -228,7 +213,7 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
         ShardMismatch, ValueError: as :func:`setup`.
         train_state.ResumeAcrossWorldSizes: as :func:`setup` (the state kept).
     """
-    t = setup(cfg, inputs, device, world_size, trust_remote_code, method, method_options, layer)
+    t = setup(cfg, inputs, device, world_size, trust_remote_code, draft)
     state = TrainState(t.model, t.opt, t.sched, world=t.world, key_any_world=t.key_any_world)
     if t.cfg.checkpoint_every > 0:
         state.load(t.inputs.state_dir, t.key)
@@ -288,15 +273,14 @@ def select_epoch(rule: str, state: TrainState) -> dict:
 
 def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_path: str, t2d_path: str,
           vocab_json: str, decisions_json: str, out_dir: str, *, world_size: int | None = None, device: str = "auto",
-          trust_remote_code: bool = False, online: OnlineSettings | dict | None = None, method: str = DEFAULT_METHOD,
-          method_options: dict | None = None, layer: str = DEFAULT_LAYER,
-          **settings) -> dict:
+          trust_remote_code: bool = False, online: OnlineSettings | dict | None = None,
+          draft: Draft | Mapping[str, Any] | None = None, **settings) -> dict:
     """Train a draft head on the shards and write ``out_dir`` (atomically, as one directory).
 
     ``settings`` are the config's ``train:`` keys (:class:`TrainConfig`, its defaults for
-    those left out); ``method`` the config's ``draft.method`` (``eagle3`` | ``peagle`` | ``dflash``) and
-    ``method_options`` its ``draft.<method>.*`` knobs (``head_model.method_spec``; None: speculators' defaults);
-    ``layer`` its ``draft.layer`` (``llama`` | ``mla``: the draft's decoder layer, ``head_model.build_model``).
+    those left out); ``draft`` the head's kind: a ``choice.Draft``, or the config's ``draft`` section it is resolved
+    from (``choice.resolve``: ``{"method": "dflash", "dflash": {"block_size": 4}}``, JSON-able for torchrun's ranks;
+    None: eagle3 with the llama layer).
     ``out_dir`` receives: ``config.json`` + ``model.safetensors``
     (speculators format, fp32 master weights), ``train_meta.json`` (target fingerprint,
     aux ids, vocab fingerprint, head flags — what export checks), ``metrics.json`` (per-step
@@ -326,6 +310,7 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
 
     Raises:
         TypeError: a key of ``settings`` is not a ``TrainConfig`` field.
+        choice.DraftError: ``draft`` is a section that cannot be built (a layer the method is not built with).
         artifacts.ArtifactError: ``decisions_json`` is missing or does not match its schema.
         ShardMismatch: a shard's target fingerprint or aux ids differ from the compat report.
         ValueError: the vocab map files are inconsistent, there is nothing to train on, a
@@ -335,7 +320,8 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
     """
     inputs = TrainInputs(target_dir, train_shards, eval_shards, d2t_path, t2d_path, vocab_json, decisions_json, out_dir,
                          online)
-    return fit(TrainConfig(**settings), inputs, device, world_size, trust_remote_code, method, method_options, layer)
+    draft = draft if draft is None or isinstance(draft, Draft) else resolve(draft)
+    return fit(TrainConfig(**settings), inputs, device, world_size, trust_remote_code, draft)
 
 
 def launch(kwargs: dict, nproc: int) -> None:
@@ -369,9 +355,10 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
     0), on one GPU, or with ``launch`` on more (one DDP process per GPU of the job's slots), into
     ``params["out_dir"]``. ``inputs``: ``train`` and ``eval`` (the shards, or online the tokens file of each
     split), ``d2t``, ``t2d``, ``vocab``, ``decisions`` (target fingerprint, aux ids, head variant, capture
-    backend). The job's ``capture.*``, ``capture.online.*`` and ``capture.compute_dtype`` settings: with ``capture.mode``
-    online (``online_inputs``) the run is always one process: the target over the job's GPUs, the draft on the
-    first.
+    backend). ``params["draft"]``: the head's kind as planning resolved it (``choice.Draft.section``; a
+    draft.compare_methods job's: its method with its layer). The job's ``capture.*``, ``capture.online.*`` and
+    ``capture.compute_dtype`` settings: with ``capture.mode`` online (``online_inputs``) the run is always one
+    process: the target over the job's GPUs, the draft on the first.
 
     Raises:
         RuntimeError: a rank of a distributed run failed.
@@ -382,21 +369,15 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
                            list(inputs["train"]), list(inputs["eval"]), gpus)
     files = dict(target_dir=params["target_dir"], d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
                  vocab_json=inputs["vocab"], decisions_json=inputs["decisions"], out_dir=params["out_dir"])
-    method = settings["draft.method"]
-    options = settings[f"draft.{method}"] if draft_methods.get(method).options else None
-    # draft.layer where the method is built with it (mla: eagle3); a P-EAGLE or DFlash head (draft.compare_methods
-    # too) keeps its own layer (draft_methods.DraftMethod.layer_for)
-    layer = draft_methods.get(method).layer_for(settings["draft.layer"])
+    draft = resolve(params["draft"])  # resolved at planning (rules/common.smk, draft_param)
     if gpus > 1 and online is None:  # torchrun: the ranks get train's arguments as JSON
         launch(dict(files, train_shards=list(inputs["train"]), eval_shards=list(inputs["eval"]), device=device,
-                    trust_remote_code=trust, method=method, method_options=options, layer=layer,
-                    **settings["train"]), nproc=gpus)
+                    trust_remote_code=trust, draft=draft.section(), **settings["train"]), nproc=gpus)
         return
     # one process; online, the target over the job's GPUs and the draft on the first (train's docstring)
     shards = ([], []) if online else (list(inputs["train"]), list(inputs["eval"]))
     fit(TrainConfig(**settings["train"]), TrainInputs(train_shards=shards[0], eval_shards=shards[1], online=online,
-                                                      **files), device, trust_remote_code=trust,
-        method=method, method_options=options, layer=layer)
+                                                      **files), device, trust_remote_code=trust, draft=draft)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ no stage has a key as trigger and runtime-only).
 
 The job gets its settings as one ``StageSettings`` (``job_settings``): the values, from the workflow's
 config, of its trigger and runtime keys and no others (the adapters read no ``snakemake.config``);
-the trigger params only decide staleness. Planning
+the trigger params only decide staleness. The jobs that build a draft head (train_draft, preflight_bound) also get
+the draft planning resolved from the ``draft`` keys (eagle3build.draft.choice), as a derived ``draft`` param. Planning
 imports this module (no torch).
 """
 
@@ -104,13 +105,10 @@ def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
 def version(values: Mapping[str, Any], ctx: PlanContext) -> dict:
     """The stage's ``OUTPUT_VERSION`` and, unless ``staleness.track_package_versions`` is false, its packages'
     versions or the jobs' environment (``stage_version``); where the stage's version also reads ``draft.layer``
-    (export_head) and it names a layer other than the default, that layer's ``format_version`` as
-    ``layer_format`` (draft_methods.DraftLayer: a default-layer build keeps its param)."""
+    (export_head), what that layer adds (``DraftLayer.version_param``: the MLA layer's format version as
+    ``layer_format``; nothing for the default layer, whose builds keep their param)."""
     out = stage_version(ctx.stage, values.get("staleness.track_package_versions", True), ctx.job_env)
-    layer = values.get("draft.layer", draft_methods.DEFAULT_LAYER)
-    if layer != draft_methods.DEFAULT_LAYER:
-        out["layer_format"] = draft_methods.get_layer(layer).format_version
-    return out
+    return {**out, **draft_methods.get_layer(values.get("draft.layer", draft_methods.DEFAULT_LAYER)).version_param()}
 
 
 def prepare_sources(values: Mapping[str, Any], ctx: PlanContext) -> list[dict]:
