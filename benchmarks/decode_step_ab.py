@@ -52,7 +52,7 @@ def measure(target: str, gpus: int, engines: list[tuple[int, int]], lengths: lis
     with tempfile.TemporaryDirectory(prefix="decode-ab-") as tmp:
         for seqs, graph in engines:
             eng = vllm_engine.engine_args(target, gpus=gpus, served_name=Path(target).name, max_model_len=max_len,
-                                          max_num_seqs=seqs, kv_cache_tokens=3 * seqs * max_len,
+                                          seed=0, max_num_seqs=seqs, kv_cache_tokens=3 * seqs * max_len,
                                           graph_batch_tokens=graph, enable_prefix_caching=True)
             r = vllm_engine.run_child(ENTRY, {"engine": eng, "concurrencies": [1], "verify_tokens": [],
                                               "context_tokens": ctx, "repeats": repeats, "vocab_size": vocab,

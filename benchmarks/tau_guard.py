@@ -57,7 +57,7 @@ def serve(a) -> dict:
     by_set = prompt_sets.load_sets(a.sets, a.num_prompts, chat_path=a.prompts, custom_path=a.custom)
     prompts = [p for ps in by_set.values() for p in ps]
     eng = vllm_engine.engine_args(a.target, gpus=a.gpus, served_name=Path(a.target).name, max_model_len=a.max_model_len,
-                                  dtype=a.dtype, max_num_seqs=1, kv_cache_tokens=a.max_model_len + a.k,
+                                  seed=0, dtype=a.dtype, max_num_seqs=1, kv_cache_tokens=a.max_model_len + a.k,
                                   draft_layers=1, graph_batch_tokens=1 + a.k)
     spec = {"engine": eng, "prompts": prompts, "max_tokens": a.max_tokens, "concurrency": 1,
             "sets": [{"name": n, "count": len(ps)} for n, ps in by_set.items()],

@@ -106,8 +106,9 @@ def compute_only(args, d: Path, shards: dict, steps: int = 20) -> dict:
     from speculators.losses import resolve_loss_config
 
     d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
-    model = td.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", args.device)
-    b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed)
+    model = td.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", args.device,
+                           trust_remote_code=False)
+    b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed, noise_std=0.0)
     batch = b.load(b.epoch(0)[0][0])
     batch = {k: batch[k].to(args.device) for k in MODEL_KEYS}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
@@ -152,11 +153,12 @@ def run_speculators_trainer(args, d: Path, shards: dict, device: str) -> dict:
 
     d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     torch.manual_seed(args.seed)
-    model = td.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", "cpu")
+    model = td.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", "cpu",
+                           trust_remote_code=False)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
 
     def loader(path):
-        ds = shard_dataset_class()([path], args.total_seq_len, dtype, seed=args.seed)
+        ds = shard_dataset_class()([path], args.total_seq_len, dtype, noise_std=0.0, seed=args.seed)
         sampler = MultipackDistributedBatchSamplerV2(batch_max_length=args.total_seq_len, lengths=ds.approx_lengths,
                                                      num_replicas=1, rank=0, seed=args.seed)
         return DataLoader(ds, batch_sampler=sampler, num_workers=2, pin_memory=device.startswith("cuda"),

@@ -76,7 +76,7 @@ def test_the_plan_shows_the_layout_the_engines_are_given(tmp_path):
     jobs = planned_resources(["--configfile", str(REPO / "examples/configs/kimi-k2.5-8x-rtx-pro-6000.yaml"), str(over)],
                              workdir(tmp_path / "wd"))
     eng = vllm_engine.engine_args(str(REPO / "examples/targets/kimi-k2.5-shape"), gpus=int(jobs["benchmark"][0]["gpu"]),
-                                  served_name="m", max_model_len=8, pipeline_parallel_size=2)
+                                  served_name="m", max_model_len=8, seed=0, pipeline_parallel_size=2)
     assert (eng["tensor_parallel_size"], eng["pipeline_parallel_size"]) == (8, 2)
     assert engine_layouts(jobs) == {"capture_hidden_states": {None}, "preflight_bound": {("8", "2")},
                                     "export_head": {("8", "2")}, "benchmark": {("8", "2")}, "train_draft": {None}}

@@ -105,7 +105,8 @@ def test_mla_layer_is_speculators_eagle3_with_the_targets_mla(kimi_target):
     t2d[100:356] = True
     d2t = torch.full((256,), 100, dtype=torch.int64)
     torch.manual_seed(0)
-    m = build_model(str(kimi_target), AUX, d2t, t2d, 3, "eagle3.1", "cpu", draft=resolve({"layer": "mla"}))
+    m = build_model(str(kimi_target), AUX, d2t, t2d, 3, "eagle3.1", "cpu", trust_remote_code=False,
+                    draft=resolve({"layer": "mla"}))
     assert isinstance(m, Eagle3DraftModel) and isinstance(m.layers[0], DeepseekV3Eagle3FirstLayer)
     assert isinstance(m.layers[0].mlp, DeepseekV3MLP) and len(m.layers) == 1
     tl = m.config.transformer_layer_config
@@ -143,7 +144,7 @@ def test_mla_is_refused_where_it_cannot_be_built(kimi_target, tiny_target):
     t2d[:8] = True
     with pytest.raises(ValueError, match="has no multi-head latent attention"):
         build_model(str(tiny_target), [1, 3, 4], torch.zeros(8, dtype=torch.int64), t2d, 1, "eagle3", "cpu",
-                    draft=resolve({"layer": "mla"}))
+                    trust_remote_code=False, draft=resolve({"layer": "mla"}))
     # refused before any build, where the config is resolved: the planning's one line (tests/test_draft_choice.py)
     with pytest.raises(DraftError, match="the mla layer is built for draft.method eagle3 only, not peagle"):
         resolve({"method": "peagle", "layer": "mla"})
@@ -220,12 +221,12 @@ def test_vllm_cpu_serves_the_trained_mla_head(kimi_shards, kimi_target, mla_chec
 def test_cpu_engines_of_an_mla_target_and_its_mla_drafter_use_cpu_mla(kimi_target, tiny_target, tmp_path):
     """vLLM prefers AMX_MLA on AMX CPUs, which refuses float32 weights; a CPU engine of an MLA target asks for
     CPU_MLA, and an MLA drafter gets it too (vLLM never gives a drafter the target's backend)."""
-    cpu = vllm_engine.engine_args(str(kimi_target), gpus=0, served_name="k", max_model_len=256)
+    cpu = vllm_engine.engine_args(str(kimi_target), gpus=0, served_name="k", max_model_len=256, seed=0)
     assert cpu["attention_backend"] == "CPU_MLA" and cpu["dtype"] == "float32"
     assert "attention_backend" not in vllm_engine.engine_args(str(kimi_target), gpus=1, served_name="k",
-                                                               max_model_len=256)
+                                                               max_model_len=256, seed=0)
     assert "attention_backend" not in vllm_engine.engine_args(str(tiny_target), gpus=0, served_name="t",
-                                                               max_model_len=256)
+                                                               max_model_len=256, seed=0)
     mla_head, llama_head = tmp_path / "mla", tmp_path / "llama"
     for folder, cfg in ((mla_head, {"kv_lora_rank": 512}), (llama_head, {"transformer_layer_config": {}})):
         folder.mkdir()

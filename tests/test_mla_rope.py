@@ -47,7 +47,7 @@ def _layer_and_export(tmp_path, yarn: bool):
     """(the trained layer config: transformers' DeepseekV3Config, the exported head's config.json as a dict)."""
     from eagle3build.draft.mla_layer import draft_layer_config
 
-    layer = draft_layer_config(str(_kimi_config_dir(tmp_path, yarn)))
+    layer = draft_layer_config(str(_kimi_config_dir(tmp_path, yarn)), trust_remote_code=False)
     ck = {"transformer_layer_config": json.loads(layer.to_json_string()), "draft_vocab_size": 256,
           "norm_before_residual": True, "norm_output": True}
     return layer, mla_format.served_config(ck, AUX, "float32")
@@ -191,4 +191,4 @@ def test_rope_types_vllm_cannot_serve_as_trained_are_refused(tmp_path):
     cfg["text_config"]["rope_scaling"] = {"type": "linear", "factor": 2.0}
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=f"draft.layer mla: the target {d}: rope_type 'linear'"):
-        draft_layer_config(str(d))
+        draft_layer_config(str(d), trust_remote_code=False)

@@ -66,8 +66,8 @@ def test_online_hooks_run_equals_offline(tiny_shards, tiny_target, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     a, b = load_file(str(tmp_path / "offline/model.safetensors")), load_file(str(tmp_path / "online/model.safetensors"))
     assert max(rel(b[k], a[k]) for k in a) < 1e-6
-    assert not torch.equal(a["fc.weight"], td.build_model(str(tiny_target), TINY_AUX, *_vocab(d), 3, "eagle3.1",
-                                                           "cpu").state_dict()["fc.weight"])  # training moved it
+    untrained = td.build_model(str(tiny_target), TINY_AUX, *_vocab(d), 3, "eagle3.1", "cpu", trust_remote_code=False)
+    assert not torch.equal(a["fc.weight"], untrained.state_dict()["fc.weight"])  # training moved it
     tokens = sum(len(s[1]) for s in samples)  # train and eval samples, each forwarded once per epoch
     assert m["online"]["backend"] == "hooks" and m["online"]["target_tokens"] == 2 * tokens
     assert m["capture_mode"] == "online" and m["prefetch"]["steps"] == m["steps"] > 0
@@ -182,7 +182,7 @@ def test_online_memory_split_is_planned_and_refused_with_its_numbers(tiny_shards
     kw["online"].update(gpus=0)
     assert online_data.check_memory_split(_inputs(kw), "hooks", 3, td.TrainConfig(), 256)["status"] == "ok"
     # the estimate's parameter count is speculators' draft model's, built for the tiny target (eagle3.1)
-    model = td.build_model(str(tiny_target), TINY_AUX, *_vocab(d), 3, "eagle3.1", "cpu")
+    model = td.build_model(str(tiny_target), TINY_AUX, *_vocab(d), 3, "eagle3.1", "cpu", trust_remote_code=False)
     real = sum(p.numel() for p in model.parameters() if p.requires_grad)
     est = plans.draft_training_bytes_for(model.config.transformer_layer_config, 256, 3, 512, 3)
     assert est["trainable_parameters"] == real

@@ -115,7 +115,8 @@ def test_untrained_head_has_the_exported_format(tmp_path, tiny_target):
     from eagle3build.serve.export_head import check_loads_with_speculators
 
     head = write_untrained_head(str(tiny_target), tmp_path / "head", aux_layer_ids=[1, 3, 4], draft_vocab_size=1024,
-                                head_variant="eagle3", served_name="org/tiny", dtype="bfloat16")
+                                head_variant="eagle3", served_name="org/tiny", dtype="bfloat16",
+                                trust_remote_code=False, seed=0)
     out = head.path
     cfg = json.loads((out / "config.json").read_text())
     assert cfg == head.config and (head.method.name, head.layer.name, head.kv_layers) == ("eagle3", "llama", 1)
@@ -129,7 +130,7 @@ def test_untrained_head_has_the_exported_format(tmp_path, tiny_target):
     check_loads_with_speculators(head, str(tiny_target), state)
     with pytest.raises(ValueError, match="draft vocab size 50000"):
         write_untrained_head(str(tiny_target), tmp_path / "h2", aux_layer_ids=[1], draft_vocab_size=50000,
-                             head_variant="eagle3", served_name="t", dtype="float32")
+                             head_variant="eagle3", served_name="t", dtype="float32", trust_remote_code=False, seed=0)
 
 
 def test_compat_md_renders_the_table():

@@ -72,7 +72,8 @@ def test_head_with_four_aux_ids_loads_and_drafts_in_vllm(tmp_path, smol_target):
     t2d = torch.zeros(target_vocab, dtype=torch.bool)
     t2d[:draft] = True
     torch.manual_seed(0)
-    model = build_model(str(smol_target), ids, d2t, t2d, ttt_steps=1, head_variant="eagle3", device="cpu")
+    model = build_model(str(smol_target), ids, d2t, t2d, ttt_steps=1, head_variant="eagle3", device="cpu",
+                        trust_remote_code=False)
     ck = tmp_path / "ck"
     model.save_pretrained(ck)
     np.save(tmp_path / "d2t.npy", d2t.numpy())

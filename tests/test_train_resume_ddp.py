@@ -125,7 +125,8 @@ def weights_init(tiny_shards, tiny_target, k):
         d, _, _ = tiny_shards
         d2t, t2d, _ = vm.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
         torch.manual_seed(0)
-        _INIT.update(td.build_model(str(tiny_target), [1, 3, 4], d2t, t2d, 3, "eagle3.1", "cpu").state_dict())
+        _INIT.update(td.build_model(str(tiny_target), [1, 3, 4], d2t, t2d, 3, "eagle3.1", "cpu",
+                                    trust_remote_code=False).state_dict())
     return _INIT[k]
 
 

@@ -77,7 +77,8 @@ def smol_vllm(tmp_path_factory, smol_target):
         shards.append({"out_path": str(d / f"vllm-{dtype}.safetensors"), "meta": meta.to_strings(),
                        "tokens_path": str(d / "train.safetensors"), "indices": list(range(len(samples)))})
     shards += _online_shards(d / "online")
-    engine = vc.capture_engine_args(str(smol_target), gpus=0, max_model_len=max(LENGTHS) + 1, tokens_per_step=STEP_TOKENS)
+    engine = vc.capture_engine_args(str(smol_target), gpus=0, max_model_len=max(LENGTHS) + 1, tokens_per_step=STEP_TOKENS,
+                                    dtype="auto")
     res = run_child("eagle3build.vllm.capture:run_capture", {"engine": engine, "aux_layer_ids": SMOL_AUX, "shards": shards},
                     d, "smol")
     return d, samples, res
@@ -272,11 +273,11 @@ def test_unknown_layer_layout_and_parallelism_are_refused():
                                              r"'attention_mask'\) does not start with"):
         vc.check_layer_signature(Odd(), "odd_lm")
     with pytest.raises(vc.ParallelismError, match="pipeline_parallel_size 2 is not supported"):
-        vc.capture_engine_args("/x", gpus=8, max_model_len=10, tokens_per_step=64, pipeline_parallel_size=2)
+        vc.capture_engine_args("/x", gpus=8, max_model_len=10, tokens_per_step=64, dtype="auto", pipeline_parallel_size=2)
     with pytest.raises(vc.ParallelismError, match="data_parallel_size 2 is not supported"):
         vc.check_parallelism(8, 1, 2)
     vc.check_parallelism(8, 1, 1, enable_expert_parallel=True)  # EP inside the TP group: accepted
-    kw = vc.capture_engine_args("/x", gpus=4, max_model_len=2049, tokens_per_step=8192)
+    kw = vc.capture_engine_args("/x", gpus=4, max_model_len=2049, tokens_per_step=8192, dtype="auto")
     assert (kw["tensor_parallel_size"], kw["enforce_eager"], kw["enable_prefix_caching"]) == (4, True, False)
     assert kw["enable_flashinfer_autotune"] is False  # an engine for a few requests: nothing to tune
     assert "kv_cache_memory_bytes" not in kw  # /x has no config: vLLM's own sizing

@@ -38,7 +38,8 @@ def test_example_engines_are_tensor_parallel_over_the_jobs_gpus(tmp_path, name, 
         (job,) = jobs[rule]
         eng = vllm_engine.engine_args(str(REPO / cfg["target"]["path"]), gpus=int(job["gpu"]),
                                       served_name=cfg["target"]["served_name"],
-                                      max_model_len=cfg["benchmark"]["max_model_len"], dtype=cfg["target"]["serve_dtype"],
+                                      max_model_len=cfg["benchmark"]["max_model_len"], seed=cfg["benchmark"]["seed"],
+                                      dtype=cfg["target"]["serve_dtype"],
                                       pipeline_parallel_size=cfg["target"]["pipeline_parallel_size"])
         assert (eng["tensor_parallel_size"], eng["pipeline_parallel_size"], eng["dtype"]) == (tp, 1, dtype), rule
         assert "enforce_eager" not in eng and "distributed_executor_backend" not in eng
@@ -50,13 +51,13 @@ def test_engine_args_on_cpu_and_with_pipeline_stages(tmp_path):
     assert (cpu["dtype"], cpu["tensor_parallel_size"], cpu["enforce_eager"], cpu["seed"]) == ("float32", 1, True, 3)
     assert cpu["model"] == str(tmp_path.resolve()) and cpu["disable_log_stats"] is False
     with pytest.raises(ValueError, match="bfloat16.*on CPU"):
-        vllm_engine.engine_args(str(tmp_path), gpus=0, served_name="m", max_model_len=8, dtype="bfloat16")
-    pp = vllm_engine.engine_args(str(tmp_path), gpus=8, served_name="m", max_model_len=8, pipeline_parallel_size=2,
-                                 enable_prefix_caching=False)
+        vllm_engine.engine_args(str(tmp_path), gpus=0, served_name="m", max_model_len=8, seed=0, dtype="bfloat16")
+    pp = vllm_engine.engine_args(str(tmp_path), gpus=8, served_name="m", max_model_len=8, seed=0,
+                                 pipeline_parallel_size=2, enable_prefix_caching=False)
     assert (pp["tensor_parallel_size"], pp["pipeline_parallel_size"], pp["distributed_executor_backend"]) == (8, 2, "ray")
     assert pp["dtype"] == "bfloat16" and pp["enable_prefix_caching"] is False
     with pytest.raises(ValueError, match="pipeline_parallel_size must be >= 1"):
-        vllm_engine.engine_args(str(tmp_path), gpus=1, served_name="m", max_model_len=8, pipeline_parallel_size=0)
+        vllm_engine.engine_args(str(tmp_path), gpus=1, served_name="m", max_model_len=8, seed=0, pipeline_parallel_size=0)
 
 
 def test_child_env_keeps_the_jobs_gpus_and_drops_blas_caps():
@@ -169,29 +170,29 @@ def test_gpu_engines_are_sized_to_their_job():
 
     target = str(REPO / "examples/targets/llama-3.1-8b-instruct-shape")
     per_token = 33 * 2 * 8 * 128 * 2  # target + one draft layer, bf16, one GPU
-    check = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=256, max_num_seqs=1,
+    check = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=256, seed=0, max_num_seqs=1,
                                     kv_cache_tokens=257, draft_layers=1, eager=True)
     assert check["kv_cache_memory_bytes"] == max(vllm_engine.KV_CACHE_FLOOR_BYTES, int(per_token * 257 * 1.25))
     assert (check["enforce_eager"], check["enable_flashinfer_autotune"], check["max_num_seqs"]) == (True, False, 1)
-    bench = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=2048, max_num_seqs=16,
+    bench = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=2048, seed=0, max_num_seqs=16,
                                     kv_cache_tokens=16 * 2051, draft_layers=1, graph_batch_tokens=16 * 4)
     assert bench["kv_cache_memory_bytes"] == int(per_token * 16 * 2051 * 1.25)  # 5.5 GB, not 92 % of a card
     assert bench["max_cudagraph_capture_size"] == 64 and "enforce_eager" not in bench
     # vLLM truncates the capture size down to its list (1, 2, 4, 8, 16, ..., 248, 256, 272, ...): round up
-    k2 = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=2048, graph_batch_tokens=1 * 3)
+    k2 = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=2048, seed=0, graph_batch_tokens=1 * 3)
     assert k2["max_cudagraph_capture_size"] == 4
     sizes = [vllm_engine.cudagraph_capture_size_at_least(n) for n in (1, 2, 3, 4, 5, 6, 8, 9, 96, 255, 256, 257)]
     assert sizes == [1, 2, 4, 4, 8, 8, 8, 16, 96, 256, 256, 272]
     with pytest.raises(ValueError, match="at least 1 token"):
         vllm_engine.cudagraph_capture_size_at_least(0)
-    cap = vllm_capture.capture_engine_args(target, gpus=1, max_model_len=2049, tokens_per_step=16384)
+    cap = vllm_capture.capture_engine_args(target, gpus=1, max_model_len=2049, tokens_per_step=16384, dtype="auto")
     assert cap["kv_cache_memory_bytes"] == int(32 * 2 * 8 * 128 * 2 * 2 * (16384 + 2049) * 1.25)
     assert cap["enforce_eager"] is True and "max_num_seqs" not in cap
-    cpu = vllm_engine.engine_args(target, gpus=0, served_name="m", max_model_len=256, max_num_seqs=1,
+    cpu = vllm_engine.engine_args(target, gpus=0, served_name="m", max_model_len=256, seed=0, max_num_seqs=1,
                                   kv_cache_tokens=257, eager=True, graph_batch_tokens=4)
     assert not {"kv_cache_memory_bytes", "max_cudagraph_capture_size", "enable_flashinfer_autotune"} & set(cpu)
     assert "trust_remote_code" not in cpu
-    assert vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=8, trust_remote_code=True)[
+    assert vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=8, seed=0, trust_remote_code=True)[
         "trust_remote_code"] is True
 
 
@@ -343,7 +344,7 @@ def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypa
 
 def test_kv_cache_sizing_loads_a_remote_code_config(remote_code_target):
     per_token = 2 * 2 * 2 * 16 * 2  # layers x (K, V) x KV heads x head_dim x bf16 bytes
-    eng = vllm_engine.engine_args(str(remote_code_target), gpus=1, served_name="m", max_model_len=64,
+    eng = vllm_engine.engine_args(str(remote_code_target), gpus=1, served_name="m", max_model_len=64, seed=0,
                                   kv_cache_tokens=100, trust_remote_code=True)
     assert eng["kv_cache_memory_bytes"] == vllm_engine.KV_CACHE_FLOOR_BYTES and eng["trust_remote_code"] is True
     assert vllm_engine.kv_cache_memory_bytes(str(remote_code_target), "bfloat16", 1, 1_000_000, trust_remote_code=True) \
@@ -399,7 +400,7 @@ def test_no_real_engine_outlives_its_job(tmp_path, tiny_target):
 
     pytest.importorskip("vllm")
     pids = tmp_path / "pids.json"
-    eng = vllm_engine.engine_args(str(tiny_target), gpus=0, served_name="m", max_model_len=256, max_num_seqs=1)
+    eng = vllm_engine.engine_args(str(tiny_target), gpus=0, served_name="m", max_model_len=256, seed=0, max_num_seqs=1)
     job = subprocess.Popen([sys.executable, "-c", (
         "import json, sys; from eagle3build.vllm import engine as vllm_engine; "
         "vllm_engine.run_child('tests_child_entry:real_engine', json.loads(sys.argv[1]), sys.argv[2], 'e')"),

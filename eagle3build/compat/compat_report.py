@@ -27,6 +27,7 @@ from typing import Any
 
 from ..atomic import write_json, write_text
 from ..config.provenance import COMPAT_PACKAGES, cpu_bf16_support, host, software_versions
+from ..config.settings import declared
 from ..draft.head_format import HEAD_FLAGS, HEAD_VARIANTS
 from ..draft.servable import check_servable
 from ..draft.servable import probe_vllm as probe_serving_vllm
@@ -184,15 +185,19 @@ def decide_backend(requested: str, probes: dict[str, Probe], target: dict | None
             "contradiction": contradiction}
 
 
-def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_layer_ids="auto",
-                 storage_dtype: str = "bfloat16", trust_remote_code: bool = False, planned_tokens: int = 0,
-                 gpu_memory_gb: float | None = None, gpus_per_node: int = 0,
-                 job_gpus: dict[str, int] | None = None, head_variant: str = "auto",
+def build_report(target_dir: str, results_dir: str, backend: str = declared("capture.backend"),
+                 aux_layer_ids=declared("capture.aux_layer_ids"), storage_dtype: str = declared("capture.storage_dtype"),
+                 trust_remote_code: bool = declared("target.trust_remote_code"), planned_tokens: int = 0,
+                 gpu_memory_gb: float | None = declared("resources.gpu_memory_gb"),
+                 gpus_per_node: int = declared("resources.gpus_per_node"),
+                 job_gpus: dict[str, int] | None = None, head_variant: str = declared("train.head_variant"),
                  online: dict | None = None, compute_dtype: str = "auto") -> dict:
     """Run every probe, inspect the target, decide the backend and plan disk and GPUs.
 
-    ``compute_dtype`` (``capture.compute_dtype``): the capture's compute dtype, checked against this host's CPU
-    where capture runs on CPU (probe ``cpu_capture_dtype``: warns where bf16 would be emulated).
+    A config key's argument defaults to the key's declared default, except ``compute_dtype``
+    (``capture.compute_dtype``): the capture's compute dtype, checked against this host's CPU where capture runs
+    on CPU (probe ``cpu_capture_dtype``: warns where bf16 would be emulated); its default ``auto`` (no bf16 to
+    warn about) deliberately differs from the key's ``bfloat16``: ``run_job`` always passes the key's value.
 
     ``online`` (``capture.mode: online``): ``target_memory_fraction``, ``gpus`` (the train job's),
     ``total_seq_len``, ``ttt_steps``, ``draft_vocab_size``, ``tokens_per_batch`` and ``max_seq_len``:
@@ -308,7 +313,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = "auto", aux_l
 
 
 def plan_online(target_dir: str, target: dict, capture: dict, online: dict, gpu_memory_bytes: int | None,
-                trust_remote_code: bool = False) -> dict:
+                trust_remote_code: bool = declared("target.trust_remote_code")) -> dict:
     """``plans.plan_online_for_target`` for this target: its stored weight bytes (parameters x bytes per
     parameter, as inspected) and the decided backend and aux ids (``capture``); ``online`` as
     ``build_report`` takes it."""

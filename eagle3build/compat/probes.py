@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..config.provenance import NATIVE_BF16_FLAGS, base_version, emulates_bf16, installed_version, safe_version
+from ..config.settings import declared
 from ..draft.head_format import HEAD_FLAGS
 from ..target import find_decoder_layers, load_config, text_config
 
@@ -324,7 +325,7 @@ def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int) -> dict:
 # ---------------------------------------------------------------- target
 
 
-def instantiate_on_meta(cfg, trust_remote_code: bool = False) -> torch.nn.Module:
+def instantiate_on_meta(cfg, trust_remote_code: bool = declared("target.trust_remote_code")) -> torch.nn.Module:
     """The model for ``cfg`` with no storage: causal LM, else image-text-to-text (multimodal wrappers), else base model.
 
     Raises:
@@ -342,7 +343,7 @@ def instantiate_on_meta(cfg, trust_remote_code: bool = False) -> torch.nn.Module
     raise ValueError(f"cannot instantiate {type(cfg).__name__}: " + "; ".join(errors))
 
 
-def inspect_target(target_dir: str, trust_remote_code: bool = False) -> dict:
+def inspect_target(target_dir: str, trust_remote_code: bool = declared("target.trust_remote_code")) -> dict:
     """Inspect the target on the meta device (no weights read).
 
     Returns architecture, model_type, whether a ``text_config`` was unwrapped, decoder

@@ -15,10 +15,12 @@ fields only (``train.trainer.TrainConfig``, from ``section_fields("train")``). E
 - a check at construction: a config field's value outside its key's ``enum`` raises ValueError naming the key;
 - a docstring that lists the config fields, each with its key, default and doc.
 
-A function that takes one key's value outside such an object defaults it with ``declared(path)``.
+A function that takes one key's value outside such an object defaults it with ``declared(path)``, or takes no
+default where its caller always passes the job's value.
 
-tests/test_config_spec.py finds every such class of the stages and checks that no other field or keyword
-default of a stage restates a declared key's default.
+tests/test_settings.py finds every such class of the stages and checks that no other field or keyword default
+in the package restates a declared key's default (its ``ALLOWED``: the few of the floor below ``config``, which
+cannot import this module).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ def build_model(
     ttt_steps: int,
     head_variant: str,
     device: str,
-    trust_remote_code: bool = False,
+    *,
+    trust_remote_code: bool,
     draft: Draft | None = None,
 ):
     """speculators' draft model of ``draft`` (a ``choice.Draft``; None: the default, eagle3 with the llama layer)
@@ -45,6 +46,8 @@ def build_model(
     pad/eos/unk: SmolLM2 gets its pad token). The decoder layer is the draft's (``DraftLayer.layer_config``):
     speculators' CLI layer of the method (llama), or the MLA layer ``mla_layer`` registers in speculators' decoder
     components, its config made from the target's MLA fields by ``mla_layer.draft_layer_config``.
+    ``trust_remote_code``: the job's ``target.trust_remote_code`` (no default: the key's declaration is above this
+    package).
 
     Raises:
         KeyError: ``head_variant`` is not a ``HEAD_VARIANTS`` key.
@@ -68,7 +71,7 @@ TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32":
 
 def write_untrained_head(target_dir: str, out_dir: str | os.PathLike, *, aux_layer_ids: list[int],
                          draft_vocab_size: int, head_variant: str, served_name: str, dtype: str,
-                         trust_remote_code: bool = False, seed: int = 0, draft: Draft | None = None) -> Head:
+                         trust_remote_code: bool, seed: int, draft: Draft | None = None) -> Head:
     """Write to the new folder ``out_dir`` an EAGLE-3 head for ``target_dir`` with random weights (``seed``), in
     the exported format (``config.json`` from ``Draft.served_config`` and ``model.safetensors`` in ``dtype``): the
     shapes and kernels of a trained head, so vLLM's step with it costs what a trained head's step costs, while

@@ -38,7 +38,7 @@ class MlaLayer(DraftLayer):
         """``mla_layer.draft_layer_config`` of ``spec["layers"]`` layers (imports torch and speculators)."""
         from . import mla_layer
 
-        return mla_layer.draft_layer_config(target_dir, spec["layers"], trust_remote_code)
+        return mla_layer.draft_layer_config(target_dir, spec["layers"], trust_remote_code=trust_remote_code)
 
     def register(self) -> None:
         """Its import registers the layer in speculators (``mla_layer.register``)."""

@@ -92,7 +92,7 @@ def is_mla(config: Any) -> bool:
     return bool(getattr(config, "kv_lora_rank", None))
 
 
-def draft_layer_config(target_dir: str, num_layers: int = 1, trust_remote_code: bool = False) -> DeepseekV3Config:
+def draft_layer_config(target_dir: str, num_layers: int = 1, *, trust_remote_code: bool) -> DeepseekV3Config:
     """The draft's ``transformer_layer_config`` for an MLA draft of the target in ``target_dir``: a
     ``DeepseekV3Config`` of ``num_layers`` dense layers (``first_k_dense_replace`` = ``num_layers``) with the
     target's MLA ranks and head dims (``MLA_FIELDS``: q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v head dims),

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_path, write_json
+from ..config.settings import declared
 from ..draft import vocab_map
 from ..draft.head_format import Head, HeadError
 from ..draft.head_model import TORCH_DTYPES
@@ -72,11 +73,11 @@ def export(
     out_dir: str | os.PathLike,
     served_name: str,
     target_dir: str,
-    dtype: str = "bfloat16",
-    vllm_load_check: str = "auto",
+    dtype: str = declared("export.weights_dtype"),
+    vllm_load_check: str = declared("export.vllm_load_check"),
     gpus: int = 0,
-    pipeline_parallel_size: int = 1,
-    trust_remote_code: bool = False,
+    pipeline_parallel_size: int = declared("target.pipeline_parallel_size"),
+    trust_remote_code: bool = declared("target.trust_remote_code"),
 ) -> dict:
     """Check the checkpoint against the vocab map and write the head directory; then load it with
     speculators and, where vLLM is installed (``vllm_load_check``: auto | always | never), with vLLM,
@@ -172,7 +173,8 @@ LOAD_CHECK_MAX_MODEL_LEN = 256  # tokens: the check's one prompt and its 8 answe
 
 
 def check_loads_with_vllm(head: Head, target_dir: str, served_name: str, max_tokens: int = 8,
-                          gpus: int = 0, pipeline_parallel_size: int = 1, trust_remote_code: bool = False) -> dict:
+                          gpus: int = 0, pipeline_parallel_size: int = declared("target.pipeline_parallel_size"),
+                          trust_remote_code: bool = declared("target.trust_remote_code")) -> dict:
     """Serve the target with the exported ``head`` (a ``Head``) as its drafter (EAGLE-3, P-EAGLE or DFlash:
     ``Head.speculative_config``; its KV-cached layers sized in) in vLLM (a child process started by
     ``vllm_engine``: tensor-parallel over ``gpus`` GPUs in bf16, or float32 on CPU) and decode one prompt greedily
@@ -188,6 +190,7 @@ def check_loads_with_vllm(head: Head, target_dir: str, served_name: str, max_tok
 
     # Sized to one short request: eager (no torch.compile, CUDA graphs or autotuning) and a KV cache of
     # one sequence, not 92 % of the card (on an H200 that check took 199 s, 138 s of it engine start).
+    # Seed 0: the check decodes greedily, and export has no seed key.
     eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=LOAD_CHECK_MAX_MODEL_LEN,
                                   seed=0, pipeline_parallel_size=pipeline_parallel_size,
                                   trust_remote_code=trust_remote_code, max_num_seqs=1,

@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from ..config.settings import declared
 from ..formats.tokens import read_tokens
 from .train_data import Batches, BatchLayout, cast_and_noise
 from .trainer import OnlineSettings
@@ -23,7 +24,7 @@ from .trainer import OnlineSettings
 def online_dataset_class():
     """speculators' ``BaseDataset`` over a tokens file whose samples' states come from an online target
     (built on first call: speculators is imported lazily). Construct it as
-    ``cls(tokens_path, count, max_len, hidden_states_dtype, target, noise_std=0.0, seed=0)``; a sample is
+    ``cls(tokens_path, count, max_len, hidden_states_dtype, target, noise_std=..., seed=...)``; a sample is
     what ``train_data.shard_dataset_class``'s would be for a shard of the same samples."""
     from speculators.train.data import BaseDataset
 
@@ -31,8 +32,8 @@ def online_dataset_class():
         """Samples ``[0, count)`` of ``tokens_path``; their states are put into ``cache`` (``fill``) by the
         loader just before the step that reads them."""
 
-        def __init__(self, tokens_path: str, count: int, max_len: int, hidden_states_dtype: torch.dtype, target,
-                     noise_std: float = 0.0, seed: int = 0):
+        def __init__(self, tokens_path: str, count: int, max_len: int, hidden_states_dtype: torch.dtype, target, *,
+                     noise_std: float, seed: int):
             self.toks = read_tokens(tokens_path)
             self.n = min(count, len(self.toks))
             self.target = target
@@ -100,7 +101,8 @@ def longest_sample(online: OnlineSettings) -> int:
     return longest
 
 
-def check_memory_split(inputs, backend: str, num_aux: int, cfg, draft_vocab: int, trust_remote_code: bool = False,
+def check_memory_split(inputs, backend: str, num_aux: int, cfg, draft_vocab: int,
+                       trust_remote_code: bool = declared("target.trust_remote_code"),
                        gpu_memory_bytes: int | None = None) -> dict:
     """Before the target is loaded: the compat report's plan of the GPU split (``plans.plan_online_for_target``)
     made again from this run's own inputs — the target's weight files' bytes, the longest sample, the draft
@@ -131,7 +133,7 @@ def check_memory_split(inputs, backend: str, num_aux: int, cfg, draft_vocab: int
     return plan
 
 
-def open_target(inputs, backend: str, aux_layer_ids: list[int], trust_remote_code: bool = False):
+def open_target(inputs, backend: str, aux_layer_ids: list[int], trust_remote_code: bool):
     """The online target for a run's ``inputs`` (``trainer.TrainInputs`` with ``online``): the compat report's
     ``backend`` (``online_states.open_states``) on the job's GPUs (none: the CPU); a vLLM engine's longest
     prompt is the longest sample of either split."""

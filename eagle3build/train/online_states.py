@@ -69,8 +69,8 @@ class HooksStates:
 
     backend = "hooks"
 
-    def __init__(self, target_dir: str, aux_layer_ids: list[int], storage_dtype: str, device: str = "cpu",
-                 compute_dtype: str = "auto", tokens_per_batch: int = 4096, trust_remote_code: bool = False,
+    def __init__(self, target_dir: str, aux_layer_ids: list[int], storage_dtype: str, device: str = "cpu", *,
+                 compute_dtype: str, tokens_per_batch: int, trust_remote_code: bool,
                  model: torch.nn.Module | None = None):
         from ..hooks import HookCapture
         from ..target import load_model, resolve_dtype
@@ -126,9 +126,9 @@ class VllmStates:
 
     backend = "vllm"
 
-    def __init__(self, target_dir: str, aux_layer_ids: list[int], storage_dtype: str, gpus: int = 0,
-                 compute_dtype: str = "auto", tokens_per_batch: int = 4096, max_model_len: int = 2049,
-                 trust_remote_code: bool = False, memory_fraction: float | None = None):
+    def __init__(self, target_dir: str, aux_layer_ids: list[int], storage_dtype: str, gpus: int = 0, *,
+                 compute_dtype: str, tokens_per_batch: int, max_model_len: int, trust_remote_code: bool,
+                 memory_fraction: float | None = None):
         from ..vllm.capture import capture_engine_args, start_capture_engine
         from ..vllm.engine import child_env, require_vllm
 
@@ -182,18 +182,21 @@ class VllmStates:
 
 
 def open_states(backend: str, target_dir: str, aux_layer_ids: list[int], storage_dtype: str, *, gpus: int,
-                compute_dtype: str = "auto", tokens_per_batch: int = 4096, max_model_len: int = 2049,
-                trust_remote_code: bool = False, memory_fraction: float | None = None):
+                compute_dtype: str, tokens_per_batch: int, max_model_len: int, trust_remote_code: bool,
+                memory_fraction: float | None = None):
     """The online target for ``backend`` (the compat report's ``capture.backend``): ``HooksStates`` on
-    ``cuda`` when ``gpus`` > 0 (else the CPU), or ``VllmStates`` with tensor parallel ``gpus``.
+    ``cuda`` when ``gpus`` > 0 (else the CPU), or ``VllmStates`` with tensor parallel ``gpus``; the other
+    arguments are the job's (``online_data.open_target``), passed on.
 
     Raises:
         ValueError: ``backend`` is neither ``hooks`` nor ``vllm``.
     """
     if backend == "hooks":
-        return HooksStates(target_dir, aux_layer_ids, storage_dtype, "cuda" if gpus > 0 else "cpu", compute_dtype,
-                           tokens_per_batch, trust_remote_code)
+        return HooksStates(target_dir, aux_layer_ids, storage_dtype, "cuda" if gpus > 0 else "cpu",
+                           compute_dtype=compute_dtype, tokens_per_batch=tokens_per_batch,
+                           trust_remote_code=trust_remote_code)
     if backend == "vllm":
-        return VllmStates(target_dir, aux_layer_ids, storage_dtype, gpus, compute_dtype, tokens_per_batch, max_model_len,
-                          trust_remote_code, memory_fraction)
+        return VllmStates(target_dir, aux_layer_ids, storage_dtype, gpus, compute_dtype=compute_dtype,
+                          tokens_per_batch=tokens_per_batch, max_model_len=max_model_len,
+                          trust_remote_code=trust_remote_code, memory_fraction=memory_fraction)
     raise ValueError(f"online target backend {backend!r}: expected 'hooks' or 'vllm'")

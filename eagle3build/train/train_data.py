@@ -20,7 +20,7 @@ from ..formats.shards import ShardReader
 
 def shard_dataset_class():
     """speculators' ``BaseDataset`` subclass over our shards (built on first call: speculators is
-    imported lazily). Construct it as ``cls(paths, max_len, hidden_states_dtype, noise_std=0.0, seed=0)``.
+    imported lazily). Construct it as ``cls(paths, max_len, hidden_states_dtype, noise_std=..., seed=...)``.
 
     A sample (``BaseDataset.__getitem__``) holds ``hidden_states`` ``[seq, num_aux * hidden]``
     and ``verifier_last_hidden_states`` ``[seq, hidden]`` in ``hidden_states_dtype``,
@@ -36,8 +36,8 @@ def shard_dataset_class():
         sees exactly the noise an uninterrupted one would.
         """
 
-        def __init__(self, paths: list[str], max_len: int, hidden_states_dtype: torch.dtype, noise_std: float = 0.0,
-                     seed: int = 0):
+        def __init__(self, paths: list[str], max_len: int, hidden_states_dtype: torch.dtype, *, noise_std: float,
+                     seed: int):
             self.readers = [ShardReader(p) for p in paths]
             self.index = [(r, i) for r in self.readers for i in range(len(r))]
             self.noise_std = noise_std
@@ -129,7 +129,7 @@ class Batches:
     """
 
     def __init__(self, paths: list[str], total_seq_len: int, hidden_size: int, num_aux: int, dtype: torch.dtype,
-                 seed: int, noise_std: float = 0.0, world_size: int = 1, ranks: list[int] | None = None,
+                 seed: int, noise_std: float, world_size: int = 1, ranks: list[int] | None = None,
                  dataset=None, shift: bool = True):
         from speculators.models.eagle3.data import shift_batch
         from speculators.train.data import CollateFn

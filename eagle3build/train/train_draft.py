@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_path
+from ..config.settings import declared
 from ..draft.choice import Draft, resolve
 from ..draft.head_format import HEAD_VARIANTS
 from ..draft.head_model import build_model
@@ -70,7 +71,7 @@ OUTPUT_VERSION = 3  # 2: train.select (the best epoch's weights by simulated tau
 
 
 def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,
-          trust_remote_code: bool = False, draft: Draft | None = None) -> Trainer:
+          trust_remote_code: bool = declared("target.trust_remote_code"), draft: Draft | None = None) -> Trainer:
     """Check the inputs against the compat report, build model, batches, optimizer and scheduler.
 
     ``torch.manual_seed(cfg.seed)`` comes first: the model's initial weights depend on it.
@@ -138,8 +139,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
             online_data.check_trainer_memory(device, text_config(load_config(inputs.target_dir, trust_remote_code)),
                                              cfg, len(aux), int(d2t.shape[0]))
     torch.manual_seed(cfg.seed)
-    model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device, trust_remote_code,
-                        draft)
+    model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device,
+                        trust_remote_code=trust_remote_code, draft=draft)
     hidden = model.config.transformer_layer_config.hidden_size
     ranks = [r for r in range(world) if r % processes == rank]  # all in one process; its own under torchrun
     # the eval batches: no noise, one rank's rows, whatever the world size
@@ -204,7 +205,7 @@ def write_outputs(t: Trainer, state: TrainState, metrics: dict) -> None:
 
 
 def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size: int | None = None,
-        trust_remote_code: bool = False, draft: Draft | None = None) -> dict:
+        trust_remote_code: bool = declared("target.trust_remote_code"), draft: Draft | None = None) -> dict:
     """Train a draft head as :func:`train` describes (:func:`setup`, then resume from a saved
     :class:`TrainState` when ``checkpoint_every`` > 0, then :func:`train_epoch` and :func:`evaluate`
     per epoch); rank 0 writes the outputs. Returns ``metrics.json``'s content.
@@ -273,7 +274,7 @@ def select_epoch(rule: str, state: TrainState) -> dict:
 
 def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_path: str, t2d_path: str,
           vocab_json: str, decisions_json: str, out_dir: str, *, world_size: int | None = None, device: str = "auto",
-          trust_remote_code: bool = False, online: OnlineSettings | dict | None = None,
+          trust_remote_code: bool = declared("target.trust_remote_code"), online: OnlineSettings | dict | None = None,
           draft: Draft | Mapping[str, Any] | None = None, **settings) -> dict:
     """Train a draft head on the shards and write ``out_dir`` (atomically, as one directory).
 

@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..config.settings import declared
 from ..formats.shards import ShardFileWriter, ShardMeta, encode_states
 from ..target import find_decoder_layers
 
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 LAYER_PARAMS = ("positions", "hidden_states", "residual")
 SAMPLE_KEY = "eagle3build_sample"  # SamplingParams.extra_args key carrying the shard-local sample index
 EXTENSION = "eagle3build.vllm.capture.CaptureExtension"
+CAPTURE_SEED = 0  # a capture engine's seed: it samples nothing (one greedy token per prompt); no config key's
 
 
 class LayoutError(RuntimeError):
@@ -73,7 +75,7 @@ class ParallelismError(ValueError):
     """A parallel layout this backend cannot capture from (pipeline or data parallel)."""
 
 
-def check_parallelism(tensor_parallel_size: int, pipeline_parallel_size: int = 1, data_parallel_size: int = 1,
+def check_parallelism(tensor_parallel_size: int, pipeline_parallel_size: int, data_parallel_size: int = 1,
                       enable_expert_parallel: bool = False) -> None:
     """Refuse the parallel layouts this backend cannot capture from.
 
@@ -463,15 +465,17 @@ def run_capture(spec: dict) -> dict:
     return {"install": info, "engine_start_s": round(start_s, 2), "shards": shards}
 
 
-def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, tokens_per_step: int, seed: int = 0,
-                        dtype: str = "auto", pipeline_parallel_size: int = 1, trust_remote_code: bool = False,
-                        **extra) -> dict:
+def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, tokens_per_step: int, dtype: str,
+                        pipeline_parallel_size: int = declared("target.pipeline_parallel_size"),
+                        trust_remote_code: bool = declared("target.trust_remote_code"), **extra) -> dict:
     """``vllm_engine.engine_args`` for capture: the extension, prefix caching off, eager, no tokenizer;
     for a multimodal wrapper, its language model only.
 
     ``tokens_per_step``: vLLM's ``max_num_batched_tokens`` (tokens of one engine step;
     longer prompts are split by chunked prefill). ``max_model_len`` in tokens (the longest
-    sample + 1 for the generated token).
+    sample + 1 for the generated token). ``dtype``: the capture's compute dtype (``capture.compute_dtype``,
+    or ``auto``: ``vllm_engine.resolve_dtype``). The engine's seed is ``CAPTURE_SEED``: a capture samples nothing
+    (one greedy token per prompt), so no config seed reaches it.
 
     Raises:
         ParallelismError: ``pipeline_parallel_size > 1``.
@@ -489,20 +493,23 @@ def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, token
               kv_cache_tokens=capture_kv_cache_tokens(step, max_model_len), skip_tokenizer_init=True, max_num_batched_tokens=step,
               trust_remote_code=trust_remote_code)
     kw.update(extra)  # a multimodal wrapper gets language_model_only from engine_args, as every engine does
-    return engine_args(target_dir, gpus=gpus, served_name=Path(target_dir).name, max_model_len=max_model_len, seed=seed,
-                       dtype=dtype, pipeline_parallel_size=pipeline_parallel_size, **kw)
+    return engine_args(target_dir, gpus=gpus, served_name=Path(target_dir).name, max_model_len=max_model_len,
+                       seed=CAPTURE_SEED, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size, **kw)
 
 
 def capture_shard_vllm(target_dir: str, tokens_path: str, out_path: str, indices: list[int], lengths: list[int],
-                       meta: ShardMeta, *, gpus: int, compute_dtype: str = "auto", tokens_per_batch: int = 4096,
-                       pipeline_parallel_size: int = 1, trust_remote_code: bool = False, writer_threads: int = 4,
+                       meta: ShardMeta, *, gpus: int, compute_dtype: str = "auto", tokens_per_batch: int,
+                       pipeline_parallel_size: int = declared("target.pipeline_parallel_size"),
+                       trust_remote_code: bool = declared("target.trust_remote_code"), writer_threads: int = 4,
                        fsync: bool = False, expected_params: list[str] | None = None, **engine_extra) -> dict:
     """Capture one shard through a vLLM engine started in a child process; returns its statistics.
 
     ``gpus``: the job's GPUs (tensor parallel size; its cards are the job's
-    ``CUDA_VISIBLE_DEVICES``); 0 = vLLM's CPU backend (float32). ``tokens_per_batch``:
-    tokens per engine step. ``expected_params``: the decoder-layer call to require
-    (default ``LAYER_PARAMS``). ``engine_extra``: more ``vllm.LLM`` arguments.
+    ``CUDA_VISIBLE_DEVICES``); 0 = vLLM's CPU backend (float32). ``compute_dtype``: the capture job passes
+    ``capture.compute_dtype``; the default ``auto`` (bf16 on CUDA, float32 on CPU: the compat report's smoke
+    capture) deliberately differs from the key's. ``tokens_per_batch``: tokens per engine step
+    (``capture.tokens_per_batch``). ``expected_params``: the decoder-layer call to require (default
+    ``LAYER_PARAMS``). ``engine_extra``: more ``vllm.LLM`` arguments.
 
     Raises:
         ParallelismError: pipeline parallel asked for.

@@ -54,6 +54,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..config.settings import declared
 from ..workflow.job import OFFLINE_VARS
 
 PARENT_ENV = "EAGLE3BUILD_ENGINE_PARENT"  # the job's pid, for the engine child's parent watch
@@ -107,7 +108,7 @@ KV_CACHE_MARGIN = 1.25
 KV_CACHE_FLOOR_BYTES = 64 << 20
 
 
-def engine_layout(gpus: int, pipeline_parallel_size: int = 1) -> dict[str, int]:
+def engine_layout(gpus: int, pipeline_parallel_size: int) -> dict[str, int]:
     """How an engine on a job's ``gpus`` GPUs (0 = CPU) is laid out: ``{"tensor_parallel_size": gpus (1 on
     CPU), "pipeline_parallel_size": pipeline_parallel_size}`` (``target.pipeline_parallel_size``), vLLM's
     argument names. ``engine_args`` passes these to vLLM; the planner shows them in each engine job's resources
@@ -121,15 +122,19 @@ def engine_layout(gpus: int, pipeline_parallel_size: int = 1) -> dict[str, int]:
     return {"tensor_parallel_size": max(1, gpus), "pipeline_parallel_size": pipeline_parallel_size}
 
 
-def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: int, seed: int = 0,
-                dtype: str = "auto", pipeline_parallel_size: int = 1, trust_remote_code: bool = False,
+def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: int, seed: int,
+                dtype: str = declared("target.serve_dtype"),
+                pipeline_parallel_size: int = declared("target.pipeline_parallel_size"),
+                trust_remote_code: bool = declared("target.trust_remote_code"),
                 max_num_seqs: int | None = None, kv_cache_tokens: int | None = None, draft_layers: int = 0,
                 eager: bool = False, graph_batch_tokens: int | None = None, **extra) -> dict:
     """Keyword arguments of ``vllm.LLM(...)`` for serving the target on the job's ``gpus`` GPUs.
 
     ``gpus``: GPUs the job holds (0 = CPU). Tensor parallel size = ``gpus`` (1 on CPU);
-    ``pipeline_parallel_size`` stages of that size each. ``max_model_len`` in tokens.
-    ``trust_remote_code``: the user's ``target.trust_remote_code`` (every engine gets it).
+    ``pipeline_parallel_size`` stages of that size each. ``max_model_len`` in tokens. ``seed``: the engine's
+    sampling seed, the calling stage's own (``benchmark.seed``, ``data.seed``; no default: no one key's).
+    ``dtype``: ``resolve_dtype``'s. ``trust_remote_code``: the user's ``target.trust_remote_code`` (every engine
+    gets it).
 
     Sizing to the job (GPU engines; on CPU the KV cache is ``VLLM_CPU_KVCACHE_SPACE`` and the
     engine is always eager): ``max_num_seqs`` sequences in flight; ``kv_cache_tokens`` tokens
@@ -257,7 +262,7 @@ def cudagraph_capture_size_at_least(tokens: int) -> int:
 
 
 def kv_cache_memory_bytes(target_dir: str, dtype: str, tensor_parallel_size: int, tokens: int, draft_layers: int = 0,
-                          trust_remote_code: bool = False) -> int | None:
+                          trust_remote_code: bool = declared("target.trust_remote_code")) -> int | None:
     """KV cache bytes per GPU that hold ``tokens`` tokens of the target (and ``draft_layers`` drafter layers):
     ``plans.kv_cache_bytes_per_token`` x ``tokens`` x ``KV_CACHE_MARGIN``, at least ``KV_CACHE_FLOOR_BYTES``.
     None where the target's config cannot be read or its attention is not one ``plans`` knows

@@ -76,7 +76,7 @@ def plan_gpus(parameters: int, bytes_per_parameter: float, gpu_memory_bytes: int
     return out
 
 
-def hidden_state_bytes_per_token(num_aux_layers: int, hidden_size: int, storage_dtype: str = "bfloat16",
+def hidden_state_bytes_per_token(num_aux_layers: int, hidden_size: int, storage_dtype: str,
                                  with_tokens: bool = False) -> int:
     """Shard bytes one token takes: ``num_aux_layers`` aux states plus the last layer's, each
     ``hidden_size`` wide in ``storage_dtype`` (with fp8 scales), e.g. ``(A + 1) * H * 2`` in bf16;
