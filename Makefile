@@ -27,5 +27,5 @@ check: install
 
 lint: install
 	.venv/bin/snakemake --lint
-	.venv/bin/ruff check .
+	.venv/bin/ruff check $$(git ls-files --cached "*.py")
 	.venv/bin/snakefmt --check Snakefile rules
