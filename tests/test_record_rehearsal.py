@@ -271,7 +271,8 @@ def test_a_failed_build_is_not_told_to_resume(tmp_path):
     cannot help; only a cut call says to run the same command again."""
     wd = tmp_path / "wd"
     bad = tmp_path / "bad.yaml"
-    bad.write_text("run: broken\ntarget: {path: /nonexistent/target}\n")
+    # a few samples: the disk plan (8,256 x 2,048 tokens of shards at the recipe's size) fits any machine's free space
+    bad.write_text("run: broken\ntarget: {path: /nonexistent/target}\ncapture: {num_train_samples: 8, num_eval_samples: 2}\n")
     p, out = _record(["recipe"], tmp_path, wd, CPU, bad, seconds=300)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "resuming cannot help" in p.stdout and "run the same command again" not in p.stdout
