@@ -50,11 +50,6 @@ def test_engine_args_on_cpu_and_with_pipeline_stages(tmp_path):
     cpu = vllm_engine.engine_args(str(tmp_path), gpus=0, served_name="org/m", max_model_len=512, seed=3)
     assert (cpu["dtype"], cpu["tensor_parallel_size"], cpu["enforce_eager"], cpu["seed"]) == ("float32", 1, True, 3)
     assert cpu["model"] == str(tmp_path.resolve()) and cpu["disable_log_stats"] is False
-    # one process for a CPU engine: no worker process (uni), and start_engine keeps the engine core in-process
-    assert cpu["distributed_executor_backend"] == "uni" and vllm_engine.one_process(cpu)
-    assert vllm_engine.ONE_PROCESS_ENV == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    gpu = vllm_engine.engine_args(str(tmp_path), gpus=1, served_name="m", max_model_len=8, seed=0)
-    assert not vllm_engine.one_process(gpu) and "distributed_executor_backend" not in gpu
     with pytest.raises(ValueError, match="bfloat16.*on CPU"):
         vllm_engine.engine_args(str(tmp_path), gpus=0, served_name="m", max_model_len=8, seed=0, dtype="bfloat16")
     pp = vllm_engine.engine_args(str(tmp_path), gpus=8, served_name="m", max_model_len=8, seed=0,
@@ -406,9 +401,6 @@ def test_no_real_engine_outlives_its_job(tmp_path, tiny_target):
     pytest.importorskip("vllm")
     pids = tmp_path / "pids.json"
     eng = vllm_engine.engine_args(str(tiny_target), gpus=0, served_name="m", max_model_len=256, seed=0, max_num_seqs=1)
-    # laid out as a GPU engine is (its engine core and worker in processes of their own), not in one process as a CPU
-    # engine runs (engine_args: distributed_executor_backend uni)
-    eng.pop("distributed_executor_backend")
     job = subprocess.Popen([sys.executable, "-c", (
         "import json, sys; from eagle3build.vllm import engine as vllm_engine; "
         "vllm_engine.run_child('tests_child_entry:real_engine', json.loads(sys.argv[1]), sys.argv[2], 'e')"),

