@@ -199,3 +199,20 @@ def test_gpu_record_driver_dry_run(tmp_path):
     online = (tmp_path / "logs/kimi-online_plan.log").read_text()
     assert not re.search(r"^capture_hidden_states\s+\d", online, re.M)  # online: no shards
     assert not (tmp_path / "records").exists()
+
+
+def test_test_loop_tiny(tmp_path):
+    """The test-loop timer over a fresh clone of HEAD with two steps of its own: the clone holds the repository, each
+    step's pytest summaries are added up into its record, the first record says it includes the install."""
+    work = tmp_path / "work"
+    p = _run("test_loop.py", "--work", str(work), "--out", str(tmp_path / "records"),
+             "--step", "one=test -f Makefile && echo '3 passed, 1 skipped, 2 deselected in 0.50s'",
+             "--step", "two=echo '1 failed, 4 passed in 1.0s'; echo '2 passed in 0.1s'")
+    assert (work / "clone/Snakefile").exists() and "one: exit 0" in p.stdout
+    one = json.loads((tmp_path / "records/one_cpu.json").read_text())
+    two = json.loads((tmp_path / "records/two_cpu.json").read_text())
+    assert one["results"] == {"minutes": pytest.approx(0, abs=0.05), "passed": 3, "skipped": 1, "failed": 0,
+                              "errors": 0}
+    assert (two["results"]["passed"], two["results"]["failed"]) == (6, 1) and "install" in one["notes"]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    assert one["commit"] == head.strip() and one["hardware"]["card"] == "cpu"

@@ -50,6 +50,11 @@ def test_engine_args_on_cpu_and_with_pipeline_stages(tmp_path):
     cpu = vllm_engine.engine_args(str(tmp_path), gpus=0, served_name="org/m", max_model_len=512, seed=3)
     assert (cpu["dtype"], cpu["tensor_parallel_size"], cpu["enforce_eager"], cpu["seed"]) == ("float32", 1, True, 3)
     assert cpu["model"] == str(tmp_path.resolve()) and cpu["disable_log_stats"] is False
+    # a CPU engine: its worker in a process of its own, its engine core in the engine's child (start_engine)
+    assert cpu["distributed_executor_backend"] == "mp" and vllm_engine.engine_core_in_process(cpu)
+    assert vllm_engine.CPU_ENGINE_ENV == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    gpu = vllm_engine.engine_args(str(tmp_path), gpus=1, served_name="m", max_model_len=8, seed=0)
+    assert not vllm_engine.engine_core_in_process(gpu) and "distributed_executor_backend" not in gpu
     with pytest.raises(ValueError, match="bfloat16.*on CPU"):
         vllm_engine.engine_args(str(tmp_path), gpus=0, served_name="m", max_model_len=8, seed=0, dtype="bfloat16")
     pp = vllm_engine.engine_args(str(tmp_path), gpus=8, served_name="m", max_model_len=8, seed=0,
@@ -413,7 +418,7 @@ def test_no_real_engine_outlives_its_job(tmp_path, tiny_target):
     assert pids.exists(), "the engine did not start"
     got = json.loads(pids.read_text())
     started = [got["child"], *got["engine"]]
-    assert len(started) >= 2 and all(_alive(p) for p in started)  # the child and vLLM's engine core
+    assert len(started) >= 2 and all(_alive(p) for p in started)  # the child (the engine core on CPU) and its worker
     job.send_signal(signal.SIGKILL)
     job.wait()
     deadline = time.monotonic() + 10

