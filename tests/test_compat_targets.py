@@ -71,6 +71,7 @@ def test_kimi_k25_shape(tmp_path):
     assert "asks for 4 GPU(s)" in g["jobs"]["capture"]["message"] and "need 8" in g["jobs"]["capture"]["message"]
 
 
+@pytest.mark.vllm  # backend auto on a MoE target runs the vLLM capture probe: an engine start
 def test_kimi_full_report_matches_schema(tmp_path):
     r = cr.build_report(str(KIMI), str(tmp_path / "results"), planned_tokens=1000, gpu_memory_gb=96, gpus_per_node=8,
                         job_gpus={"capture": 8, "serve": 8})
@@ -92,7 +93,7 @@ def test_disk_upper_bound_warns_and_the_capture_refuses_on_real_token_counts(tmp
     from eagle3build.capture.capture_hidden_states import check_disk_for_split
 
     r = cr.build_report(str(KIMI), str(tmp_path / "results"), planned_tokens=10**12, gpu_memory_gb=96, gpus_per_node=8,
-                        job_gpus={"capture": 8, "serve": 8})
+                        job_gpus={"capture": 8, "serve": 8}, backend="hooks")  # no vLLM capture probe: no engine
     disk = r["plans"]["disk"]
     assert disk["status"] == "warn" and disk["upper_bound"] and "plan_disk" not in r["hard_failures"]
     assert disk["message"].startswith("hidden states need at most 57344000.00 GB") and "upper bound" in disk["message"]
