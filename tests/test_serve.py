@@ -458,3 +458,18 @@ def test_the_check_names_the_servers_log_when_it_dies_and_the_port_when_taken(st
         with pytest.raises(server.ServerError, match=rf"^port {port} is in use \(set in {s.serve_dir}/serve.yaml by "
                                                      r"config key serve.port\)"):
             sc.serve_check(s)
+
+
+def test_a_server_started_where_sigint_is_ignored_still_stops_at_sigint(tmp_path):
+    """A build run as a background job ignores SIGINT and its children inherit that; the server gets SIGINT's default
+    back (server.start), so the stop's SIGINT ends it within the grace: none killed."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = server.start([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ),
+                            tmp_path / "server.log")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    time.sleep(1.0)
+    assert server.stop(proc, grace_s=10) == 0 and server.group_members(proc.pid) == []

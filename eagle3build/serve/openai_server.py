@@ -67,7 +67,16 @@ def start(argv: list[str], env: Mapping[str, str], log_path: str | os.PathLike) 
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
         return subprocess.Popen(argv, env={**env, vllm_engine.PARENT_ENV: str(os.getpid())}, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
+                                preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """In the server's process before it runs: SIGINT at its default. A build started as a background job (``snakemake
+    ... &``, ``nohup``) ignores SIGINT, a server inheriting that would ignore ``stop``'s SIGINT (CPython installs its
+    KeyboardInterrupt handler only where SIGINT is not ignored at start: the ``signal`` module's docs) and end only at
+    the grace's SIGKILL."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # an exception's line as a traceback ends (``ValueError: ...``, ``pydantic_core._pydantic_core.ValidationError: 1 ...``),
