@@ -5,7 +5,7 @@
 #     e2e), one session that builds tests/reduced.yaml once and starts the SLURM cluster;
 #   - everything else (units, plans, lint, the vLLM engine tests), whose bundled target is converted in its
 #     own session (~30 s);
-#   - tests marked build_side run in the first process: it ended about 3 minutes before the second.
+#   - tests marked build_side run in the first process, to even out the two (on a fresh clone they ended within 20 s).
 # Each has its own --basetemp. The exit status is the first failing one's; both logs are printed whole.
 # Each process's vLLM engines run on half of the cores (VLLM_CPU_OMP_THREADS_BIND, where vLLM's CPU worker binds its
 # OpenMP threads; unless already set): bound to every core, an engine's threads spin against the other process's work.
