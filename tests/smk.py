@@ -104,6 +104,16 @@ def planned_resources(args: list[str], workdir: Path | None = None) -> dict[str,
     return jobs
 
 
+def plan_params(config: Path, workdir: Path) -> dict[str, list]:
+    """Every planned job's params for ``config`` (tests/plan_params.py run in ``workdir``): job -> param values."""
+    import ast
+
+    p = subprocess.run([sys.executable, str(REPO / "tests/plan_params.py"), str(config), str(workdir)],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return {job: [ast.literal_eval(v) for v in values] for job, values in json.loads(p.stdout).items()}
+
+
 def copy_build(wd: Path, dest: Path) -> Path:
     """A copy of a build's workdir that Snakemake sees as built: the files with their times, and the
     metadata (.snakemake/metadata: the params, versions and checksums the rerun triggers compare)

@@ -4,15 +4,11 @@ their methods are not built with plans, saying in one line which layer each head
 their own layer (so a change of draft.layer retrains none of them)."""
 from __future__ import annotations
 
-import ast
-import json
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
-from smk import REPO, planned_jobs, run
+from smk import REPO, plan_params, planned_jobs, run
 
 KIMI_SHAPE = REPO / "examples/targets/kimi-k2.5-shape"  # config.json only: a DeepSeek-V3 text model (MLA)
 
@@ -91,10 +87,7 @@ def test_compared_heads_beside_the_mla_layer_plan_with_their_own_layer(tmp_path)
     cfg.write_text(yaml.safe_dump(merged))
     wd = tmp_path / "wd-params"
     wd.mkdir()
-    res = subprocess.run([sys.executable, str(REPO / "tests/plan_params.py"), str(cfg), str(wd)], capture_output=True,
-                         text=True, timeout=600, cwd=REPO)
-    assert res.returncode == 0, res.stderr[-3000:]
-    params = {job: [ast.literal_eval(v) for v in values] for job, values in json.loads(res.stdout).items()}
+    params = plan_params(cfg, wd)
 
     def train(job):
         (section,) = [v for v in params[job] if isinstance(v, dict) and "lr" in v]

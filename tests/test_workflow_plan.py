@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import yaml
-from smk import REPO, planned_jobs, planned_resources, run, write_config
+from smk import REPO, plan_params, planned_jobs, planned_resources, run, write_config
 
 FULL_PLAN = {
     "materialize_target": 1,
@@ -93,10 +93,6 @@ def test_compare_methods_train_from_the_run_shards_into_its_benchmark(tmp_path):
     results/<run>/methods/<method>/, from the run's shards and vocab map (no second capture), whose params are the
     run's own training's with that method; the benchmark serves them (its inputs, its `benchmark` param).
     A listed method that is the run's own, or a name benchmark.compare_heads already uses, stops the plan."""
-    import ast
-    import json
-    import subprocess
-    import sys
 
     cfg = write_config(tmp_path / "c.yaml", draft={"compare_methods": ["peagle", "dflash"]})
     jobs = planned_jobs(["--configfile", str(cfg)], tmp_path)
@@ -113,10 +109,7 @@ def test_compare_methods_train_from_the_run_shards_into_its_benchmark(tmp_path):
 
     wd = tmp_path / "wd"
     wd.mkdir()
-    out = subprocess.run([sys.executable, str(REPO / "tests/plan_params.py"), str(cfg), str(wd)], capture_output=True,
-                         text=True, timeout=600, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-3000:]
-    params = {job: [ast.literal_eval(v) for v in values] for job, values in json.loads(out.stdout).items()}
+    params = plan_params(cfg, wd)
     own = params["train_draft[]"]
     (own_train,) = [v for v in own if isinstance(v, dict) and "lr" in v]
     assert "method" not in own_train
