@@ -3,7 +3,7 @@
 #   tests/run_suite.sh, two pytest processes side by side (the reduced build's tests; the rest).
 # `make check`: the fast loop (minutes): the unit, contract, plan and lint tests; no build, no vLLM engine, no
 #   cluster, no container (CHECK_MARKERS: the markers of pyproject.toml; tests/conftest.py marks every test that
-#   uses the reduced build e2e).
+#   uses the reduced build e2e); tests/run_suite.sh check, two pytest processes side by side (test files a-n; o-z).
 # `make lint`: snakemake --lint, ruff check, snakefmt --check (pyproject.toml has their settings).
 # `make install-gpu`: the CUDA route (vLLM 0.33.0, torch 2.14.0+cu130) into .venv-gpu; docs/gpus.md.
 CORES ?= 2
@@ -23,7 +23,7 @@ test: install
 	tests/run_suite.sh
 
 check: install
-	.venv/bin/pytest -q -rs -m "$(CHECK_MARKERS)" tests
+	CHECK_MARKERS="$(CHECK_MARKERS)" tests/run_suite.sh check
 
 lint: install
 	.venv/bin/snakemake --lint

@@ -138,7 +138,7 @@ def built(cluster, reduced_build, tmp_path_factory):
     (d / "more.yaml").write_text(MORE_SAMPLES)
     start = time.time()
     args = [*TARGETS, "--jobs", "2", "--slurm-status-command", "squeue", "--slurm-no-account",
-            "--slurm-keep-successful-logs", "--slurm-init-seconds-before-status-checks", "5",
+            "--slurm-keep-successful-logs", "--slurm-init-seconds-before-status-checks", "2",
             # the test node's partition; the jobs' CPUs, memory and time are the config's (no GPUs)
             "--default-resources", f"slurm_partition={cluster}"]
     p = smk(args, wd, timeout=3000, configs=[d / "more.yaml"])
