@@ -46,6 +46,8 @@ else
   second=(-m "not e2e and not slurm and not build_side" tests)
   names=("the reduced build's tests (-m 'e2e or slurm or build_side')" "the other tests (-m 'not e2e and not slurm and not build_side')")
 fi
+# Both logs are printed whole when both processes end (~14 min for make test): meanwhile `tail -f` them to follow.
+echo "tests/run_suite.sh $mode: ${names[0]} -> $base/first.log; ${names[1]} -> $base/second.log"
 VLLM_CPU_OMP_THREADS_BIND=$build_cores "$PYTEST" -q -rs --durations=20 --basetemp "$base/first" "${first[@]}" "$@" \
   > "$base/first.log" 2>&1 &
 pid=$!
