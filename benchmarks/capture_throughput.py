@@ -56,9 +56,10 @@ def matmul_tflops(device: str) -> float | None:
 
 
 def disk_write_rate(out: Path, gb: float = 2.0) -> dict:
-    """Sequential write rate of the shard directory's disk: page cache only, and with fsync."""
+    """Sequential write rate of the shard directory's disk in GB/s (10^9 bytes): ``gb`` GiB written in 64 MiB blocks
+    (at least one), page cache only, and again with fsync."""
     buf = os.urandom(64 << 20)
-    n = int(gb * (1 << 30)) // len(buf)
+    n = max(1, int(gb * (1 << 30)) // len(buf))
     rates = {}
     for fsync in (False, True):
         f = out / "disk-test.bin"
@@ -111,6 +112,7 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/capture-bench")
     ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument("--variants", action="store_true", help="also 1 writer thread, and fsync before the rename")
+    ap.add_argument("--disk-gb", type=float, default=2.0, help="GiB written twice to time the disk (default 2)")
     args = ap.parse_args()
     dev = args.device
     out = Path(args.out)
@@ -176,7 +178,7 @@ def main() -> None:
         (out / "shard.safetensors").unlink()
     res["naive_capture"]["ratio_to_plain_forward"] = round(res["plain_forward"]["seconds"] / res["naive_capture"]["seconds"], 3)
     res["bytes_per_token_public_tools"] = 8 * tc.hidden_size
-    res["disk_write_gb_per_s"] = disk_write_rate(out)
+    res["disk_write_gb_per_s"] = disk_write_rate(out, args.disk_gb)
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
