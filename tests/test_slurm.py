@@ -138,8 +138,8 @@ def built(cluster, reduced_build, tmp_path_factory):
     (d / "more.yaml").write_text(MORE_SAMPLES)
     start = time.time()
     args = [*TARGETS, "--jobs", "2", "--slurm-status-command", "squeue", "--slurm-no-account",
-            # the plugin's status checks 2 s after a job ends or starts, then 10 s more each time: 82 s for this build
-            # here against 112 s from 5 s (its four jobs run 62 s; make test at 8d28b85 and 4ee873c)
+            # the plugin's status checks 2 s after a job ends or starts, then 10 s more each time: 82-104 s for this
+            # build here against 112 s from 5 s (its four jobs run 62 s; make test at 8d28b85, 7956d91 and 4ee873c)
             "--slurm-keep-successful-logs", "--slurm-init-seconds-before-status-checks", "2",
             # the test node's partition; the jobs' CPUs, memory and time are the config's (no GPUs)
             "--default-resources", f"slurm_partition={cluster}"]
