@@ -93,7 +93,6 @@ def test_compare_methods_train_from_the_run_shards_into_its_benchmark(tmp_path):
     results/<run>/methods/<method>/, from the run's shards and vocab map (no second capture), whose params are the
     run's own training's with that method; the benchmark serves them (its inputs, its `benchmark` param).
     A listed method that is the run's own, or a name benchmark.compare_heads already uses, stops the plan."""
-
     cfg = write_config(tmp_path / "c.yaml", draft={"compare_methods": ["peagle", "dflash"]})
     jobs = planned_jobs(["--configfile", str(cfg)], tmp_path)
     assert jobs == {**FULL_PLAN, "train_draft_method": 2, "export_head_method": 2}
