@@ -39,7 +39,7 @@ from eagle3build.formats.artifacts import minimal_decisions  # noqa: E402
 from eagle3build.formats.shards import ShardMeta, write_shard  # noqa: E402
 from eagle3build.train import build_vocab_map  # noqa: E402
 from eagle3build.train import train_draft as td  # noqa: E402
-from eagle3build.train.train_data import MODEL_KEYS, Batches, shard_dataset_class  # noqa: E402
+from eagle3build.train.train_data import Batches, BatchLayout, shard_dataset_class  # noqa: E402
 
 
 def peak_tflops(device: str) -> float | None:
@@ -56,12 +56,15 @@ def peak_tflops(device: str) -> float | None:
     return 10 * 2 * 8192**3 / (time.perf_counter() - t) / 1e12
 
 
-def fake_target(d: Path, hidden: int, vocab: int) -> None:
-    """Config of Llama-3.1-8B's shape (hidden/vocab overridable) plus only the tensors the draft takes
-    from its verifier: embeddings, lm_head, final norm."""
+def fake_target(d: Path, hidden: int, vocab: int, heads: int | None = None, kv_heads: int | None = None) -> None:
+    """Config of Llama-3.1-8B's shape (hidden/vocab overridable; ``heads``, ``kv_heads``: attention heads, by default
+    one per 128 and 512 of ``hidden``) plus only the tensors the draft takes from its verifier: embeddings, lm_head,
+    final norm. SmolLM2-135M's shape: hidden 576, vocab 49,152, 9 heads, 3 KV heads (its config.json)."""
     cfg = json.loads((REPO / "examples/targets/llama-3.1-8b-instruct-shape/config.json").read_text())
-    cfg.update(bos_token_id=1, eos_token_id=2, hidden_size=hidden, vocab_size=vocab, num_attention_heads=max(1, hidden // 128),
-               num_key_value_heads=max(1, hidden // 512), intermediate_size=int(hidden * 3.5))
+    cfg.update(bos_token_id=1, eos_token_id=2, hidden_size=hidden, vocab_size=vocab,
+               num_attention_heads=heads or max(1, hidden // 128), num_key_value_heads=kv_heads or max(1, hidden // 512),
+               intermediate_size=int(hidden * 3.5))
+    cfg["head_dim"] = hidden // cfg["num_attention_heads"]
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg))
     g = torch.Generator().manual_seed(0)
@@ -75,7 +78,11 @@ def fake_target(d: Path, hidden: int, vocab: int) -> None:
     }, str(d / "model.safetensors"))
 
 
-def synthetic_shards(d: Path, n_train: int, n_eval: int, seq: int, hidden: int, vocab: int, distinct: int) -> dict:
+def synthetic_shards(d: Path, n_train: int, n_eval: int, seq: int, hidden: int, vocab: int, distinct: int,
+                     storage_dtype: str = "bfloat16", min_seq: int | None = None) -> dict:
+    """Train and eval shards of ``n_train`` / ``n_eval`` samples in ``storage_dtype`` (``bfloat16`` or
+    ``float8_e4m3fn``, as capture.storage_dtype), each ``seq`` tokens, or a length drawn uniformly from
+    ``[min_seq, seq]`` where ``min_seq`` is given (chat data packs several uneven samples per row)."""
     from safetensors import safe_open
 
     g = torch.Generator().manual_seed(1)
@@ -87,12 +94,13 @@ def synthetic_shards(d: Path, n_train: int, n_eval: int, seq: int, hidden: int, 
     for split, n in (("train", n_train), ("eval", n_eval)):
         ids, hs, last, masks = [], [], [], []
         for _ in range(n):
-            k = torch.randint(0, distinct, (seq,), generator=g)
+            length = seq if min_seq is None else int(torch.randint(min_seq, seq + 1, (1,), generator=g))
+            k = torch.randint(0, distinct, (length,), generator=g)
             ids.append(tokens[k])
-            hs.append(torch.randn(seq, 3 * hidden, generator=g).bfloat16())
+            hs.append(torch.randn(length, 3 * hidden, generator=g).bfloat16())
             last.append(table[k].bfloat16())
-            masks.append(torch.ones(seq, dtype=torch.uint8))
-        meta = ShardMeta("bench", [2, 16, 29], "bfloat16", hidden, [f"{split}{i}" for i in range(n)], split)
+            masks.append(torch.ones(length, dtype=torch.uint8))
+        meta = ShardMeta("bench", [2, 16, 29], storage_dtype, hidden, [f"{split}{i}" for i in range(n)], split)
         write_shard(d / f"{split}.safetensors", meta, hs, last, ids, masks)
         write_tokens(d / f"{split}-tokens.safetensors", [(f"{split}{i}", ids[i].numpy().astype(np.int32),
                                                           masks[i].numpy()) for i in range(n)])
@@ -108,9 +116,9 @@ def compute_only(args, d: Path, shards: dict, steps: int = 20) -> dict:
     d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     model = td.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", args.device,
                            trust_remote_code=False)
-    b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed, noise_std=0.0)
-    batch = b.load(b.epoch(0)[0][0])
-    batch = {k: batch[k].to(args.device) for k in MODEL_KEYS}
+    b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed, noise_std=0.0,
+                dequantize_on_device=True)
+    batch = b.to_device(b.load(b.epoch(0)[0][0]), args.device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
     call = {"ttt_steps": args.ttt_steps, "ttt_step_loss_decay": 1.0,
             "loss_config": resolve_loss_config("kl_div", implementation=args.loss)}
@@ -131,15 +139,44 @@ def compute_only(args, d: Path, shards: dict, steps: int = 20) -> dict:
     torch.cuda.synchronize()
     s = time.perf_counter() - t
     tokens = int((batch["document_ids"] != -1).sum()) * steps
+    out = {"steps_per_s": round(steps / s, 2), "tokens_per_s": round(tokens / s, 1), "step_ms": round(1e3 * s / steps, 2)}
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
+        n = 5
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(n):
                 step()
             torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
-    return {"steps_per_s": round(steps / s, 2), "tokens_per_s": round(tokens / s, 1)}
+            wall = time.perf_counter() - t
+        ev = prof.key_averages()
+        print(ev.table(sort_by="device_time_total", row_limit=30, max_name_column_width=70))
+        # the kernels' own time per step against the step's wall time (profiled): 1.0 = the GPU never waits for the
+        # host (work-bound); well below = the host's dispatch and syncs bound the step
+        kernel_us = sum(e.self_device_time_total for e in ev if e.device_type == torch.autograd.DeviceType.CUDA)
+        out.update(profiled_step_ms=round(1e3 * wall / n, 2), kernel_ms_per_step=round(kernel_us / 1e3 / n, 2),
+                   gpu_busy_share=round(kernel_us / 1e6 / wall, 3),
+                   top_kernels_ms_per_step={e.key[:80]: round(e.self_device_time_total / 1e3 / n, 3)
+                                            for e in sorted(ev, key=lambda e: -e.self_device_time_total)[:15]})
+    return out
+
+
+def loader_only(args, shards: dict, steps: int = 40) -> dict:
+    """Milliseconds per step to read, cast and collate one packed row from the shards (``train_data.Batches.load``,
+    and pinning on CUDA) on this thread alone: the loader's cost, which overlaps the trainer's only where the
+    background thread gets the interpreter."""
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, dtype, args.seed, noise_std=0.0,
+                dequantize_on_device=args.device.startswith("cuda") and not args.host_dequantize)
+    plan = b.epoch(0)[:steps]
+    t = time.perf_counter()
+    for step in plan:
+        row = b.load(step[0])
+        if args.device.startswith("cuda"):
+            {k: v.pin_memory() for k, v in row.items() if isinstance(v, torch.Tensor)}
+    s = time.perf_counter() - t
+    return {"steps": len(plan), "step_ms": round(1e3 * s / max(len(plan), 1), 2)}
 
 
 def run_speculators_trainer(args, d: Path, shards: dict, device: str) -> dict:
@@ -208,6 +245,17 @@ def main() -> None:
     ap.add_argument("--loss", default="eager", choices=["eager", "fused"], help="speculators' loss implementation")
     ap.add_argument("--profile", action="store_true", help="print the top CUDA kernels of the compute-only steps")
     ap.add_argument("--skip-ours", action="store_true")
+    ap.add_argument("--heads", type=int, default=None, help="attention heads (default hidden / 128; SmolLM2: 9)")
+    ap.add_argument("--kv-heads", type=int, default=None, help="KV heads (default hidden / 512; SmolLM2: 3)")
+    ap.add_argument("--storage-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3fn"],
+                    help="the shards' states, as capture.storage_dtype (the GPU recipe: float8_e4m3fn)")
+    ap.add_argument("--min-seq", type=int, default=None,
+                    help="sample lengths uniform in [min-seq, seq] (default: all seq tokens)")
+    ap.add_argument("--ttt-step-loss-decay", type=float, default=1.0)
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="train.checkpoint_every (the recipe: 500)")
+    ap.add_argument("--host-dequantize", action="store_true",
+                    help="fp8 shards dequantised on the loader's thread, as before issue 65 (the A/B's other side)")
+    ap.add_argument("--skip-compute-only", action="store_true", help="leave out the one-batch compute ceiling")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -215,11 +263,14 @@ def main() -> None:
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     t = time.perf_counter()
-    fake_target(d / "target", args.hidden, args.vocab)
-    shards = synthetic_shards(d, args.samples, args.eval_samples, args.seq, args.hidden, args.vocab, args.distinct)
+    fake_target(d / "target", args.hidden, args.vocab, args.heads, args.kv_heads)
+    shards = synthetic_shards(d, args.samples, args.eval_samples, args.seq, args.hidden, args.vocab, args.distinct,
+                              args.storage_dtype, args.min_seq)
     build_vocab_map.build(d / "train-tokens.safetensors", args.vocab, args.draft_vocab, d / "d2t.npy", d / "t2d.npy",
                           d / "vocab.json")
     setup_s = time.perf_counter() - t
+    if args.host_dequantize:  # the trainer's layouts without BatchLayout.dequantize_on_device
+        td.BatchLayout = lambda *a, **k: BatchLayout(*a, **{**k, "dequantize_on_device": False})
     peak = peak_tflops(args.device)
     if args.device.startswith("cuda"):
         # One compiled forward serves every model instance of this process; let dynamo keep a
@@ -234,11 +285,14 @@ def main() -> None:
     m = td.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"), str(d / "t2d.npy"),
                  str(d / "vocab.json"), str(d / "decisions.json"), str(d / "ours"), epochs=args.epochs, lr=args.lr,
                  total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps, seed=args.seed, head_variant="eagle3.1",
-                 loss_implementation=args.loss, device=args.device)
+                 loss_implementation=args.loss, device=args.device, ttt_step_loss_decay=args.ttt_step_loss_decay,
+                 checkpoint_every=args.checkpoint_every)
     fpt = m["flops_per_token"]
     res = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu x{os.cpu_count()}",
         "loss_implementation": args.loss,
+        "dequantize": "host" if args.host_dequantize else "device",
+        "storage_dtype": args.storage_dtype,
         "shape": {"hidden": args.hidden, "vocab": args.vocab, "draft_vocab": args.draft_vocab, "seq": args.seq,
                   "total_seq_len": args.total_seq_len, "ttt_steps": args.ttt_steps, "train_samples": args.samples,
                   "epochs": args.epochs},
@@ -248,10 +302,13 @@ def main() -> None:
         "ours": {"seconds": m["seconds"], "steps": m["steps"], "tokens_per_s": m["tokens_per_s"],
                  "steps_per_s": round(m["steps"] / m["seconds"], 3),
                  "mfu": round(fpt * m["tokens_per_s"] / (peak * 1e12), 4) if peak else None,
+                 "step_ms": round(1e3 * m["seconds"] / max(m["steps"], 1), 2),
+                 "prefetch": m["prefetch"],
                  "full_acc_per_step": m["final_eval"]["full_acc_per_step"],
                  "simulated_acceptance_length": m["final_eval"]["simulated_acceptance_length"]},
+        "loader_only": loader_only(args, shards),
     }
-    if args.device.startswith("cuda"):
+    if args.device.startswith("cuda") and not args.skip_compute_only:
         c = compute_only(args, d, shards)
         c["mfu"] = round(fpt * c["tokens_per_s"] / (peak * 1e12), 4)
         res["compute_only_one_batch_on_gpu"] = c

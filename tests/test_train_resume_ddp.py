@@ -81,6 +81,39 @@ def test_sigkill_then_resume_is_bit_identical(tiny_shards, tiny_target, tmp_path
     assert not state.exists()  # cleaned up after success
 
 
+def test_sigterm_saves_the_state_after_the_step_in_flight_and_the_rerun_resumes_bit_identical(
+        tiny_shards, tiny_target, tmp_path, monkeypatch):
+    """A real SIGTERM to this process mid-epoch (a device call's deadline, a cluster's time limit) with no periodic save
+    due (checkpoint_every 1000): the step in flight finishes, the state after it is saved, the run stops with
+    ``TrainingStopped`` naming the step and the state's folder; run again, it resumes from that step and ends with the
+    uninterrupted run's weights and step count (issue 65: nothing lost at a call boundary)."""
+    from eagle3build.train import trainer
+
+    d, _, _ = tiny_shards
+    ref = tmp_path / "ref"
+    r = td.train(**kwargs(d, tiny_target, ref, checkpoint_every=1000, noise_std=0.0))
+    out = tmp_path / "cut"
+    step, calls = trainer.train_step, []
+
+    def term_at_third(t, rows, speed):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-step: the handler only sets t.stop
+        return step(t, rows, speed)
+
+    monkeypatch.setattr(trainer, "train_step", term_at_third)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(trainer.TrainingStopped, match=r"after step 3 of \d+ is saved in .*cut\.state"):
+        td.train(**kwargs(d, tiny_target, out, checkpoint_every=1000, noise_std=0.0))
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+    assert not out.exists() and torch.load(tmp_path / "cut.state/state.pt", weights_only=True)["step"] == 3
+    monkeypatch.setattr(trainer, "train_step", step)
+    m = td.train(**kwargs(d, tiny_target, out, checkpoint_every=1000, noise_std=0.0))
+    assert m["resumed_from_step"] == 3 and m["steps"] == r["steps"]
+    a, b = weights(ref), weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_state_of_other_settings_is_not_resumed(tiny_shards, tiny_target, tmp_path):
     d, _, _ = tiny_shards
     out = tmp_path / "ck"

@@ -116,6 +116,24 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = to
     return (q.float().reshape(T, G, -1) * scale.unsqueeze(-1)).reshape(T, -1).to(dtype)
 
 
+def pack_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``quantize_fp8``'s output as one uint8 tensor ``[T, G*H + 4*G]``: the fp8 values' bytes, then the float32
+    scales' bytes (``q`` [T, G*H] float8_e4m3fn, ``scale`` [T, G] float32). Half a bf16 row's bytes to copy and
+    no conversion on the host; ``unpack_fp8`` reverses it on whatever device holds it."""
+    return torch.cat([q.view(torch.uint8), scale.contiguous().view(torch.uint8)], dim=-1)
+
+
+def unpack_fp8(packed: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """``pack_fp8``'s rows ``[..., G*H + 4*G]`` (any leading dims, any device) dequantised to ``[..., G*H]`` in
+    ``dtype``: ``dequantize_fp8``'s float32 arithmetic, so the values equal ``ShardReader[i]``'s cast to ``dtype``
+    bit for bit. An all-zero row (collation's padding) gives zeros."""
+    width = packed.shape[-1] - 4 * groups
+    q = packed[..., :width].contiguous().view(torch.float8_e4m3fn)
+    scale = packed[..., width:].contiguous().view(torch.float32)
+    lead = q.shape[:-1]
+    return (q.float().reshape(*lead, groups, -1) * scale.unsqueeze(-1)).reshape(*lead, width).to(dtype)
+
+
 def shard_layout(meta: ShardMeta, num_tokens: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """Tensor name -> (dtype, shape) of a shard with ``num_tokens`` rows, in file order."""
     A, H, n = len(meta.aux_layer_ids), meta.hidden_size, len(meta.sample_ids)
@@ -352,6 +370,26 @@ class ShardReader:
         if self.meta.fp8:
             hidden = dequantize_fp8(hidden, self._f.get_slice("hidden_states_scale")[a:b])
             last = dequantize_fp8(last, self._f.get_slice("verifier_last_hidden_states_scale")[a:b])
+        return self._sample(a, b, hidden, last)
+
+    def packed(self, i: int) -> dict[str, torch.Tensor]:
+        """Sample ``i`` of an fp8 shard as stored: ``reader[i]``'s keys, but each of the states a uint8 tensor
+        ``[T, G*H + 4*G]`` holding its fp8 values and its float32 scales (``pack_fp8``), for a reader that
+        dequantises where it computes (``unpack_fp8`` gives ``reader[i]``'s values bit for bit). Rows stay rows,
+        so a row-wise transform of the sample (speculators' ``shift_batch``) moves each scale with its states.
+
+        Raises:
+            ValueError: the shard is not fp8.
+        """
+        if not self.meta.fp8:
+            raise ValueError(f"{self.path}: storage {self.meta.dtype}, not float8_e4m3fn: nothing to keep packed")
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        hidden = pack_fp8(self._f.get_slice("hidden_states")[a:b], self._f.get_slice("hidden_states_scale")[a:b])
+        last = pack_fp8(self._f.get_slice("verifier_last_hidden_states")[a:b],
+                        self._f.get_slice("verifier_last_hidden_states_scale")[a:b])
+        return self._sample(a, b, hidden, last)
+
+    def _sample(self, a: int, b: int, hidden: torch.Tensor, last: torch.Tensor) -> dict[str, torch.Tensor]:
         return {
             "hidden_states": hidden,
             "verifier_last_hidden_states": last,

@@ -15,16 +15,20 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..formats.shards import ShardReader
+from ..formats.shards import ShardReader, unpack_fp8
 
 
 def shard_dataset_class():
     """speculators' ``BaseDataset`` subclass over our shards (built on first call: speculators is
-    imported lazily). Construct it as ``cls(paths, max_len, hidden_states_dtype, noise_std=..., seed=...)``.
+    imported lazily). Construct it as ``cls(paths, max_len, hidden_states_dtype, noise_std=..., seed=...,
+    packed=False)``.
 
     A sample (``BaseDataset.__getitem__``) holds ``hidden_states`` ``[seq, num_aux * hidden]``
     and ``verifier_last_hidden_states`` ``[seq, hidden]`` in ``hidden_states_dtype``,
-    ``input_ids`` ``[seq]`` int64 and ``loss_mask`` ``[seq]``, truncated to ``max_len``.
+    ``input_ids`` ``[seq]`` int64 and ``loss_mask`` ``[seq]``, truncated to ``max_len``; with ``packed`` (kept only
+    where every shard is fp8 and ``noise_std`` is 0: the dataset's ``packed``) both states stay as stored, uint8 rows
+    of fp8 values and scales (``ShardReader.packed``), for the trainer to dequantise on its device
+    (``Batches.to_device``).
     """
     from speculators.train.data import BaseDataset
 
@@ -37,8 +41,10 @@ def shard_dataset_class():
         """
 
         def __init__(self, paths: list[str], max_len: int, hidden_states_dtype: torch.dtype, *, noise_std: float,
-                     seed: int):
+                     seed: int, packed: bool = False):
             self.readers = [ShardReader(p) for p in paths]
+            # packed only where every shard is fp8 and no noise is added to the states
+            self.packed = packed and noise_std == 0 and bool(self.readers) and all(r.meta.fp8 for r in self.readers)
             self.index = [(r, i) for r in self.readers for i in range(len(r))]
             self.noise_std = noise_std
             self.seed = seed
@@ -53,6 +59,8 @@ def shard_dataset_class():
 
         def _get_raw_data(self, index: int):
             r, i = self.index[index]
+            if self.packed:
+                return r.packed(i)
             return cast_and_noise(r[i], self.hidden_states_dtype, self.noise_std, self.seed, self.epoch, index)
 
     return ShardDataset
@@ -98,8 +106,10 @@ class BatchLayout:
     ``num_aux`` (the states' shapes), ``dtype`` of the states, ``seed`` (sampling and noise), ``noise_std`` (the
     aux states' N(0, σ²) noise, their units), ``world_size`` ranks of which this process computes ``ranks``
     (None: all), ``shift``: rows ``shift_batch``ed (EAGLE-3, P-EAGLE) or as collated (DFlash, which pairs
-    each position with the target's logits at the one before itself). ``Batches.for_layout`` builds batches
-    from it."""
+    each position with the target's logits at the one before itself). ``dequantize_on_device``: fp8 shards read
+    without noise are dequantised by ``Batches.to_device`` on the trainer's device instead of on the loader's thread
+    (the same values bit for bit; on a GPU the host's fp8 conversion bounded the recipe's steps: 57 ms of host work
+    a step). ``Batches.for_layout`` builds batches from it."""
 
     total_seq_len: int
     hidden_size: int
@@ -110,6 +120,7 @@ class BatchLayout:
     world_size: int = 1
     ranks: list[int] | None = None
     shift: bool = True
+    dequantize_on_device: bool = False
 
 
 class Batches:
@@ -126,18 +137,24 @@ class Batches:
     ``document_ids`` (-1 on padding) ``[1, total_seq_len]`` int64; ``loss_mask``
     ``[1, total_seq_len]``. Sampling is seeded by ``seed`` and the epoch; the aux-state noise
     (``noise_std``, in the states' own units) by ``seed``, the epoch and the sample.
+
+    ``packed`` (``dequantize_on_device`` asked for, every shard fp8, no noise, no other dataset): the rows' two states
+    are uint8 ``[1, total_seq_len, G*H + 4*G]`` (``shards.pack_fp8``), which ``to_device`` turns into the layout
+    above on the device; ``to_device`` is the way rows reach the model either way.
     """
 
     def __init__(self, paths: list[str], total_seq_len: int, hidden_size: int, num_aux: int, dtype: torch.dtype,
                  seed: int, noise_std: float, world_size: int = 1, ranks: list[int] | None = None,
-                 dataset=None, shift: bool = True):
+                 dataset=None, shift: bool = True, dequantize_on_device: bool = False):
         from speculators.models.eagle3.data import shift_batch
         from speculators.train.data import CollateFn
         from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
         # ``dataset``: another BaseDataset in place of the shards' (online training: train.online_data)
         self.dataset = dataset if dataset is not None else shard_dataset_class()(
-            paths, total_seq_len, dtype, noise_std=noise_std, seed=seed)
+            paths, total_seq_len, dtype, noise_std=noise_std, seed=seed, packed=dequantize_on_device)
+        self.packed = getattr(self.dataset, "packed", False)
+        self.dtype, self.num_aux = dtype, num_aux
         self.waits = PrefetchWaits()
         self.depth = 2  # steps loaded ahead (prefetch)
         self.ranks = list(ranks if ranks is not None else range(world_size))
@@ -146,14 +163,16 @@ class Batches:
                                                num_replicas=world_size, rank=r, seed=seed)
             for r in self.ranks
         ]
-        self.collate = CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux, dtype=dtype,
-                                 preprocess=shift_batch if shift else None)
+        # packed rows: CollateFn copies the states' bytes into uint8 buffers (its buffer dtype for the states' keys)
+        self.collate = CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux,
+                                 dtype=torch.uint8 if self.packed else dtype, preprocess=shift_batch if shift else None)
 
     @classmethod
     def for_layout(cls, paths: list[str], layout: BatchLayout, dataset=None) -> "Batches":
         """Batches over the shards ``paths`` (or ``dataset``) packed as ``layout`` says."""
         return cls(paths, layout.total_seq_len, layout.hidden_size, layout.num_aux, layout.dtype, layout.seed,
-                   layout.noise_std, layout.world_size, layout.ranks, dataset=dataset, shift=layout.shift)
+                   layout.noise_std, layout.world_size, layout.ranks, dataset=dataset, shift=layout.shift,
+                   dequantize_on_device=layout.dequantize_on_device)
 
     def steps_per_epoch(self) -> int:
         """Global steps in one epoch (packed rows per rank; the same for every rank)."""
@@ -170,6 +189,15 @@ class Batches:
     def load(self, indices) -> dict:
         """One collated row (see the class docstring) from the dataset samples ``indices``."""
         return self.collate([self.dataset[int(i)] for i in indices])
+
+    def to_device(self, row: dict, device: str) -> dict[str, torch.Tensor]:
+        """A collated row's model inputs (``MODEL_KEYS``) on ``device`` (``to_device``); packed rows' states
+        dequantised there into ``[1, total_seq_len, G*H]`` in the batches' ``dtype`` (``shards.unpack_fp8``)."""
+        out = to_device(row, device)
+        if self.packed:
+            out["hidden_states"] = unpack_fp8(out["hidden_states"], self.num_aux, self.dtype)
+            out["verifier_last_hidden_states"] = unpack_fp8(out["verifier_last_hidden_states"], 1, self.dtype)
+        return out
 
     def prefetch(self, steps: list[list], pin: bool = False, depth: int | None = None):
         """Yield each step's collated rows, loaded by a background thread ``depth`` steps ahead

@@ -59,6 +59,7 @@ from .trainer import (
     TrainInputs,
     evaluate,
     run_metrics,
+    save_on_term,
     train_epoch,
 )
 
@@ -145,9 +146,12 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     ranks = [r for r in range(world) if r % processes == rank]  # all in one process; its own under torchrun
     # the eval batches: no noise, one rank's rows, whatever the world size
     shift = draft.method.shifted
+    # fp8 shards dequantised on the GPU, not on the loader's thread (BatchLayout.dequantize_on_device)
+    on_gpu = device.startswith("cuda")
     train_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, cfg.noise_std, world, ranks,
-                               shift=shift)
-    eval_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, 0.0, shift=shift)
+                               shift=shift, dequantize_on_device=on_gpu)
+    eval_layout = BatchLayout(cfg.total_seq_len, hidden, len(aux), dtype, cfg.seed, 0.0, shift=shift,
+                              dequantize_on_device=on_gpu)
     if target is not None:
         on = inputs.online
         train_b = online_data.OnlineBatches(on, "train", target, train_layout)
@@ -224,20 +228,21 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
              t.world, t.cfg.ttt_steps, t.cfg.head_variant)
     speed = Throughput()
     t.model.train()
-    for epoch in range(state.epoch, t.cfg.epochs):
-        if state.step >= t.total_steps:
-            break
-        train_epoch(t, state, epoch, speed)
-        ev = evaluate(t.model, t.eval_b, t.device, t.call_kwargs, t.cfg.ttt_steps, t.target) if t.eval_b else {}
-        state.epochs.append({"epoch": epoch, "step": state.step, "eval": ev,
-                             "train_loss_last": state.history[-1]["loss"] if state.history else None})
-        state.epoch, state.pos = epoch + 1, 0
-        if t.cfg.select == "best_simulated_tau":
-            state.note_epoch(epoch, ev.get("simulated_acceptance_length"))
-        if t.rank == 0:
-            log.info("epoch %d: %s", epoch, json.dumps(state.epochs[-1]))
-            if t.cfg.checkpoint_every > 0:
-                state.save(t.inputs.state_dir, t.key)
+    with save_on_term(t, t.cfg.checkpoint_every > 0):  # SIGTERM: the state after the step in flight, then stop
+        for epoch in range(state.epoch, t.cfg.epochs):
+            if state.step >= t.total_steps:
+                break
+            train_epoch(t, state, epoch, speed)
+            ev = evaluate(t.model, t.eval_b, t.device, t.call_kwargs, t.cfg.ttt_steps, t.target) if t.eval_b else {}
+            state.epochs.append({"epoch": epoch, "step": state.step, "eval": ev,
+                                 "train_loss_last": state.history[-1]["loss"] if state.history else None})
+            state.epoch, state.pos = epoch + 1, 0
+            if t.cfg.select == "best_simulated_tau":
+                state.note_epoch(epoch, ev.get("simulated_acceptance_length"))
+            if t.rank == 0:
+                log.info("epoch %d: %s", epoch, json.dumps(state.epochs[-1]))
+                if t.cfg.checkpoint_every > 0:
+                    state.save(t.inputs.state_dir, t.key)
     metrics = run_metrics(t, state, speed)
     metrics["selection"] = select_epoch(t.cfg.select, state)
     metrics["capture_mode"] = t.inputs.mode

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -23,7 +25,7 @@ import torch
 
 from ..config.settings import declared, section_fields, settings_class
 from ..config.spec import KEYS, Key
-from .train_data import Batches, to_device
+from .train_data import Batches
 from .train_metrics import accumulate, draft_flops_per_token, history_entry, summarise, to_floats
 from .train_state import TrainState
 
@@ -159,6 +161,7 @@ class Trainer:
     meta: dict
     target: object = None  # online: the target computing the states (online_states), else None
     key_any_world: str = ""  # ``key`` without the world size: this run's state saved at another world size
+    stop: threading.Event | None = None  # set by SIGTERM (``save_on_term``): save the state after this step, stop
 
     @property
     def device(self) -> str:
@@ -221,7 +224,7 @@ def train_step(t: Trainer, rows: list[dict], speed: Throughput) -> tuple[dict, t
             # forward and backward: torch compiles the backward lazily, at the first backward (online_states)
             with target_guard(t.target):
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.cuda):
-                    _, loss, metrics = t.net(**to_device(row, t.device), **t.call_kwargs)
+                    _, loss, metrics = t.net(**t.train_b.to_device(row, t.device), **t.call_kwargs)
                 (loss / rows_per_process).backward()
         accumulate(acc, metrics)
         speed.tokens += int((row["document_ids"] != -1).sum())
@@ -237,12 +240,37 @@ def _flush(t: Trainer, pending: list[tuple], history: list[dict]) -> None:
     pending.clear()
 
 
+class TrainingStopped(RuntimeError):
+    """SIGTERM reached a run that saves its state (``save_on_term``): the state was saved after the step in flight,
+    and the same job run again resumes from it (the message names the step and the state's folder)."""
+
+
+@contextlib.contextmanager
+def save_on_term(t: Trainer, enabled: bool):
+    """While the block runs, SIGTERM sets ``t.stop`` instead of ending the process, so that ``train_epoch`` saves the
+    resumable state after the step in flight and raises ``TrainingStopped``: a run cut by its caller's deadline (a
+    device call's end, a cluster's time limit; both send TERM first) loses no step. Only where ``enabled``
+    (``checkpoint_every`` > 0: a state is resumable) and on the main thread; the previous handler is put back."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    t.stop = threading.Event()
+    before = signal.signal(signal.SIGTERM, lambda *_: t.stop.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def train_epoch(t: Trainer, state: TrainState, epoch: int, speed: Throughput) -> None:
     """Run epoch ``epoch`` from batch ``state.pos`` until its end or ``t.total_steps``.
 
     Steps, history and (rank 0, every ``checkpoint_every`` steps) the saved state go into
     ``state``. Metrics stay on the device until flushed (every 20 steps and before a save):
     the host never waits for the GPU mid-epoch, so it queues the next step while this one runs.
+
+    Raises:
+        TrainingStopped: ``t.stop`` was set (SIGTERM, ``save_on_term``); the state after the last step is saved.
     """
     from tqdm import tqdm
 
@@ -258,13 +286,18 @@ def train_epoch(t: Trainer, state: TrainState, epoch: int, speed: Throughput) ->
         pending.append((state.step, acc, t.sched.get_last_lr()[0], gnorm.detach()))
         bar.update(1)
         every = t.cfg.checkpoint_every
-        saving = every > 0 and state.step % every == 0 and t.rank == 0
+        stopping = t.stop is not None and t.stop.is_set()
+        saving = (stopping or (every > 0 and state.step % every == 0)) and t.rank == 0
         if saving or len(pending) >= 20:
             _flush(t, pending, state.history)
             bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}", tok_s=f"{speed.tokens / speed.seconds():.0f}")
         if saving:
             state.epoch, state.pos = epoch, pos + 1
             state.save(t.inputs.state_dir, t.key)
+        if stopping:
+            bar.close()
+            raise TrainingStopped(f"SIGTERM: the training state after step {state.step} of {t.total_steps} is saved in "
+                                  f"{t.inputs.state_dir}; the same job run again resumes from it")
     _flush(t, pending, state.history)
     bar.close()
 
@@ -285,7 +318,7 @@ def evaluate(model, batches: Batches, device: str, call_kwargs: dict, ttt_steps:
     acc: dict[str, float] = {}
     for rows in batches.prefetch(batches.epoch(0), pin=device.startswith("cuda")):
         for batch in rows:
-            b = to_device(batch, device)
+            b = batches.to_device(batch, device)
             with target_guard(target), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
                 _, _, metrics = model(**b, **call_kwargs)
             accumulate(acc, metrics)
