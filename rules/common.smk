@@ -10,7 +10,7 @@ from eagle3build.config import spec as config_spec
 from eagle3build.draft import choice as draft_choice
 from eagle3build.formats import benchmark_runs, target_files
 from eagle3build.vllm import engine as vllm_engine
-from eagle3build.workflow import contract, missing, staleness
+from eagle3build.workflow import contract, missing, plan, staleness
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -379,6 +379,20 @@ def capture_may_use_vllm():
     if backend == "auto" and _RECORDED_DECISIONS:
         backend = _RECORDED_DECISIONS.get("capture", {}).get("backend", "auto")
     return backend != "hooks"
+
+
+# The run's benchmark file where this plan builds it (eagle3build.workflow.plan.benchmark_in_plan, from the targets
+# Snakemake was given; a cluster job's own Snakemake, given its job alone, plans none), else None: export_head then
+# leaves its vLLM load check out (export.vllm_load_check: auto), the benchmark's engines loading the same head. Read
+# when the jobs are planned: Snakemake sets its DAG settings after parsing this file.
+def benchmarked_by(wildcards, threads):
+    """export_head's ``benchmarked_by``, a param made from ``threads``: derived, not compared, so that asking for the
+    head alone, then for the whole run, replans nothing."""
+    d = workflow.dag_settings
+    return plan.benchmark_in_plan(d.targets, RES, d.until, d.omit_from, d.target_jobs)
+
+
+signature_once(benchmarked_by)
 
 
 def export_res(key):

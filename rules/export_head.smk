@@ -27,6 +27,7 @@ rule export_head:
         checkpoint_dir=lambda w, input: os.path.dirname(input.checkpoint),
         out_dir=lambda w, output: os.path.dirname(output.config),
         target_dir=target_dir,
+        benchmarked_by=benchmarked_by,
         settings=job_settings_param("export_head"),
     script:
         "../scripts/run_stage.py"

@@ -108,6 +108,23 @@ def test_export_head(workdir, trained, tiny_target):
             "layers.0.hidden_norm.weight": (64,), "layers.0.post_attention_layernorm.weight": (64,)}
 
 
+def test_export_leaves_the_load_check_to_the_plans_benchmark(workdir, trained, tiny_target, tmp_path):
+    """``auto`` with the same plan benchmarking the head (issue 65): no engine is started (vLLM cannot serve the tiny
+    target's head_dim 16 on this CPU: the check would fail the export, as the next test shows) and head_meta.json says
+    why, against its schema."""
+    from eagle3build.formats.artifacts import validate
+
+    d, _, _ = workdir
+    ck, _ = trained
+    meta = ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/tiny",
+                     str(tiny_target), vllm_load_check="auto", benchmarked_by="results/r/benchmark.json")
+    want = {"skipped": "the same plan's benchmark (results/r/benchmark.json) loads this head in vLLM"}
+    assert meta["vllm_load_check"] == want
+    written = json.loads((tmp_path / "head/head_meta.json").read_text())
+    assert written["vllm_load_check"] == want
+    validate(written, "head_meta", "head_meta.json")
+
+
 def test_export_refuses_other_vocab_map(workdir, trained, tiny_target, tmp_path):
     d, _, info = workdir
     ck, _ = trained

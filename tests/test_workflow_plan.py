@@ -201,3 +201,38 @@ def test_vllm_jobs_get_more_memory_on_a_retry():
     assert [f(None, a) for a in (1, 2, 3)] == [12000, 18000, 24000]
     # its signature is recorded once (Snakemake reads it for every job), as inspect gives it
     assert list(getattr(f, FUNC_OVERWRITE_PARAMS_ATTR)) == ["wildcards", "attempt"]
+
+
+def _export_benchmarked_by(tmp_path, targets, **dag):
+    """export_head's ``benchmarked_by`` param in the default config's plan of ``targets`` (Snakemake's API, as
+    tests/plan_params.py builds a plan: nothing is run)."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+    with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
+        wf = api.workflow(resource_settings=ResourceSettings(cores=2), snakefile=REPO / "Snakefile", workdir=tmp_path,
+                          config_settings=ConfigSettings(configfiles=[REPO / "config.yaml"]))
+        workflow = wf.dag(dag_settings=DAGSettings(targets=set(targets), **dag)).workflow_api._workflow
+        workflow._prepare_dag(forceall=True, ignore_incomplete=True, lock_warn_only=True, nolock=True)
+        workflow._build_dag()
+        (job,) = [j for j in workflow.dag.jobs if j.rule.name == "export_head"]
+        return job.params.benchmarked_by, job.non_derived_params
+
+
+def test_export_leaves_its_load_check_to_the_benchmark_of_the_same_plan(tmp_path):
+    """Issue 65: where the plan builds the run's benchmark (the default target, benchmark.json or what is made from it)
+    export_head is told so (``benchmarked_by``: its engines load the head, export's own vLLM load check is left out);
+    asked for the head alone, or a plan cut by --until, it is not. The param is derived: the same params are compared
+    either way, so asking for the head, then for the whole run, replans nothing."""
+    from eagle3build.workflow.plan import benchmark_in_plan
+
+    full, params = _export_benchmarked_by(tmp_path, [])
+    assert full == "results/default/benchmark.json"
+    head, params_head = _export_benchmarked_by(tmp_path, ["results/default/head/config.json"])
+    assert head is None and params_head == params
+    assert _export_benchmarked_by(tmp_path, ["results/default/serve/serve_check.json"])[0] == full
+    r = "results/default"
+    assert benchmark_in_plan({"./results/default/report/benchmark.png"}, r) == full
+    assert benchmark_in_plan({"plot_benchmark"}, r) == full and benchmark_in_plan({"export_head"}, r) is None
+    assert benchmark_in_plan(set(), r, until={"export_head"}) is None
+    assert benchmark_in_plan(set(), r, target_jobs={"export_head:"}) is None  # a cluster job's own Snakemake

@@ -78,13 +78,17 @@ def export(
     gpus: int = 0,
     pipeline_parallel_size: int = declared("target.pipeline_parallel_size"),
     trust_remote_code: bool = declared("target.trust_remote_code"),
+    benchmarked_by: str | None = None,
 ) -> dict:
     """Check the checkpoint against the vocab map and write the head directory; then load it with
     speculators and, where vLLM is installed (``vllm_load_check``: auto | always | never), with vLLM,
     serving the target tensor-parallel over the job's ``gpus`` GPUs (0 = CPU, float32).
 
     ``auto`` without an importable vLLM skips the vLLM check with a warning, recorded in
-    ``head_meta.json`` (``vllm_load_check.skipped``); ``always`` then fails before any work.
+    ``head_meta.json`` (``vllm_load_check.skipped``); ``always`` then fails before any work. ``auto`` also skips it
+    where the same plan benchmarks the head (``benchmarked_by``: that benchmark's file, ``workflow.plan
+    .benchmark_in_plan``): the benchmark's engines load it minutes later, and a head that does not load fails there,
+    naming vLLM's error; ``head_meta.json`` says so.
 
     Raises:
         artifacts.ArtifactError: the checkpoint's ``train_meta.json`` is missing or does not match its schema.
@@ -99,6 +103,9 @@ def export(
     vllm_check = vllm_load_check == "always"
     if vllm_load_check == "always":
         vllm_engine.require_vllm(needed_by=f"{os.fspath(out_dir)} (export.vllm_load_check: always)")
+    elif vllm_load_check == "auto" and benchmarked_by:
+        skipped = f"the same plan's benchmark ({benchmarked_by}) loads this head in vLLM"
+        log.info("vLLM load check left out: %s", skipped)
     elif vllm_load_check == "auto":
         try:
             vllm_engine.require_vllm(needed_by=f"the vLLM load check of {os.fspath(out_dir)}")
@@ -252,4 +259,4 @@ def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[
         vocab_json=inputs["vocab"], out_dir=params["out_dir"], served_name=s["target.served_name"],
         target_dir=params["target_dir"], dtype=s["export.weights_dtype"], vllm_load_check=s["export.vllm_load_check"],
         gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
-        trust_remote_code=s["target.trust_remote_code"])
+        trust_remote_code=s["target.trust_remote_code"], benchmarked_by=params.get("benchmarked_by"))
