@@ -198,8 +198,10 @@ def test_gpu_record_driver_dry_run(tmp_path):
     p = _run("gpu/record.py", "recipe", "kimi-online", "--dry-run", "--seconds", "300", "--out", str(tmp_path))
     assert "recipe_plan: rc 0" in p.stdout and "kimi-online_plan: rc 0" in p.stdout
     plan = (tmp_path / "logs/recipe_plan.log").read_text()
-    assert plan.split("\n")[0].endswith(f"--configfile {REPO / 'examples/configs/smollm2-8k-gpu.yaml'}")
+    assert plan.split("\n")[0].endswith(f"--configfile {REPO / 'examples/configs/smollm2-8k-gpu.yaml'} "
+                                         f"{REPO / 'benchmarks/gpu/no_preflight.yaml'}")
     assert re.search(r"^benchmark\s+1$", plan, re.M) and re.search(r"^train_draft\s+1$", plan, re.M)
+    assert not re.search(r"^preflight_bound\s", plan, re.M)  # no recipe-based record quotes it (issue 65)
     online = (tmp_path / "logs/kimi-online_plan.log").read_text()
     assert not re.search(r"^capture_hidden_states\s+\d", online, re.M)  # online: no shards
     assert not (tmp_path / "records").exists()

@@ -147,13 +147,15 @@ PREFLIGHT = "results/{run}/preflight.json"
 SERVE_CHECK = "results/{run}/serve/serve_check.json"
 KIMI = {"prepare": _kimi_target, "prepare_bytes": _kimi_target_bytes}
 
+NO_PREFLIGHT = f"{GPU}/no_preflight.yaml"  # the recipe-based records quote no pre-flight bound (issue 65)
+
 RECORDS: dict[str, Record] = {
-    "recipe": Record((RECIPE,)),
-    "recipe-k5": Record((RECIPE, f"{GPU}/ks5.yaml")),
-    "recipe-c16": Record((RECIPE, f"{GPU}/c16_64.yaml")),
-    "kschedule": Record((RECIPE, f"{GPU}/kschedule.yaml")),
-    "methods": Record((RECIPE, f"{GPU}/compare_methods.yaml")),
-    "peer": Record((RECIPE, f"{GPU}/compare_peer.yaml"), prepare=_peer),
+    "recipe": Record((RECIPE, NO_PREFLIGHT)),
+    "recipe-k5": Record((RECIPE, f"{GPU}/ks5.yaml", NO_PREFLIGHT)),
+    "recipe-c16": Record((RECIPE, f"{GPU}/c16_64.yaml", NO_PREFLIGHT)),
+    "kschedule": Record((RECIPE, f"{GPU}/kschedule.yaml", NO_PREFLIGHT)),
+    "methods": Record((RECIPE, f"{GPU}/compare_methods.yaml", NO_PREFLIGHT)),
+    "peer": Record((RECIPE, f"{GPU}/compare_peer.yaml", NO_PREFLIGHT), prepare=_peer),
     "dense": Record((f"{GPU}/dense_preflight.yaml",), targets=(PREFLIGHT,)),
     # the bundled target's pre-flight bound alone (no capture, no training): its step costs
     "dense-preflight": Record((f"{GPU}/dense_preflight.yaml",), targets=(PREFLIGHT,), benchmark=False),
@@ -168,8 +170,20 @@ RECORDS: dict[str, Record] = {
     "kimi-c16": Record((f"{GPU}/kimi_k25_card.yaml", f"{GPU}/c16.yaml"), **KIMI),
     # the recipe head served as a deployment serves it (issue 60): the benchmark at 16 in flight over 64 prompts a set,
     # then the server from results/<run>/serve/ checked with the openai client and loaded by vllm bench serve at 1, 16
-    "recipe-serve": Record((RECIPE, f"{GPU}/c16_64.yaml", f"{GPU}/serve_load.yaml"), targets=(SERVE_CHECK,)),
+    "recipe-serve": Record((RECIPE, f"{GPU}/c16_64.yaml", f"{GPU}/serve_load.yaml", NO_PREFLIGHT),
+                           targets=(SERVE_CHECK,)),
 }
+# One name for several records, made in this order (issue 65: the recipe-based records in value order, one lease:
+# the recipe's build, then what adds to it: the other methods' heads, the k schedule, the server, the peer route).
+SETS: dict[str, tuple[str, ...]] = {"recipe-set": ("recipe", "methods", "kschedule", "recipe-serve", "peer")}
+
+
+def expand(names: list[str]) -> list[str]:
+    """``names`` with each set name (``SETS``) replaced by its records, each record once, in the order given."""
+    out: list[str] = []
+    for n in names:
+        out.extend(r for r in SETS.get(n, (n,)) if r not in out)
+    return out
 
 
 def run_name(configfiles: tuple[str, ...]) -> str:
@@ -426,7 +440,8 @@ def make(name: str, call: Call, state: Path, free_shards: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("names", nargs="+", choices=sorted(RECORDS), metavar="NAME", help=", ".join(RECORDS))
+    ap.add_argument("names", nargs="+", choices=sorted([*RECORDS, *SETS]), metavar="NAME",
+                    help=", ".join([*RECORDS, *(f"{k} ({' '.join(v)})" for k, v in SETS.items())]))
     ap.add_argument("--seconds", type=float, required=True, help="this call's budget, seconds")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "records-out")),
                     help="where records, archives and logs go (default $OUT)")
@@ -440,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--free-shards", action="store_true",
                     help="before each record, delete the hidden states of records already written here of another run")
     a = ap.parse_args(argv)
+    a.names = expand(a.names)
     a.workdir.mkdir(parents=True, exist_ok=True)
     call = Call(a.seconds, a.out, a.workdir, a.kimi_preset)
     if a.overlay:
