@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its benchlab tooling
+import card_time  # noqa: E402 - beside this file (its folder is sys.path[0] when run as a script)
 from benchlab import records  # noqa: E402
 from benchlab.benchkit import load_config  # noqa: E402
 
@@ -91,6 +92,11 @@ class Record:
     prepare: Callable[["Call", "Record"], int] | None = None
     benchmark: bool = True  # False: a pre-flight record, its figures from results/<run>/preflight.json alone
     prepare_bytes: Callable[["Call"], tuple[str, int]] | None = None
+
+    @property
+    def prepare_label(self) -> str | None:
+        """The prepare step as card_seconds.yaml times it (``prepare:<function name>``, its leading ``_`` left out)."""
+        return f"prepare:{self.prepare.__name__.lstrip('_')}" if self.prepare else None
 
 
 def _kimi_module():
@@ -438,6 +444,26 @@ def make(name: str, call: Call, state: Path, free_shards: bool = False) -> int:
     return 0
 
 
+def estimate(seq: card_time.Sequence, name: str) -> card_time.Estimate:
+    """Record ``name``'s card time after the records ``seq`` holds (card_time.Sequence.add of its config files,
+    targets and prepare step)."""
+    rec = RECORDS[name]
+    return seq.add(name, rec.configfiles, plan_targets(rec), rec.prepare_label)
+
+
+def this_card(default: str) -> str:
+    """This machine's card as records name it (``records.card_slug`` of torch's first CUDA device), else
+    ``default``."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return records.card_slug(torch.cuda.get_device_name(0))
+    except ImportError:
+        pass
+    return default
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="+", choices=sorted([*RECORDS, *SETS]), metavar="NAME",
@@ -454,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the Kimi-shaped target's preset (examples/targets/kimi_k25_shaped.py): tiny for a CPU rehearsal")
     ap.add_argument("--free-shards", action="store_true",
                     help="before each record, delete the hidden states of records already written here of another run")
+    ap.add_argument("--card", default=None, help="the card the estimates are for (card_seconds.yaml: h100, h200; "
+                    "default: this machine's, h100 for --dry-run on a machine without one)")
+    ap.add_argument("--lease-seconds", type=float, default=card_time.LEASE_S,
+                    help="Snakemake's seconds in one lease, for the estimates (default %(default)s)")
     a = ap.parse_args(argv)
     a.names = expand(a.names)
     a.workdir.mkdir(parents=True, exist_ok=True)
@@ -462,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         overlays = tuple(str(Path(o).resolve()) for o in a.overlay)  # given from where the command runs
         for n in a.names:
             RECORDS[n] = dataclasses.replace(RECORDS[n], configfiles=(*RECORDS[n].configfiles, *overlays))
+    card = a.card or this_card(default="h100" if a.dry_run else "cpu")
+    seq = card_time.Sequence(call.workdir, card)
     if a.dry_run:
         rc = 0
         for n in a.names:
@@ -470,9 +502,15 @@ def main(argv: list[str] | None = None) -> int:
             at = log.rfind("Job stats:")  # Snakemake prints the table before the jobs and again after them
             stats = log[at:log.find("Reasons:", at)] if at >= 0 else log[-2000:]
             print(f"{n} (plan in {a.out / 'logs' / f'{n}_plan.log'}):\n{stats.rstrip()}", flush=True)
+        print(f"card time on {card}, in this order (benchmarks/gpu/card_seconds.yaml):", flush=True)
+        for n in a.names:
+            print("  " + estimate(seq, n).line(a.lease_seconds), flush=True)
         return rc
     state = call.workdir / "results" / "records"
     for name in a.names:
+        est = estimate(seq, name)
+        if not (state / f"{name}.json").exists():
+            print(f"estimate on {card}: {est.line(a.lease_seconds)}", flush=True)
         rc = make(name, call, state, a.free_shards)
         if rc == CUT:
             print(f"{name}: not finished in this call; run the same command again to resume", flush=True)
