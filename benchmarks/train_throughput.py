@@ -170,10 +170,11 @@ def loader_only(args, shards: dict, steps: int = 40) -> dict:
     b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, dtype, args.seed, noise_std=0.0,
                 dequantize_on_device=args.device.startswith("cuda") and not args.host_dequantize)
     plan = b.epoch(0)[:steps]
+    pin = torch.cuda.is_available() and args.device.startswith("cuda")
     t = time.perf_counter()
     for step in plan:
         row = b.load(step[0])
-        if args.device.startswith("cuda"):
+        if pin:
             {k: v.pin_memory() for k, v in row.items() if isinstance(v, torch.Tensor)}
     s = time.perf_counter() - t
     return {"steps": len(plan), "step_ms": round(1e3 * s / max(len(plan), 1), 2)}
@@ -226,6 +227,44 @@ def run_speculators_trainer(args, d: Path, shards: dict, device: str) -> dict:
             "full_acc_per_step": acc, "simulated_acceptance_length": 1 + sum(acc)}
 
 
+def loader_ab(args, shards: dict) -> dict:
+    """``--loader-only``: the loader's ms a step with fp8 dequantised on its thread (``host``) and kept packed for the
+    device (``packed``), one after the other on this thread (``loader_only``), and their ratio; printed, written to
+    ``--json`` and, with ``--record``, as the record ``train-loader``."""
+    res = {}
+    for name, host in (("host", True), ("packed", False)):
+        args.host_dequantize = host
+        dev = args.device
+        args.device = "cuda"  # the path a GPU run takes (packed only there); nothing is moved to a device here
+        try:
+            res[name] = loader_only(args, shards, steps=args.samples)
+        finally:
+            args.device = dev
+    res["host_over_packed"] = round(res["host"]["step_ms"] / res["packed"]["step_ms"], 2)
+    res["shape"] = {"hidden": args.hidden, "total_seq_len": args.total_seq_len, "seq": [args.min_seq, args.seq],
+                    "storage_dtype": args.storage_dtype}
+    print(json.dumps(res, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+    if args.record:
+        import subprocess
+        import sys
+
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        from benchlab import records
+
+        from eagle3build.config.provenance import hardware, software_versions
+
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip()
+        cmd = "python benchmarks/train_throughput.py " + " ".join(
+            a for a in sys.argv[1:] if not a.startswith("--record") and a != str(args.record))
+        rec = records.make_record("train-loader", command=cmd, commit=commit, versions=software_versions(),
+                                  hardware=hardware(), results=records.flatten(res))
+        print(f"wrote {records.write_record(args.record, rec)}")
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -256,6 +295,10 @@ def main() -> None:
     ap.add_argument("--host-dequantize", action="store_true",
                     help="fp8 shards dequantised on the loader's thread, as before issue 65 (the A/B's other side)")
     ap.add_argument("--skip-compute-only", action="store_true", help="leave out the one-batch compute ceiling")
+    ap.add_argument("--loader-only", action="store_true",
+                    help="time the loader alone (ms a step), fp8 dequantised on its thread and kept packed for the "
+                         "device (train_data.BatchLayout.dequantize_on_device), nothing trained: the CPU record")
+    ap.add_argument("--record", type=Path, default=None, help="with --loader-only: write the record train-loader here")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -269,6 +312,9 @@ def main() -> None:
     build_vocab_map.build(d / "train-tokens.safetensors", args.vocab, args.draft_vocab, d / "d2t.npy", d / "t2d.npy",
                           d / "vocab.json")
     setup_s = time.perf_counter() - t
+    if args.loader_only:
+        loader_ab(args, shards)
+        return
     if args.host_dequantize:  # the trainer's layouts without BatchLayout.dequantize_on_device
         td.BatchLayout = lambda *a, **k: BatchLayout(*a, **{**k, "dequantize_on_device": False})
     peak = peak_tflops(args.device)

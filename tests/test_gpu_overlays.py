@@ -34,7 +34,7 @@ def test_overlays_set_what_their_records_say():
     assert (b["concurrency"], b["num_prompts"]) == (16, 64)
     assert load_config([recipe, "benchmarks/gpu/ks5.yaml"])["benchmark"]["ks"] == [5]
     b = load_config([recipe, "benchmarks/gpu/kschedule.yaml"])["benchmark"]
-    assert (b["k_schedule_concurrencies"], b["ks"]) == ([1, 4, 16, 32], [3])
+    assert (b["k_schedule_concurrencies"], b["ks"], b["num_prompts"]) == ([1, 4, 16, 64], [3], 32)  # 64 prompts
     with pytest.raises(ValueError, match="concurrencyy"):
         load_config([recipe], {"benchmark": {"concurrencyy": 16}})
 

@@ -135,6 +135,47 @@ def test_the_serving_record_rehearses_the_server_check(reduced_build, tmp_path):
                 "results/reduced/serve/serve.env", "logs/reduced/serve_check_server.log"} <= set(tar.getnames())
 
 
+@pytest.mark.vllm
+def test_the_recipe_based_records_rehearse_as_one_sequence(reduced_build, tmp_path):
+    """``record.py recipe-set`` (issue 65: the recipe-based records in one lease, in value order) over a copy of the
+    reduced build, for real on this CPU through the same call a card makes: the recipe (up to date), the methods' P-EAGLE
+    and DFlash heads and the benchmark of all three, the k schedule's benchmark, the served benchmark and the server
+    check, the peer route's head (speculators' --dry-run here: its Trainer needs an accelerator) and its benchmark.
+    Each record's estimate is printed before it starts and the record is written the moment it is finished, in the
+    set's order; a second call makes nothing again."""
+    wd = copy_build(reduced_build[0], tmp_path / "wd")
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    overlay = tmp_path / "port.yaml"
+    overlay.write_text(f"serve: {{port: {port}}}\n")
+    names = ["recipe", "methods", "kschedule", "recipe-serve", "peer"]
+    ks = f"kschedule={REPO / 'tests/rehearsal/kschedule_cpu.yaml'}"  # its sweep at 1 and 2 in flight, 2 prompts
+    p, out = _record(["recipe-set"], tmp_path, wd, REDUCED, CPU, REPO / "tests/rehearsal/recipe_set.yaml", overlay, ks,
+                     seconds=1700)
+    logs = "".join(f.read_text()[-3000:] for f in sorted((out / "logs").glob("*.log")))
+    assert p.returncode == 0, p.stdout + p.stderr + logs
+    # each record's estimate before it, its record after it, in the set's order (the recipe's record is made at once)
+    events = [("estimate", m.group(1)) if m.group(1) else ("record", m.group(2)) for m in
+              re.finditer(r"^(?:estimate on cpu: (\S+): ~\d+ s |(\S+): record \S+_cpu\.json$)", p.stdout, re.M)]
+    assert events == [(kind, n) for n in names for kind in ("estimate", "record")], p.stdout
+    files = [out / f"records/{n}_cpu.json" for n in names]
+    assert [f.stat().st_mtime for f in files] == sorted(f.stat().st_mtime for f in files)
+    rec = {n: json.loads(f.read_text())["results"] for n, f in zip(names, files)}
+    assert rec["recipe"]["k2.tau.all"] is not None and rec["recipe"]["k2.lossless"] is True
+    assert {rec["methods"][f"{h}k2.method"] for h in ("", "peagle.", "dflash.")} == {"eagle3", "peagle", "dflash"}
+    assert all(rec["methods"][f"{h}k2.lossless"] for h in ("", "peagle.", "dflash."))
+    assert isinstance(rec["kschedule"]["schedule.never_slower"], bool) and "schedule.c2.best_k" in rec["kschedule"]
+    assert rec["recipe-serve"]["serve.lossless"] is True and rec["recipe-serve"]["load.c1.tokens_per_s"] > 0
+    assert rec["recipe-serve"]["concurrency"] == 16  # c16_64.yaml's
+    assert rec["peer"]["speculators.k2.tau.all"] >= 1.0 and rec["peer"]["k2.lossless"] is True
+    assert "peer_route: no GPU here, speculators' --dry-run" in p.stdout
+    # a second call: every record made on this machine already, nothing run
+    p, _ = _record(["recipe-set"], tmp_path / "again", wd, REDUCED, CPU, REPO / "tests/rehearsal/recipe_set.yaml",
+                   overlay, ks, seconds=600)
+    assert p.returncode == 0 and p.stdout.count("recorded on this machine already") == 5, p.stdout
+
+
 def _in(pid: str, wd) -> bool:
     """Whether process ``pid`` runs in ``wd`` (its working directory), a process of the build's server left behind."""
     try:

@@ -29,7 +29,7 @@ scratch folder and ``--kimi-preset tiny`` for the Kimi-shaped target.
 
 Records (``RECORDS``): ``recipe`` (examples/configs/smollm2-8k-gpu.yaml, the README's GPU line: k 3, one request in
 flight), ``recipe-k5``, ``recipe-c16`` (16 in flight, 64 prompts a set), ``kschedule`` (the recipe head's k
-per batch size at 1, 4, 16 and 32 in flight), ``methods`` (the recipe's P-EAGLE and DFlash heads beside its
+per batch size at 1, 4, 16 and 64 in flight), ``methods`` (the recipe's P-EAGLE and DFlash heads beside its
 EAGLE-3 head, one benchmark job), ``peer`` (speculators' own training entry point on the recipe's shards,
 benchmarks/peer_route.py, then one benchmark of both heads), ``dense`` (the bundled target with its pre-flight
 bound), ``dense-methods`` (the same build with P-EAGLE and DFlash heads from its shards, served beside its
@@ -145,8 +145,12 @@ def _peer(call: "Call", rec: Record) -> int:
     rc = call.snakemake(base, ["--until", "capture_hidden_states"], "peer_capture")
     if rc != 0:
         return rc
+    # speculators' Trainer needs an accelerator: on a CPU (a rehearsal) its own --dry-run builds the head untrained
+    dry = [] if this_card("cpu") != "cpu" else ["--dry-run"]
+    if dry:
+        print("peer_route: no GPU here, speculators' --dry-run (its head built and saved untrained)", flush=True)
     return call.run([sys.executable, str(REPO / "benchmarks/peer_route.py"), "--configfile",
-                     *(str(REPO / f) for f in base), "--out", PEER_DIR], "peer_route")
+                     *(str(REPO / f) for f in base), "--out", PEER_DIR, *dry], "peer_route")
 
 
 PREFLIGHT = "results/{run}/preflight.json"
@@ -472,8 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "records-out")),
                     help="where records, archives and logs go (default $OUT)")
     ap.add_argument("--dry-run", action="store_true", help="plan each record (snakemake -n) and make none")
-    ap.add_argument("--overlay", action="append", default=[], metavar="YAML",
-                    help="a config file applied after each record's own (a CPU rehearsal at tiny size: the smoke test)")
+    ap.add_argument("--overlay", action="append", default=[], metavar="[NAME=]YAML",
+                    help="a config file applied after each record's own (a CPU rehearsal at tiny size: the smoke test); "
+                         "NAME=YAML: after record NAME's alone")
     ap.add_argument("--workdir", type=Path, default=REPO,
                     help="where Snakemake builds (its --directory; default the repository): results/, logs/, targets")
     ap.add_argument("--kimi-preset", choices=("card", "tiny"), default="card",
@@ -488,10 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     a.names = expand(a.names)
     a.workdir.mkdir(parents=True, exist_ok=True)
     call = Call(a.seconds, a.out, a.workdir, a.kimi_preset)
-    if a.overlay:
-        overlays = tuple(str(Path(o).resolve()) for o in a.overlay)  # given from where the command runs
-        for n in a.names:
-            RECORDS[n] = dataclasses.replace(RECORDS[n], configfiles=(*RECORDS[n].configfiles, *overlays))
+    for n in a.names:  # overlays given from where the command runs; NAME=YAML for one record
+        mine = tuple(str(Path(o.split("=", 1)[-1]).resolve()) for o in a.overlay
+                     if "=" not in o or o.split("=", 1)[0] == n)
+        RECORDS[n] = dataclasses.replace(RECORDS[n], configfiles=(*RECORDS[n].configfiles, *mine))
     card = a.card or this_card(default="h100" if a.dry_run else "cpu")
     seq = card_time.Sequence(call.workdir, card)
     if a.dry_run:

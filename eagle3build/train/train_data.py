@@ -108,8 +108,9 @@ class BatchLayout:
     (None: all), ``shift``: rows ``shift_batch``ed (EAGLE-3, P-EAGLE) or as collated (DFlash, which pairs
     each position with the target's logits at the one before itself). ``dequantize_on_device``: fp8 shards read
     without noise are dequantised by ``Batches.to_device`` on the trainer's device instead of on the loader's thread
-    (the same values bit for bit; on a GPU the host's fp8 conversion bounded the recipe's steps: 57 ms of host work
-    a step). ``Batches.for_layout`` builds batches from it."""
+    (the same values bit for bit, half the bytes to copy; the host's fp8 conversion is most of the loader's work, which
+    shares the interpreter with the trainer's dispatch: record ``train-loader_cpu``). ``Batches.for_layout`` builds
+    batches from it."""
 
     total_seq_len: int
     hidden_size: int
