@@ -23,7 +23,8 @@ def test_record_configs_validate(name):
 
 def test_every_overlay_is_a_records():
     used = {f for r in record.RECORDS.values() for f in r.configfiles}
-    overlays = {f"benchmarks/gpu/{p.name}" for p in GPU.glob("*.yaml")}
+    # every YAML file there is a config overlay but the card-time table (card_time.py)
+    overlays = {f"benchmarks/gpu/{p.name}" for p in GPU.glob("*.yaml") if p.name != "card_seconds.yaml"}
     assert overlays <= used, f"overlays no record uses: {sorted(overlays - used)}"
     assert all((REPO / f).exists() for f in used)
 
