@@ -2,6 +2,7 @@
 # training checkpoint -> vLLM-format head -> benchmark JSON -> serving files. See README.md.
 import sys
 
+from snakemake.common import NOTHING_TO_BE_DONE_MSG
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import min_version, validate
@@ -16,6 +17,7 @@ configfile: f"{workflow.basedir}/config.yaml"
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
 from eagle3build.config import errors as config_errors, spec as config_spec
+from eagle3build.workflow import summary
 
 # A config written before a key was renamed still runs: its old key moves to the new path (config_spec.RENAMED).
 for old, new in config_spec.upgrade(config):
@@ -77,6 +79,20 @@ rule all:
         f"{RES}/report/benchmark.png",
         f"{RES}/serve/serve.yaml",
         preflight_input,
+
+
+# Every build ends with its result (the head, k, tau and speed-up per set, lossless, the report, the serve command),
+# also where there was nothing to do; a failed one with each failed job's own error line and log (issue 67).
+onsuccess:
+    logger.info(summary.result_screen(RES) or f"{RES}/benchmark.json is not built yet")
+
+
+onerror:
+    logger.error(summary.failure_screen(summary.failed_jobs(workflow.scheduler.failed)))
+
+
+if workflow.is_main_process:
+    summary.after_message(logger, NOTHING_TO_BE_DONE_MSG, lambda: summary.result_screen(RES))
 
 
 # A built run's intermediate that is gone while what was made from it is present: said at planning

@@ -1,15 +1,7 @@
 """The one Snakemake adapter, every rule's ``script:``: the job's log, GPUs and offline mode (``setup``), then
 the entry of its rule (eagle3build.workflow.contract: a stage's ``entry``, or ``RULE_ENTRIES``) with the job's named
-inputs, outputs, params (its settings among them), wildcards and resources, by name
-(``eagle3build.workflow.job.run_stage``). No logic here: without Snakemake, call ``run_stage`` with mappings."""
-from eagle3build.workflow.job import run_stage, setup
+inputs, outputs, params (its settings among them), wildcards and resources, by name; an error ends the log as one line
+(eagle3build.workflow.job.main). No logic here: without Snakemake, call ``run_stage`` with mappings."""
+from eagle3build.workflow.job import main
 
-setup(snakemake)
-run_stage(
-    snakemake.rule,
-    inputs=snakemake.input,
-    outputs=snakemake.output,
-    params=snakemake.params,
-    wildcards=snakemake.wildcards,
-    resources=snakemake.resources,
-)
+main(snakemake)

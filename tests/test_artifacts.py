@@ -92,10 +92,10 @@ def test_one_adapter_serves_every_rule():
 
 
 def test_the_adapter_only_unpacks_and_calls_one_library_function():
-    """Top level: docstring, imports from eagle3build, `setup(snakemake)` and exactly one more call (the
-    library's ``run_stage``), whose arguments only read `snakemake`'s attributes."""
+    """Top level: docstring, imports from eagle3build and exactly one call, the library's ``main(snakemake)``
+    (eagle3build.workflow.job: ``setup``, then ``run_stage`` with the parts of ``snakemake``)."""
     tree = ast.parse((REPO / "scripts/run_stage.py").read_text())
-    entry = []
+    calls = []
     for st in tree.body:
         if isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
             continue
@@ -103,14 +103,48 @@ def test_the_adapter_only_unpacks_and_calls_one_library_function():
             assert st.module.startswith("eagle3build"), st.module
             continue
         assert isinstance(st, ast.Expr) and isinstance(st.value, ast.Call), ast.unparse(st)
-        if ast.unparse(st.value) == "setup(snakemake)":
-            continue
-        entry.append(st.value)
-    assert [ast.unparse(e.func) for e in entry] == ["run_stage"]
-    assert [c for c in _calls(entry[0]) if c is not entry[0]] == []
-    assert {ast.unparse(a) for a in entry[0].args} | {ast.unparse(k.value) for k in entry[0].keywords} == {
-        "snakemake.rule", "snakemake.input", "snakemake.output", "snakemake.params", "snakemake.wildcards",
-        "snakemake.resources"}
+        calls.append(ast.unparse(st.value))
+    assert calls == ["main(snakemake)"]
+
+
+def test_a_failed_job_ends_its_log_with_one_line_naming_its_error(tmp_path, monkeypatch):
+    """job.main (the adapter's one call): the entry gets the parts of ``snakemake`` by name; where it raises, the
+    traceback is logged and then the error as one line, the log's last (the rule, the type, the message on one line:
+    what the build's end prints for it, workflow/summary.py), and the job exits 1."""
+    import logging
+    import sys
+    import types
+
+    from eagle3build.workflow import job, summary
+
+    seen = {}
+
+    def entry(inputs, params):
+        seen.update(inputs=inputs, params=params)
+        raise ValueError("target has 6 decoder layers;\n  default aux ids need 7 (set capture.aux_layer_ids)")
+
+    log = tmp_path / "job.log"
+
+    def setup(smk):  # job.setup points logging and stderr at the job's log
+        lg = logging.getLogger("test-job")
+        monkeypatch.setattr(lg, "handlers", [logging.FileHandler(log)])  # put back after the test
+        monkeypatch.setattr(sys, "stderr", open(log, "a"))
+        return lg
+
+    monkeypatch.setattr(job, "entry_function", lambda rule: entry)
+    monkeypatch.setattr(job, "setup", setup)
+    smk = types.SimpleNamespace(rule="compat_report", input={"tokens": "t.safetensors"}, output={}, wildcards={},
+                                params={"settings": {}, "target_dir": "tgt"}, resources={}, log=[str(log)])
+    with pytest.raises(SystemExit) as e:
+        job.main(smk)
+    sys.stderr.close()
+    logging.getLogger("test-job").handlers[0].close()
+    assert e.value.code == 1 and seen == {"inputs": {"tokens": "t.safetensors"}, "params": {"target_dir": "tgt"}}
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text
+    want = ("compat_report failed: ValueError: target has 6 decoder layers; default aux ids need 7 "
+            "(set capture.aux_layer_ids)")
+    assert text.splitlines()[-1] == want and summary.error_line(log) == want
 
 
 def test_run_stage_calls_the_entry_with_what_it_names(tmp_path):

@@ -176,6 +176,26 @@ def test_rebuild_plans_nothing(built):
     assert planned_jobs(["--configfile", str(REPO / "tests/reduced.yaml")], wd) == {}
 
 
+def test_a_build_with_nothing_to_do_still_ends_with_its_result(built):
+    """Issue 67: Snakemake's "Nothing to be done" (its onsuccess is not called then) is followed by the run's result,
+    read from its files: the head and its k, tau and speed-up per set and overall, lossless, the report and the serve
+    command."""
+    wd, res = built
+    p = run(["--configfile", str(REPO / "tests/reduced.yaml")], wd)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "Nothing to be done" in out, out
+    screen = out[out.index("Nothing to be done"):]
+    bench = json.loads((res / "benchmark.json").read_text())
+    r = bench["runs"][0]
+    assert "Result of run reduced (results/reduced/):" in screen and "eagle3 head, llama draft layer" in screen
+    assert f"served at k {r['num_speculative_tokens']}" in screen
+    assert (f"tau {r['mean_acceptance_length']:.3f}, speed-up {r['speedup']:.2f}x over the target alone, lossless"
+            in screen)
+    for name, v in r["sets"].items():
+        assert re.search(rf"^\s+{name}\s+tau {v['mean_acceptance_length']:.3f}, {v['speedup']:.2f}x$", screen, re.M)
+    assert "report: results/reduced/report/benchmark.png" in screen and "serve it: results/reduced/serve/serve.sh" in screen
+
+
 def test_more_samples_add_only_new_shards(built, tmp_path):
     """16 -> 24 train samples: one new shard and what depends on it; the two full shards stay."""
     wd, _ = built

@@ -236,3 +236,20 @@ def test_export_leaves_its_load_check_to_the_benchmark_of_the_same_plan(tmp_path
     assert benchmark_in_plan({"plot_benchmark"}, r) == full and benchmark_in_plan({"export_head"}, r) is None
     assert benchmark_in_plan(set(), r, until={"export_head"}) is None
     assert benchmark_in_plan(set(), r, target_jobs={"export_head:"}) is None  # a cluster job's own Snakemake
+
+
+def test_a_failed_build_ends_with_each_failed_jobs_own_error_line(tmp_path, tiny_target):
+    """Issue 67: a job that fails (prepare_data on an empty conversation file) ends the build's output with what failed:
+    the rule, its own one-line error (the last line of its log: the stage's message, which names the file) and its log's
+    path, after Snakemake's generic "did not complete" lines."""
+    (tmp_path / "empty.jsonl").write_text("  \n")
+    cfg = write_config(tmp_path / "c.yaml", target={"path": str(tiny_target)},
+                       data={"sources": [{"path": str(tmp_path / "empty.jsonl"), "max_samples": None}]})
+    p = run(["results/default/data/data_report.json", "--configfile", str(cfg)], tmp_path / "wd")
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    tail = out[out.rindex("What failed:"):].splitlines()
+    assert tail[1].startswith("  prepare_data: prepare_data failed: ") and "empty.jsonl" in tail[1], tail
+    assert "file is empty" in tail[1] and tail[2] == "    log: logs/default/prepare_data.log", tail
+    log = (tmp_path / "wd/logs/default/prepare_data.log").read_text().splitlines()
+    assert log[-1].endswith(tail[1].split("prepare_data: ", 1)[1])

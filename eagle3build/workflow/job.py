@@ -121,3 +121,27 @@ def run_stage(rule: str, *, inputs: Any = None, outputs: Any = None, params: Any
     if unknown:
         raise TypeError(f"the entry of {rule} takes {unknown}, not among {list(JOB_ARGUMENTS)} (eagle3build.workflow.job)")
     return fn(**{n: given[n] for n in names})
+
+
+def one_line(rule: str, error: BaseException) -> str:
+    """A job's error as the one line that ends its log (``main``): the rule, the exception's type and its message with
+    every run of whitespace made one space. The messages name the key or file to change (the stages' errors say so:
+    ``set capture.aux_layer_ids``, the port and ``serve.port``, the file and field of a bad record)."""
+    return f"{rule} failed: {type(error).__name__}: {' '.join(str(error).split())}"
+
+
+def main(smk) -> Any:
+    """The adapter's whole job (scripts/run_stage.py): ``setup`` the job's log, then ``run_stage`` of its rule with its
+    named inputs, outputs, params, wildcards and resources. An error is logged with its traceback and then as one line
+    (``one_line``), the log's last, before the job exits 1: what Snakemake's ``onerror`` prints for it
+    (workflow/summary.py)."""
+    log = setup(smk)
+    try:
+        return run_stage(smk.rule, inputs=smk.input, outputs=smk.output, params=smk.params, wildcards=smk.wildcards,
+                         resources=smk.resources)
+    except Exception as e:  # noqa: BLE001 - every stage error ends the log as one line
+        log.exception("the traceback of the error below")
+        logging.shutdown()
+        print(one_line(smk.rule, e), file=sys.stderr, flush=True)  # bare, the log's last line
+        raise SystemExit(1) from None
+
