@@ -32,7 +32,7 @@ def test_load_sets_caps_each_set(tmp_path):
 
 
 @pytest.mark.parametrize("sets,kw,message", [
-    (["mtbench"], {}, "unknown set 'mtbench'"),
+    (["mt-bench"], {}, "unknown set .mt-bench."),
     (["chat", "chat"], {}, "named twice"),
     (["custom"], {}, "needs data.prompts_file"),
     (["chat"], {"chat_path": "EMPTY"}, "benchmark set 'chat' is empty"),
