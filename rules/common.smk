@@ -216,6 +216,14 @@ if ("custom" in config["benchmark"]["sets"]) != bool(config["data"]["prompts_fil
     )
 
 
+# serve.check_set names a set the benchmark runs (or auto): serve_check sends that set's prompts of benchmark.json.
+if config["serve"]["check_set"] not in ("auto", *config["benchmark"]["sets"]):
+    raise ValueError(
+        f"config: serve.check_set {config['serve']['check_set']!r} is not in benchmark.sets "
+        f"{config['benchmark']['sets']}: serve_check sends a set the benchmark ran (or auto)"
+    )
+
+
 def custom_prompts_input(wildcards):
     """data.prompts_file, an input of the benchmark only (editing it reruns just the benchmark)."""
     return config["data"]["prompts_file"] if "custom" in config["benchmark"]["sets"] else []

@@ -32,7 +32,7 @@ def test_load_sets_caps_each_set(tmp_path):
 
 
 @pytest.mark.parametrize("sets,kw,message", [
-    (["mtbench"], {}, "unknown set 'mtbench'"),
+    (["mt-bench"], {}, "unknown set .mt-bench."),
     (["chat", "chat"], {}, "named twice"),
     (["custom"], {}, "needs data.prompts_file"),
     (["chat"], {"chat_path": "EMPTY"}, "benchmark set 'chat' is empty"),
@@ -47,7 +47,7 @@ def test_load_sets_errors_name_the_set(tmp_path, sets, kw, message):
 
 def test_custom_set_and_prompts_file_go_together(tmp_path):
     """`custom` in benchmark.sets without data.prompts_file (or the file without the set) stops the plan;
-    with both, the file is an input of the benchmark only."""
+    with both, the file is an input of the benchmark only; serve.check_set outside benchmark.sets stops it too."""
     import yaml
     from smk import run
 
@@ -63,6 +63,11 @@ def test_custom_set_and_prompts_file_go_together(tmp_path):
     p = run(["-n", "results/reduced/benchmark.json", "--configfile", str(tmp_path / "c.yaml")], tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "mine.jsonl" in p.stdout  # listed among the benchmark job's inputs
+    # serve_check sends a set the benchmark runs: another one stops the plan
+    cfg["serve"] = {"check_set": "mtbench"}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    p = run(["-n", "--configfile", str(tmp_path / "c.yaml")], tmp_path)
+    assert p.returncode != 0 and "serve.check_set 'mtbench' is not in benchmark.sets ['chat', 'custom']" in p.stdout + p.stderr
 
 
 def _by_set(**contents):

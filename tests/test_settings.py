@@ -157,11 +157,12 @@ def test_the_benchmark_sets_default_is_the_configs():
     """Issue 59: BenchmarkSettings restated 9 defaults, sets=None meaning ["chat"] against the config's
     ["chat", "humaneval"]; the same drift in prepare_data's benchmark_sets and the capture's compute_dtype."""
     bench = BenchmarkSettings(target_dir="t", head_dir="h", prompts_path="p", out_json="o")
-    assert bench.sets == ["chat", "humaneval"] == cs.key("benchmark.sets").default
+    assert bench.sets == ["chat", "humaneval", "mtbench"] == cs.key("benchmark.sets").default  # mtbench: issue 67
     assert (bench.max_model_len, bench.seed, bench.k_schedule_concurrencies) == (2048, 0, [])
+    assert (bench.mtbench_per_category, bench.mtbench_turns) == (1, 1)
     assert bench.sets is not BenchmarkSettings(target_dir="t", head_dir="h", prompts_path="p", out_json="o").sets
     prep = PrepareSettings(sources=[], target_dir="t", out_train="a", out_eval="b", out_prompts="c", out_report="d")
-    assert prep.benchmark_sets == ["chat", "humaneval"]
+    assert prep.benchmark_sets == ["chat", "humaneval", "mtbench"]
     assert (prep.num_aux_layers, prep.require_eval) == (3, True)  # the default config's params (capture.*)
     cap = CaptureSettings(target_dir="t", tokens_path="x", out_path="y", start=0, count=1, aux_layer_ids=[1],
                           target_fingerprint="f", split="train")

@@ -3,8 +3,8 @@
 A record says what made a figure (the driver's record name and its command, the Snakemake config files and
 targets, or a script and its arguments), the commit, the versions of vLLM, torch, transformers and speculators,
 the hardware (card, GPU count, host CPU count), the date and the result fields the docs quote, flattened to
-dotted keys (``k3.tau.chat``, ``k3.speedup.all``, ``schedule.c16.speedup``). Records live in
-``benchmarks/records/<name>_<card>.json`` (``card``: ``h100``, ``h200``, ``cpu``, ...); a record may name one
+dotted keys (``k3.tau.chat``, ``k3.tau.mtbench.coding``, ``k3.speedup.all``, ``schedule.c16.speedup``). Records
+live in ``benchmarks/records/<name>_<card>.json`` (``card``: ``h100``, ``h200``, ``cpu``, ...); a record may name one
 compressed archive beside it (``archive``) where a reader needs the raw log.
 
 The record format is checked by ``RECORD_SCHEMA`` (jsonschema, as Snakemake's ``validate`` checks configs).
@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import jsonschema
 
 from eagle3build.atomic import write_json
-from eagle3build.formats.benchmark_runs import OWN_HEAD, benchmark_runs
+from eagle3build.formats.benchmark_runs import OWN_HEAD, benchmark_runs, category_figures
 
 RECORD_VERSION = 1
 VERSION_KEYS = ("vllm", "torch", "transformers", "speculators")
@@ -133,8 +133,10 @@ def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
 
     Keys: ``concurrency``, ``num_prompts``, ``max_tokens``, ``baseline.tokens_per_s``; per served run
     ``<head.>k<k>.tau.<set|all>`` (mean acceptance length τ, tokens), ``...speedup.<set|all>`` (output tokens/s
-    with the head over the target alone, same prompts, one job), ``...lossless`` (``outputs_identical`` in outputs
-    older than the lossless check; left out where the file has neither); the run's own head has no
+    with the head over the target alone, same prompts, one job), per category of a set decoded by category
+    (``mtbench``) ``...tau.<set>.<category>`` and ``...speedup.<set>.<category>``, ``...lossless``
+    (``outputs_identical`` in outputs older than the lossless check; left out where the file has neither); the run's
+    own head has no
     ``<head.>`` prefix, a compared head is prefixed by its name. With a ``k_schedule`` block:
     ``schedule.c<c>.speedup``, ``schedule.c<c>.best_k``, ``schedule.never_slower``, ``sweep.k<k>.c<c>.speedup``.
     Values are floats rounded to 4 places, ints, bools or None (τ where nothing was drafted).
@@ -155,6 +157,10 @@ def summarise_benchmark(bench: Mapping[str, Any]) -> dict[str, Any]:
             out[pre + f"tau.{name}"] = _round(v.get("mean_acceptance_length"))
             if "speedup" in v:
                 out[pre + f"speedup.{name}"] = _round(v["speedup"])
+        for name, by_cat in category_figures(r).items():
+            for cat, f in by_cat.items():
+                out[pre + f"tau.{name}.{cat}"] = _round(f["tau"])
+                out[pre + f"speedup.{name}.{cat}"] = _round(f["speedup"])
         if r.get("method"):
             out[pre + "method"] = r["method"]
         if r.get("draft_layer"):

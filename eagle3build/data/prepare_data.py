@@ -155,7 +155,8 @@ def _count_turns(extra: dict, conv: Conversation, tok, ids: np.ndarray, rendered
 def check_benchmark_prompts(tok, chat: list[dict], sets: list[str], prompts_file: str | os.PathLike | None
                             ) -> tuple[list[dict], dict]:
     """Render every prompt of the benchmark ``sets`` (``chat``: ``chat``, the eval prompts
-    about to be written; ``humaneval``; ``custom``, ``prompts_file``) with ``tok``'s chat template and
+    about to be written; ``humaneval``; ``mtbench``: its 80 first turns, the second turns following the target's
+    answers, which the benchmark makes and checks; ``custom``, ``prompts_file``) with ``tok``'s chat template and
     the generation prompt, as the benchmark's vLLM will. Returns ``(chat prompts the template renders,
     {set: {"prompts", "refused", "examples": [{"id", "detail"}] (the first three)}})``.
 
@@ -168,6 +169,8 @@ def check_benchmark_prompts(tok, chat: list[dict], sets: list[str], prompts_file
             by_set[name] = chat
         elif name == "humaneval":
             by_set[name] = prompt_sets.humaneval_prompts()
+        elif name == "mtbench":
+            by_set[name] = prompt_sets.mtbench_prompts()
         elif name == "custom" and prompts_file and os.path.exists(prompts_file):
             by_set[name] = prompt_sets.read_prompts(prompts_file)
         elif name == "custom":

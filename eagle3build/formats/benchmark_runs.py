@@ -1,8 +1,8 @@
 """benchmark.json's runs (shared layer, no torch): which heads a benchmark serves (``method_heads``: the run's own,
 ``draft.compare_methods``' beside it, checked against ``benchmark.compare_heads``), the runs of a written file in
 either layout (``benchmark_runs``: ``runs`` from issue 55 on, ``eagle3`` before) and their names in logs and plots
-(``run_label``, ``head_description``). Read when planning (rules/common.smk), by the benchmark, its plot and the
-records (benchmarks/records.py).
+(``run_label``, ``head_description``) and the figures of a run per category of a set (``category_figures``: set
+``mtbench``). Read when planning (rules/common.smk), by the benchmark, its plot and the records (benchmarks/records.py).
 """
 
 from __future__ import annotations
@@ -77,3 +77,15 @@ def benchmark_runs(result: dict) -> list[dict]:
     """The runs with a head of a benchmark.json ``result``: ``runs`` (issue 55 on), or ``eagle3``, their key
     before (every head's runs were filed there, whatever its method)."""
     return result.get("runs", result.get("eagle3")) or []
+
+
+def category_figures(run: dict) -> dict[str, dict[str, dict]]:
+    """A benchmark.json run's figures per category of each set decoded by category (``mtbench``): ``{set: {category:
+    {"tau": mean acceptance length τ (tokens; None where nothing was drafted), "speedup": output tokens/s over the
+    baseline's same category, "acceptance_rate_per_position": [rate at draft position 1, ...] or None}}}``, sets
+    and categories in the file's order; ``{}`` for a run without categories (every set but ``mtbench``, or a file
+    written before issue 67)."""
+    return {name: {cat: {"tau": c.get("mean_acceptance_length"), "speedup": c.get("speedup"),
+                         "acceptance_rate_per_position": c.get("acceptance_rate_per_position")}
+                   for cat, c in v["categories"].items()}
+            for name, v in run.get("sets", {}).items() if v.get("categories")}

