@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .formats.target_files import content_files  # noqa: F401 (content_files: planning reads it without torch)
+# planning reads these without torch: content_files, and the aux layer ids (default_aux_layer_ids, check_aux_layer_ids)
+from .formats.target_files import check_aux_layer_ids, content_files, default_aux_layer_ids  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -102,40 +103,6 @@ def fingerprint(path: str | os.PathLike, workers: int | None = None) -> str:
         h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
         h.update(digest)
     return h.hexdigest()[:16]
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's default aux layers ``[2, N//2, N-3]`` (vLLM's and speculators' default;
-    EAGLE-3, arXiv 2503.01840).
-
-    Layer id ``k`` is the residual stream *entering* decoder layer ``k``.
-
-    Raises:
-        ValueError: fewer than 7 layers (the three ids would not be distinct and increasing).
-    """
-    ids = [2, num_layers // 2, num_layers - 3]
-    if num_layers < 7:
-        raise ValueError(f"target has {num_layers} decoder layers; default aux ids {ids} need at least 7 "
-                         "(set capture.aux_layer_ids)")
-    return ids
-
-
-def check_aux_layer_ids(ids: list[int], num_layers: int) -> list[int]:
-    """Validate user-given aux layer ids: integers in ``[0, num_layers)``, unique, sorted.
-
-    Raises:
-        ValueError: naming the offending ids and the valid range.
-    """
-    if not ids:
-        raise ValueError("capture.aux_layer_ids is empty")
-    bad = [i for i in ids if not isinstance(i, int) or i < 0 or i >= num_layers]
-    if bad:
-        raise ValueError(f"capture.aux_layer_ids {ids}: {bad} out of range [0, {num_layers - 1}] for a {num_layers}-layer target")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"capture.aux_layer_ids {ids}: ids must be unique")
-    if list(ids) != sorted(ids):
-        raise ValueError(f"capture.aux_layer_ids {ids}: ids must be sorted ascending")
-    return list(ids)
 
 
 @dataclass

@@ -240,8 +240,13 @@ if any(os.path.normpath(h["path"]) == f"{RES}/head" for h in config["benchmark"]
 # the target's config.json (a bundled target's known fields before it is materialised); what cannot be built stops
 # the plan in one line naming the keys. The jobs get it as their derived `draft` param (draft_param).
 BUNDLED = None if config["target"]["path"] else config["target"]["bundled"]
+TARGET_CONFIG = target_files.planning_config(TARGET, BUNDLED)  # (config.json as a dict or None, the key naming it)
+# capture.aux_layer_ids against the target's decoder layers: refused here in one line (eagle3build.workflow.plan)
+AUX_PROBLEM = plan.aux_layer_ids_problem(config["capture"]["aux_layer_ids"], *TARGET_CONFIG)
+if AUX_PROBLEM:
+    raise WorkflowError(AUX_PROBLEM)
 try:
-    DRAFT = draft_choice.resolve(config["draft"], *target_files.planning_config(TARGET, BUNDLED))
+    DRAFT = draft_choice.resolve(config["draft"], *TARGET_CONFIG)
     # draft.compare_methods: heads of other draft methods, trained from this run's shards under
     # results/<run>/methods/ (rules train_draft_method, export_head_method), each with its own layer where the
     # method is not built with draft.layer (said below), served by the benchmark beside the run's own head

@@ -17,11 +17,34 @@ def test_inspect_tiny_llama(tiny_target):
 
 
 def test_default_aux_ids():
+    """EAGLE-3's [2, N//2, N-3] from 7 layers on; a shallower target gets three distinct layers spread over its stack
+    (issue 67: 6 layers gave [2, 3, 3]), the compat report saying which rule chose them; fewer than 3: none."""
+    from eagle3build.formats.target_files import aux_layer_ids_rule
+
     assert default_aux_layer_ids(30) == [2, 15, 27]
     assert default_aux_layer_ids(61) == [2, 30, 58]
     assert default_aux_layer_ids(7) == [2, 3, 4]
-    with pytest.raises(ValueError, match="at least 7"):
-        default_aux_layer_ids(6)
+    assert {n: default_aux_layer_ids(n) for n in (3, 4, 5, 6)} == {3: [0, 1, 2], 4: [1, 2, 3], 5: [1, 2, 3],
+                                                                   6: [1, 3, 4]}
+    for n in range(3, 40):
+        ids = default_aux_layer_ids(n)
+        assert check_aux_layer_ids(ids, n) == ids and len(ids) == 3  # distinct, sorted, inside the stack
+    assert aux_layer_ids_rule(30) == "EAGLE-3's default [2, N//2, N-3] for N = 30 layers: [2, 15, 27]"
+    assert aux_layer_ids_rule(6) == ("a shallow target (6 layers, fewer than 7): EAGLE-3's [2, N//2, N-3] would be "
+                                     "[2, 3, 3], so three distinct layers spread over the stack: [1, 3, 4]")
+    with pytest.raises(ValueError, match=r"2 decoder layer\(s\): no three distinct aux layers; set "
+                                         r"capture.aux_layer_ids to ids in \[0, 1\]"):
+        default_aux_layer_ids(2)
+
+
+def test_the_compat_report_records_the_shallow_targets_aux_rule(tiny_target, tmp_path):
+    """A 6-layer target builds without a setting: auto takes [1, 3, 4] and the report says why."""
+    from eagle3build.compat.compat_render import render_markdown
+
+    rep = cr.build_report(str(tiny_target), str(tmp_path / "res"), backend="hooks")
+    c = rep["capture"]
+    assert c["aux_layer_ids"] == [1, 3, 4] and "a shallow target (6 layers" in c["aux_layer_ids_rule"]
+    assert "(recommended [1, 3, 4]: a shallow target (6 layers" in render_markdown(rep)
 
 
 @pytest.mark.parametrize("ids, msg", [([2, 40], "out of range"), ([3, 3], "unique"), ([5, 2], "sorted"), ([], "empty")])

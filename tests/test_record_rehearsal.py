@@ -318,3 +318,14 @@ def test_a_failed_build_is_not_told_to_resume(tmp_path):
     p, out = _record(["recipe"], tmp_path, wd, CPU, bad, seconds=300)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "resuming cannot help" in p.stdout and "run the same command again" not in p.stdout
+
+
+def test_a_gpu_record_on_a_machine_without_one_is_refused_before_anything_runs(tmp_path):
+    """Issue 67: `record.py dense` here (no GPU) stops at once, one line a record naming the GPUs its jobs ask for and
+    what to do; no Snakemake call is made (the job's own error sat inside a 118-line log)."""
+    p, out = _record(["dense"], tmp_path, tmp_path / "wd", seconds=100)
+    assert p.returncode == 1
+    assert p.stdout.strip() == ("dense: needs 1 GPU(s) (resources.capture.gpu 1, resources.serve.gpu 1, "
+                                "resources.train.gpu 1) but this machine has 0: run it on a GPU machine "
+                                "(docs/gpus.md), or rehearse it here with --overlay tests/rehearsal/cpu.yaml")
+    assert not list((out / "logs").glob("*.log"))

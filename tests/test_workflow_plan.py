@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -253,3 +254,17 @@ def test_a_failed_build_ends_with_each_failed_jobs_own_error_line(tmp_path, tiny
     assert "file is empty" in tail[1] and tail[2] == "    log: logs/default/prepare_data.log", tail
     log = (tmp_path / "wd/logs/default/prepare_data.log").read_text().splitlines()
     assert log[-1].endswith(tail[1].split("prepare_data: ", 1)[1])
+
+
+def test_aux_layer_ids_a_target_cannot_take_are_refused_at_planning(tmp_path, tiny_target):
+    """Issue 67: the 6-layer target plans with the default (three distinct layers: the compat report's [1, 3, 4]),
+    and ids its layers cannot take stop the plan in one line naming the key and the layer count, before any job."""
+    auto = write_config(tmp_path / "auto.yaml", target={"path": str(tiny_target)})
+    assert planned_jobs(["--configfile", str(auto)], tmp_path / "a")["capture_hidden_states"] == 3
+    for ids, why in (([2, 3, 3], "ids must be unique"), ([1, 6], r"\[6\] out of range \[0, 5\]")):
+        bad = write_config(tmp_path / "bad.yaml", target={"path": str(tiny_target)}, capture={"aux_layer_ids": ids})
+        p = run(["-n", "--configfile", str(bad)], tmp_path / "b")
+        out = p.stdout + p.stderr
+        assert p.returncode != 0 and "Job stats" not in out
+        assert re.search(rf"^config: capture\.aux_layer_ids \[.*\]: {why}.* \(target\.path {tiny_target}: 6 decoder "
+                         r"layers in its config\.json\)$", out, re.M), out

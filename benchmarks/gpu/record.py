@@ -412,6 +412,30 @@ def check_disk(name: str, rec: Record, call: Call, state: Path, free_shards: boo
     return False
 
 
+def gpus_here() -> int:
+    """The CUDA devices this machine shows (``torch.cuda.device_count``; 0 without torch or CUDA)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+def gpu_problem(name: str, rec: Record, have: int) -> str | None:
+    """Why record ``name`` cannot run on a machine with ``have`` GPUs, in one line: its jobs' GPUs (the merged
+    config's ``resources.<job>.gpu``, the largest) against those; None where it can (a CPU rehearsal's overlay sets
+    them to 0). Said before its first job: on a machine without one, the job's own error sat inside a 118-line log."""
+    res = merged_config(rec.configfiles)["resources"]
+    jobs = {k: v["gpu"] for k, v in res.items() if isinstance(v, dict) and v.get("gpu")}
+    need = max(jobs.values(), default=0)
+    if need <= have:
+        return None
+    return (f"{name}: needs {need} GPU(s) ({', '.join(f'resources.{k}.gpu {v}' for k, v in sorted(jobs.items()))}) "
+            f"but this machine has {have}: run it on a GPU machine (docs/gpus.md), or rehearse it here with "
+            "--overlay tests/rehearsal/cpu.yaml")
+
+
 def make(name: str, call: Call, state: Path, free_shards: bool = False) -> int:
     """Build record ``name`` and write it. Returns 0 once it is written (now or on an earlier call), ``CUT`` where
     the call's budget ended first (the next call resumes), another status where it cannot be made (a failed job,
@@ -511,6 +535,11 @@ def main(argv: list[str] | None = None) -> int:
         for n in a.names:
             print("  " + estimate(seq, n).line(a.lease_seconds), flush=True)
         return rc
+    have = gpus_here()  # a record that needs more GPUs than this machine has: refused before anything runs
+    problems = [p for p in (gpu_problem(n, RECORDS[n], have) for n in a.names) if p]
+    if problems:
+        print("\n".join(problems), flush=True)
+        return 1
     state = call.workdir / "results" / "records"
     for name in a.names:
         est = estimate(seq, name)

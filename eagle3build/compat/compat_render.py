@@ -52,7 +52,8 @@ def render_markdown(r: dict, preflight: dict | None = None) -> str:
     if c.get("contradiction"):
         lines.append(f"- WARNING: {c['contradiction']}")
     if "aux_layer_ids" in c:
-        lines += [f"- aux_layer_ids: {c['aux_layer_ids']} (recommended {c['recommended_aux_layer_ids']})",
+        rule = f": {c['aux_layer_ids_rule']}" if c.get("aux_layer_ids_rule") else ""
+        lines += [f"- aux_layer_ids: {c['aux_layer_ids']} (recommended {c['recommended_aux_layer_ids']}{rule})",
                   f"- bytes per token ({c['storage_dtype']}, aux + last): {c['bytes_per_token']}"]
     v = r.get("vllm")
     if v:

@@ -31,7 +31,7 @@ from ..config.settings import declared
 from ..draft.head_format import HEAD_FLAGS, HEAD_VARIANTS
 from ..draft.servable import check_servable
 from ..draft.servable import probe_vllm as probe_serving_vllm
-from ..formats.target_files import content_files
+from ..formats.target_files import aux_layer_ids_rule, content_files
 from ..target import check_aux_layer_ids, default_aux_layer_ids, fingerprint, load_config, text_config
 from ..workflow.budgets import hidden_state_bytes_per_token, plan_disk, plan_gpus
 from ..workflow.contract import StageSettings
@@ -245,7 +245,8 @@ def build_report(target_dir: str, results_dir: str, backend: str = declared("cap
         n = target["num_layers"]
         try:
             capture["recommended_aux_layer_ids"] = default_aux_layer_ids(n)
-        except ValueError:  # fewer than 7 layers: only user-given ids can work
+            capture["aux_layer_ids_rule"] = aux_layer_ids_rule(n)  # EAGLE-3's, or a shallow target's spread
+        except ValueError:  # fewer than 3 layers: only user-given ids can work
             capture["recommended_aux_layer_ids"] = None
         aux_probe = run_probe(
             "aux_layer_ids",

@@ -168,3 +168,66 @@ def planning_config(path: str | os.PathLike, bundled: str | None = None) -> tupl
         return (cfg if isinstance(cfg, dict) else None), name
     except (OSError, ValueError):
         return (dict(BUNDLED_CONFIGS[bundled]) if bundled in BUNDLED_CONFIGS else None), name
+
+
+# Fewer decoder layers than this and EAGLE-3's default ids [2, N//2, N-3] repeat a layer or leave the stack.
+EAGLE3_MIN_LAYERS = 7
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """The aux layers a head reads where ``capture.aux_layer_ids`` is ``auto``: EAGLE-3's ``[2, N//2, N-3]`` (vLLM's
+    and speculators' default; EAGLE-3, arXiv 2503.01840) for ``N`` >= 7 decoder layers; below that, where those would
+    repeat a layer (6 layers: ``[2, 3, 3]``), three distinct layers spread over the stack the same way, low, middle and
+    high: ``[1, N//2, N-2]`` for 5-6 layers, ``[1, 2, 3]`` for 4, ``[0, 1, 2]`` for 3 (``aux_layer_ids_rule`` says
+    which). Layer id ``k`` is the residual stream *entering* decoder layer ``k``.
+
+    Raises:
+        ValueError: fewer than 3 layers (no three distinct ones; give ``capture.aux_layer_ids`` fewer ids).
+    """
+    n = num_layers
+    if n >= EAGLE3_MIN_LAYERS:
+        return [2, n // 2, n - 3]
+    if n < 3:
+        raise ValueError(f"target has {n} decoder layer(s): no three distinct aux layers; set capture.aux_layer_ids "
+                         f"to ids in [0, {n - 1}]")
+    lo, hi = (1 if n >= 4 else 0), (n - 2 if n >= 5 else n - 1)
+    mid = n // 2 if lo < n // 2 < hi else lo + 1
+    return [lo, mid, hi]
+
+
+def aux_layer_ids_rule(num_layers: int) -> str:
+    """Why ``default_aux_layer_ids`` chose its ids for a ``num_layers``-layer target, as the compat report says it."""
+    ids = default_aux_layer_ids(num_layers)
+    if num_layers >= EAGLE3_MIN_LAYERS:
+        return f"EAGLE-3's default [2, N//2, N-3] for N = {num_layers} layers: {ids}"
+    n = num_layers
+    return (f"a shallow target ({n} layers, fewer than {EAGLE3_MIN_LAYERS}): EAGLE-3's [2, N//2, N-3] would be "
+            f"{[2, n // 2, n - 3]}, so three distinct layers spread over the stack: {ids}")
+
+
+def check_aux_layer_ids(ids: list[int], num_layers: int) -> list[int]:
+    """Validate user-given aux layer ids: integers in ``[0, num_layers)``, unique, sorted.
+
+    Raises:
+        ValueError: naming the offending ids and the valid range.
+    """
+    if not ids:
+        raise ValueError("capture.aux_layer_ids is empty")
+    bad = [i for i in ids if not isinstance(i, int) or i < 0 or i >= num_layers]
+    if bad:
+        raise ValueError(f"capture.aux_layer_ids {ids}: {bad} out of range [0, {num_layers - 1}] for a {num_layers}-layer "
+                         "target")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"capture.aux_layer_ids {ids}: ids must be unique")
+    if list(ids) != sorted(ids):
+        raise ValueError(f"capture.aux_layer_ids {ids}: ids must be sorted ascending")
+    return list(ids)
+
+
+def num_decoder_layers(config: dict) -> int | None:
+    """The decoder layers of a target's config.json (a dict, read without torch): ``num_hidden_layers`` of its text
+    config (``text_config`` of a multimodal wrapper such as Kimi-K2.5's), else None."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    n = text.get("num_hidden_layers")
+    return n if isinstance(n, int) else None
+

@@ -1,5 +1,8 @@
-"""Planning policy the rules read from the plan itself (what Snakemake was asked to build), tested without Snakemake.
+"""Planning policy the rules read, tested without Snakemake: what the plan refuses before any job, and what it tells jobs
+about the plan itself (what Snakemake was asked to build).
 
+``aux_layer_ids_problem``: ``capture.aux_layer_ids`` against the target's decoder layers (its config.json), refused at
+planning in one line rather than in the compat report after the data (issue 67).
 ``benchmark_in_plan``: whether this plan builds the run's benchmark, which serves the run's heads in vLLM engines; the
 export job then leaves its own vLLM load check out (``export.vllm_load_check: auto``), since the benchmark's engines
 load the same head minutes later (issue 65: 38 s of a 51 s export on an H100).
@@ -8,7 +11,10 @@ load the same head minutes later (issue 65: 38 s of a 51 s export on an H100).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..formats.target_files import check_aux_layer_ids, default_aux_layer_ids, num_decoder_layers
 
 # The rules whose jobs need the run's benchmark.json (rules/benchmark.smk and the rules below it): asking for one of
 # them, or for one of their files, plans the benchmark.
@@ -36,3 +42,23 @@ def benchmark_in_plan(targets: Iterable[str], res: str, until: Iterable[str] = (
     if not asked or any(t in BENCHMARK_RULES or os.path.normpath(t) in wanted for t in asked):
         return os.path.join(res, "benchmark.json")
     return None
+
+
+def aux_layer_ids_problem(aux_layer_ids: str | list[int], target_config: Mapping[str, Any] | None,
+                          target: str = "the target") -> str | None:
+    """Why the config's ``capture.aux_layer_ids`` (``auto`` or a list) cannot be captured from a target whose
+    config.json is ``target_config`` (a dict; None: not readable at planning, checked by the compat report), as one
+    line naming the key and ``target`` (``target.path /models/x``); None where they can (``auto``: three distinct
+    layers for any target of 3 layers or more, ``target_files.default_aux_layer_ids``)."""
+    n = num_decoder_layers(dict(target_config)) if target_config else None
+    if n is None:
+        return None
+    try:
+        if aux_layer_ids == "auto":
+            default_aux_layer_ids(n)
+        else:
+            check_aux_layer_ids(list(aux_layer_ids), n)
+    except ValueError as e:
+        return f"config: {e} ({target}: {n} decoder layers in its config.json)"
+    return None
+
