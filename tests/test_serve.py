@@ -19,12 +19,12 @@ import pytest
 from smk import REPO
 
 from eagle3build.draft.head_format import Head
+from eagle3build.formats.target_files import OFFLINE_VARS
 from eagle3build.serve import openai_server as server
 from eagle3build.serve import serve_check as sc
 from eagle3build.serve import serve_config as cfg
 from eagle3build.serve import serving_files as sf
-from eagle3build.vllm import engine as vllm_engine
-from eagle3build.workflow.job import OFFLINE_VARS
+from eagle3build.vllm import engine_process
 
 LLAMA_HEAD = {"speculators_model_type": "eagle3", "draft_vocab_size": 64,
               "speculators_config": {"verifier": {"name_or_path": "org/not-cached-model"},
@@ -86,7 +86,7 @@ def test_the_serving_files_serve_the_best_k_through_speculative_config(tmp_path)
     assert sf.check(files) == json.loads(o["speculative-config"])
     env = files["env"]
     assert {v: env[v] for v in OFFLINE_VARS} == {v: "1" for v in OFFLINE_VARS}
-    assert {k: env[k] for k in vllm_engine.ENGINE_ENV} == vllm_engine.ENGINE_ENV
+    assert {k: env[k] for k in engine_process.ENGINE_ENV} == engine_process.ENGINE_ENV
     assert "VLLM_USE_V2_MODEL_RUNNER" not in env
     sh = (out / "serve.sh").read_text()
     assert os.access(out / "serve.sh", os.X_OK) and sh.startswith("#!/bin/sh\n")
@@ -350,7 +350,7 @@ def test_stop_ends_the_servers_whole_group(tmp_path):
 
 
 def test_the_guarded_server_runs_its_module_as_main_and_dies_with_the_job(tmp_path):
-    """vllm_engine.guarded_module_argv: the module runs as ``python -m`` runs it (``__main__``, its arguments in
+    """engine_process.guarded_module_argv: the module runs as ``python -m`` runs it (``__main__``, its arguments in
     sys.argv); when the job that started it is SIGKILLed, the watch ends its process group within seconds."""
     (tmp_path / "stand_in_server.py").write_text(
         "import json, os, sys, time\n"
@@ -360,9 +360,9 @@ def test_the_guarded_server_runs_its_module_as_main_and_dies_with_the_job(tmp_pa
     info = tmp_path / "info.json"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
     job = subprocess.Popen([sys.executable, "-c", (
-        "import os, subprocess, sys, time; from eagle3build.vllm import engine as vllm_engine; "
-        "subprocess.Popen(vllm_engine.guarded_module_argv('stand_in_server', [sys.argv[1], '--port', '1']), "
-        "env={**os.environ, vllm_engine.PARENT_ENV: str(os.getpid())}, process_group=0); time.sleep(60)"),
+        "import os, subprocess, sys, time; from eagle3build.vllm import engine_process; "
+        "subprocess.Popen(engine_process.guarded_module_argv('stand_in_server', [sys.argv[1], '--port', '1']), "
+        "env={**os.environ, engine_process.PARENT_ENV: str(os.getpid())}, process_group=0); time.sleep(60)"),
         str(info)], env=env, start_new_session=True)
     deadline = time.monotonic() + 60
     while not info.exists() and time.monotonic() < deadline:

@@ -45,7 +45,7 @@ class ServingFileError(ValueError):
 def server_options(engine: Mapping[str, Any], speculative: Mapping[str, Any], port: int,
                    per_request_metrics: bool = False) -> dict[str, Any]:
     """serve.yaml's options, vLLM's command-line names (dashes) in the order given: ``engine``
-    (``vllm_engine.engine_args``: the target folder, served name, dtype, max_model_len, seed, the tensor- and
+    (``engine_args``: the target folder, served name, dtype, max_model_len, seed, the tensor- and
     pipeline-parallel sizes, and on CPU eager mode, the memory fraction and an MLA target's attention backend), the
     ``port`` (config ``serve.port``), ``speculative`` (vLLM's speculative_config: method, the head's folder, k, a k
     schedule's bands) as one JSON string, and with ``per_request_metrics`` vLLM's per-request τ in each response
