@@ -292,8 +292,10 @@ def results_of(workdir: Path, run: str, benchmark: bool = True) -> dict:
     if metrics.exists():
         out.update(records.summarise_metrics(json.loads(metrics.read_text())))
     check = r / "serve" / "serve_check.json"
-    if check.exists():  # the head through vLLM's server (recipe-serve)
-        out.update(records.summarise_serve_check(json.loads(check.read_text())))
+    if check.exists():  # the head through vLLM's server (recipe-serve), checked against its schema
+        from eagle3build.formats.artifacts import ServeCheck
+
+        out.update(records.summarise_serve_check(ServeCheck.load(check).data))
     return out
 
 

@@ -8,7 +8,8 @@ benchmark ran it: the held-out first user turns; else its first set), the ones b
 ``openai`` package one at a time, first without streaming, then streaming; reads vLLM's ``vllm:spec_decode_*`` counters
 from ``/metrics`` around each pass (and each response's own τ where the server reports it: ``--per-request-spec-decode-
 metrics``); with ``serve.load_concurrencies``, runs vLLM's load generator (``vllm bench serve``) at those concurrencies;
-then stops the server's whole process group (``openai_server.stop``) and writes ``serve_check.json``.
+then stops the server's whole process group (``openai_server.stop``) and writes ``serve_check.json`` (checked against
+eagle3build/schemas/serve_check.schema.json first).
 
 Requests are greedy with no penalty (temperature 0, repetition, presence and frequency penalties neutral: the
 benchmark's ``SamplingParams(temperature=0)``, whatever defaults the target's generation_config gives the server), at
@@ -49,6 +50,7 @@ from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
 from ..config.settings import config_fields
 from ..formats import prompt_sets
+from ..formats.artifacts import ServeCheck, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
 from ..vllm import engine_process
 from ..vllm.measure import counter_delta, spec_figures, summary
@@ -246,11 +248,12 @@ def serve_check(s: CheckSettings) -> dict:
 
     Raises:
         engine_process.VLLMUnavailable: vLLM cannot be imported (before anything starts).
-        serving_files.ServingFileError: a serving file lacks a part, names a folder that is not there, or lacks the k
-            schedule's environment (before the server starts).
+        serving_files.ServingFileError: a serving file lacks a part (serving.json off its schema included), names a
+            folder that is not there, or lacks the k schedule's environment (before the server starts).
         openai_server.ServerError: the port is in use (names it and ``serve.port``), the server exited during its
             start or the check, or did not answer /health in time (names its log and the log's last error).
         ServeCheckError: a prompt's text or a pass's τ beyond the tolerance (names the prompt or the counter).
+        artifacts.ArtifactError: the result is off serve_check.json's schema (the field named; nothing written).
     """
     engine_process.require_vllm(needed_by=s.out_json)
     files = serving_files.read(s.serve_dir)
@@ -279,7 +282,7 @@ def serve_check(s: CheckSettings) -> dict:
                 f"the server exited (status {proc.returncode}) during the check; its log {s.server_log} ends with: "
                 f"{openai_server.last_error(s.server_log)}") from e
         result["server"] = {"start_s": round(start_s, 2), "port": port, "log": s.server_log, "serve_yaml": yml,
-                            "command": files["serving"].get("command"),
+                            "command": files["serving"]["command"],
                             "per_request_metrics": bool(opts.get("per-request-spec-decode-metrics"))}
     finally:
         t1 = time.perf_counter()
@@ -298,6 +301,7 @@ def serve_check(s: CheckSettings) -> dict:
                               + "; ".join(problems))
     result = {"versions": software_versions(BENCHMARK_PACKAGES + ("openai",), keep_missing=False),
               "hardware": hardware(), **result}
+    validate(result, ServeCheck.SCHEMA, s.out_json)  # eagle3build/schemas/serve_check.schema.json
     write_json(s.out_json, result)
     return result
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from ..atomic import atomic_path, write_json, write_text
 from ..draft.head_format import Head
+from ..formats.artifacts import Serving, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
 from ..formats.target_files import OFFLINE_VARS
 from ..vllm import engine_process
@@ -171,12 +172,18 @@ def serving(head_dir: str, target_dir: str, bench: Mapping[str, Any], *, gpus: i
 
 def write(out_dir: str | os.PathLike, contents: Mapping[str, Any], python: str = sys.executable) -> dict[str, str]:
     """Write ``contents`` (``serving``) as the serving files in ``out_dir``, each atomically; serve.sh executable, run
-    with ``python`` unless ``PYTHON`` is set. The command (``serving_files.command``) goes into serving.json too.
-    Returns ``{file name: path}``."""
+    with ``python`` unless ``PYTHON`` is set. The command (``serving_files.command``) goes into serving.json too,
+    which is checked against its schema (eagle3build/schemas/serving.schema.json) before any file is written.
+    Returns ``{file name: path}``.
+
+    Raises:
+        artifacts.ArtifactError: serving.json's content is off its schema (the field named).
+    """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     yml = str(out_dir.resolve() / serving_files.SERVE_YAML)
     serving_json = {**contents["serving"], "command": shlex.join(serving_files.command(yml, contents["env"]))}
+    validate(serving_json, Serving.SCHEMA, out_dir / serving_files.SERVING_JSON)
+    out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / serving_files.SERVE_YAML,
                serving_files.serve_yaml_text(contents["options"], contents["serving"]["head"]))
     write_text(out_dir / serving_files.SERVE_ENV, serving_files.env_text(contents["env"]))
@@ -192,7 +199,7 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
             params: Mapping[str, Any]) -> dict:
     """Rule ``serve_config``'s entry (``eagle3build.workflow.job.run_stage``): the serving files of the head of
     ``inputs["head_config"]`` and the target ``params["target_dir"]`` from ``inputs["benchmark"]``, into the folder of
-    ``outputs["yaml"]``. Returns serving.json's content; raises what ``serving`` raises."""
+    ``outputs["yaml"]``. Returns serving.json's content; raises what ``serving`` and ``write`` raise."""
     import json
 
     s = settings
@@ -205,7 +212,7 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
                        offline=s["target.offline"],
                        per_request_metrics=engine_arg_declared("per_request_spec_decode_metrics"))
     paths = write(os.path.dirname(outputs["yaml"]), contents)
-    serving_json = json.loads(Path(paths[serving_files.SERVING_JSON]).read_text())
+    serving_json = Serving.load(paths[serving_files.SERVING_JSON]).data
     log.info("serving files in %s: %s (k: %s); speculators' route: %s", os.path.dirname(outputs["yaml"]),
              serving_json["command"], contents["serving"]["k"]["why"],
              contents["serving"]["speculators_route"]["why"])
