@@ -16,11 +16,11 @@ configfile: f"{workflow.basedir}/config.yaml"
 
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build.config import errors as config_errors, spec as config_spec
+from eagle3build.config import errors, spec
 from eagle3build.workflow import summary
 
-# A config written before a key was renamed still runs: its old key moves to the new path (config_spec.RENAMED).
-for old, new in config_spec.upgrade(config):
+# A config written before a key was renamed still runs: its old key moves to the new path (spec.RENAMED).
+for old, new in spec.upgrade(config):
     logger.warning(f"config: {old} is now {new} (eagle3build/config/spec.py); read as such")
 
 # A config that fails the schema stops here with a line per problem, every problem at once (eagle3build.config.errors:
@@ -28,7 +28,7 @@ for old, new in config_spec.upgrade(config):
 try:
     validate(config, "schemas/config.schema.yaml")
 except WorkflowError:
-    short = config_errors.explain(config, f"{workflow.basedir}/schemas/config.schema.yaml", workflow)
+    short = errors.explain(config, f"{workflow.basedir}/schemas/config.schema.yaml", workflow)
     if short is None:
         raise
     raise WorkflowError(short) from None

@@ -7,9 +7,9 @@ are captured into float32 shards (storage adds no rounding of its own) with each
 
 - ``hooks``: transformers in this process (``capture_shard``; target load reported apart);
 - ``vllm``: our hooks inside a vLLM engine started in a child process, as a capture job
-  does (``vllm_capture``; one engine per dtype for all data sets), ``--step-tokens`` tokens
+  does (``vllm.capture``; one engine per dtype for all data sets), ``--step-tokens`` tokens
   per engine step: chunked prefill splits the longer samples over several steps. Engine
-  start and its breakdown (vLLM's own lines, ``vllm_engine.startup_breakdown``) are reported
+  start and its breakdown (vLLM's own lines, ``engine_process.startup_breakdown``) are reported
   apart from the capture. ``--engine-env K=V`` adds an engine with that environment (e.g.
   ``TRITON_F32_DEFAULT=tf32``: float32 attention as Triton multiplies it by default).
 
@@ -59,8 +59,8 @@ from eagle3build.capture.capture_hidden_states import CaptureSettings, capture_s
 from eagle3build.formats.shards import ShardMeta, ShardReader  # noqa: E402
 from eagle3build.formats.tokens import read_tokens, write_tokens  # noqa: E402
 from eagle3build.target import default_aux_layer_ids, load_config, load_model, text_config  # noqa: E402
-from eagle3build.vllm import capture as vc  # noqa: E402
-from eagle3build.vllm.engine import run_child  # noqa: E402
+from eagle3build.vllm import capture  # noqa: E402
+from eagle3build.vllm.engine_process import run_child  # noqa: E402
 
 POSITION_BUCKETS = [(0, 1), (1, 64), (64, 512), (512, 1024), (1024, 1 << 30)]
 
@@ -135,8 +135,8 @@ def vllm_capture(target, gpus, dtype, jobs, aux, hidden, step_tokens, work, env)
         meta = ShardMeta("bench", aux, "float32", hidden, [f"s{i}" for i in range(len(lens))], "train")
         shards.append({"out_path": str(out), "meta": meta.to_strings(), "tokens_path": str(tokens),
                        "indices": list(range(len(lens)))})
-    engine = vc.capture_engine_args(target, gpus=gpus, max_model_len=max_len + 1, tokens_per_step=step_tokens,
-                                    dtype=dtype)
+    engine = capture.capture_engine_args(target, gpus=gpus, max_model_len=max_len + 1, tokens_per_step=step_tokens,
+                                         dtype=dtype)
     spec = {"engine": engine, "aux_layer_ids": aux, "shards": shards}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

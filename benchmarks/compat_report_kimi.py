@@ -17,7 +17,7 @@ from pathlib import Path
 T0 = time.perf_counter()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from eagle3build.compat import compat_report as cr  # noqa: E402
+from eagle3build.compat import compat_report  # noqa: E402
 
 KIMI = Path(__file__).resolve().parents[1] / "examples/targets/kimi-k2.5-shape"
 
@@ -32,9 +32,9 @@ def main() -> None:
     t_import = time.perf_counter() - T0
     with tempfile.TemporaryDirectory() as tmp:
         t1 = time.perf_counter()
-        r = cr.build_report(args.target, tmp, backend=args.backend, planned_tokens=100_000, gpu_memory_gb=96,
-                            gpus_per_node=8, job_gpus={"capture": 8, "serve": 8})
-        cr.write(r, f"{tmp}/compat.json", f"{tmp}/compat.md")
+        r = compat_report.build_report(args.target, tmp, backend=args.backend, planned_tokens=100_000, gpu_memory_gb=96,
+                                       gpus_per_node=8, job_gpus={"capture": 8, "serve": 8})
+        compat_report.write(r, f"{tmp}/compat.json", f"{tmp}/compat.md")
         t_report = time.perf_counter() - t1
         md = Path(f"{tmp}/compat.md").read_text()
     print(md)

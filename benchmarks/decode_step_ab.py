@@ -28,35 +28,36 @@ from pathlib import Path
 from eagle3build.compat.preflight_bound import ENTRY  # noqa: E402
 from eagle3build.config.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
 from eagle3build.target import load_config, text_config  # noqa: E402
-from eagle3build.vllm import engine as vllm_engine  # noqa: E402
+from eagle3build.vllm import engine_process  # noqa: E402
+from eagle3build.vllm.engine_args import engine_args  # noqa: E402
 
 
 def measure(target: str, gpus: int, engines: list[tuple[int, int]], lengths: list[int], context: int,
             repeats: int) -> dict:
     """Decode step (seconds per output token, the median over ``repeats`` requests) of the target alone at one request
     in flight, per engine (``(max_num_seqs, graph_tokens)``: vLLM's ``max_num_seqs`` and the largest CUDA-graph
-    batch in tokens, ``vllm_engine.engine_args``) and decode length (tokens), after a ``context``-token context
+    batch in tokens, ``engine_args``) and decode length (tokens), after a ``context``-token context
     served from the prefix cache. One engine child per engine. Returns ``{"rows": [{"max_num_seqs",
     "graph_tokens", "decode_tokens", "decode_step_ms", "ratio_to_reference"}], "reference", "engine_start_s"}``;
     the reference is the last engine's step at the longest length.
 
     Raises:
-        vllm_engine.VLLMUnavailable: no importable vLLM.
+        engine_process.VLLMUnavailable: no importable vLLM.
         RuntimeError: an engine failed or missed the prefix cache (``measure_in_engine``).
     """
-    vllm_engine.require_vllm(needed_by="benchmarks/decode_step_ab.py")
+    engine_process.require_vllm(needed_by="benchmarks/decode_step_ab.py")
     vocab = text_config(load_config(target)).vocab_size
     ctx = -(-context // 256) * 256
     max_len = ctx + max(lengths) + 16
     rows, starts = [], {}
     with tempfile.TemporaryDirectory(prefix="decode-ab-") as tmp:
         for seqs, graph in engines:
-            eng = vllm_engine.engine_args(target, gpus=gpus, served_name=Path(target).name, max_model_len=max_len,
-                                          seed=0, max_num_seqs=seqs, kv_cache_tokens=3 * seqs * max_len,
-                                          graph_batch_tokens=graph, enable_prefix_caching=True)
-            r = vllm_engine.run_child(ENTRY, {"engine": eng, "concurrencies": [1], "verify_tokens": [],
-                                              "context_tokens": ctx, "repeats": repeats, "vocab_size": vocab,
-                                              "seed": 0, "decode_lengths": lengths}, tmp, f"ab_{seqs}_{graph}")
+            eng = engine_args(target, gpus=gpus, served_name=Path(target).name, max_model_len=max_len,
+                              seed=0, max_num_seqs=seqs, kv_cache_tokens=3 * seqs * max_len,
+                              graph_batch_tokens=graph, enable_prefix_caching=True)
+            r = engine_process.run_child(ENTRY, {"engine": eng, "concurrencies": [1], "verify_tokens": [],
+                                                 "context_tokens": ctx, "repeats": repeats, "vocab_size": vocab,
+                                                 "seed": 0, "decode_lengths": lengths}, tmp, f"ab_{seqs}_{graph}")
             starts[f"{seqs}:{graph}"] = r["engine_start_s"]
             by = r["by_concurrency"]["1"]["decode_step_s_by_length"]
             rows += [{"max_num_seqs": seqs, "graph_tokens": graph, "decode_tokens": t,

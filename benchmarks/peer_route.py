@@ -44,7 +44,7 @@ from benchlab.speculators_data import write_speculators_data
 
 from eagle3build.atomic import atomic_path, write_json
 from eagle3build.config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from eagle3build.draft import methods as draft_methods
+from eagle3build.draft import methods
 from eagle3build.formats import artifacts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,10 +156,10 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
 
     cfg = load_config(a.configfile)
-    method = draft_methods.get(cfg["draft"]["method"])
+    method = methods.get(cfg["draft"]["method"])
     if method.peer_route_type is None:
         raise SystemExit(f"peer_route.py: draft.method {method.name!r}; the peer route trains "
-                         f"{[m.name for m in draft_methods.METHODS.values() if m.peer_route_type]} heads")
+                         f"{[m.name for m in methods.METHODS.values() if m.peer_route_type]} heads")
     wd = Path(a.workdir).resolve()
     res = wd / "results" / cfg["run"]
     # a relative target.path is the workdir's, as for snakemake (speculators runs in OUT)

@@ -2,7 +2,7 @@
 
 vLLM's own CI guards its EAGLE-3 heads this way (a recorded mean acceptance length per model,
 a run failing more than a tolerance below it). One engine, the target with the head as its
-EAGLE-3 drafter (``vllm_measure.decode_greedy``, the benchmark's engine and counters), greedy,
+EAGLE-3 drafter (``measure.decode_greedy``, the benchmark's engine and counters), greedy,
 ``--k`` speculative tokens, the first ``--num-prompts`` prompts of each set
 (``prompt_sets``: ``chat`` from ``--prompts``, ``humaneval``, ``custom`` from ``--custom``).
 No baseline engine: the guard checks acceptance, not speed.
@@ -27,7 +27,9 @@ from pathlib import Path
 
 from eagle3build.config.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
 from eagle3build.formats import prompt_sets  # noqa: E402
-from eagle3build.vllm import engine as vllm_engine  # noqa: E402
+from eagle3build.vllm import engine_process  # noqa: E402
+from eagle3build.vllm.engine_args import engine_args  # noqa: E402
+from eagle3build.vllm.measure import RUN_ENTRY  # noqa: E402
 
 
 def check(measured: dict[str, float], reference: dict[str, float], tolerance: float) -> list[dict]:
@@ -53,17 +55,17 @@ def settings_mismatch(reference: dict, k: int, num_prompts: int, max_tokens: int
 
 def serve(a) -> dict:
     """One engine with the head; τ per set (1 + accepted / drafts, vLLM's counters)."""
-    vllm_engine.require_vllm(needed_by="benchmarks/tau_guard.py")
+    engine_process.require_vllm(needed_by="benchmarks/tau_guard.py")
     by_set = prompt_sets.load_sets(a.sets, a.num_prompts, chat_path=a.prompts, custom_path=a.custom)
     prompts = [p for ps in by_set.values() for p in ps]
-    eng = vllm_engine.engine_args(a.target, gpus=a.gpus, served_name=Path(a.target).name, max_model_len=a.max_model_len,
-                                  seed=0, dtype=a.dtype, max_num_seqs=1, kv_cache_tokens=a.max_model_len + a.k,
-                                  draft_layers=1, graph_batch_tokens=1 + a.k)
+    eng = engine_args(a.target, gpus=a.gpus, served_name=Path(a.target).name, max_model_len=a.max_model_len,
+                      seed=0, dtype=a.dtype, max_num_seqs=1, kv_cache_tokens=a.max_model_len + a.k,
+                      draft_layers=1, graph_batch_tokens=1 + a.k)
     spec = {"engine": eng, "prompts": prompts, "max_tokens": a.max_tokens, "concurrency": 1,
             "sets": [{"name": n, "count": len(ps)} for n, ps in by_set.items()],
             "speculative_config": {"method": "eagle3", "model": os.path.abspath(a.head), "num_speculative_tokens": a.k}}
     with tempfile.TemporaryDirectory(prefix="tau-guard-") as tmp:
-        r = vllm_engine.run_child("eagle3build.vllm.measure:decode_greedy", spec, tmp, "tau_guard")
+        r = engine_process.run_child(RUN_ENTRY, spec, tmp, "tau_guard")
     return {"k": a.k, "num_prompts": a.num_prompts, "max_tokens": a.max_tokens, "dtype": eng["dtype"],
             "tau": {n: r["sets"][n]["mean_acceptance_length"] for n in by_set},
             "acceptance_rate_per_position": {n: r["sets"][n]["acceptance_rate_per_position"] for n in by_set}}

@@ -37,8 +37,7 @@ from eagle3build.data.prepare_data import write_tokens  # noqa: E402
 from eagle3build.draft import vocab_map  # noqa: E402
 from eagle3build.formats.artifacts import minimal_decisions  # noqa: E402
 from eagle3build.formats.shards import ShardMeta, write_shard  # noqa: E402
-from eagle3build.train import build_vocab_map  # noqa: E402
-from eagle3build.train import train_draft as td  # noqa: E402
+from eagle3build.train import build_vocab_map, train_draft  # noqa: E402
 from eagle3build.train.train_data import Batches, BatchLayout, shard_dataset_class  # noqa: E402
 
 
@@ -114,8 +113,8 @@ def compute_only(args, d: Path, shards: dict, steps: int = 20) -> dict:
     from speculators.losses import resolve_loss_config
 
     d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
-    model = td.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", args.device,
-                           trust_remote_code=False)
+    model = train_draft.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", args.device,
+                                    trust_remote_code=False)
     b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed, noise_std=0.0,
                 dequantize_on_device=True)
     batch = b.to_device(b.load(b.epoch(0)[0][0]), args.device)
@@ -191,8 +190,8 @@ def run_speculators_trainer(args, d: Path, shards: dict, device: str) -> dict:
 
     d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     torch.manual_seed(args.seed)
-    model = td.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", "cpu",
-                           trust_remote_code=False)
+    model = train_draft.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", "cpu",
+                                    trust_remote_code=False)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
 
     def loader(path):
@@ -316,7 +315,7 @@ def main() -> None:
         loader_ab(args, shards)
         return
     if args.host_dequantize:  # the trainer's layouts without BatchLayout.dequantize_on_device
-        td.BatchLayout = lambda *a, **k: BatchLayout(*a, **{**k, "dequantize_on_device": False})
+        train_draft.BatchLayout = lambda *a, **k: BatchLayout(*a, **{**k, "dequantize_on_device": False})
     peak = peak_tflops(args.device)
     if args.device.startswith("cuda"):
         # One compiled forward serves every model instance of this process; let dynamo keep a
@@ -324,15 +323,15 @@ def main() -> None:
         torch._dynamo.config.cache_size_limit = 64
         torch._dynamo.config.accumulated_cache_size_limit = 512
         # Warm-up (untimed): compile before either timed run, so neither pays for it.
-        td.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"), str(d / "t2d.npy"),
-                 str(d / "vocab.json"), str(d / "decisions.json"), str(d / "warmup"), epochs=1, max_steps=4,
-                 total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps, head_variant="eagle3.1",
-                 loss_implementation=args.loss, device=args.device)
-    m = td.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"), str(d / "t2d.npy"),
-                 str(d / "vocab.json"), str(d / "decisions.json"), str(d / "ours"), epochs=args.epochs, lr=args.lr,
-                 total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps, seed=args.seed, head_variant="eagle3.1",
-                 loss_implementation=args.loss, device=args.device, ttt_step_loss_decay=args.ttt_step_loss_decay,
-                 checkpoint_every=args.checkpoint_every)
+        train_draft.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"),
+                          str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(d / "warmup"),
+                          epochs=1, max_steps=4, total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps,
+                          head_variant="eagle3.1", loss_implementation=args.loss, device=args.device)
+    m = train_draft.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"),
+                          str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(d / "ours"),
+                          epochs=args.epochs, lr=args.lr, total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps,
+                          seed=args.seed, head_variant="eagle3.1", loss_implementation=args.loss, device=args.device,
+                          ttt_step_loss_decay=args.ttt_step_loss_decay, checkpoint_every=args.checkpoint_every)
     fpt = m["flops_per_token"]
     res = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu x{os.cpu_count()}",

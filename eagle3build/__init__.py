@@ -1,13 +1,14 @@
-"""eagle3build: the library behind the Snakemake workflow that trains EAGLE-3 draft heads.
+"""eagle3build: the library behind the Snakemake workflow that trains EAGLE-3 draft heads and serves them with vLLM.
 
-Two layers. One subpackage per group of workflow stages (``compat``, ``data``, ``capture``,
-``train``, ``serve``), each holding its stage modules, one per Snakemake rule and named after it
-(``compat/compat_report.py`` for rules/compat_report.smk), and the modules only its stages use;
-over one floor of shared modules (this folder: ``target``, ``shards``, ``tokens``,
-``conversations``, ``hooks``, ``plans``, ``head_format``, ``vocab_map``, ``provenance``,
-``staleness``, ...). A stage imports the floor and its own subpackage's private modules, never
-another stage nor another subpackage; the floor imports no subpackage (tests/test_layers.py).
-No module imports Snakemake: every stage is usable and tested on its own.
+Two layers (docs/layout.md). Over the floor, one subpackage per group of workflow stages (``compat``, ``data``,
+``capture``, ``train``, ``serve``), each holding its stage modules, one per Snakemake rule and named after it
+(``compat/compat_report.py`` for rules/compat_report.smk), and the modules only its stages use. The floor, lowest
+first: ``atomic`` (atomic file writes), ``formats`` (the file formats and artifacts), ``target`` (the target loader),
+``hooks`` (hook capture), ``draft`` (the draft head and its method registry), ``config`` (the key table, settings,
+provenance), ``workflow`` (contracts, staleness, jobs, budgets) and ``vllm`` (every engine's arguments and child
+process). A stage imports the floor and its own subpackage's private modules, never another stage nor another
+subpackage; a floor unit imports only the units before it (tests/test_layers.py). No module imports Snakemake: every
+stage is usable and tested on its own.
 """
 
 __version__ = "0.1.0"

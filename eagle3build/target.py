@@ -4,7 +4,9 @@ Shared by every stage that touches the target: the compat report inspects it on 
 ``meta`` device (no weights read), capture loads it for real, export and benchmark
 name it. Decoder layers are found from the instantiated module tree, never from the
 model's name (multimodal wrappers nest the text model at different paths; see
-e.g. transformers' LLaVA and Qwen-VL classes).
+e.g. transformers' LLaVA and Qwen-VL classes). What a token of the target takes in vLLM's KV cache
+(``kv_cache_bytes_per_token``, ``capture_kv_cache_tokens``) is here too: the engines size their cache with it,
+and the plans (``workflow.budgets``) and the pre-flight bound count with it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,47 @@ def load_config(path: str | os.PathLike, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(os.fspath(path), trust_remote_code=trust_remote_code, local_files_only=True)
+
+
+# The target in vLLM's KV cache: bytes per token (engine_args sizes every GPU engine's cache with it, the compat
+# report and online training plan memory with it, the pre-flight bound prices a draft's layers) and a capture
+# engine's tokens. Arithmetic on a transformers config, no torch.
+
+def kv_cache_bytes_per_token(config, dtype_bytes: int, tensor_parallel_size: int = 1,
+                             extra_layers: int = 0) -> int | None:
+    """Bytes of KV cache one token takes on one GPU of a tensor-parallel group, as vLLM allocates it.
+
+    ``config``: the target's (text) transformers config. Multi-head latent attention
+    (DeepSeek-V3 / Kimi-K2 style, ``kv_lora_rank`` set) stores one latent of
+    ``kv_lora_rank + qk_rope_head_dim`` elements per layer, replicated on every rank
+    (vLLM ``MLAAttentionSpec``); otherwise ``2 (K and V) x KV heads on this rank x head_dim``
+    per layer, with KV heads split over the ranks and replicated where there are fewer heads
+    than ranks (vLLM ``FullAttentionSpec``; ``LlamaAttention``: ``max(1, num_kv_heads // tp)``).
+    ``extra_layers``: attention layers served beside the target's (an EAGLE-3 head: 1).
+    ``dtype_bytes``: bytes per element (2 for bf16/fp16, 4 for float32). Sliding-window
+    layers are counted as full ones (an upper bound). Returns None where the config lacks
+    the fields (an architecture this arithmetic does not know, e.g. a hybrid with state-space layers).
+    """
+    layers = getattr(config, "num_hidden_layers", None)
+    if not layers or getattr(config, "layers_block_type", None) or getattr(config, "layer_types", None) and any(
+            t not in ("full_attention", "sliding_attention") for t in config.layer_types):
+        return None
+    layers += extra_layers
+    if getattr(config, "kv_lora_rank", None):
+        return layers * (config.kv_lora_rank + (getattr(config, "qk_rope_head_dim", 0) or 0)) * dtype_bytes
+    heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    if not heads or not hidden:
+        return None
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return layers * 2 * max(1, kv_heads // max(1, tensor_parallel_size)) * head_dim * dtype_bytes
+
+
+def capture_kv_cache_tokens(tokens_per_step: int, max_model_len: int) -> int:
+    """KV cache tokens of a capture engine: one step's prompts plus a prompt split over steps, twice over for
+    the scheduler's look-ahead (requests finish after their prefill, so more would sit idle)."""
+    return 2 * (tokens_per_step + max_model_len)
 
 
 def fingerprint(path: str | os.PathLike, workers: int | None = None) -> str:

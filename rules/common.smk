@@ -6,10 +6,10 @@ import sys
 from snakemake.common import get_function_params, overwrite_function_params
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
-from eagle3build.config import spec as config_spec
-from eagle3build.draft import choice as draft_choice
+from eagle3build.config import spec
+from eagle3build.draft import choice
 from eagle3build.formats import benchmark_runs, target_files
-from eagle3build.vllm import engine as vllm_engine
+from eagle3build.vllm.engine_args import engine_layout
 from eagle3build.workflow import contract, missing, plan, staleness
 
 RUN = config["run"]
@@ -180,7 +180,7 @@ NUM_SAMPLES = {
 wildcard_constraints:
     split="train|eval",
     shard=r"\d{5}",
-    method="|".join(config_spec.DRAFT_METHODS),
+    method="|".join(spec.DRAFT_METHODS),
 
 
 def num_shards(split):
@@ -246,15 +246,15 @@ AUX_PROBLEM = plan.aux_layer_ids_problem(config["capture"]["aux_layer_ids"], *TA
 if AUX_PROBLEM:
     raise WorkflowError(AUX_PROBLEM)
 try:
-    DRAFT = draft_choice.resolve(config["draft"], *TARGET_CONFIG)
+    DRAFT = choice.resolve(config["draft"], *TARGET_CONFIG)
     # draft.compare_methods: heads of other draft methods, trained from this run's shards under
     # results/<run>/methods/ (rules train_draft_method, export_head_method), each with its own layer where the
     # method is not built with draft.layer (said below), served by the benchmark beside the run's own head
-    COMPARED = {d.method.name: d for d in draft_choice.compared(config["draft"], DRAFT)}
-except draft_choice.DraftError as e:
+    COMPARED = {d.method.name: d for d in choice.compared(config["draft"], DRAFT)}
+except choice.DraftError as e:
     raise WorkflowError(str(e)) from None
-if workflow.is_main_process and draft_choice.compare_note(DRAFT, tuple(COMPARED.values())):
-    logger.warning(draft_choice.compare_note(DRAFT, tuple(COMPARED.values())))
+if workflow.is_main_process and choice.compare_note(DRAFT, tuple(COMPARED.values())):
+    logger.warning(choice.compare_note(DRAFT, tuple(COMPARED.values())))
 COMPARE_METHODS = config["draft"]["compare_methods"]
 METHOD_HEADS = benchmark_runs.method_heads(
     RES, config["draft"]["method"], COMPARE_METHODS, config["benchmark"]["compare_heads"]
@@ -280,7 +280,7 @@ def method_heads_param(wildcards, input):
 def method_draft(method):
     """The draft of a draft.compare_methods job of ``method`` (any method: a head asked for by path is built too):
     the run's layer where the method is built with it, else its own (eagle3build.draft.choice.compare_draft)."""
-    return COMPARED.get(method) or draft_choice.compare_draft(config["draft"], DRAFT, method)
+    return COMPARED.get(method) or choice.compare_draft(config["draft"], DRAFT, method)
 
 
 def method_config(method):
@@ -362,13 +362,13 @@ def gpu_model_res(job):
 
 def engine_layout_res(job, starts_engine=True):
     """The layout of the vLLM engine a job of resources section ``job`` starts, as resources the dry-run shows
-    beside its ``gpu``: ``tensor_parallel_size`` and ``pipeline_parallel_size`` (vllm_engine.engine_layout of
+    beside its ``gpu``: ``tensor_parallel_size`` and ``pipeline_parallel_size`` (vllm.engine_args.engine_layout of
     the section's GPUs and target.pipeline_parallel_size: the function the job lays its engine out with, from
     the same numbers). Nothing where the job starts no engine (``starts_engine`` false). No ``--resources``
     limit names them: Snakemake only shows them; they are no params, so they replan nothing."""
     if not starts_engine:
         return {}
-    return vllm_engine.engine_layout(res(job, "gpu"), config["target"]["pipeline_parallel_size"])
+    return engine_layout(res(job, "gpu"), config["target"]["pipeline_parallel_size"])
 
 
 # Jobs that start a vLLM engine (benchmark, regenerate_responses, export_head's load check, capture

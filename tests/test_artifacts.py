@@ -21,12 +21,18 @@ TRAIN_META = {"target_fingerprint": "1492001c043ec99e", "aux_layer_ids": [2, 15,
 
 
 def test_every_schema_ships_in_the_package():
+    """Each artifact's schema is in eagle3build/schemas/, has a typed loader and is listed in docs/schemas.md."""
     names = sorted(p.name for p in artifacts.SCHEMA_DIR.glob("*.schema.json"))
     assert names == ["benchmark.schema.json", "compat.schema.json", "decisions.schema.json",
-                     "head_meta.schema.json", "train_meta.schema.json"]
+                     "head_meta.schema.json", "serve_check.schema.json", "serving.schema.json",
+                     "train_meta.schema.json"]
     assert 'schemas/*.schema.json' in (REPO / "pyproject.toml").read_text()  # package-data
-    for name in ("decisions", "compat", "train_meta", "head_meta", "benchmark"):
+    loaders = {c.SCHEMA: c for c in vars(artifacts).values()
+               if isinstance(c, type) and issubclass(c, artifacts.Artifact) and c.SCHEMA}
+    docs = (REPO / "docs/schemas.md").read_text()
+    for name in ("decisions", "compat", "train_meta", "head_meta", "benchmark", "serving", "serve_check"):
         assert artifacts.schema(name)["$schema"].endswith("2020-12/schema")
+        assert name in loaders and f"`{name}.json`" in docs, name
 
 
 def test_decisions_from_a_report_load_typed(tmp_path):

@@ -12,8 +12,7 @@ from eagle3build.formats import prompt_sets
 from eagle3build.formats.artifacts import ArtifactError
 from eagle3build.serve import benchmark, k_schedule, lossless, plot_benchmark
 from eagle3build.serve.benchmark import BenchmarkSettings
-from eagle3build.vllm import engine as vllm_engine
-from eagle3build.vllm import measure as vllm_measure
+from eagle3build.vllm import engine_process, measure
 
 
 def _head(tmp_path, draft_ids):
@@ -58,7 +57,7 @@ def _out(queued, first, last, n):
 def test_request_timings():
     # three requests, one after another: latency 1, 2, 4 s; first token after 0.1 s; 11 tokens each
     outs = [_out(0.0, 0.1, 1.0, 11), _out(1.0, 1.1, 3.0, 11), _out(3.0, 3.1, 7.0, 11)]
-    t = vllm_measure.request_timings(outs)
+    t = measure.request_timings(outs)
     assert t["request_latency_s"] == {"p50": 2.0, "p95": pytest.approx(3.8), "mean": pytest.approx(7 / 3, abs=1e-5)}
     assert t["time_to_first_token_s"]["p50"] == pytest.approx(0.1)
     # TPOT = (last - first) / (n - 1): 0.09, 0.19, 0.39
@@ -68,7 +67,7 @@ def test_request_timings():
 
 def test_request_timings_need_metrics():
     with pytest.raises(RuntimeError, match="disable_log_stats"):
-        vllm_measure.request_timings([SimpleNamespace(metrics=None, outputs=[])])
+        measure.request_timings([SimpleNamespace(metrics=None, outputs=[])])
 
 
 STATS = {"p50": 0.5, "p95": 0.7, "mean": 0.55}
@@ -226,10 +225,10 @@ class FakeLLM:
 
 def test_decode_greedy_splits_counters_per_set(monkeypatch):
     pytest.importorskip("vllm")
-    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (FakeLLM(), 1.5))
+    monkeypatch.setattr(measure, "start_engine", lambda engine, **kw: (FakeLLM(), 1.5))
     chat = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(3)]
     code = [{"id": f"h{i}", "messages": [{"role": "user", "content": "code"}]} for i in range(2)]
-    res = vllm_measure.decode_greedy({"engine": {}, "prompts": chat + code, "max_tokens": 8, "concurrency": 1,
+    res = measure.decode_greedy({"engine": {}, "prompts": chat + code, "max_tokens": 8, "concurrency": 1,
                                      "speculative_config": {"method": "eagle3"},
                                      "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 2}]})
     c, h = res["sets"]["chat"], res["sets"]["humaneval"]
@@ -245,7 +244,7 @@ def test_decode_greedy_splits_counters_per_set(monkeypatch):
     assert len(res["token_ids"]) == 5 and res["engine_start_s"] == 1.5
     assert res["prompt_token_ids"] == [[5, 4]] * 3 + [[5, 6]] * 2  # what the near-tie check extends
     # without sets: the old single-group result, no "sets" key (export's load check)
-    res1 = vllm_measure.decode_greedy({"engine": {}, "prompts": chat, "max_tokens": 8, "concurrency": 0,
+    res1 = measure.decode_greedy({"engine": {}, "prompts": chat, "max_tokens": 8, "concurrency": 0,
                                       "speculative_config": {"method": "eagle3"}})
     assert "sets" not in res1 and res1["drafts"] == 6 and res1["accepted_per_position"] == [6, 3]
 
@@ -263,9 +262,9 @@ def test_decode_sweep_counts_each_concurrency_on_its_own(monkeypatch):
         return chat(msgs, sp, use_tqdm)
 
     llm.chat = counting_chat
-    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (llm, 2.0))
+    monkeypatch.setattr(measure, "start_engine", lambda engine, **kw: (llm, 2.0))
     prompts = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(4)]
-    res = vllm_measure.decode_sweep({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrencies": [1, 4],
+    res = measure.decode_sweep({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrencies": [1, 4],
                                     "speculative_config": {"method": "eagle3"}})
     # warm-up: the batch of 4 at full length, then every timed batch at 2 tokens (4 of one, one of 4), each
     # concurrency from an empty prefix cache; then the timed calls, each concurrency from an empty cache: 4 calls
@@ -290,14 +289,14 @@ def test_warm_up_covers_every_timed_batch_then_empties_the_prefix_cache():
     llm.reset_prefix_cache = lambda: seen.append("reset") or reset()
     a, b, c = ([{"role": "user", "content": t}] for t in "abc")
     sp = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
-    vllm_measure.warm_up(llm, [[[a], [b, c]], [[a]]], sp)
+    measure.warm_up(llm, [[[a], [b, c]], [[a]]], sp)
     assert seen == [(2, 96), "reset", (1, 2), (2, 2), "reset", (1, 2), "reset"]
     assert sp.max_tokens == 96  # the timed params are left as they were
     llm.reset_prefix_cache = lambda: False
     with pytest.raises(RuntimeError, match="prefix cache"):
-        vllm_measure.warm_up(llm, [[[a]]], SamplingParams(temperature=0.0, max_tokens=8))
+        measure.warm_up(llm, [[[a]]], SamplingParams(temperature=0.0, max_tokens=8))
     with pytest.raises(ValueError, match="no batch"):
-        vllm_measure.warm_up(llm, [[]], sp)
+        measure.warm_up(llm, [[]], sp)
 
 
 def test_decode_greedy_times_each_set_in_its_own_batches(monkeypatch):
@@ -308,16 +307,16 @@ def test_decode_greedy_times_each_set_in_its_own_batches(monkeypatch):
     chat = llm.chat
     llm.chat = lambda msgs, sp, use_tqdm=False: calls.append(([m[-1]["content"] for m in msgs], sp.max_tokens)) \
         or chat(msgs, sp)
-    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (llm, 1.0))
+    monkeypatch.setattr(measure, "start_engine", lambda engine, **kw: (llm, 1.0))
     prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"p{i}"}]} for i in range(7)]
-    res = vllm_measure.decode_greedy({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrency": 2,
+    res = measure.decode_greedy({"engine": {}, "prompts": prompts, "max_tokens": 8, "concurrency": 2,
                                      "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 4}]})
     batches = [["p0", "p1"], ["p2"], ["p3", "p4"], ["p5", "p6"]]
     assert calls == [(["p0", "p1"], 8)] + [(b, 2) for b in batches] + [(b, 8) for b in batches]
     assert res["sets"]["chat"]["output_tokens"] == 12 and res["sets"]["humaneval"]["output_tokens"] == 16
     # all in flight (concurrency 0) with a set left empty (every prompt of it skipped): no call for it
     calls.clear()
-    res = vllm_measure.decode_greedy({"engine": {}, "prompts": prompts[:3], "max_tokens": 8, "concurrency": 0,
+    res = measure.decode_greedy({"engine": {}, "prompts": prompts[:3], "max_tokens": 8, "concurrency": 0,
                                      "sets": [{"name": "chat", "count": 3}, {"name": "humaneval", "count": 0}]})
     assert [len(b) for b, _ in calls] == [3, 3, 3] and res["sets"]["humaneval"]["output_tokens"] == 0
 
@@ -378,7 +377,7 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     Prompt b's changed token is the baseline's second choice, 0.05 nats below its first: a near-tie, counted,
     and the benchmark is written."""
     calls = []
-    monkeypatch.setattr(vllm_engine, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
+    monkeypatch.setattr(engine_process, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
     out = tmp_path / "b.json"
     r = _bench(tmp_path, _head(tmp_path, [2, 5]), out, {"chat": 1, "humaneval": 0})
     # the baseline's top log-probabilities are asked once, at b's first differing position, given its prompt
@@ -424,9 +423,9 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     method read from its config.json, its draft vocab coverage its own, its near-tie counted, the pre-flight and
     the schema unchanged for the run's own rows."""
     calls = []
-    monkeypatch.setattr(vllm_engine, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
+    monkeypatch.setattr(engine_process, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
     seen = []
-    real = benchmark.vllm_engine.run_child
+    real = benchmark.engine_process.run_child
 
     def spy(entry, spec, workdir, name):
         seen.append((name, spec["engine"].get("draft_layers"), (spec.get("speculative_config") or {}).get("model")))
@@ -435,7 +434,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
             res["time_per_output_token_s"] = {**STATS, "mean": 0.2}
         return res
 
-    monkeypatch.setattr(vllm_engine, "run_child", spy)
+    monkeypatch.setattr(engine_process, "run_child", spy)
     own = _head(tmp_path, [2, 5])
     (tmp_path / "p").mkdir()
     other = _head(tmp_path / "p", [1, 2])
@@ -469,7 +468,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     assert [(d["head"], d["method"], d["k"], d["step_ms"], d["verify_step_ms"], d["draft_ms_per_step"],
              d["draft_ms_per_drafted_token"]) for d in cmp["draft_cost"]] == \
         [("head", "eagle3", 2, 600.0, 570.0, 30.0, 15.0), ("peagle", "peagle", 2, 400.0, 570.0, -170.0, -85.0)]
-    monkeypatch.setattr(vllm_engine, "require_vllm", lambda **kw: None)
+    monkeypatch.setattr(engine_process, "require_vllm", lambda **kw: None)
     for names in (["head"], ["peagle", "peagle"]):
         with pytest.raises(ValueError, match=r"compare_heads names .*: each must be unique"):
             benchmark.benchmark(BenchmarkSettings(
@@ -483,7 +482,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
 
 def test_benchmark_names_a_compared_heads_divergence(tmp_path, monkeypatch):
     """A compared head that changes a sure greedy token fails the job naming that head, its k and the prompt."""
-    monkeypatch.setattr(vllm_engine, "run_child", _fake_engines([], [[2, -0.05], [3, -3.05]]))
+    monkeypatch.setattr(engine_process, "run_child", _fake_engines([], [[2, -0.05], [3, -3.05]]))
     (tmp_path / "p").mkdir()
     other = _head(tmp_path / "p", [1, 2])
     with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b .*; peagle k=2 prompt b \(chat\) at output token 1"):
@@ -495,7 +494,7 @@ def test_benchmark_names_a_compared_heads_divergence(tmp_path, monkeypatch):
                                       ([[2, -0.05], [5, -0.10], [6, -0.2]], "the head's token is not in the top list")])
 def test_benchmark_fails_on_a_real_divergence(tmp_path, monkeypatch, top, why):
     """The same change where the baseline was sure of its token: the job fails naming the prompt, nothing written."""
-    monkeypatch.setattr(vllm_engine, "run_child", _fake_engines([], top))
+    monkeypatch.setattr(engine_process, "run_child", _fake_engines([], top))
     out = tmp_path / "b.json"
     with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b \(chat\) at output token 1: baseline 2, with "
                                                         r"the head 3"):
@@ -507,7 +506,7 @@ def test_benchmark_counts_a_first_token_difference_against_the_engines(tmp_path,
     """Prompt b's first output token differs, far from a near-tie (3 nats): it comes from the target's prefill
     before any draft, so it is the engines' noise (seen on the H200 with a random MoE target), counted and
     logged, and the benchmark is written."""
-    monkeypatch.setattr(vllm_engine, "run_child", _fake_engines([], [[1, -0.05], [9, -3.05]], changed=(0, 9)))
+    monkeypatch.setattr(engine_process, "run_child", _fake_engines([], [[1, -0.05], [9, -3.05]], changed=(0, 9)))
     out = tmp_path / "b.json"
     with caplog.at_level("WARNING"):
         r = _bench(tmp_path, _head(tmp_path, [1, 2]), out, {"chat": 0, "humaneval": 0})
@@ -549,9 +548,9 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
         {"id": "long", "prompt": "word " * 200}, {"id": "short", "prompt": "Hi"},
         {"id": "system", "messages": [{"role": "system", "content": "Be brief. " * 100}, {"role": "user", "content": "Hi"}]},
     ]) + "\n")
-    monkeypatch.setattr(vllm_engine, "require_vllm", lambda needed_by: "test")
+    monkeypatch.setattr(engine_process, "require_vllm", lambda needed_by: "test")
     specs = []
-    monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
+    monkeypatch.setattr(engine_process, "run_child", _echo_engines(specs))
 
     def run(max_model_len):
         return benchmark.benchmark(BenchmarkSettings(
@@ -604,9 +603,9 @@ def test_benchmark_skips_prompts_the_template_refuses(tiny_target, tmp_path, mon
         {"id": "plain", "prompt": "Hi"},
         {"id": "system", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
     ]) + "\n")
-    monkeypatch.setattr(vllm_engine, "require_vllm", lambda needed_by: "test")
+    monkeypatch.setattr(engine_process, "require_vllm", lambda needed_by: "test")
     specs = []
-    monkeypatch.setattr(vllm_engine, "run_child", _echo_engines(specs))
+    monkeypatch.setattr(engine_process, "run_child", _echo_engines(specs))
 
     def run():
         return benchmark.benchmark(BenchmarkSettings(
@@ -741,7 +740,7 @@ def test_k_schedule_sweeps_chooses_and_serves_the_schedule(tmp_path, monkeypatch
     specs = []
     tps = {"sweep_baseline": {1: 100.0, 4: 300.0}, "sweep_k0": {1: 90.0, 4: 280.0}, "sweep_k1": {1: 140.0, 4: 330.0},
            "sweep_k3": {1: 180.0, 4: 290.0}, "sweep_schedule": {1: 175.0, 4: 320.0}}
-    monkeypatch.setattr(vllm_engine, "run_child", _sweep_engines(specs, tps))
+    monkeypatch.setattr(engine_process, "run_child", _sweep_engines(specs, tps))
     head = Head.read(_head(tmp_path, [1, 2]))
     r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0", "sweep_schedule"]
@@ -807,7 +806,7 @@ def test_k_schedule_of_a_peagle_head_holds_one_k(tmp_path, monkeypatch):
     tps = {"sweep_baseline": {1: 100.0, 4: 300.0}, "sweep_k0": {1: 90.0, 4: 280.0}, "sweep_k1": {1: 140.0, 4: 330.0},
            "sweep_k3": {1: 180.0, 4: 290.0}, "sweep_schedule": {1: 175.0, 4: 320.0}}
     specs = []
-    monkeypatch.setattr(vllm_engine, "run_child", _sweep_engines(specs, tps))
+    monkeypatch.setattr(engine_process, "run_child", _sweep_engines(specs, tps))
     head = Path(_head(tmp_path, [1, 2]))
     (head / "config.json").write_text('{"speculators_model_type": "peagle", '
                                       '"transformer_layer_config": {"num_hidden_layers": 1}, '

@@ -8,7 +8,7 @@ import os
 import yaml
 from smk import REPO, run
 
-from eagle3build.config import errors as config_errors
+from eagle3build.config import errors
 
 SCHEMA = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
 DEFAULT = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -26,22 +26,22 @@ def test_a_misspelled_section_and_a_nested_key_name_the_closest_valid_name():
     mine = {"trian": {"epochs": 3}}
     cfg = {**DEFAULT, **mine}
     sources = [("my.yaml", mine), ("config.yaml", DEFAULT)]
-    assert config_errors.short_message(cfg, SCHEMA, sources) == (
+    assert errors.short_message(cfg, SCHEMA, sources) == (
         f"config: unknown key 'trian' in my.yaml (did you mean 'train'?){FULL}")
     mine = {"train": {"epoch": 3}}
-    assert config_errors.short_message(_with(**mine), SCHEMA, [("my.yaml", mine), ("config.yaml", DEFAULT)]) == (
+    assert errors.short_message(_with(**mine), SCHEMA, [("my.yaml", mine), ("config.yaml", DEFAULT)]) == (
         f"config: unknown key 'train.epoch' in my.yaml (did you mean 'train.epochs'?){FULL}")
 
 
 def test_other_failures_name_the_key_and_the_winning_source():
     cli, mine = {"train": {"epochs": "three"}}, {"train": {"epochs": 2}}
     sources = [("--config", cli), ("my.yaml", mine), ("config.yaml", DEFAULT)]
-    assert config_errors.short_message(_with(**cli), SCHEMA, sources) == (
+    assert errors.short_message(_with(**cli), SCHEMA, sources) == (
         f"config: train.epochs: 'three' is not of type 'integer' in --config{FULL}")
     nothing_close = {"capture": {"zzz": 1}}
-    line = config_errors.short_message(_with(**nothing_close), SCHEMA, [("my.yaml", nothing_close)])
+    line = errors.short_message(_with(**nothing_close), SCHEMA, [("my.yaml", nothing_close)])
     assert line.startswith("config: unknown key 'capture.zzz' in my.yaml (the keys allowed in capture: mode, online, backend,")
-    assert config_errors.short_message(DEFAULT, SCHEMA, [("config.yaml", DEFAULT)]) is None
+    assert errors.short_message(DEFAULT, SCHEMA, [("config.yaml", DEFAULT)]) is None
 
 
 def test_every_problem_is_named_at_once():
@@ -51,12 +51,12 @@ def test_every_problem_is_named_at_once():
     cli = {"train": {"lr": "fast"}}
     cfg = {**_with(benchmark={"num_prompt": 4}, train={"lr": "fast"}), "trian": {"epochs": 3}}
     sources = [("--config", cli), ("my.yaml", mine), ("config.yaml", DEFAULT)]
-    assert config_errors.problems(cfg, SCHEMA, sources) == [
+    assert errors.problems(cfg, SCHEMA, sources) == [
         "unknown key 'trian' in my.yaml (did you mean 'train'?)",
         "train.lr: 'fast' is not of type 'number' in --config",
         "unknown key 'benchmark.num_prompt' in my.yaml (did you mean 'benchmark.num_prompts'?)",
     ]
-    assert config_errors.short_message(cfg, SCHEMA, sources) == "\n".join([
+    assert errors.short_message(cfg, SCHEMA, sources) == "\n".join([
         f"config: 3 problems{FULL}",
         "config: unknown key 'trian' in my.yaml (did you mean 'train'?)",
         "config: train.lr: 'fast' is not of type 'number' in --config",
@@ -70,14 +70,14 @@ def test_a_problem_inside_a_list_names_the_file_that_set_the_list():
     mine = {"data": {"sources": [{"path": "a.jsonl", "max_sample": 5}, {"path": "b.jsonl", "max_samples": 0}]}}
     cfg = _with(data={"sources": mine["data"]["sources"]})
     sources = [("my.yaml", mine), ("config.yaml", DEFAULT)]
-    assert config_errors.problems(cfg, SCHEMA, sources) == [
+    assert errors.problems(cfg, SCHEMA, sources) == [
         "unknown key 'data.sources[0].max_sample' in my.yaml (did you mean 'data.sources[0].max_samples'?)",
         "data.sources[0]: 'max_samples' is a required property in my.yaml",
         "data.sources[1].max_samples: 0 is less than the minimum of 1 in my.yaml",
     ]
-    assert config_errors.source_of(["data", "sources", 1, "path"], sources) == "my.yaml"
-    assert config_errors.source_of(["data", "sources", 0, "path"], [("config.yaml", DEFAULT)]) == "config.yaml"
-    assert config_errors.source_of(["data", "sources", 0], [("x.yaml", {"train": {}})]) is None
+    assert errors.source_of(["data", "sources", 1, "path"], sources) == "my.yaml"
+    assert errors.source_of(["data", "sources", 0, "path"], [("config.yaml", DEFAULT)]) == "config.yaml"
+    assert errors.source_of(["data", "sources", 0], [("x.yaml", {"train": {}})]) is None
 
 
 def test_the_plan_stops_with_one_line_and_the_full_message_on_request(tmp_path):

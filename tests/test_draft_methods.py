@@ -193,7 +193,7 @@ def test_export_refuses_a_method_other_than_trained(tiny_shards, tiny_target, tr
 
 
 def test_method_replans_training_and_what_follows_never_capture():
-    """draft.method is part of train_draft's ``train`` param only where it is not the default (config_spec
+    """draft.method is part of train_draft's ``train`` param only where it is not the default (config.key.Key
     ``quiet_default``: builds made before the key keep their params); no capture or earlier stage reads it."""
     import copy
 
@@ -243,7 +243,7 @@ def test_load_check_failure_names_a_stale_peagle_head(tmp_path, monkeypatch, met
     cause and the retrain command in the export's error (``DraftMethod.load_hint``); other heads get vLLM's error
     alone."""
     from eagle3build.serve import export_head as ex
-    from eagle3build.vllm import engine as vllm_engine
+    from eagle3build.vllm import engine_process
 
     head = tmp_path / "head"
     head.mkdir()
@@ -255,7 +255,7 @@ def test_load_check_failure_names_a_stale_peagle_head(tmp_path, monkeypatch, met
     def fail(*a, **kw):
         raise RuntimeError("Engine core initialization failed")
 
-    monkeypatch.setattr(vllm_engine, "run_child", fail)
+    monkeypatch.setattr(engine_process, "run_child", fail)
     with pytest.raises(ex.ExportError, match="Engine core initialization failed") as e:
         ex.check_loads_with_vllm(Head.read(head), str(tmp_path / "target"), "t", gpus=0)
     assert ("snakemake --forcerun train_draft" in str(e.value)) is hinted

@@ -11,9 +11,8 @@ import re
 import pytest
 from smk import REPO
 
-from eagle3build.config import artifact_schemas
-from eagle3build.config import spec as config_spec
-from eagle3build.draft import methods as draft_methods
+from eagle3build.config import artifact_schemas, spec
+from eagle3build.draft import methods
 from eagle3build.draft.choice import compare_draft, compare_note, compared, resolve
 from eagle3build.draft.head_format import Head, expected_shapes
 from eagle3build.draft.layer import DraftLayer
@@ -24,7 +23,7 @@ from eagle3build.draft.methods import LAYERS, METHODS
 NAMES = frozenset(METHODS) | frozenset(LAYERS)
 # the registry's constants no module outside eagle3build/draft/ branches on: its method and layer objects
 # (EAGLE3, PEAGLE, DFLASH, LLAMA, MLA) and its defaults (DEFAULT_METHOD, DEFAULT_LAYER)
-CONSTANTS = frozenset(n for n, v in vars(draft_methods).items()
+CONSTANTS = frozenset(n for n, v in vars(methods).items()
                       if isinstance(v, (DraftMethod, DraftLayer)) or n.startswith("DEFAULT_"))
 REGISTRY = "eagle3build/draft/methods.py"
 DRAFT_PACKAGE = "eagle3build/draft/"
@@ -40,7 +39,7 @@ def _names_in(node: ast.AST) -> bool:
 
 
 def _is_constant(node: ast.AST) -> bool:
-    """``EAGLE3``, ``draft_methods.DEFAULT_LAYER``: a registry constant, by name or as an attribute."""
+    """``EAGLE3``, ``methods.DEFAULT_LAYER``: a registry constant, by name or as an attribute."""
     return ((isinstance(node, ast.Name) and node.id in CONSTANTS)
             or (isinstance(node, ast.Attribute) and node.attr in CONSTANTS))
 
@@ -64,8 +63,8 @@ def method_branches(source: str) -> list[int]:
 
 def constant_branches(source: str) -> list[int]:
     """Lines of ``source`` (Python) that branch on a registry constant: a comparison one side of which holds one
-    (``layer != DEFAULT_LAYER``, ``m is draft_methods.EAGLE3``, ``layers != [draft_methods.DEFAULT_LAYER]``,
-    ``lay.name == draft_methods.DEFAULT_LAYER``)."""
+    (``layer != DEFAULT_LAYER``, ``m is methods.EAGLE3``, ``layers != [methods.DEFAULT_LAYER]``,
+    ``lay.name == methods.DEFAULT_LAYER``)."""
     return sorted({n.lineno for n in ast.walk(ast.parse(source))
                    if isinstance(n, ast.Compare) and any(_constants_in(x) for x in [n.left, *n.comparators])})
 
@@ -117,13 +116,13 @@ def test_the_branch_finder_finds_a_comparison_or_a_dispatch_on_a_method_name(src
 
 @pytest.mark.parametrize("src, lines", [
     # the pre-flight's branches before issue 59 (compat/preflight_bound.py)
-    ('return [lay.name] if lay.name == draft_methods.DEFAULT_LAYER else [lay.name, draft_methods.DEFAULT_LAYER]\n',
+    ('return [lay.name] if lay.name == methods.DEFAULT_LAYER else [lay.name, methods.DEFAULT_LAYER]\n',
      [1]),
-    ('if layers != [draft_methods.DEFAULT_LAYER]:\n    pass\n', [1]),
+    ('if layers != [methods.DEFAULT_LAYER]:\n    pass\n', [1]),
     ('if m is EAGLE3 or layer != DEFAULT_LAYER:\n    pass\n', [1]),
-    ('x = draft_methods.MLA in chosen\n', [1]),
+    ('x = methods.MLA in chosen\n', [1]),
     # a constant as a value, a default or an argument is no branch
-    ('layer = values.get("draft.layer", draft_methods.DEFAULT_LAYER)\nd = Draft(EAGLE3, LLAMA)\n', []),
+    ('layer = values.get("draft.layer", methods.DEFAULT_LAYER)\nd = Draft(EAGLE3, LLAMA)\n', []),
     ('def f(layer=DEFAULT_LAYER):\n    return get_layer(layer).version_param()\n', []),
 ])
 def test_the_constant_finder_finds_a_comparison_with_a_registry_constant(src, lines):
@@ -135,8 +134,8 @@ def test_the_smk_branch_patterns():
     assert SMK_BRANCH.search('if config["draft"]["method"] == "peagle":')
     assert SMK_BRANCH.search("x = 'dflash' != m")
     assert SMK_BRANCH.search('if config["draft"]["layer"] == "mla":')
-    assert not SMK_BRANCH.search('method="|".join(config_spec.DRAFT_METHODS),')
-    assert SMK_CONSTANT.search('if config["draft"]["layer"] != draft_methods.DEFAULT_LAYER:')
+    assert not SMK_BRANCH.search('method="|".join(spec.DRAFT_METHODS),')
+    assert SMK_CONSTANT.search('if config["draft"]["layer"] != methods.DEFAULT_LAYER:')
     assert SMK_CONSTANT.search("if DRAFT.method is EAGLE3:")
     assert not SMK_CONSTANT.search('layer = config["draft"].get("layer", DEFAULT_LAYER)')
 
@@ -144,9 +143,9 @@ def test_the_smk_branch_patterns():
 def test_the_config_draft_section_is_the_registry():
     """draft.method's choices are the registry's names, its default the registry's, and each method's options are
     the keys draft.<method>.<option> with the option's default, in train_draft's train param as <method>_<option>."""
-    keys = {k.path: k for k in config_spec.KEYS if k.section.startswith("draft")}
+    keys = {k.path: k for k in spec.KEYS if k.section.startswith("draft")}
     assert keys["draft.method"].schema["enum"] == list(METHODS) == ["eagle3", "peagle", "dflash"]
-    assert keys["draft.method"].default == draft_methods.DEFAULT_METHOD
+    assert keys["draft.method"].default == methods.DEFAULT_METHOD
     assert keys["draft.compare_methods"].schema["items"]["enum"] == list(METHODS)
     options = {p: (k.default, k.uses["train_draft"]) for p, k in keys.items() if p.count(".") == 2}
     assert options == {"draft.peagle.num_depths": (8, "trigger:train/peagle_num_depths"),
@@ -190,17 +189,17 @@ def test_each_method_says_what_it_changes():
     with pytest.raises(ValueError, match=r"\['num_depths'\] are not options of dflash"):
         d.spec({"num_depths": 4})
     with pytest.raises(ValueError, match="'medusa' is not one of"):
-        draft_methods.get("medusa")
-    assert draft_methods.of_config({}) is e  # a head config without speculators_model_type is EAGLE-3's
+        methods.get("medusa")
+    assert methods.of_config({}) is e  # a head config without speculators_model_type is EAGLE-3's
 
 
 def test_the_config_draft_layer_is_the_layer_registry():
     """draft.layer's choices are the layer registry's names, its default the registry's; it reaches training and
     the pre-flight (train_draft's train param as layer, preflight_bound's preflight param as draft_layer) and
     export_head's version param (the layer's format version)."""
-    key = next(k for k in config_spec.KEYS if k.path == "draft.layer")
+    key = next(k for k in spec.KEYS if k.path == "draft.layer")
     assert key.schema["enum"] == list(LAYERS) == ["llama", "mla"]
-    assert key.default == draft_methods.DEFAULT_LAYER == "llama" and key.quiet_default
+    assert key.default == methods.DEFAULT_LAYER == "llama" and key.quiet_default
     assert key.uses == {"train_draft": "trigger:train", "preflight_bound": "trigger:preflight/draft_layer",
                         "export_head": "trigger:version"}
 
@@ -212,7 +211,7 @@ def test_each_layer_says_what_it_changes():
     e, p, d = METHODS["eagle3"], METHODS["peagle"], METHODS["dflash"]
     llama, mla = LAYERS["llama"], LAYERS["mla"]
     assert (e.layer_choices, p.layer_choices, d.layer_choices) == (("llama", "mla"), ("llama",), ("llama",))
-    assert draft_methods.methods_with_layer(mla) == ["eagle3"]
+    assert methods.methods_with_layer(mla) == ["eagle3"]
     variant = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "fc_norm": False}
     assert resolve({"layer": "mla"}).head_flags(variant) == {**variant, "norm_before_fc": False}
     assert resolve().head_flags(variant) == variant
@@ -245,7 +244,7 @@ def test_each_layer_says_what_it_changes():
         assert shapes["layers.0.self_attn.q_proj.weight"] == (2 * (2 + 2), 2 * 8) and shapes["fc.weight"] == (8, 16)
         assert "layers.0.self_attn.k_proj.weight" not in shapes
     llama_cfg = {"transformer_layer_config": {"model_type": "llama", "num_hidden_layers": 1}}
-    assert draft_methods.layer_of(llama_cfg) is llama and Head.of("/h", llama_cfg).draft_layer == "llama"
+    assert methods.layer_of(llama_cfg) is llama and Head.of("/h", llama_cfg).draft_layer == "llama"
     dflash_cfg = {"speculators_model_type": "dflash", "transformer_layer_config": {"model_type": "qwen3",
                                                                                   "num_hidden_layers": 5},
                   "speculators_config": {"proposal_methods": [{"speculative_tokens": 7}]}}
@@ -309,8 +308,8 @@ def test_a_fourth_method_is_its_class_and_a_registry_entry(tmp_path, monkeypatch
             return int(cfg["num_heads"])
 
     monkeypatch.setitem(METHODS, "medusa", Medusa())
-    monkeypatch.setattr(draft_methods, "NAMES", tuple(METHODS))
-    keys = {k.path: k for k in config_spec.draft_keys()}
+    monkeypatch.setattr(methods, "NAMES", tuple(METHODS))
+    keys = {k.path: k for k in spec.draft_keys()}
     assert keys["draft.method"].schema["enum"] == ["eagle3", "peagle", "dflash", "medusa"]
     assert "medusa (heads over the last hidden state)" in keys["draft.method"].doc
     d = resolve({"method": "medusa"})

@@ -66,17 +66,17 @@ def engine_layouts(jobs):
 
 def test_the_plan_shows_the_layout_the_engines_are_given(tmp_path):
     """The Kimi example with two pipeline stages (target.pipeline_parallel_size) and its capture pinned to the hooks
-    backend: the plan shows each serving engine's layout as vllm_engine.engine_args gives it to vLLM, and no capture
+    backend: the plan shows each serving engine's layout as engine_args gives it to vLLM, and no capture
     engine."""
-    from eagle3build.vllm import engine as vllm_engine
+    from eagle3build.vllm.engine_args import engine_args
 
     over = tmp_path / "pp2.yaml"
     over.write_text(yaml.safe_dump({"target": {"pipeline_parallel_size": 2}, "capture": {"backend": "hooks"}}))
     (tmp_path / "wd").mkdir()
     jobs = planned_resources(["--configfile", str(REPO / "examples/configs/kimi-k2.5-8x-rtx-pro-6000.yaml"), str(over)],
                              workdir(tmp_path / "wd"))
-    eng = vllm_engine.engine_args(str(REPO / "examples/targets/kimi-k2.5-shape"), gpus=int(jobs["benchmark"][0]["gpu"]),
-                                  served_name="m", max_model_len=8, seed=0, pipeline_parallel_size=2)
+    eng = engine_args(str(REPO / "examples/targets/kimi-k2.5-shape"), gpus=int(jobs["benchmark"][0]["gpu"]),
+                      served_name="m", max_model_len=8, seed=0, pipeline_parallel_size=2)
     assert (eng["tensor_parallel_size"], eng["pipeline_parallel_size"]) == (8, 2)
     assert engine_layouts(jobs) == {"capture_hidden_states": {None}, "preflight_bound": {("8", "2")},
                                     "export_head": {("8", "2")}, "benchmark": {("8", "2")}, "train_draft": {None}}

@@ -179,10 +179,23 @@ def test_no_module_breaks_the_layers():
     assert layer_violations(package_sources()) == []
 
 
+def test_vllm_imports_nothing_of_workflow():
+    """Issue 66: the engines' package takes nothing from the workflow's, deferred imports included, though the
+    floor's order would let it (the offline switches live in ``formats.target_files``, the KV cache arithmetic in
+    ``target``)."""
+    sources = package_sources()
+    modules = set(sources)
+    found = {m: sorted(d for d in package_imports(s, m, modules) if unit(d, modules) == "workflow")
+             for m, s in sources.items() if unit(m, modules) == "vllm"}
+    assert set(found) >= {"vllm.engine_args", "vllm.engine_process", "vllm.measure", "vllm.capture"}
+    assert {m: d for m, d in found.items() if d} == {}
+
+
 def test_a_floor_module_serves_several_subpackages():
     """A module that one stage subpackage's modules use alone lives in that subpackage; the floor holds modules
     of two or more, and tools that no stage imports (``workflow.lockcheck``, a command-line check;
-    ``workflow.missing``, read by rules/common.smk; ``config.errors``, the Snakefile's)."""
+    ``workflow.missing``, read by rules/common.smk; ``config.errors``, the Snakefile's; ``workflow.job`` and its
+    ``workflow.gpu_slots``, the one adapter's, scripts/run_stage.py)."""
     sources = package_sources()
     modules = set(sources)
     imports = {m: package_imports(s, m, modules) for m, s in sources.items()}
@@ -312,12 +325,12 @@ def test_the_length_check_counts_lines():
 
 def unresolved_imports(sources: dict[str, str]) -> list[str]:
     """``module:line name`` for each ``from <package module> import name``, top-level or inside a function, whose
-    module has no such attribute or submodule: a name a split moved away (vllm_engine's child side went to
+    module has no such attribute or submodule: a name a split moved away (the flat vllm_engine.py's child side went to
     vllm_measure, and two deferred imports of it were left behind)."""
     import importlib
 
     out = []
-    for module, source in sources.items():  # names as package_sources gives them: "vllm_capture", "train.trainer"
+    for module, source in sources.items():  # names as package_sources gives them: "atomic", "train.trainer"
         full = f"eagle3build.{module}"
         pkg = full if (PACKAGE_DIR / module.replace(".", "/") / "__init__.py").exists() else full.rsplit(".", 1)[0]
         for node in ast.walk(ast.parse(source)):
@@ -346,5 +359,5 @@ def test_every_package_import_resolves():
 
 
 def test_the_import_check_finds_a_moved_name():
-    src = "def f():\n    from .engine import start_engine\n"
-    assert unresolved_imports({"vllm.capture": src}) == ["vllm.capture:2 eagle3build.vllm.engine.start_engine"]
+    src = "def f():\n    from .engine_process import start_engine\n"
+    assert unresolved_imports({"vllm.capture": src}) == ["vllm.capture:2 eagle3build.vllm.engine_process.start_engine"]

@@ -14,14 +14,13 @@ import yaml
 from safetensors.torch import load_file
 from smk import REPO
 
-from eagle3build.draft import methods as draft_methods
-from eagle3build.draft import mla_format
+from eagle3build.draft import methods, mla_format
 from eagle3build.draft.choice import DraftError, resolve
 from eagle3build.draft.head_format import Head
 from eagle3build.formats.artifacts import HeadMeta, minimal_decisions
 from eagle3build.serve import export_head as ex
 from eagle3build.train import train_draft as td
-from eagle3build.vllm import engine as vllm_engine
+from eagle3build.vllm.engine_args import drafter_config, engine_args
 
 AUX = [2, 3, 4]  # EAGLE-3's [2, N//2, N-3] at the tiny preset's 7 layers
 VOCAB = 163_840
@@ -189,7 +188,7 @@ def test_mla_head_exports_in_vllms_deepseek_eagle3_layout(kimi_shards, kimi_targ
     assert (head.draft_layer, head.kv_layers, head.trained_positions, head.aux_layer_ids) == ("mla", 1, None, tuple(AUX))
     assert head.speculative_config(3) == {"method": "eagle3", "model": str(tmp_path / "head"),
                                           "num_speculative_tokens": 3}
-    assert (head.method, head.layer) == (draft_methods.EAGLE3, draft_methods.MLA)
+    assert (head.method, head.layer) == (methods.EAGLE3, methods.MLA)
     # head_meta.json matches its schema (layer, capture_mode) and names the layer config.json is of
     assert Head.read(tmp_path / "head", meta=HeadMeta).meta["layer"] == "mla"
     # a checkpoint whose train_meta.json names another layer than its config.json is refused
@@ -221,20 +220,20 @@ def test_vllm_cpu_serves_the_trained_mla_head(kimi_shards, kimi_target, mla_chec
 def test_cpu_engines_of_an_mla_target_and_its_mla_drafter_use_cpu_mla(kimi_target, tiny_target, tmp_path):
     """vLLM prefers AMX_MLA on AMX CPUs, which refuses float32 weights; a CPU engine of an MLA target asks for
     CPU_MLA, and an MLA drafter gets it too (vLLM never gives a drafter the target's backend)."""
-    cpu = vllm_engine.engine_args(str(kimi_target), gpus=0, served_name="k", max_model_len=256, seed=0)
+    cpu = engine_args(str(kimi_target), gpus=0, served_name="k", max_model_len=256, seed=0)
     assert cpu["attention_backend"] == "CPU_MLA" and cpu["dtype"] == "float32"
-    assert "attention_backend" not in vllm_engine.engine_args(str(kimi_target), gpus=1, served_name="k",
+    assert "attention_backend" not in engine_args(str(kimi_target), gpus=1, served_name="k",
                                                                max_model_len=256, seed=0)
-    assert "attention_backend" not in vllm_engine.engine_args(str(tiny_target), gpus=0, served_name="t",
+    assert "attention_backend" not in engine_args(str(tiny_target), gpus=0, served_name="t",
                                                                max_model_len=256, seed=0)
     mla_head, llama_head = tmp_path / "mla", tmp_path / "llama"
     for folder, cfg in ((mla_head, {"kv_lora_rank": 512}), (llama_head, {"transformer_layer_config": {}})):
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(cfg))
     sc = {"method": "eagle3", "model": str(mla_head), "num_speculative_tokens": 3}
-    assert vllm_engine.drafter_config(cpu, sc) == {**sc, "attention_backend": "CPU_MLA"}
-    assert vllm_engine.drafter_config(cpu, {**sc, "model": str(llama_head)}) == {**sc, "model": str(llama_head)}
-    assert vllm_engine.drafter_config({}, sc) == sc
+    assert drafter_config(cpu, sc) == {**sc, "attention_backend": "CPU_MLA"}
+    assert drafter_config(cpu, {**sc, "model": str(llama_head)}) == {**sc, "model": str(llama_head)}
+    assert drafter_config({}, sc) == sc
 
 
 def _params(cfg, stage):
@@ -245,13 +244,13 @@ def _params(cfg, stage):
 
 def test_draft_layer_replans_training_and_the_preflight_only_once_set():
     """draft.layer joins train_draft's ``train`` param, the pre-flight's ``preflight`` param and export_head's
-    ``version`` (the layer's format version) only where it is not llama (config_spec ``quiet_default``: builds made
+    ``version`` (the layer's format version) only where it is not llama (config.key.Key ``quiet_default``: builds made
     before the key keep their params); no other stage reads it."""
     from eagle3build.config.spec import KEYS
     from eagle3build.workflow.contract import CONTRACTS
 
     key = next(k for k in KEYS if k.path == "draft.layer")
-    assert key.schema["enum"] == list(draft_methods.LAYER_NAMES) == ["llama", "mla"]
+    assert key.schema["enum"] == list(methods.LAYER_NAMES) == ["llama", "mla"]
     assert key.default == "llama" and key.quiet_default
     base = yaml.safe_load((REPO / "config.yaml").read_text())
     assert base["draft"]["layer"] == "llama"
@@ -303,7 +302,7 @@ def test_preflight_times_the_mla_draft_beside_the_llama_layer(kimi_target, tmp_p
         return {"engine_start_s": 1.0, "by_concurrency": {"1": {"step_s": step, "tpot_s": step, "tau": 1.0,
                                                                 "drafts": 10}}}
 
-    monkeypatch.setattr(pb.vllm_engine, "run_child", fake_child)
+    monkeypatch.setattr(pb.engine_process, "run_child", fake_child)
     def settings(out, **draft):
         return pb.PreflightSettings(str(kimi_target), str(tmp_path / out), str(dec), max_k=3, benchmark_ks=[3],
                                     concurrencies=[1], draft_vocab_size=256, served_name="k", gpus=0,

@@ -68,7 +68,7 @@ def test_params_are_the_recorded_ones(name, tmp_path):
 
 
 def test_a_config_with_a_renamed_key_plans_the_same(tmp_path):
-    """A config written before a key was renamed (benchmark.dtype, now target.serve_dtype: config_spec.RENAMED)
+    """A config written before a key was renamed (benchmark.dtype, now target.serve_dtype: config.spec.RENAMED)
     plans with the params the new name gives."""
     cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
     cfg["benchmark"]["dtype"] = cfg["target"].pop("serve_dtype")

@@ -22,7 +22,7 @@ from eagle3build.capture import capture_hidden_states as cap
 from eagle3build.compat import compat_report as cr
 from eagle3build.compat.compat_render import render_markdown
 from eagle3build.train import train_draft as td
-from eagle3build.workflow import budgets as plans
+from eagle3build.workflow import budgets
 
 TINY_AUX = [1, 3, 4]
 
@@ -184,22 +184,22 @@ def test_online_memory_split_is_planned_and_refused_with_its_numbers(tiny_shards
     # the estimate's parameter count is speculators' draft model's, built for the tiny target (eagle3.1)
     model = td.build_model(str(tiny_target), TINY_AUX, *_vocab(d), 3, "eagle3.1", "cpu", trust_remote_code=False)
     real = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    est = plans.draft_training_bytes_for(model.config.transformer_layer_config, 256, 3, 512, 3)
+    est = budgets.draft_training_bytes_for(model.config.transformer_layer_config, 256, 3, 512, 3)
     assert est["trainable_parameters"] == real
     # activations grow with the packed tokens and the TTT steps, linearly
-    assert plans.draft_training_bytes_for(model.config.transformer_layer_config, 256, 3, 1024, 6)["activation_bytes"] \
-        == 4 * est["activation_bytes"]
-    trainer = plans.draft_training_bytes(576, 1536, 9, 3, 64, 49152, 32000, 3, 8192, 3)
-    ok = plans.plan_online_memory(141e9, 1, 270e6, 46080, 36864, trainer, 0.5)
+    longer = budgets.draft_training_bytes_for(model.config.transformer_layer_config, 256, 3, 1024, 6)
+    assert longer["activation_bytes"] == 4 * est["activation_bytes"]
+    trainer = budgets.draft_training_bytes(576, 1536, 9, 3, 64, 49152, 32000, 3, 8192, 3)
+    ok = budgets.plan_online_memory(141e9, 1, 270e6, 46080, 36864, trainer, 0.5)
     assert ok["status"] == "ok" and ok["target_bytes_per_gpu"] == int(270e6 * 1.2 + 46080 * 36864)
     # Kimi-K2.5-like: 1.03 T parameters at 4.5 bits over 8 cards of 141 GB
-    kimi = plans.draft_training_bytes(7168, 18432, 64, 8, 128, 163840, 32000, 3, 8192, 3)
-    bad = plans.plan_online_memory(141e9, 8, 1.03e12 * 0.5625, 70272, 36864, kimi, 0.6)
+    kimi = budgets.draft_training_bytes(7168, 18432, 64, 8, 128, 163840, 32000, 3, 8192, 3)
+    bad = budgets.plan_online_memory(141e9, 8, 1.03e12 * 0.5625, 70272, 36864, kimi, 0.6)
     assert bad["status"] == "fail" and "gives it 84.6 GB" in bad["message"] and "needs 89.5 GB" in bad["message"]
-    bad = plans.plan_online_memory(141e9, 8, 1.03e12 * 0.5625, 70272, 36864, kimi, 0.8)
+    bad = budgets.plan_online_memory(141e9, 8, 1.03e12 * 0.5625, 70272, 36864, kimi, 0.8)
     assert bad["status"] == "fail" and "the trainer needs 47.9 GB" in bad["message"] and "28.2 GB" in bad["message"]
-    assert plans.plan_online_memory(None, 8, 1e12, 1, 1, kimi, 0.5)["status"] == "ok"
-    assert plans.plan_online_memory(141e9, 0, 1e12, 1, 1, kimi, 0.5)["status"] == "ok"
+    assert budgets.plan_online_memory(None, 8, 1e12, 1, 1, kimi, 0.5)["status"] == "ok"
+    assert budgets.plan_online_memory(141e9, 0, 1e12, 1, 1, kimi, 0.5)["status"] == "ok"
     # the report's plan for a real target directory (hooks: no KV cache), rendered in compat.md
     online = {"target_memory_fraction": 0.005, "gpus": 1, "total_seq_len": 512, "ttt_steps": 3, "draft_vocab_size": 256,
               "tokens_per_batch": 1024, "max_seq_len": 128}

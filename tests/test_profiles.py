@@ -46,7 +46,7 @@ def test_default_plan_asks_for_no_gpus(tmp_path):
     assert {r: [j.get("gpu", "0") for j in jobs[r]] for r in GPU_RULES} == {
         "capture_hidden_states": ["0"] * 3, "train_draft": ["0"], "benchmark": ["0"], "export_head": ["0"]}
     assert jobs["train_draft"][0]["mem_mb"] == "8000" and jobs["benchmark"][0]["runtime"] == "60"
-    # the CPU engine: vLLM's tensor-parallel size 1 (vllm_engine.engine_layout of 0 GPUs)
+    # the CPU engine: vLLM's tensor-parallel size 1 (engine_layout of 0 GPUs)
     assert {(j["tensor_parallel_size"], j["pipeline_parallel_size"]) for j in jobs["benchmark"]} == {("1", "1")}
     assert not any("gpu_model" in j for js in jobs.values() for j in js)  # no model named: none asked for
 

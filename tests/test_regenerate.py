@@ -14,8 +14,7 @@ from eagle3build.data import prepare_data as pd
 from eagle3build.data import regenerate_responses as rr
 from eagle3build.formats import conversations as cv
 from eagle3build.formats import tokens as tk
-from eagle3build.vllm import engine as vllm_engine
-from eagle3build.vllm import measure as vllm_measure
+from eagle3build.vllm import engine_process, measure
 
 REPO = Path(__file__).resolve().parents[1]
 CONVS = [
@@ -142,15 +141,15 @@ def test_backend_choice(monkeypatch):
         try:
             raise ImportError("libcudart.so.12: cannot open shared object file")
         except ImportError as e:
-            raise vllm_engine.VLLMUnavailable(f"{needed_by} needs vllm") from e
+            raise engine_process.VLLMUnavailable(f"{needed_by} needs vllm") from e
 
-    monkeypatch.setattr(vllm_engine, "require_vllm", lambda needed_by: "0.32.0")
+    monkeypatch.setattr(engine_process, "require_vllm", lambda needed_by: "0.32.0")
     assert rr.choose_backend("auto") == {"used": "vllm", "requested": "auto", "reason": "vLLM 0.32.0 imports in this job"}
-    monkeypatch.setattr(vllm_engine, "require_vllm", broken)
+    monkeypatch.setattr(engine_process, "require_vllm", broken)
     got = rr.choose_backend("auto")
     assert got["used"] == "transformers" and "libcudart.so.12" in got["reason"]
     assert rr.choose_backend("transformers")["used"] == "transformers"
-    with pytest.raises(vllm_engine.VLLMUnavailable):
+    with pytest.raises(engine_process.VLLMUnavailable):
         rr.choose_backend("vllm")
     with pytest.raises(ValueError, match="data.regenerate.backend"):
         rr.choose_backend("sglang")
@@ -430,7 +429,7 @@ def test_vllm_child_samples_from_the_engine_seed(monkeypatch):
             return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=SamplingParams))
-    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine: (LLM(), 0.0))
+    monkeypatch.setattr(measure, "start_engine", lambda engine: (LLM(), 0.0))
     spec = {"engine": {"seed": 5}, "conversations": CONVS, "max_tokens": 12, "max_seq_len": 256, "unfinished": "keep",
             "temperature": 0.0, "top_p": 1.0, "checkpoint_every": 0, "state_path": None, "key": ""}
     res = rr.run_child(spec)

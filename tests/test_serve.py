@@ -19,12 +19,13 @@ import pytest
 from smk import REPO
 
 from eagle3build.draft.head_format import Head
+from eagle3build.formats.artifacts import ArtifactError, ServeCheck, Serving
+from eagle3build.formats.target_files import OFFLINE_VARS
 from eagle3build.serve import openai_server as server
 from eagle3build.serve import serve_check as sc
 from eagle3build.serve import serve_config as cfg
 from eagle3build.serve import serving_files as sf
-from eagle3build.vllm import engine as vllm_engine
-from eagle3build.workflow.job import OFFLINE_VARS
+from eagle3build.vllm import engine_process
 
 LLAMA_HEAD = {"speculators_model_type": "eagle3", "draft_vocab_size": 64,
               "speculators_config": {"verifier": {"name_or_path": "org/not-cached-model"},
@@ -86,7 +87,7 @@ def test_the_serving_files_serve_the_best_k_through_speculative_config(tmp_path)
     assert sf.check(files) == json.loads(o["speculative-config"])
     env = files["env"]
     assert {v: env[v] for v in OFFLINE_VARS} == {v: "1" for v in OFFLINE_VARS}
-    assert {k: env[k] for k in vllm_engine.ENGINE_ENV} == vllm_engine.ENGINE_ENV
+    assert {k: env[k] for k in engine_process.ENGINE_ENV} == engine_process.ENGINE_ENV
     assert "VLLM_USE_V2_MODEL_RUNNER" not in env
     sh = (out / "serve.sh").read_text()
     assert os.access(out / "serve.sh", os.X_OK) and sh.startswith("#!/bin/sh\n")
@@ -171,6 +172,33 @@ def test_a_moved_target_or_head_names_the_path_it_expected(tmp_path):
     (out / "serve.env").unlink()
     with pytest.raises(sf.ServingFileError, match=rf"{out}/serve.env: missing; rule serve_config writes"):
         sf.read(out)
+
+
+@pytest.mark.parametrize("schedule", [None, SCHEDULE])
+def test_serving_json_is_checked_against_its_schema_where_written_and_read(tmp_path, schedule):
+    """serving.json of the best k and of a k schedule passes its schema (eagle3build/schemas/serving.schema.json) as
+    serve_config writes it; one edited off it fails where serve_check reads it, naming the file and the field;
+    serve_config refuses to write one off it, naming the field, and writes no serving file."""
+    out, target, head = write_files(tmp_path, bench_json(schedule))
+    serving = Serving.load(out).data
+    assert sf.read(out)["serving"] == serving and serving["k"]["source"] == ("k_schedule" if schedule else "best_k")
+    for field, value, message in (("k", {**serving["k"], "num_speculative_tokens": "3"},
+                                   r"field k\.num_speculative_tokens: '3' is not of type 'integer'"),
+                                  ("port", 0, "field port: 0 is less than the minimum of 1"),
+                                  ("command", None, "field <top level>: 'command' is a required property")):
+        broken = {k: v for k, v in serving.items() if k != field}
+        if value is not None:
+            broken[field] = value
+        (out / "serving.json").write_text(json.dumps(broken))
+        with pytest.raises(sf.ServingFileError, match=rf"{out}/serving.json: {message} \(schema serving.schema.json\)"):
+            sf.read(out)
+    contents = cfg.serving(str(head), str(target), bench_json(schedule), gpus=0, served_name="org/m", max_model_len=512,
+                           seed=0, dtype="auto", pipeline_parallel_size=1, trust_remote_code=False, port=8123,
+                           offline=True, per_request_metrics=True)
+    contents["serving"]["layout"]["tensor_parallel_size"] = 0
+    with pytest.raises(ArtifactError, match=r"serving.json: field layout.tensor_parallel_size: 0 is less than the "):
+        cfg.write(tmp_path / "elsewhere", contents)
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def test_an_mla_head_is_served_through_speculative_config_with_method_eagle3(tmp_path):
@@ -350,7 +378,7 @@ def test_stop_ends_the_servers_whole_group(tmp_path):
 
 
 def test_the_guarded_server_runs_its_module_as_main_and_dies_with_the_job(tmp_path):
-    """vllm_engine.guarded_module_argv: the module runs as ``python -m`` runs it (``__main__``, its arguments in
+    """engine_process.guarded_module_argv: the module runs as ``python -m`` runs it (``__main__``, its arguments in
     sys.argv); when the job that started it is SIGKILLed, the watch ends its process group within seconds."""
     (tmp_path / "stand_in_server.py").write_text(
         "import json, os, sys, time\n"
@@ -360,9 +388,9 @@ def test_the_guarded_server_runs_its_module_as_main_and_dies_with_the_job(tmp_pa
     info = tmp_path / "info.json"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
     job = subprocess.Popen([sys.executable, "-c", (
-        "import os, subprocess, sys, time; from eagle3build.vllm import engine as vllm_engine; "
-        "subprocess.Popen(vllm_engine.guarded_module_argv('stand_in_server', [sys.argv[1], '--port', '1']), "
-        "env={**os.environ, vllm_engine.PARENT_ENV: str(os.getpid())}, process_group=0); time.sleep(60)"),
+        "import os, subprocess, sys, time; from eagle3build.vllm import engine_process; "
+        "subprocess.Popen(engine_process.guarded_module_argv('stand_in_server', [sys.argv[1], '--port', '1']), "
+        "env={**os.environ, engine_process.PARENT_ENV: str(os.getpid())}, process_group=0); time.sleep(60)"),
         str(info)], env=env, start_new_session=True)
     deadline = time.monotonic() + 60
     while not info.exists() and time.monotonic() < deadline:
@@ -411,7 +439,7 @@ def test_the_check_through_a_server_passes_and_writes_what_it_measured(stand_in)
     the target alone's, each response's τ adding up to the counters, the group stopped, serve_check.json written."""
     s, _ = stand_in
     r = sc.serve_check(s)
-    assert json.loads(open(s.out_json).read()) == json.loads(json.dumps(r))
+    assert json.loads(open(s.out_json).read()) == json.loads(json.dumps(r)) == ServeCheck.load(s.out_json).data
     assert (r["set"], r["num_speculative_tokens"], r["lossless"]) == ("chat", 3, True)
     assert r["tau"] == {"served": 1.8, "benchmark": 1.8, "tolerance": 0.05, "difference": 0.0}
     for name in ("non_streaming", "streaming"):
@@ -423,6 +451,27 @@ def test_the_check_through_a_server_passes_and_writes_what_it_measured(stand_in)
     assert [p["identical_to_target_alone"] for p in r["prompts"]] == [True, True]
     assert r["stop"] == {"killed": 0, "processes_left": 0} and r["server"]["start_s"] > 0
     assert r["server"]["command"].endswith(f"--config {s.serve_dir}/serve.yaml")
+
+
+def test_serve_check_json_off_its_schema_fails_naming_the_field(stand_in):
+    """serve_check.json as serve_check writes it passes its schema (eagle3build/schemas/serve_check.schema.json, checked
+    before writing); one whose pass lacks its τ, whose tolerance is negative or which left a process fails, naming the
+    file and the field."""
+    s, _ = stand_in
+    good = sc.serve_check(s)
+    ServeCheck.load(s.out_json)
+    path = s.out_json
+    for edit, message in (
+            (lambda r: r["passes"]["streaming"].pop("mean_acceptance_length"),
+             r"field passes\.streaming: 'mean_acceptance_length' is a required property"),
+            (lambda r: r["tau"].update(tolerance=-1), r"field tau\.tolerance: -1 is less than the minimum of 0"),
+            (lambda r: r["stop"].update(processes_left=2), r"field stop\.processes_left: 0 was expected")):
+        broken = json.loads(json.dumps(good))
+        edit(broken)
+        with open(path, "w") as f:
+            json.dump(broken, f)
+        with pytest.raises(ArtifactError, match=rf"{path}: {message} \(schema serve_check.schema.json\)"):
+            ServeCheck.load(path)
 
 
 def test_the_check_fails_naming_the_counter_where_tau_through_the_server_is_off(stand_in, monkeypatch):

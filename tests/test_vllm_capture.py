@@ -23,7 +23,7 @@ from eagle3build.data import prepare_data as pd
 from eagle3build.formats.artifacts import minimal_decisions
 from eagle3build.formats.shards import ShardMeta, ShardReader
 from eagle3build.vllm import capture as vc
-from eagle3build.vllm.engine import run_child
+from eagle3build.vllm.engine_process import run_child
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")

@@ -18,8 +18,16 @@ from eagle3build.draft.head_format import Head
 from eagle3build.serve import benchmark
 from eagle3build.serve import export_head as ex
 from eagle3build.serve.benchmark import BenchmarkSettings
-from eagle3build.vllm import engine as vllm_engine
-from eagle3build.vllm import measure as vllm_measure
+from eagle3build.vllm import engine_process, measure
+from eagle3build.vllm.engine_args import (
+    CPU_ENGINE_ENV,
+    KV_CACHE_FLOOR_BYTES,
+    KV_CACHE_MARGIN,
+    cudagraph_capture_size_at_least,
+    engine_args,
+    engine_core_in_process,
+    kv_cache_memory_bytes,
+)
 
 
 def _example_workdir(tmp_path):
@@ -36,52 +44,68 @@ def test_example_engines_are_tensor_parallel_over_the_jobs_gpus(tmp_path, name, 
     jobs = planned_resources(["--configfile", str(cfg_path)], _example_workdir(tmp_path))
     for rule in ("export_head", "benchmark"):
         (job,) = jobs[rule]
-        eng = vllm_engine.engine_args(str(REPO / cfg["target"]["path"]), gpus=int(job["gpu"]),
-                                      served_name=cfg["target"]["served_name"],
-                                      max_model_len=cfg["benchmark"]["max_model_len"], seed=cfg["benchmark"]["seed"],
-                                      dtype=cfg["target"]["serve_dtype"],
-                                      pipeline_parallel_size=cfg["target"]["pipeline_parallel_size"])
+        eng = engine_args(str(REPO / cfg["target"]["path"]), gpus=int(job["gpu"]),
+                          served_name=cfg["target"]["served_name"],
+                          max_model_len=cfg["benchmark"]["max_model_len"], seed=cfg["benchmark"]["seed"],
+                          dtype=cfg["target"]["serve_dtype"],
+                          pipeline_parallel_size=cfg["target"]["pipeline_parallel_size"])
         assert (eng["tensor_parallel_size"], eng["pipeline_parallel_size"], eng["dtype"]) == (tp, 1, dtype), rule
         assert "enforce_eager" not in eng and "distributed_executor_backend" not in eng
         assert int(job["mem_mb"]) == cfg["resources"]["serve"]["mem_mb"]
 
 
+def test_engine_args_read_the_targets_config_json_once(tmp_path, monkeypatch):
+    """An MLA target wrapped multimodally on CPU gets the reference MLA backend and its language model only, from one
+    read of its config.json (issue 66: it was read twice a call); a folder without one gets neither."""
+    from eagle3build.vllm import engine_args as args_module
+
+    (tmp_path / "config.json").write_text(json.dumps({"vision_config": {"hidden_size": 8},
+                                                      "text_config": {"kv_lora_rank": 512}}))
+    reads = []
+    real = args_module.config_json
+    monkeypatch.setattr(args_module, "config_json", lambda folder: reads.append(folder) or real(folder))
+    eng = engine_args(str(tmp_path), gpus=0, served_name="m", max_model_len=64, seed=0)
+    assert (eng["attention_backend"], eng["language_model_only"]) == ("CPU_MLA", True) and reads == [str(tmp_path)]
+    plain = engine_args(str(tmp_path / "none"), gpus=0, served_name="m", max_model_len=64, seed=0)
+    assert not {"attention_backend", "language_model_only"} & set(plain)
+
+
 def test_engine_args_on_cpu_and_with_pipeline_stages(tmp_path):
-    cpu = vllm_engine.engine_args(str(tmp_path), gpus=0, served_name="org/m", max_model_len=512, seed=3)
+    cpu = engine_args(str(tmp_path), gpus=0, served_name="org/m", max_model_len=512, seed=3)
     assert (cpu["dtype"], cpu["tensor_parallel_size"], cpu["enforce_eager"], cpu["seed"]) == ("float32", 1, True, 3)
     assert cpu["model"] == str(tmp_path.resolve()) and cpu["disable_log_stats"] is False
     # a CPU engine: its worker in a process of its own, its engine core in the engine's child (start_engine)
-    assert cpu["distributed_executor_backend"] == "mp" and vllm_engine.engine_core_in_process(cpu)
-    assert vllm_engine.CPU_ENGINE_ENV == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    gpu = vllm_engine.engine_args(str(tmp_path), gpus=1, served_name="m", max_model_len=8, seed=0)
-    assert not vllm_engine.engine_core_in_process(gpu) and "distributed_executor_backend" not in gpu
+    assert cpu["distributed_executor_backend"] == "mp" and engine_core_in_process(cpu)
+    assert CPU_ENGINE_ENV == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    gpu = engine_args(str(tmp_path), gpus=1, served_name="m", max_model_len=8, seed=0)
+    assert not engine_core_in_process(gpu) and "distributed_executor_backend" not in gpu
     with pytest.raises(ValueError, match="bfloat16.*on CPU"):
-        vllm_engine.engine_args(str(tmp_path), gpus=0, served_name="m", max_model_len=8, seed=0, dtype="bfloat16")
-    pp = vllm_engine.engine_args(str(tmp_path), gpus=8, served_name="m", max_model_len=8, seed=0,
-                                 pipeline_parallel_size=2, enable_prefix_caching=False)
+        engine_args(str(tmp_path), gpus=0, served_name="m", max_model_len=8, seed=0, dtype="bfloat16")
+    pp = engine_args(str(tmp_path), gpus=8, served_name="m", max_model_len=8, seed=0,
+                     pipeline_parallel_size=2, enable_prefix_caching=False)
     assert (pp["tensor_parallel_size"], pp["pipeline_parallel_size"], pp["distributed_executor_backend"]) == (8, 2, "ray")
     assert pp["dtype"] == "bfloat16" and pp["enable_prefix_caching"] is False
     with pytest.raises(ValueError, match="pipeline_parallel_size must be >= 1"):
-        vllm_engine.engine_args(str(tmp_path), gpus=1, served_name="m", max_model_len=8, seed=0, pipeline_parallel_size=0)
+        engine_args(str(tmp_path), gpus=1, served_name="m", max_model_len=8, seed=0, pipeline_parallel_size=0)
 
 
 def test_child_env_keeps_the_jobs_gpus_and_drops_blas_caps():
-    env = vllm_engine.child_env({"CUDA_VISIBLE_DEVICES": "2,3", "MKL_NUM_THREADS": "2", "OMP_NUM_THREADS": "2",
-                                 "PYTHONPATH": "/x"})
+    env = engine_process.child_env({"CUDA_VISIBLE_DEVICES": "2,3", "MKL_NUM_THREADS": "2", "OMP_NUM_THREADS": "2",
+                                    "PYTHONPATH": "/x"})
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and "MKL_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in env
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     assert env["PYTHONPATH"].split(":") == ["/x", str(REPO)]
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and env["TRITON_F32_DEFAULT"] == "ieee"
-    assert vllm_engine.child_env({"VLLM_USE_FLASHINFER_SAMPLER": "1"})["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+    assert engine_process.child_env({"VLLM_USE_FLASHINFER_SAMPLER": "1"})["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
 
 
 def test_run_child_protocol(tmp_path):
     """A fresh process runs MODULE:FUNCTION on the spec and its JSON result comes back; a failure is an error."""
-    r = vllm_engine.run_child("builtins:dict", {"a": [1, 2], "b": "x"}, tmp_path, "echo")
+    r = engine_process.run_child("builtins:dict", {"a": [1, 2], "b": "x"}, tmp_path, "echo")
     assert r["a"] == [1, 2] and r["b"] == "x" and r["process_s"] > 0
     assert json.loads((tmp_path / "echo.spec.json").read_text()) == {"a": [1, 2], "b": "x"}
     with pytest.raises(RuntimeError, match="vLLM run 'bad' .*failed"):
-        vllm_engine.run_child("builtins:ZeroDivisionError", {}, tmp_path, "bad")  # not JSON-able: the child exits 1
+        engine_process.run_child("builtins:ZeroDivisionError", {}, tmp_path, "bad")  # not JSON-able: the child exits 1
 
 
 @pytest.fixture
@@ -113,12 +137,12 @@ def test_compat_report_without_vllm_warns_and_the_head_still_builds(no_vllm, tin
 def test_serving_stages_fail_at_once_naming_vllm_and_the_target(no_vllm, tmp_path):
     """Before any work (the prompts file and the head do not even exist), naming the package and the artifact."""
     out = tmp_path / "results/r/benchmark.json"
-    with pytest.raises(vllm_engine.VLLMUnavailable, match=rf"{out} needs the Python package 'vllm'"):
+    with pytest.raises(engine_process.VLLMUnavailable, match=rf"{out} needs the Python package 'vllm'"):
         benchmark.benchmark(BenchmarkSettings(target_dir=str(tmp_path), head_dir=str(tmp_path / "nohead"),
                                               prompts_path=str(tmp_path / "missing.jsonl"), out_json=str(out), ks=[3],
                                               num_prompts=8, max_tokens=16, served_name="org/m"))
     regen = tmp_path / "results/r/data/regenerated.jsonl"
-    with pytest.raises(vllm_engine.VLLMUnavailable,
+    with pytest.raises(engine_process.VLLMUnavailable,
                        match=rf"{regen} \(data.regenerate.backend: vllm\) needs the Python package 'vllm'"):
         regenerate_responses.regenerate(regenerate_responses.RegenerateSettings(
             sources=[{"path": str(tmp_path / "missing.json"), "max_samples": None}], target_dir=str(tmp_path),
@@ -127,7 +151,7 @@ def test_serving_stages_fail_at_once_naming_vllm_and_the_target(no_vllm, tmp_pat
     # auto: regeneration has a transformers backend for nodes without vLLM (issue 15), and says why
     choice = regenerate_responses.choose_backend("auto", needed_by=str(regen))
     assert choice["used"] == "transformers" and "import of vllm halted" in choice["reason"]
-    with pytest.raises(vllm_engine.VLLMUnavailable, match=r"head \(export.vllm_load_check: always\) needs.*'vllm'"):
+    with pytest.raises(engine_process.VLLMUnavailable, match=r"head \(export.vllm_load_check: always\) needs.*'vllm'"):
         ex.export(tmp_path / "nock", "d2t", "t2d", "vocab", tmp_path / "head", "org/m", str(tmp_path),
                   vllm_load_check="always")
     assert not out.exists() and not regen.exists() and not (tmp_path / "head").exists()
@@ -150,8 +174,7 @@ def test_export_without_vllm_skips_the_load_check_and_records_why(no_vllm, tiny_
 def test_kv_cache_bytes_per_token_for_known_shapes():
     """Llama-3.1-8B in bf16: 32 layers x 2 x 8 KV heads x 128 = 128 KiB a token (vLLM's figure for it);
     over 8 ranks one KV head each; Kimi-K2.5 (MLA): 61 latents of 512 + 64, on every rank."""
-    from eagle3build.target import load_config, text_config
-    from eagle3build.workflow.budgets import kv_cache_bytes_per_token
+    from eagle3build.target import kv_cache_bytes_per_token, load_config, text_config
 
     llama = text_config(load_config(REPO / "examples/targets/llama-3.1-8b-instruct-shape"))
     assert kv_cache_bytes_per_token(llama, 2) == 131072
@@ -171,33 +194,33 @@ def test_gpu_engines_are_sized_to_their_job():
     """The load check, a capture and a benchmark engine on a GPU: KV cache from the tokens they hold, not 92 % of
     the card; eager where a few requests run; CUDA graphs up to one decode step otherwise. CPU engines keep their
     settings (VLLM_CPU_KVCACHE_SPACE, eager)."""
-    from eagle3build.vllm import capture as vllm_capture
+    from eagle3build.vllm import capture
 
     target = str(REPO / "examples/targets/llama-3.1-8b-instruct-shape")
     per_token = 33 * 2 * 8 * 128 * 2  # target + one draft layer, bf16, one GPU
-    check = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=256, seed=0, max_num_seqs=1,
-                                    kv_cache_tokens=257, draft_layers=1, eager=True)
-    assert check["kv_cache_memory_bytes"] == max(vllm_engine.KV_CACHE_FLOOR_BYTES, int(per_token * 257 * 1.25))
+    check = engine_args(target, gpus=1, served_name="m", max_model_len=256, seed=0, max_num_seqs=1,
+                        kv_cache_tokens=257, draft_layers=1, eager=True)
+    assert check["kv_cache_memory_bytes"] == max(KV_CACHE_FLOOR_BYTES, int(per_token * 257 * 1.25))
     assert (check["enforce_eager"], check["enable_flashinfer_autotune"], check["max_num_seqs"]) == (True, False, 1)
-    bench = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=2048, seed=0, max_num_seqs=16,
-                                    kv_cache_tokens=16 * 2051, draft_layers=1, graph_batch_tokens=16 * 4)
+    bench = engine_args(target, gpus=1, served_name="m", max_model_len=2048, seed=0, max_num_seqs=16,
+                        kv_cache_tokens=16 * 2051, draft_layers=1, graph_batch_tokens=16 * 4)
     assert bench["kv_cache_memory_bytes"] == int(per_token * 16 * 2051 * 1.25)  # 5.5 GB, not 92 % of a card
     assert bench["max_cudagraph_capture_size"] == 64 and "enforce_eager" not in bench
     # vLLM truncates the capture size down to its list (1, 2, 4, 8, 16, ..., 248, 256, 272, ...): round up
-    k2 = vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=2048, seed=0, graph_batch_tokens=1 * 3)
+    k2 = engine_args(target, gpus=1, served_name="m", max_model_len=2048, seed=0, graph_batch_tokens=1 * 3)
     assert k2["max_cudagraph_capture_size"] == 4
-    sizes = [vllm_engine.cudagraph_capture_size_at_least(n) for n in (1, 2, 3, 4, 5, 6, 8, 9, 96, 255, 256, 257)]
+    sizes = [cudagraph_capture_size_at_least(n) for n in (1, 2, 3, 4, 5, 6, 8, 9, 96, 255, 256, 257)]
     assert sizes == [1, 2, 4, 4, 8, 8, 8, 16, 96, 256, 256, 272]
     with pytest.raises(ValueError, match="at least 1 token"):
-        vllm_engine.cudagraph_capture_size_at_least(0)
-    cap = vllm_capture.capture_engine_args(target, gpus=1, max_model_len=2049, tokens_per_step=16384, dtype="auto")
+        cudagraph_capture_size_at_least(0)
+    cap = capture.capture_engine_args(target, gpus=1, max_model_len=2049, tokens_per_step=16384, dtype="auto")
     assert cap["kv_cache_memory_bytes"] == int(32 * 2 * 8 * 128 * 2 * 2 * (16384 + 2049) * 1.25)
     assert cap["enforce_eager"] is True and "max_num_seqs" not in cap
-    cpu = vllm_engine.engine_args(target, gpus=0, served_name="m", max_model_len=256, seed=0, max_num_seqs=1,
-                                  kv_cache_tokens=257, eager=True, graph_batch_tokens=4)
+    cpu = engine_args(target, gpus=0, served_name="m", max_model_len=256, seed=0, max_num_seqs=1,
+                      kv_cache_tokens=257, eager=True, graph_batch_tokens=4)
     assert not {"kv_cache_memory_bytes", "max_cudagraph_capture_size", "enable_flashinfer_autotune"} & set(cpu)
     assert "trust_remote_code" not in cpu
-    assert vllm_engine.engine_args(target, gpus=1, served_name="m", max_model_len=8, seed=0, trust_remote_code=True)[
+    assert engine_args(target, gpus=1, served_name="m", max_model_len=8, seed=0, trust_remote_code=True)[
         "trust_remote_code"] is True
 
 
@@ -213,35 +236,36 @@ def test_startup_breakdown_reads_vllms_lines():
         "(EngineCore pid=1) INFO 12-01 [core.py:341] init engine (profile, create kv cache, warmup model) took "
         "97.30 s (compilation: 29.10 s)",
     ]
-    st = vllm_engine.startup_breakdown(lines, 132.0)
+    st = engine_process.startup_breakdown(lines, 132.0)
     assert st == {"attention_backend": "FLASH_ATTN", "weights_s": 0.41, "model_load_s": 1.052, "torch_compile_s": 29.1,
                   "kv_cache_gib": 127.4, "kv_cache_tokens": 5563136, "cuda_graphs_s": 41.0, "init_engine_s": 97.3,
                   "engine_start_s": 132.0, "other_s": 33.65}
-    assert all(vllm_engine._STARTUP_HINT.search(x) for x in lines)
-    assert vllm_engine.startup_breakdown(["reserved 0.56 GiB memory for KV Cache as specified"])["kv_cache_gib"] == 0.56
-    assert "engine start 132.0 s (attention_backend FLASH_ATTN" in vllm_engine.format_startup(st, 140.0)
+    assert all(engine_process._STARTUP_HINT.search(x) for x in lines)
+    reserved = engine_process.startup_breakdown(["reserved 0.56 GiB memory for KV Cache as specified"])
+    assert reserved["kv_cache_gib"] == 0.56
+    assert "engine start 132.0 s (attention_backend FLASH_ATTN" in engine_process.format_startup(st, 140.0)
     # the model runner, where vLLM names it (vLLM 0.26 on an H200: the dense target; P-EAGLE's fallback)
     v2 = "(EngineCore pid=5605) INFO 12-04 20:22:59 [gpu_worker.py:378] Using V2 Model Runner"
     v1 = ("(EngineCore pid=7) WARNING 12-04 [vllm.py:725] Model Runner V2 does not yet support parallel drafting for "
           "EAGLE speculative decoding; using the V1 model runner instead.")
-    assert vllm_engine._STARTUP_HINT.search(v2) and vllm_engine._STARTUP_HINT.search(v1)
-    assert vllm_engine.startup_breakdown(lines + [v2])["model_runner"] == "v2"
-    assert vllm_engine.startup_breakdown([v1, v1])["model_runner"] == "v1"
+    assert engine_process._STARTUP_HINT.search(v2) and engine_process._STARTUP_HINT.search(v1)
+    assert engine_process.startup_breakdown(lines + [v2])["model_runner"] == "v2"
+    assert engine_process.startup_breakdown([v1, v1])["model_runner"] == "v1"
     assert "model_runner" not in st
 
 
 def test_run_child_copies_the_childs_output_and_times_it(tmp_path, capfd, monkeypatch):
     """A real child (no vLLM needed): its lines reach this process's stderr, its result and timings come back."""
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
-    r = vllm_engine.run_child("tests_child_entry:entry", {"x": 3}, tmp_path, "echo")
+    r = engine_process.run_child("tests_child_entry:entry", {"x": 3}, tmp_path, "echo")
     assert r["y"] == 6 and r["process_s"] > 0 and r["startup"] == {"model_load_s": 2.5, "engine_start_s": 4.0,
                                                                    "other_s": 1.5}
     assert "Model loading took 0.1 GiB and 2.5 seconds" in capfd.readouterr().err
     # the job's environment reaches the child, and run_child's env overrides it there
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    assert vllm_engine.run_child("tests_child_entry:entry", {"x": 1}, tmp_path, "echo")["runner_env"] == "1"
-    assert vllm_engine.run_child("tests_child_entry:entry", {"x": 1}, tmp_path, "echo",
-                                 env={"VLLM_USE_V2_MODEL_RUNNER": "0"})["runner_env"] == "0"
+    assert engine_process.run_child("tests_child_entry:entry", {"x": 1}, tmp_path, "echo")["runner_env"] == "1"
+    assert engine_process.run_child("tests_child_entry:entry", {"x": 1}, tmp_path, "echo",
+                                    env={"VLLM_USE_V2_MODEL_RUNNER": "0"})["runner_env"] == "0"
 
 
 TINY_REMOTE_CONFIG = '''from transformers import PretrainedConfig
@@ -285,7 +309,7 @@ def _recording_engines(specs):
                "time_to_first_token_s": stats, "time_per_output_token_s": stats, "texts": ["ab"] * n,
                "token_ids": [[1, 2]] * n, "prompt_token_ids": [[7]] * n}
         if speculative:
-            out.update(vllm_measure.spec_figures({"vllm:spec_decode_num_drafts": n, "vllm:spec_decode_num_draft_tokens": n,
+            out.update(measure.spec_figures({"vllm:spec_decode_num_drafts": n, "vllm:spec_decode_num_draft_tokens": n,
                                                  "vllm:spec_decode_num_accepted_tokens": n,
                                                  "vllm:spec_decode_num_accepted_tokens_per_pos": [n]}))
         return out
@@ -314,8 +338,8 @@ def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypa
     reads the remote-code config only with it (without, the config does not load: vLLM's default sizing)."""
     target = str(remote_code_target)
     specs = []
-    monkeypatch.setattr(vllm_engine, "run_child", _recording_engines(specs))
-    monkeypatch.setattr(vllm_engine, "require_vllm", lambda needed_by: "test")
+    monkeypatch.setattr(engine_process, "run_child", _recording_engines(specs))
+    monkeypatch.setattr(engine_process, "require_vllm", lambda needed_by: "test")
     monkeypatch.setattr(benchmark, "chat_token_counter", lambda target_dir, trust_remote_code: lambda msgs: 10)
 
     (tmp_path / "head").mkdir()  # the benchmark reads the head's draft vocab (d2t) before any engine starts
@@ -349,12 +373,12 @@ def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypa
 
 def test_kv_cache_sizing_loads_a_remote_code_config(remote_code_target):
     per_token = 2 * 2 * 2 * 16 * 2  # layers x (K, V) x KV heads x head_dim x bf16 bytes
-    eng = vllm_engine.engine_args(str(remote_code_target), gpus=1, served_name="m", max_model_len=64, seed=0,
-                                  kv_cache_tokens=100, trust_remote_code=True)
-    assert eng["kv_cache_memory_bytes"] == vllm_engine.KV_CACHE_FLOOR_BYTES and eng["trust_remote_code"] is True
-    assert vllm_engine.kv_cache_memory_bytes(str(remote_code_target), "bfloat16", 1, 1_000_000, trust_remote_code=True) \
-        == int(per_token * 1_000_000 * vllm_engine.KV_CACHE_MARGIN)
-    assert vllm_engine.kv_cache_memory_bytes(str(remote_code_target), "bfloat16", 1, 1_000_000) is None  # not trusted
+    eng = engine_args(str(remote_code_target), gpus=1, served_name="m", max_model_len=64, seed=0,
+                      kv_cache_tokens=100, trust_remote_code=True)
+    assert eng["kv_cache_memory_bytes"] == KV_CACHE_FLOOR_BYTES and eng["trust_remote_code"] is True
+    assert kv_cache_memory_bytes(str(remote_code_target), "bfloat16", 1, 1_000_000, trust_remote_code=True) \
+        == int(per_token * 1_000_000 * KV_CACHE_MARGIN)
+    assert kv_cache_memory_bytes(str(remote_code_target), "bfloat16", 1, 1_000_000) is None  # not trusted
 
 
 def _alive(pid: int) -> bool:
@@ -376,8 +400,9 @@ def test_no_engine_outlives_its_job(tmp_path, sig):
 
     pids = tmp_path / "pids.json"
     job = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from eagle3build.vllm import engine as vllm_engine; "
-        f"vllm_engine.run_child('tests_child_entry:engine_like', {{'pids': {str(pids)!r}}}, {str(tmp_path)!r}, 'e')")],
+        "import sys; from eagle3build.vllm import engine_process; "
+        f"engine_process.run_child('tests_child_entry:engine_like', {{'pids': {str(pids)!r}}}, {str(tmp_path)!r}, "
+        "'e')")],
         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}, start_new_session=True)
     deadline = time.monotonic() + 60
     while not pids.exists() and time.monotonic() < deadline:
@@ -405,10 +430,10 @@ def test_no_real_engine_outlives_its_job(tmp_path, tiny_target):
 
     pytest.importorskip("vllm")
     pids = tmp_path / "pids.json"
-    eng = vllm_engine.engine_args(str(tiny_target), gpus=0, served_name="m", max_model_len=256, seed=0, max_num_seqs=1)
+    eng = engine_args(str(tiny_target), gpus=0, served_name="m", max_model_len=256, seed=0, max_num_seqs=1)
     job = subprocess.Popen([sys.executable, "-c", (
-        "import json, sys; from eagle3build.vllm import engine as vllm_engine; "
-        "vllm_engine.run_child('tests_child_entry:real_engine', json.loads(sys.argv[1]), sys.argv[2], 'e')"),
+        "import json, sys; from eagle3build.vllm import engine_process; "
+        "engine_process.run_child('tests_child_entry:real_engine', json.loads(sys.argv[1]), sys.argv[2], 'e')"),
         json.dumps({"engine": eng, "pids": str(pids)}), str(tmp_path)],
         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,4 +1,4 @@
-"""A child-process entry for tests of vllm_engine.run_child (prints a vLLM-like start-up line)."""
+"""A child-process entry for tests of engine_process.run_child (prints a vLLM-like start-up line)."""
 import sys
 
 
@@ -26,16 +26,16 @@ def engine_like(spec: dict) -> dict:
 
 
 def real_engine(spec: dict) -> dict:
-    """A real vLLM engine (``vllm_measure.start_engine``); once it is up, records this process's pid and those of
+    """A real vLLM engine (``measure.start_engine``); once it is up, records this process's pid and those of
     its descendants (the engine core), then waits forever."""
     import json
     import os
     import time
     from pathlib import Path
 
-    from eagle3build.vllm import measure as vllm_measure
+    from eagle3build.vllm import measure
 
-    llm, _ = vllm_measure.start_engine(spec["engine"])
+    llm, _ = measure.start_engine(spec["engine"])
 
     def descendants(pid):
         out = []

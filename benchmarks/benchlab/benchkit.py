@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 import yaml
 
-from eagle3build.config import spec as config_spec
+from eagle3build.config import spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ def load_config(configfiles: Sequence[str | Path], overrides: Mapping | None = N
     """The config a Snakemake run with ``--configfile`` ``configfiles`` (in order) uses, read as the Snakefile reads
     it: ``root/config.yaml``, then each file merged over it (``snakemake.utils.update_config``, Snakemake's own merge
     of several ``--configfile``s), then ``overrides`` (a dict, e.g. a sweep row), then old keys moved to their new
-    names (``config_spec.upgrade``) and the whole validated against ``schemas/config.schema.yaml`` (which also fills
+    names (``spec.upgrade``) and the whole validated against ``schemas/config.schema.yaml`` (which also fills
     nothing: every key is required there).
 
     Raises:
@@ -42,7 +42,7 @@ def load_config(configfiles: Sequence[str | Path], overrides: Mapping | None = N
         update_config(cfg, layer)
     if overrides:
         update_config(cfg, copy.deepcopy(dict(overrides)))
-    config_spec.upgrade(cfg)
+    spec.upgrade(cfg)
     try:
         validate(cfg, str(root / "schemas" / "config.schema.yaml"))
     except Exception as e:  # snakemake.exceptions.WorkflowError wraps jsonschema's error

@@ -316,8 +316,10 @@ def results_of(workdir: Path, run: str, benchmark: bool = True) -> dict:
     if metrics.exists():
         out.update(records.summarise_metrics(json.loads(metrics.read_text())))
     check = r / "serve" / "serve_check.json"
-    if check.exists():  # the head through vLLM's server (recipe-serve)
-        out.update(records.summarise_serve_check(json.loads(check.read_text())))
+    if check.exists():  # the head through vLLM's server (recipe-serve), checked against its schema
+        from eagle3build.formats.artifacts import ServeCheck
+
+        out.update(records.summarise_serve_check(ServeCheck.load(check).data))
     return out
 
 
@@ -342,7 +344,7 @@ def _tree_bytes(path: Path) -> int:
 def disk_plan(rec: Record, call: Call) -> list[tuple[str, int]]:
     """What record ``rec`` will write under the work directory, ``(what, bytes)`` each: the target its ``prepare``
     step makes (``prepare_bytes``) and, where the record captures (offline, not a pre-flight record), the hidden-state
-    shards' bound as the compat report plans it (``plans.hidden_state_bytes_per_token`` with tokens, x
+    shards' bound as the compat report plans it (``budgets.hidden_state_bytes_per_token`` with tokens, x
     (train + eval samples) x ``data.max_seq_len``: eagle3build/compat/compat_report.py) less the bytes of the run's
     shards already there. The hidden size is the target's (its config.json, or the Kimi preset's before it is made;
     a bundled target not yet materialised: SmolLM2's 576)."""

@@ -14,7 +14,7 @@ thread puts them straight into the shard file (``ShardFileWriter``) while the ne
 batch computes.
 
 The hooks are ``hooks.HookCapture``, the copy/write overlap ``shard_pipeline.WriterPipeline``
-and the engine backend ``vllm_capture`` (all shared with the compat report's probes).
+and the engine backend ``vllm.capture`` (all shared with the compat report's probes).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def capture_shard(s: CaptureSettings, model: torch.nn.Module | None = None) -> d
 
     Raises:
         ValueError: ``s.backend`` is neither ``hooks`` nor ``vllm``.
-        vllm_capture.ParallelismError: ``vllm`` with pipeline parallel (``s.pipeline_parallel_size`` > 1).
+        vllm.capture.ParallelismError: ``vllm`` with pipeline parallel (``s.pipeline_parallel_size`` > 1).
         OSError: this shard, or the split's missing shards, cannot fit on the disk.
         IndexError: the tokens file holds fewer than ``start + 1`` samples (the message
             gives both numbers; lower ``capture.num_train_samples`` or add data).

@@ -8,7 +8,7 @@ summary to the log); any other failing probe is reported, not fatal.
 The target is inspected on the ``meta`` device: the module tree is instantiated with
 no storage, so a 1T-parameter config costs no memory and reads no weights.
 
-The probes live in ``probes.py``, the disk and GPU plans in ``plans.py``, the versions
+The probes live in ``probes.py``, the disk and GPU plans in ``workflow.budgets``, the versions
 and host in ``provenance.py`` and the Markdown rendering in ``compat_render.py``; this
 module runs them, decides (capture backend, head variant) and writes compat.json,
 decisions.json and compat.md.
@@ -202,7 +202,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = declared("cap
     ``online`` (``capture.mode: online``): ``target_memory_fraction``, ``gpus`` (the train job's),
     ``total_seq_len``, ``ttt_steps``, ``draft_vocab_size``, ``tokens_per_batch`` and ``max_seq_len``:
     no disk plan (no shards), and the train job's GPUs split between target and trainer
-    (``plans.plan_online_memory``; a split that cannot fit is a hard failure naming the numbers).
+    (``budgets.plan_online_memory``; a split that cannot fit is a hard failure naming the numbers).
     ``planned_tokens``: an upper bound of the tokens to capture (samples x max_seq_len).
     ``gpu_memory_gb``: memory per GPU for the plan; None takes it from the first visible
     GPU. ``job_gpus``: GPUs per job from the config, e.g. ``{"capture": 8, "serve": 8}``.
@@ -315,7 +315,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = declared("cap
 
 def plan_online(target_dir: str, target: dict, capture: dict, online: dict, gpu_memory_bytes: int | None,
                 trust_remote_code: bool = declared("target.trust_remote_code")) -> dict:
-    """``plans.plan_online_for_target`` for this target: its stored weight bytes (parameters x bytes per
+    """``budgets.plan_online_for_target`` for this target: its stored weight bytes (parameters x bytes per
     parameter, as inspected) and the decided backend and aux ids (``capture``); ``online`` as
     ``build_report`` takes it."""
     from ..workflow.budgets import plan_online_for_target

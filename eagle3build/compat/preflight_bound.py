@@ -58,16 +58,16 @@ from ..draft.head_model import write_untrained_head
 from ..draft.mla_format import layer_config
 from ..draft.step_costs import bound_table
 from ..formats.artifacts import Decisions
-from ..vllm import engine as vllm_engine
-from ..vllm import measure as vllm_measure
-from ..workflow.budgets import kv_cache_bytes_per_token
+from ..target import kv_cache_bytes_per_token
+from ..vllm import engine_process, measure
+from ..vllm.engine_args import engine_args
 from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
 # 2: the whole step measured with an untrained head in vLLM (no eager stand-in); 3: its spread;
-# 4: measured.startup.model_runner (vllm_engine.startup_breakdown); 5: decode length = benchmark.max_tokens;
+# 4: measured.startup.model_runner (engine_process.startup_breakdown); 5: decode length = benchmark.max_tokens;
 # 6: the decode step's spread and second pass (decode_step_s_min / _max / _second_pass)
 OUTPUT_VERSION = 6
 SCHEMA = "eagle3build.preflight/1"
@@ -124,7 +124,7 @@ class _Requests:
 def measure_in_engine(spec: dict) -> dict:
     """Inside the engine's child process: start the target's engine (no drafter) and time decode and n-token steps.
 
-    ``spec``: ``engine`` (``vllm_engine.engine_args``), ``concurrencies`` (sequences in flight),
+    ``spec``: ``engine`` (``engine_args``), ``concurrencies`` (sequences in flight),
     ``verify_tokens`` (the ``n`` of the n-token steps, 1 first), ``context_tokens`` (cached context per
     sequence, a multiple of the KV block size), ``repeats``, ``vocab_size``, ``seed``; optional ``decode_tokens``
     (output tokens per request of the decode measurement, ``DECODE_TOKENS`` where absent) and
@@ -141,7 +141,7 @@ def measure_in_engine(spec: dict) -> dict:
     """
     from vllm import SamplingParams
 
-    llm, start_s = vllm_measure.start_engine(spec["engine"])
+    llm, start_s = measure.start_engine(spec["engine"])
     req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
     one = SamplingParams(max_tokens=1, temperature=0.0)
     out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
@@ -204,7 +204,7 @@ def measure_speculative_steps(spec: dict) -> dict:
 
     from ..vllm.measure import counter_delta, spec_counters, spec_figures
 
-    llm, start_s = vllm_measure.start_engine(spec["engine"], speculative_config=spec["speculative_config"])
+    llm, start_s = measure.start_engine(spec["engine"], speculative_config=spec["speculative_config"])
     req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
     tokens = int(spec.get("decode_tokens", DECODE_TOKENS))
     out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
@@ -239,9 +239,9 @@ def measure_speculative_steps(spec: dict) -> dict:
 
 def draft_kv_bytes_per_token(head: Head, dtype_bytes: int, tensor_parallel_size: int = 1) -> int | None:
     """KV cache bytes one token takes in the draft ``head`` (a ``Head``) on one GPU
-    (``budgets.kv_cache_bytes_per_token`` of its layer config: an MLA layer's latent ``kv_lora_rank +
+    (``target.kv_cache_bytes_per_token`` of its layer config: an MLA layer's latent ``kv_lora_rank +
     qk_rope_head_dim`` replicated on every rank; a llama layer's K and V of its KV heads on this rank), per draft
-    layer times its layers; None where the config's attention is not one ``budgets`` knows."""
+    layer times its layers; None where the config's attention is not one that function knows."""
     from types import SimpleNamespace
 
     return kv_cache_bytes_per_token(SimpleNamespace(**layer_config(head.config)), dtype_bytes, tensor_parallel_size)
@@ -307,7 +307,7 @@ def preflight(s: PreflightSettings) -> dict:
     each layer's ``{"speculative", "table", "draft_kv_bytes_per_token"}`` and ``settings`` its ``draft_layer``.
 
     Raises:
-        vllm_engine.VLLMUnavailable: no importable vLLM.
+        engine_process.VLLMUnavailable: no importable vLLM.
         artifacts.ArtifactError: ``s.decisions_json`` is missing or does not match its schema.
         ValueError: ``max_k`` below 1 (or ``auto`` with no ``benchmark_ks``), an empty ``concurrencies``, a
             concurrency below 1, ``decode_tokens`` below 2, a draft vocab larger than the target's, or an MLA layer
@@ -326,7 +326,7 @@ def preflight(s: PreflightSettings) -> dict:
                          "output token needs two output tokens")
     drafts = s.draft.bound_drafts()
     measured_ks = sorted(set(s.benchmark_ks) & set(ks)) or [max(ks)]
-    vllm_engine.require_vllm(needed_by=os.fspath(s.out_json))
+    engine_process.require_vllm(needed_by=os.fspath(s.out_json))
     decisions = Decisions.load(s.decisions_json)
     ctx = -(-s.context_tokens // 256) * 256
     k_max, c_max = max(ks), max(concurrencies)
@@ -335,11 +335,11 @@ def preflight(s: PreflightSettings) -> dict:
 
     def engine(k: int, verify_tokens: int) -> dict:
         # every prefix stays cached while the other requests come and go; graphs up to one step's tokens
-        return vllm_engine.engine_args(target_dir, gpus=s.gpus, served_name=served_name, max_model_len=max_len + k,
-                                       seed=s.seed, dtype=s.dtype, trust_remote_code=trust_remote_code,
-                                       max_num_seqs=c_max, kv_cache_tokens=3 * c_max * (max_len + k),
-                                       draft_layers=1 if k else 0, graph_batch_tokens=c_max * verify_tokens,
-                                       enable_prefix_caching=True, pipeline_parallel_size=s.pipeline_parallel_size)
+        return engine_args(target_dir, gpus=s.gpus, served_name=served_name, max_model_len=max_len + k,
+                           seed=s.seed, dtype=s.dtype, trust_remote_code=trust_remote_code,
+                           max_num_seqs=c_max, kv_cache_tokens=3 * c_max * (max_len + k),
+                           draft_layers=1 if k else 0, graph_batch_tokens=c_max * verify_tokens,
+                           enable_prefix_caching=True, pipeline_parallel_size=s.pipeline_parallel_size)
 
     from ..target import load_config, text_config
 
@@ -348,8 +348,8 @@ def preflight(s: PreflightSettings) -> dict:
               "vocab_size": vocab, "seed": s.seed, "decode_tokens": decode_tokens}
     eng = engine(0, k_max + 1)
     with tempfile.TemporaryDirectory(prefix="eagle3-preflight-") as tmp:
-        measured = vllm_engine.run_child(ENTRY, {**common, "engine": eng, "verify_tokens": list(range(1, k_max + 2))},
-                                         tmp, "preflight")
+        measured = engine_process.run_child(
+            ENTRY, {**common, "engine": eng, "verify_tokens": list(range(1, k_max + 2))}, tmp, "preflight")
         by_layer = {}
         for i, draft in enumerate(drafts):
             layer = draft.layer.name
@@ -362,7 +362,7 @@ def preflight(s: PreflightSettings) -> dict:
             speculative = {}
             for k in measured_ks:
                 sc = head.speculative_config(k)
-                speculative[str(k)] = vllm_engine.run_child(
+                speculative[str(k)] = engine_process.run_child(
                     SPEC_ENTRY, {**common, "engine": engine(k, k + 1), "speculative_config": sc}, tmp,
                     f"preflight{name.replace('-', '_')}_k{k}")
             by_layer[layer] = {"speculative": speculative, "table": bound_table(

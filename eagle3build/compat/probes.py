@@ -241,7 +241,7 @@ _VLLM_CAPTURE_PROBES: dict = {}  # (expected layer params, gpus) -> result: one 
 
 
 def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
-    """Smoke capture through the installed vLLM with our hooks (``vllm_capture``), checked against transformers.
+    """Smoke capture through the installed vLLM with our hooks (``vllm.capture``), checked against transformers.
 
     A 6-layer random Llama (hidden 128, head_dim 64, fp32, no tokenizer) is written to a temporary
     directory; three samples (12, 37 and 5 tokens) are captured through a vLLM engine
@@ -249,7 +249,7 @@ def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
     the 37-token sample and several requests share steps), then through the ``hooks``
     backend; aux and last states must agree to ``1e-4`` relative (fp32 on CPU) or
     ``5e-2`` (bf16 on GPU) per sample. ``expected_params``: the decoder-layer call the
-    hooks require (default ``vllm_capture.LAYER_PARAMS``). The result (or the failure) is
+    hooks require (default ``capture.LAYER_PARAMS``). The result (or the failure) is
     kept for the life of the process: one engine start, 30-90 s on 2 CPU cores. On a GPU
     machine the engine takes the first visible GPU with 10 % of its memory.
 
@@ -258,11 +258,11 @@ def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
             the layer's parameters) is in the message.
         AssertionError: the states differ (the per-sample errors are in the message).
     """
-    from ..vllm import capture as vllm_capture
-    from ..vllm.engine import require_vllm
+    from ..vllm import capture
+    from ..vllm.engine_process import require_vllm
 
     require_vllm("the vllm capture probe")
-    expected = tuple(expected_params or vllm_capture.LAYER_PARAMS)
+    expected = tuple(expected_params or capture.LAYER_PARAMS)
     gpus = 1 if torch.cuda.is_available() else 0
     key = (expected, gpus)
     if key in _VLLM_CAPTURE_PROBES:
@@ -288,7 +288,7 @@ def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int) -> dict:
     from ..formats.shards import ShardMeta, ShardReader
     from ..formats.tokens import write_tokens
     from ..hooks import HookCapture
-    from ..vllm import capture as vllm_capture
+    from ..vllm import capture
 
     aux = [1, 2, 4]
     with tempfile.TemporaryDirectory(prefix="eagle3build-vllm-probe-") as d:
@@ -302,9 +302,9 @@ def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int) -> dict:
         samples = [(f"p{i}", rng.integers(0, 256, n).astype(np.int32), np.ones(n, np.uint8)) for i, n in enumerate((12, 37, 5))]
         write_tokens(f"{d}/tokens.safetensors", samples)
         meta = ShardMeta("probe", aux, "float32", 128, [s[0] for s in samples], "probe")
-        res = vllm_capture.capture_shard_vllm(f"{d}/tiny", f"{d}/tokens.safetensors", f"{d}/shard.safetensors",
-                                              [0, 1, 2], [len(s[1]) for s in samples], meta, gpus=gpus, tokens_per_batch=16,
-                                              expected_params=list(expected), gpu_memory_utilization=0.1 if gpus else 0.5)
+        res = capture.capture_shard_vllm(f"{d}/tiny", f"{d}/tokens.safetensors", f"{d}/shard.safetensors",
+                                         [0, 1, 2], [len(s[1]) for s in samples], meta, gpus=gpus, tokens_per_batch=16,
+                                         expected_params=list(expected), gpu_memory_utilization=0.1 if gpus else 0.5)
         cap = HookCapture(model, aux)
         reader = ShardReader(f"{d}/shard.safetensors")
         errs = []

@@ -1,4 +1,5 @@
 """The configuration, over ``draft``: every key's declaration (``key``, the tables ``keys_data``, ``keys_head``,
 ``keys_resources``, the draft section from the registries), the schema, defaults and renames made from them
-(``spec``), a config the schema refuses said in one line (``errors``), and the versions and hardware written
-into artifacts (``provenance``)."""
+(``spec``), the stages' settings objects made from the keys (``settings``), a config the schema refuses said in one
+line (``errors``), the versions and hardware written into artifacts (``provenance``) and the artifact schemas' draft
+enums from the registry (``artifact_schemas``)."""

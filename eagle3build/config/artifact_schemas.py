@@ -20,24 +20,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..draft import methods as draft_methods
+from ..draft import methods
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
 
 
 def recorded_methods() -> list[str]:
     """The methods a train_meta.json or head_meta.json names (every one but the default, which it leaves out)."""
-    return [m.name for m in draft_methods.METHODS.values() if m.recorded]
+    return [m.name for m in methods.METHODS.values() if m.recorded]
 
 
 def recorded_layers() -> list[str]:
     """The draft layers a train_meta.json or head_meta.json names (every one but the default)."""
-    return [x.name for x in draft_methods.LAYERS.values() if x.recorded]
+    return [x.name for x in methods.LAYERS.values() if x.recorded]
 
 
 def all_methods() -> list[str]:
     """Every registered method, as benchmark.json names a served head's."""
-    return list(draft_methods.NAMES)
+    return list(methods.NAMES)
 
 
 # schema file -> (JSON path of the node whose "enum" is generated, the names it holds)

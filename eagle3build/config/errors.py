@@ -81,7 +81,7 @@ def _dotted(path: Sequence) -> str:
 
 def problems(config: Mapping, schema: Mapping, sources: Sequence[tuple[str, Mapping]]) -> list[str]:
     """Every way ``config`` fails ``schema`` (a JSON schema, draft 2020-12), one line each, in the schema's
-    order; [] where it passes. A line names the key (dotted, a list's item by its index: ``train.epoch``,
+    order; [] where it passes. A line names the key (dotted, a list's item by its index: ``train.epochs``,
     ``data.sources[0].max_sample``), the source that sets it (``source_of``; of an unknown key, that key's; of a
     missing one, the section's), and for a key the schema does not allow, the closest allowed name at that
     place; each unknown key is a line of its own::

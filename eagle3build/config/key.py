@@ -1,9 +1,9 @@
 """A config key's declaration (``Key``) and the names its ``uses`` are written with: the stages, the roles.
 
-``config_spec`` is the one declaration of the config (its module docstring says what is made from it); the keys
-themselves are declared by section in ``config_keys_data`` (run, target, data, capture, vocab),
-``config_keys_head`` (train, export, benchmark, preflight, staleness) and ``config_keys_resources``; the draft
-section is made from the method registry (``config_spec.draft_keys``). Planning imports these modules: no torch.
+``config.spec`` is the one declaration of the config (its module docstring says what is made from it); the keys
+themselves are declared by section in ``keys_data`` (run, target, data, capture, vocab),
+``keys_head`` (train, export, benchmark, preflight, staleness) and ``keys_resources``; the draft
+section is made from the method registry (``spec.draft_keys``). Planning imports these modules: no torch.
 """
 
 from __future__ import annotations

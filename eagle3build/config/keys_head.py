@@ -1,7 +1,7 @@
 """The config keys of the head and what is done with it: training, export, the benchmark, the pre-flight bound, serving,
 staleness.
 
-Each ``Key`` as ``config_key.Key`` documents it; ``config_spec.KEYS`` holds them all, in config.yaml's order.
+Each ``Key`` as ``key.Key`` documents it; ``spec.KEYS`` holds them all, in config.yaml's order.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The config keys of the jobs' resources: threads, memory, GPUs and run time per stage.
 
-Each ``Key`` as ``config_key.Key`` documents it; ``config_spec.KEYS`` holds them all, in config.yaml's order.
+Each ``Key`` as ``key.Key`` documents it; ``spec.KEYS`` holds them all, in config.yaml's order.
 """
 
 from __future__ import annotations

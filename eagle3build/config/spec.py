@@ -17,9 +17,9 @@ param of its own, named by the key's last part), ``trigger:<param>`` (part of th
 of several keys, or a param the contract computes from its keys, such as ``version`` or ``online``;
 ``trigger:<param>/<name>``: named ``<name>`` in the section, not by its last part),
 ``runtime`` (read by the job at run time only: a change plans nothing) and ``files`` (decides which files the
-stage reads or writes). Adding a config key is one ``Key`` (``config_key.Key``) in its section's module,
-``config_keys_data`` (run, target, data, capture, vocab), ``config_keys_head`` (train, export, benchmark,
-preflight, staleness) or ``config_keys_resources``, config.yaml regenerated, and its use; the ``draft`` section is
+stage reads or writes). Adding a config key is one ``Key`` (``key.Key``) in its section's module,
+``keys_data`` (run, target, data, capture, vocab), ``keys_head`` (train, export, benchmark,
+preflight, staleness) or ``keys_resources``, config.yaml regenerated, and its use; the ``draft`` section is
 made from the method registry (``draft_keys``, eagle3build.draft.methods).
 
 Planning imports this module: no torch.
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..draft import methods as draft_methods
+from ..draft import methods
 from .key import ALL_STAGES, ROLES, TARGET_READERS, Key, each  # noqa: F401 - the key declaration, used from here
 from .keys_data import DATA_KEYS
 from .keys_head import HEAD_KEYS
@@ -69,39 +69,39 @@ SECTION_DOCS = {
     ),
 }
 # draft.method's choices, as speculators and vLLM name them (the registry, eagle3build.draft.methods)
-DRAFT_METHODS = list(draft_methods.NAMES)
+DRAFT_METHODS = list(methods.NAMES)
 
 
 def draft_keys() -> tuple[Key, ...]:
-    """The config's ``draft`` section, from the method registry (``draft_methods.METHODS``): ``draft.method``,
-    ``draft.layer`` (the layer registry, ``draft_methods.LAYERS``; in train_draft's ``train`` param as ``layer``
+    """The config's ``draft`` section, from the method registry (``methods.METHODS``): ``draft.method``,
+    ``draft.layer`` (the layer registry, ``methods.LAYERS``; in train_draft's ``train`` param as ``layer``
     and the pre-flight's ``preflight`` param as ``draft_layer``), ``draft.compare_methods`` and each method's
     options (``draft.<method>.<option>``, in train_draft's ``train`` param as ``<method>_<option>``). All were added
     after builds existed (``quiet_default``)."""
-    methods = draft_methods.METHODS.values()
+    registered = methods.METHODS.values()
     return (
         Key(
             "draft.method",
-            {"type": "string", "enum": list(draft_methods.METHODS)},
-            draft_methods.DEFAULT_METHOD,
-            "the draft head's kind, as speculators and vLLM name it: " + " | ".join(m.summary for m in methods)
+            {"type": "string", "enum": list(methods.METHODS)},
+            methods.DEFAULT_METHOD,
+            "the draft head's kind, as speculators and vLLM name it: " + " | ".join(m.summary for m in registered)
             + "; one capture serves all three (docs/design/peagle_dflash.md)",
             {"train_draft": "trigger:train"},
             quiet_default=True,
         ),
         Key(
             "draft.layer",
-            {"type": "string", "enum": list(draft_methods.LAYERS)},
-            draft_methods.DEFAULT_LAYER,
+            {"type": "string", "enum": list(methods.LAYERS)},
+            methods.DEFAULT_LAYER,
             "the draft's decoder layer, where draft.method is built with it (other methods keep theirs): "
-            + " | ".join(x.summary for x in draft_methods.LAYERS.values()),
+            + " | ".join(x.summary for x in methods.LAYERS.values()),
             {"train_draft": "trigger:train", "preflight_bound": "trigger:preflight/draft_layer",
              "export_head": "trigger:version"},  # its version param: the layer's format_version (contract.version)
             quiet_default=True,
         ),
         Key(
             "draft.compare_methods",
-            {"type": "array", "items": {"type": "string", "enum": list(draft_methods.METHODS)}, "uniqueItems": True},
+            {"type": "array", "items": {"type": "string", "enum": list(methods.METHODS)}, "uniqueItems": True},
             [],
             (
                 "other draft methods trained from this run's shards (results/<run>/methods/<method>/checkpoint and "
@@ -113,7 +113,7 @@ def draft_keys() -> tuple[Key, ...]:
         ),
         *(Key(f"draft.{m.name}.{o.name}", dict(o.schema), o.default, o.doc,
               {"train_draft": f"trigger:train/{m.name}_{o.name}"}, quiet_default=True)
-          for m in methods for o in m.options),
+          for m in registered for o in m.options),
     )
 
 

@@ -40,7 +40,7 @@ degenerate repetition of greedy decoding (its effect on the loops counted here, 
 acceptance, is not measured in this repository). Peers sample by default (SpecForge's
 ``scripts/regenerate_train_data.py``: ``--temperature 0.7``). Sampled answers are reproducible
 in part only: vLLM samples from its engine's generator, seeded by ``data.seed`` (no per-request
-seed, whose per-request generators cost 6x in tokens/s: ``vllm_measure.decode_greedy``), so an
+seed, whose per-request generators cost 6x in tokens/s: ``measure.decode_greedy``), so an
 answer depends on vLLM's batch schedule and a rerun is not bit-equal; transformers seeds torch's
 generator with ``data.seed`` once per job, so the same seed, prompts, ``batch_size`` and
 ``checkpoint_every`` (they group the prompts into ``generate`` calls) on CPU give the same answers.
@@ -49,7 +49,7 @@ differ from an uninterrupted run's (greedy ones do not).
 
 Two backends, the same rounds, output format and ids (``data.regenerate.backend``):
 
-- ``vllm``: ``LLM.chat`` in a child process started by ``vllm_engine.run_child``
+- ``vllm``: ``LLM.chat`` in a child process started by ``engine_process.run_child``
   (tensor-parallel over the job's GPUs);
 - ``transformers``: ``model.generate`` (greedy or sampled, left padding, ``batch_size`` conversations per
   call, sorted by prompt length) on the target loaded by ``target.load_model`` (layers spread
@@ -78,8 +78,8 @@ from ..config.settings import config_fields, declared
 from ..config.spec import key as config_key
 from ..formats.conversation_files import DataError, SourceStats, read_records, resolve_source_path
 from ..formats.conversations import UNFINISHED_KEY, Conversation, Counters, normalise, template_messages
-from ..vllm import engine as vllm_engine
-from ..vllm import measure as vllm_measure
+from ..vllm import engine_process, measure
+from ..vllm.engine_args import engine_args
 from ..workflow.contract import StageSettings
 from .generators import Answer, TransformersGenerator, check_sampling
 
@@ -133,21 +133,21 @@ def collect(sources: list[dict]) -> tuple[list[Conversation], Counters, list[Sou
 def choose_backend(requested: str, needed_by: str = "regenerate_responses") -> dict:
     """``{"used", "requested", "reason"}``: the backend this job runs.
 
-    ``auto``: ``vllm`` where vLLM imports here (``vllm_engine.require_vllm``), else ``transformers``
+    ``auto``: ``vllm`` where vLLM imports here (``engine_process.require_vllm``), else ``transformers``
     with the import error as the reason. ``vllm`` forced where it does not import fails at once,
     naming ``needed_by`` (the regenerated file).
 
     Raises:
         ValueError: an unknown backend name.
-        vllm_engine.VLLMUnavailable: ``requested == "vllm"`` and vLLM cannot be imported.
+        engine_process.VLLMUnavailable: ``requested == "vllm"`` and vLLM cannot be imported.
     """
     if requested not in BACKENDS:
         raise ValueError(f"data.regenerate.backend {requested!r}: expected one of {BACKENDS}")
     if requested == "transformers":
         return {"used": "transformers", "requested": requested, "reason": "data.regenerate.backend: transformers"}
     try:
-        version = vllm_engine.require_vllm(needed_by=f"{needed_by} (data.regenerate.backend: vllm)")
-    except vllm_engine.VLLMUnavailable as e:
+        version = engine_process.require_vllm(needed_by=f"{needed_by} (data.regenerate.backend: vllm)")
+    except engine_process.VLLMUnavailable as e:
         if requested == "vllm":
             raise
         cause = f"{type(e.__cause__).__name__}: {e.__cause__}"
@@ -206,7 +206,7 @@ def regenerate(s: RegenerateSettings) -> dict:
     Raises:
         ValueError: ``checkpoint_every`` < 0, ``temperature`` < 0 or ``top_p`` outside (0, 1] (checked first);
             ``unfinished`` or ``backend`` outside their choices (when ``s`` is made).
-        vllm_engine.VLLMUnavailable: ``backend="vllm"`` and vLLM cannot be imported (checked first).
+        engine_process.VLLMUnavailable: ``backend="vllm"`` and vLLM cannot be imported (checked first).
         DataError: no conversation in the sources.
         RuntimeError: the vLLM child failed.
     """
@@ -234,15 +234,15 @@ def regenerate(s: RegenerateSettings) -> dict:
                "generated_tokens": 0,
                "generate_seconds": 0.0}
     elif choice["used"] == "vllm":
-        eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=s.served_name,
-                                      max_model_len=max_seq_len + max_tokens, seed=s.seed, dtype=s.dtype,
-                                      pipeline_parallel_size=s.pipeline_parallel_size,
-                                      trust_remote_code=s.trust_remote_code)
+        eng = engine_args(target_dir, gpus=gpus, served_name=s.served_name,
+                          max_model_len=max_seq_len + max_tokens, seed=s.seed, dtype=s.dtype,
+                          pipeline_parallel_size=s.pipeline_parallel_size,
+                          trust_remote_code=s.trust_remote_code)
         spec = {"engine": eng, "conversations": prompts, "max_tokens": max_tokens,
                 "max_seq_len": max_seq_len, "unfinished": unfinished, "temperature": temperature, "top_p": top_p,
                 **resume}
         with tempfile.TemporaryDirectory(prefix="eagle3-regen-") as tmp:
-            res = vllm_engine.run_child("eagle3build.data.regenerate_responses:run_child", spec, tmp, "regenerate")
+            res = engine_process.run_child("eagle3build.data.regenerate_responses:run_child", spec, tmp, "regenerate")
     else:
         res = regenerate_with_transformers(s, prompts, device="cuda" if gpus > 0 else "cpu",
                                            state_path=resume["state_path"], key=resume["key"])
@@ -405,7 +405,7 @@ def _state_key(prompts: list, target_dir: str, backend: dict, *settings) -> str:
     installed vLLM's version (where the backend is vLLM) and the settings. A saved state resumes
     only the same job."""
     files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(target_dir).iterdir() if f.is_file())
-    engine = vllm_engine.require_vllm("a regeneration state") if backend.get("used") == "vllm" else None
+    engine = engine_process.require_vllm("a regeneration state") if backend.get("used") == "vllm" else None
     blob = json.dumps([prompts, files, backend, OUTPUT_VERSION, STATE_FORMAT, engine, settings], sort_keys=True,
                       default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
@@ -442,11 +442,11 @@ def run_child(spec: dict) -> dict:
 
     temperature, top_p = spec["temperature"], spec["top_p"]
     check_sampling(temperature, top_p)
-    llm, _ = vllm_measure.start_engine(spec["engine"])
+    llm, _ = measure.start_engine(spec["engine"])
     tok = llm.get_tokenizer()
     # No per-request seed: sampled requests draw from the engine's generator, seeded by the engine
     # args' seed (data.seed); a seeded request would take vLLM's per-request-generator path (6x fewer
-    # tokens/s: vllm_measure.decode_greedy). So a sampled answer depends on its batch: not bit-equal
+    # tokens/s: measure.decode_greedy). So a sampled answer depends on its batch: not bit-equal
     # across reruns.
     sp = (SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"]) if temperature == 0
           else SamplingParams(temperature=temperature, top_p=top_p, max_tokens=spec["max_tokens"]))

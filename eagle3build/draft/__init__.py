@@ -2,5 +2,5 @@
 ``dflash``: a ``method.DraftMethod`` each) and per draft layer (``layer``: llama; ``mla``, with its format
 ``mla_format`` and its torch module ``mla_layer``), the registry listing them (``methods``), the run's draft as one
 value (``choice.Draft``, resolved at planning), a head folder read once (``head_format.Head``), the head model
-speculators trains (``head_model``), the vocab map (d2t/t2d), what the serving vLLM reads of a head (``servable``)
-and a draft step's cost (``step_costs``)."""
+speculators trains (``head_model``), the vocab map (``vocab_map``: d2t/t2d), what the serving vLLM reads of a head
+(``servable``) and a draft step's cost (``step_costs``)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import methods as draft_methods
+from . import methods
 from .layer import DraftLayer
 from .method import DraftMethod
 from .mla_format import layer_config
@@ -50,7 +50,7 @@ def expected_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         ValueError: ``cfg`` names a method that is not registered.
         KeyError: ``cfg`` lacks a field the layout is sized from.
     """
-    return draft_methods.layer_of(cfg).expected_shapes(draft_methods.of_config(cfg), cfg)
+    return methods.layer_of(cfg).expected_shapes(methods.of_config(cfg), cfg)
 
 
 class HeadError(ValueError):
@@ -102,8 +102,8 @@ class Head:
         if meta is None:
             return head
         data = meta.load(path).data
-        for what, name, said in (("", head.method.name, data.get("method", draft_methods.DEFAULT_METHOD)),
-                                 ("-layer", head.layer.name, data.get("layer", draft_methods.DEFAULT_LAYER))):
+        for what, name, said in (("", head.method.name, data.get("method", methods.DEFAULT_METHOD)),
+                                 ("-layer", head.layer.name, data.get("layer", methods.DEFAULT_LAYER))):
             if name != said:
                 raise HeadError(f"{path}: config.json is a {name}{what} head but {meta.FILENAME} says {said}")
         return replace(head, meta=data)
@@ -117,8 +117,8 @@ class Head:
         """
         path = Path(folder)
         try:
-            method = draft_methods.of_config(cfg)
-            layer = draft_methods.layer_of(cfg)
+            method = methods.of_config(cfg)
+            layer = methods.layer_of(cfg)
             aux = method.aux_layer_ids(cfg) if method.aux_ids_key in cfg else None
             return cls(path, cfg, method, layer, layer.benchmark_name(method, cfg), method.trained_positions(cfg),
                        int(layer_config(cfg)["num_hidden_layers"]), tuple(aux) if aux is not None else None)

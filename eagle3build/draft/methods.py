@@ -1,4 +1,4 @@
-"""The draft registries (shared layer; no torch at import, planning reads them through ``config_spec``): the draft
+"""The draft registries (shared layer; no torch at import, planning reads them through ``config.spec``): the draft
 methods (config ``draft.method``; ``METHODS``) and the draft decoder layers (config ``draft.layer``; ``LAYERS``),
 one object each, defined in its own module:
 

@@ -23,9 +23,9 @@ does not know. vLLM's MLA rope is the interleaved one transformers' ``rope_inter
 
 The rope (``served_rope_parameters``) is written so that the two vLLM versions in use read what transformers trained:
 
-- vLLM 0.26 (the GPU route) ignores ``rope_parameters`` in its DeepSeek EAGLE-3 layer: it reads ``config.rope_scaling``
-  and, where that is truthy, serves ``rope_scaling`` with ``rope_type: deepseek_yarn`` (its ``factor`` and
-  ``original_max_position_embeddings`` required); else ``{"rope_type": "default"}`` with get_rope's default base
+- vLLM 0.26 (the GPU route) ignores ``rope_parameters`` in its DeepSeek EAGLE-3 layer: it reads the config's
+  ``rope_scaling`` and, where that is truthy, serves ``rope_scaling`` with ``rope_type: deepseek_yarn`` (its
+  ``factor`` and ``original_max_position_embeddings`` required); else ``{"rope_type": "default"}`` with get_rope's default base
   10000, whatever the config's theta (vllm/model_executor/models/deepseek_eagle3.py,
   ``DeepseekV2Eagle3DecoderLayer.__init__``, lines 61 and 72-77 in 0.26.0; layers/rotary_embedding/__init__.py,
   ``get_rope``: ``base = rope_parameters.get("rope_theta", 10000)``, line 64, and ``rope_parameters["factor"]``,

@@ -117,7 +117,7 @@ def step_cost(base: dict, run: dict) -> dict:
     a step, so their ``step_ms`` differ by what drafting costs each. None where the run drafted nothing (τ None)
     or a time per output token is 0 (no request of two tokens). The mean time per output token is over requests
     and τ over drafts, so the product is the mean step where requests are alike in length; the times are read to
-    10 µs (``vllm_measure.summary``), about 0.5 % of a 2 ms step."""
+    10 µs (``measure.summary``), about 0.5 % of a 2 ms step."""
     step = speculative_step_s(run)
     base_tpot = base["time_per_output_token_s"]["mean"]
     return {"step_ms": round(1e3 * step, 4) if step else None,

@@ -6,7 +6,10 @@ One class per artifact, each with ``load(path)``:
 - ``Compat``: ``results/R/compat.json`` (``compat_report.build_report``), the full report;
 - ``TrainMeta``: ``checkpoint/train_meta.json`` (``train_draft.train``); ``load`` takes the file or its folder;
 - ``HeadMeta``: ``head/head_meta.json`` (``export_head.export``); ``load`` takes the file or its folder;
-- ``Benchmark``: ``results/R/benchmark.json`` (``benchmark.benchmark``).
+- ``Benchmark``: ``results/R/benchmark.json`` (``benchmark.benchmark``);
+- ``Serving``: ``results/R/serve/serving.json`` (``serve_config.write``), read by serve_check with the other serving
+  files (``serving_files.read``); ``load`` takes the file or its folder;
+- ``ServeCheck``: ``results/R/serve/serve_check.json`` (``serve_check.serve_check``).
 
 The schemas ship inside the package (``eagle3build/schemas/*.schema.json``, JSON Schema draft
 2020-12, https://json-schema.org/draft/2020-12/schema); ``schema_path(name)`` gives one's path.
@@ -31,7 +34,8 @@ class ArtifactError(ValueError):
 
 
 def schema_path(name: str) -> Path:
-    """The path of schema ``name`` (``decisions``, ``compat``, ``train_meta``, ``head_meta``, ``benchmark``).
+    """The path of schema ``name`` (``decisions``, ``compat``, ``train_meta``, ``head_meta``, ``benchmark``,
+    ``serving``, ``serve_check``).
 
     Raises:
         FileNotFoundError: no such schema in ``eagle3build/schemas/``.
@@ -170,6 +174,19 @@ class Benchmark(Artifact):
     """``benchmark.json``: baseline and per-head, per-k runs over the prompt sets."""
 
     SCHEMA = "benchmark"
+
+
+class Serving(Artifact):
+    """``serve/serving.json``: the serving files' choice (route, k, engine layout, environment, command) and why."""
+
+    SCHEMA = "serving"
+    FILENAME = "serving.json"
+
+
+class ServeCheck(Artifact):
+    """``serve/serve_check.json``: the serving files checked through vLLM's server (τ, texts, per-pass figures)."""
+
+    SCHEMA = "serve_check"
 
 
 def minimal_decisions(target_fingerprint: str, aux_layer_ids: list[int], vocab_size: int,

@@ -3,7 +3,7 @@
 Each batch's packed states are copied to pinned host memory on a side CUDA stream, and a
 writer thread puts each sample's rows into the shard file (``shards.ShardFileWriter``)
 while the next batch computes. Used by both capture backends (``capture_hidden_states``'
-hooks, ``vllm_capture``'s engine workers).
+hooks, ``vllm.capture``'s engine workers).
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 materialize_target writes for a bundled target (``MATERIALIZED_FILES``), and what is wrong with a folder that is
 no target (``target_dir_problem``: missing, a hub cache folder, no config.json; ``target_weights_problem``: no
 weights), and its config.json as planning reads it (``planning_config``; ``BUNDLED_CONFIGS`` before a bundled target
-is materialised). Read at planning (rules/common.smk: a target's files are the inputs of the rules that read it) and by
-the target loader (eagle3build/target.py).
+is materialised), and the variables that keep the Hugging Face libraries to the local files (``OFFLINE_VARS``,
+config ``target.offline``). Read at planning (rules/common.smk: a target's files are the inputs of the rules that read
+it), by the target loader (eagle3build/target.py), the jobs (``job.setup``), the engines' child processes
+(``engine_process.child_env``) and the serving files (serve.env).
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
+# Hugging Face's offline switches (huggingface_hub, transformers, datasets): set to 1 where ``target.offline`` is true,
+# so that the target and its tokenizer are read from their local files and nothing is fetched from the Hub.
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 
 # The files materialize_target writes for a bundled target (transformers' save_pretrained of
 # the model and the tokenizer); its rule declares them as outputs.

@@ -6,7 +6,7 @@ One safetensors file: ``input_ids`` int32 [sum T_i], ``loss_mask`` uint8 [sum T_
 (``TOKENS_SCHEMA``). The ids are a tensor, not metadata: safetensors caps the JSON header at
 100 MB, which ids in the header filled at about 1.8 M samples (schema ``eagle3build.tokens/1``
 kept them there; ``read_tokens`` still reads such files). Read by ``capture_hidden_states``,
-``build_vocab_map``, ``vllm_capture`` and the compat report's capture probe.
+``build_vocab_map``, ``vllm.capture`` and the compat report's capture probe.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Stage ``benchmark``: vLLM greedy decoding without and with the head, per k.
 
-Each run starts its own vLLM engine in a fresh Python process (``vllm_engine.run_child``,
+Each run starts its own vLLM engine in a fresh Python process (``engine_process.run_child``,
 tensor-parallel over the job's GPUs): counters and engine state cannot leak between
 runs, and a crash in one run is reported, not hidden. Spec-decode figures come from
 vLLM's own counters (``LLM.get_metrics()`` with stats on): ``vllm:spec_decode_num_drafts``,
@@ -30,7 +30,7 @@ The stage's settings travel as one ``BenchmarkSettings`` (``BenchmarkSettings.fr
 settings, params and resources). Each head served (the run's own, each compared one) is a ``head_format.Head``, its
 folder's config.json read once (``read_heads``) before any engine starts.
 
-Engines are sized to the job (``vllm_engine.engine_args``): ``concurrency`` sequences of
+Engines are sized to the job (``engine_args``): ``concurrency`` sequences of
 ``max_model_len`` tokens of KV cache, CUDA graphs for at most ``concurrency x (k + 1)`` tokens.
 
 Prompt sets (``benchmark.sets``, see ``prompt_sets``): a prompt whose chat-template rendering
@@ -68,7 +68,9 @@ from ..draft.head_format import Head
 from ..draft.step_costs import compare_benchmark, step_cost
 from ..formats import prompt_sets
 from ..formats.benchmark_runs import OWN_HEAD, check_compare_names, run_label
-from ..vllm import engine as vllm_engine
+from ..vllm import engine_process
+from ..vllm.engine_args import engine_args
+from ..vllm.measure import RUN_ENTRY
 from ..workflow.contract import StageSettings
 from . import lossless
 from .k_schedule import k_schedule
@@ -83,7 +85,7 @@ log = logging.getLogger(__name__)
 # 5: step_ms and step_cost_ratio per run and set; the pre-flight comparison's draft_cost for every head
 # 6: k_schedule served on vLLM's V1 runner, its sweep's k 0 the head held at k 0, the target alone as baseline;
 #    each run's startup.model_runner (P-EAGLE runs on V1, EAGLE-3 and DFlash on V2 for a dense target in vLLM 0.26)
-# 7: the warm-up decodes every timed batch's prefill before timing and empties the prefix cache (vllm_measure.warm_up:
+# 7: the warm-up decodes every timed batch's prefill before timing and empties the prefix cache (measure.warm_up:
 #    the Kimi-shaped target's first tokens read 5-10x slow in a machine's first benchmark on it); the sweep empties
 #    the prefix cache before each concurrency
 # Not bumped for issue 55 item 4 (every run names what it served: head, method, draft_layer, trained_positions beside
@@ -96,7 +98,6 @@ log = logging.getLogger(__name__)
 # build's benchmark reruns once all the same, for its benchmark.sets param (mtbench added to the default).
 OUTPUT_VERSION = 7
 
-RUN_ENTRY = "eagle3build.vllm.measure:decode_greedy"
 BenchmarkError = lossless.BenchmarkError  # raised by the lossless check; named here for the stage's callers
 
 
@@ -176,7 +177,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     ``max_tokens`` tokens with the target's chat template (``chat_token_counter``) are skipped
     (``prompt_sets.drop_too_long``), logged and counted per set in ``settings.sets`` (``skipped_too_long``), so a
     set may run fewer than N. One engine per configuration (baseline, each head and k) decodes the sets one after
-    the other (``vllm_measure.decode_greedy`` with ``sets``), so a set's figures are its own counter deltas and wall
+    the other (``measure.decode_greedy`` with ``sets``), so a set's figures are its own counter deltas and wall
     time in that engine.
 
     Per run, overall and per set (``"sets": {name: ...}``): output tokens/s, wall seconds, latencies; per run with
@@ -184,7 +185,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     baseline (the same set's tokens/s), the lossless check (``lossless.figures``), ``draft_vocab_coverage`` (the
     share of the baseline's output tokens inside the head's draft vocab, the same for every k) and the mean engine
     step with the head and its cost in the baseline's decode steps (``step_costs.step_cost``). Engine start seconds
-    and their breakdown (``vllm_engine.startup_breakdown``) per run. With ``s.preflight_path`` the result gets
+    and their breakdown (``engine_process.startup_breakdown``) per run. With ``s.preflight_path`` the result gets
     ``preflight``, each run's measured step cost against the table's, and every head's drafting cost a step
     (``draft_cost``; ``step_costs.compare_benchmark``), logged; with ``s.k_schedule_concurrencies`` (e.g. ``[1, 4,
     16]``) ``k_schedule`` (``serve.k_schedule``). ``s.compare_heads``: other exported heads of this target (any
@@ -200,7 +201,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     its second after that answer (``second_turns``: a second turn too long or refused is skipped and counted).
 
     Raises:
-        vllm_engine.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
+        engine_process.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
         prompt_sets.PromptSetError: an unknown set, a set without prompts, or a set whose every prompt
             is too long for ``max_model_len`` or refused by the chat template (before any engine starts).
         OSError, ValueError: the target's tokenizer cannot be loaded from ``target_dir``, or it has
@@ -218,7 +219,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     """
     import tempfile
 
-    vllm_engine.require_vllm(needed_by=os.fspath(s.out_json))
+    engine_process.require_vllm(needed_by=os.fspath(s.out_json))
     check_compare_names(s.compare_heads or [])
     heads = read_heads(s)
     loaded = prompt_sets.load_sets(s.sets, s.num_prompts, chat_path=s.prompts_path,
@@ -261,13 +262,13 @@ def benchmark(s: BenchmarkSettings) -> dict:
         # to one decode step's tokens; ``layers``: the serving head's KV-cached layers (``Head.kv_layers``; None: the
         # run's own head's)
         seqs = in_flight if seqs is None else seqs
-        return vllm_engine.engine_args(s.target_dir, gpus=s.gpus, served_name=s.served_name,
-                                       max_model_len=s.max_model_len, seed=s.seed, dtype=s.dtype,
-                                       pipeline_parallel_size=s.pipeline_parallel_size,
-                                       trust_remote_code=s.trust_remote_code, max_num_seqs=seqs,
-                                       kv_cache_tokens=seqs * (s.max_model_len + k),
-                                       draft_layers=(own_layers if layers is None else layers) if k else 0,
-                                       eager=eager, graph_batch_tokens=seqs * (1 + k))
+        return engine_args(s.target_dir, gpus=s.gpus, served_name=s.served_name,
+                           max_model_len=s.max_model_len, seed=s.seed, dtype=s.dtype,
+                           pipeline_parallel_size=s.pipeline_parallel_size,
+                           trust_remote_code=s.trust_remote_code, max_num_seqs=seqs,
+                           kv_cache_tokens=seqs * (s.max_model_len + k),
+                           draft_layers=(own_layers if layers is None else layers) if k else 0,
+                           eager=eager, graph_batch_tokens=seqs * (1 + k))
 
     gap = s.near_tie_max_logprob_gap
     gap = lossless.NEAR_TIE_GAP[engine()["dtype"]] if gap == "auto" else float(gap)
@@ -297,8 +298,9 @@ def mtbench_answers(tmp: Path, engine: Callable[..., dict], first_turns: list[di
     Raises:
         RuntimeError: the engine run failed.
     """
-    r = vllm_engine.run_child(RUN_ENTRY, {"prompts": first_turns, "max_tokens": max_tokens, "concurrency": concurrency,
-                                          "engine": engine()}, tmp, "mtbench_first_turn_answers")
+    r = engine_process.run_child(RUN_ENTRY, {"prompts": first_turns, "max_tokens": max_tokens,
+                                             "concurrency": concurrency, "engine": engine()}, tmp,
+                                 "mtbench_first_turn_answers")
     log.info("mtbench: the target answered %d first turns (%d output tokens) for the second turns", len(first_turns),
              r["output_tokens"])
     return {prompt_sets.question_id(p["id"]): text for p, text in zip(first_turns, r["texts"], strict=True)}
@@ -378,7 +380,7 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
         cats = prompt_sets.categories(ps)
         groups.append({"name": name, "count": len(ps), **({"parts": cats} if cats else {})})
     common = {"prompts": prompts, "max_tokens": s.max_tokens, "concurrency": s.concurrency, "sets": groups}
-    base = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine()}, tmp, "baseline")
+    base = engine_process.run_child(RUN_ENTRY, {**common, "engine": engine()}, tmp, "baseline")
     log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
     runs = []
     for head, h in heads:
@@ -389,9 +391,9 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
                             "(draft.peagle.num_depths or draft.dflash.block_size - 1); its drafts beyond position %d are "
                             "untrained", head, k, trained, trained)
             spec = h.speculative_config(k)  # by the head's method: eagle3, peagle or dflash
-            r = vllm_engine.run_child(RUN_ENTRY, {**common, "engine": engine(k, layers=h.kv_layers),
-                                                  "speculative_config": spec}, tmp,
-                                      f"eagle3_k{k}" if head == OWN_HEAD else f"compare_{head}_k{k}")
+            r = engine_process.run_child(RUN_ENTRY, {**common, "engine": engine(k, layers=h.kv_layers),
+                                                     "speculative_config": spec}, tmp,
+                                         f"eagle3_k{k}" if head == OWN_HEAD else f"compare_{head}_k{k}")
             r.update(num_speculative_tokens=k, head=head, **h.described())  # every run names what it served
             runs.append(r)
     tops = lossless.baseline_top_logprobs(tmp, engine, base, runs)

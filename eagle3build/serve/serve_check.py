@@ -11,7 +11,7 @@ from ``/metrics`` around each pass (and each response's own τ where the server 
 metrics``); with ``serve.load_concurrencies``, runs vLLM's load generator (``vllm bench serve``) at those concurrencies
 over the set's prompts of one user turn (its custom dataset sends each as one user turn: a second turn, whose
 conversation it cannot send, is left out); then stops the server's whole process group (``openai_server.stop``) and
-writes ``serve_check.json``.
+writes ``serve_check.json`` (checked against eagle3build/schemas/serve_check.schema.json first).
 
 Requests are greedy with no penalty (temperature 0, repetition, presence and frequency penalties neutral: the
 benchmark's ``SamplingParams(temperature=0)``, whatever defaults the target's generation_config gives the server), at
@@ -52,12 +52,12 @@ from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
 from ..config.settings import config_fields, declared
 from ..formats import prompt_sets
+from ..formats.artifacts import ServeCheck, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
-from ..vllm import engine as vllm_engine
+from ..vllm import engine_process
 from ..vllm.measure import counter_delta, spec_figures, summary
 from ..workflow.contract import StageSettings
-from . import openai_server as server
-from . import serving_files as sf
+from . import openai_server, serving_files
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Expected:
 def k_at_one(spec: Mapping[str, Any]) -> int:
     """The k vLLM drafts at one request in flight with speculative config ``spec``: its k schedule's band holding batch
     size 1 (``num_speculative_tokens_per_batch_size``), else ``num_speculative_tokens``."""
-    for lo, hi, k in spec.get(sf.BANDS) or []:
+    for lo, hi, k in spec.get(serving_files.BANDS) or []:
         if lo <= 1 <= hi:
             return int(k)
     return int(spec["num_speculative_tokens"])
@@ -213,8 +213,8 @@ def send(client, model: str, prompts: list[dict], max_tokens: int, stream: bool)
 
 def pass_figures(answers: list[dict], counters: Mapping[str, Any], exp: Expected) -> dict:
     """A pass's figures: output tokens and tokens/s (summed over its sequential requests), request latency and (with
-    streaming) time to first token (seconds, ``vllm_measure.summary``), the /metrics counters' deltas and τ
-    (``vllm_measure.spec_figures``), each prompt's τ as the server reported it, and whether every text is lossless."""
+    streaming) time to first token (seconds, ``measure.summary``), the /metrics counters' deltas and τ
+    (``measure.spec_figures``), each prompt's τ as the server reported it, and whether every text is lossless."""
     tokens = sum(a["output_tokens"] or 0 for a in answers)
     wall = sum(a["wall_s"] for a in answers)
     per_req = [a["spec"] for a in answers if a["spec"]]
@@ -248,7 +248,8 @@ class CheckSettings:
     out_json: str
     server_log: str
     custom_prompts_path: str | None = None
-    server_module: str = sf.SERVER_MODULE  # what ``python -m`` runs with ``--config serve.yaml`` (a stand-in in tests)
+    # what ``python -m`` runs with ``--config serve.yaml`` (a stand-in in tests)
+    server_module: str = serving_files.SERVER_MODULE
 
 
 def serve_check(s: CheckSettings) -> dict:
@@ -256,44 +257,46 @@ def serve_check(s: CheckSettings) -> dict:
     Returns its content.
 
     Raises:
-        vllm_engine.VLLMUnavailable: vLLM cannot be imported (before anything starts).
-        serving_files.ServingFileError: a serving file lacks a part, names a folder that is not there, or lacks the k
-            schedule's environment (before the server starts).
+        engine_process.VLLMUnavailable: vLLM cannot be imported (before anything starts).
+        serving_files.ServingFileError: a serving file lacks a part (serving.json off its schema included), names a
+            folder that is not there, or lacks the k schedule's environment (before the server starts).
         openai_server.ServerError: the port is in use (names it and ``serve.port``), the server exited during its
             start or the check, or did not answer /health in time (names its log and the log's last error).
         ServeCheckError: a prompt's text or a pass's τ beyond the tolerance (names the prompt or the counter).
+        artifacts.ArtifactError: the result is off serve_check.json's schema (the field named; nothing written).
     """
-    vllm_engine.require_vllm(needed_by=s.out_json)
-    files = sf.read(s.serve_dir)
-    spec = sf.check(files)
+    engine_process.require_vllm(needed_by=s.out_json)
+    files = serving_files.read(s.serve_dir)
+    spec = serving_files.check(files)
     bench = json.loads(Path(s.benchmark_path).read_text())
     exp = expected(bench, k_at_one(spec), s.prompts_path, s.custom_prompts_path, s.check_set)
-    opts, yml = files["options"], files["paths"][sf.SERVE_YAML]
+    opts, yml = files["options"], files["paths"][serving_files.SERVE_YAML]
     port = int(opts.get("port", 8000))
-    server.check_port(port, yml)
+    openai_server.check_port(port, yml)
     base_url = f"http://127.0.0.1:{port}"
-    argv = vllm_engine.guarded_module_argv(s.server_module, ["--config", yml])
+    argv = engine_process.guarded_module_argv(s.server_module, ["--config", yml])
     log.info("starting the server: %s (environment %s; its log %s)", " ".join(argv), files["env"], s.server_log)
     Path(s.server_log).unlink(missing_ok=True)
     t0 = time.perf_counter()
-    proc = server.start(argv, {**vllm_engine.child_env(), **files["env"]}, s.server_log)
+    proc = openai_server.start(argv, {**engine_process.child_env(), **files["env"]}, s.server_log)
     result: dict = {}
     try:
-        start_s = server.wait_healthy(proc, base_url, s.start_timeout_s, s.server_log)
+        start_s = openai_server.wait_healthy(proc, base_url, s.start_timeout_s, s.server_log)
         log.info("server up after %.1f s", start_s)
         try:
             result = _through(base_url, opts, exp, s)
         except Exception as e:
             if proc.poll() is None:
                 raise
-            raise server.ServerError(f"the server exited (status {proc.returncode}) during the check; its log "
-                                     f"{s.server_log} ends with: {server.last_error(s.server_log)}") from e
+            raise openai_server.ServerError(
+                f"the server exited (status {proc.returncode}) during the check; its log {s.server_log} ends with: "
+                f"{openai_server.last_error(s.server_log)}") from e
         result["server"] = {"start_s": round(start_s, 2), "port": port, "log": s.server_log, "serve_yaml": yml,
-                            "command": files["serving"].get("command"),
+                            "command": files["serving"]["command"],
                             "per_request_metrics": bool(opts.get("per-request-spec-decode-metrics"))}
     finally:
         t1 = time.perf_counter()
-        killed = server.stop(proc)
+        killed = openai_server.stop(proc)
         left = _left(proc.pid)
         log.info("server stopped in %.1f s (%d process(es) SIGKILLed, %d left; %.0f s up in all)",
                  time.perf_counter() - t1, killed, left, time.perf_counter() - t0)
@@ -308,6 +311,7 @@ def serve_check(s: CheckSettings) -> dict:
                               + "; ".join(problems))
     result = {"versions": software_versions(BENCHMARK_PACKAGES + ("openai",), keep_missing=False),
               "hardware": hardware(), **result}
+    validate(result, ServeCheck.SCHEMA, s.out_json)  # eagle3build/schemas/serve_check.schema.json
     write_json(s.out_json, result)
     return result
 
@@ -315,9 +319,9 @@ def serve_check(s: CheckSettings) -> dict:
 def _left(pgid: int, wait_s: float = 5.0) -> int:
     """The processes of group ``pgid`` still there after up to ``wait_s`` seconds (reaping takes a moment)."""
     deadline = time.monotonic() + wait_s
-    while server.group_members(pgid) and time.monotonic() < deadline:
+    while openai_server.group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return len(server.group_members(pgid))
+    return len(openai_server.group_members(pgid))
 
 
 def _through(base_url: str, opts: Mapping[str, Any], exp: Expected, s: CheckSettings) -> dict:
@@ -330,9 +334,9 @@ def _through(base_url: str, opts: Mapping[str, Any], exp: Expected, s: CheckSett
     send(client, model, exp.prompts[:1], 2, stream=False)  # warm-up: not timed, outside the counters
     passes, problems, texts = {}, [], {}
     for name in PASSES:
-        before = server.read_metrics(base_url)
+        before = openai_server.read_metrics(base_url)
         answers = send(client, model, exp.prompts, exp.max_tokens, stream=name == "streaming")
-        counters = counter_delta(server.read_metrics(base_url), before)
+        counters = counter_delta(openai_server.read_metrics(base_url), before)
         problems += text_problems(name, {a["id"]: a["text"] for a in answers}, exp)
         problem = tau_problem(name, counters, exp, s.tau_tolerance)
         problems += [problem] if problem else []
@@ -345,7 +349,7 @@ def _through(base_url: str, opts: Mapping[str, Any], exp: Expected, s: CheckSett
     served = 1 + both["accepted_tokens"] / both["drafts"] if both["drafts"] else None
     result = {
         "set": exp.set, "max_tokens": exp.max_tokens, "num_speculative_tokens": exp.k,
-        "speculative_config": sf.speculative_of(opts, "serve.yaml"),
+        "speculative_config": serving_files.speculative_of(opts, "serve.yaml"),
         "tau": {"served": served, "benchmark": exp.tau, "tolerance": s.tau_tolerance,
                 "difference": None if served is None or exp.tau is None else round(served - exp.tau, 4)},
         "lossless": all(p["lossless"] for p in passes.values()), "passes": passes, "benchmark": exp.figures,
@@ -382,10 +386,10 @@ def _load(base_url: str, model: str, opts: Mapping[str, Any], exp: Expected, con
         data.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in turns))
         for c in concurrencies:
             name = f"bench_serve_c{c}.json"
-            argv = server.bench_serve_argv(base_url, model, opts.get("tokenizer", opts["model"]), str(data),
-                                           len(turns), exp.max_tokens, c, tmp, name)
-            r = vllm_engine.run_child(server.BENCH_ENTRY, {"argv": argv, "result": str(Path(tmp) / name)}, tmp,
-                                      f"bench_serve_c{c}")
+            argv = openai_server.bench_serve_argv(base_url, model, opts.get("tokenizer", opts["model"]), str(data),
+                                                  len(turns), exp.max_tokens, c, tmp, name)
+            r = engine_process.run_child(openai_server.BENCH_ENTRY, {"argv": argv, "result": str(Path(tmp) / name)},
+                                         tmp, f"bench_serve_c{c}")
             out[str(c)] = {
                 "completed": r.get("completed"), "duration_s": r.get("duration"),
                 "request_throughput": r.get("request_throughput"), "output_tokens_per_s": r.get("output_throughput"),

@@ -3,7 +3,7 @@ OpenAI-compatible server, at the benchmark's choice of k, on the serve section's
 
 The route. serve.yaml names the target folder as ``model`` and the head through ``--speculative-config`` (vLLM's
 speculative_config: method, the head's folder, k, a k schedule's bands), as every engine of the benchmark does
-(``head_format.Head.speculative_config``, ``vllm_engine.drafter_config``). speculators' own route, ``vllm serve <head>``
+(``head_format.Head.speculative_config``, ``engine_args.drafter_config``). speculators' own route, ``vllm serve <head>``
 (vLLM reads the head's ``speculators_config`` and serves its verifier, ``target.served_name``), needs that name to
 resolve where the server runs: offline it must be a local folder or in the Hugging Face cache, and the bundled target's
 ``HuggingFaceTB/SmolLM2-135M-Instruct`` is neither on a fresh machine; it serves the k in the head's config, not the
@@ -17,7 +17,7 @@ The k (``choose_k``): the k schedule's bands where ``benchmark.k_schedule_concur
 the run's own head with the highest speed-up over the target alone in benchmark.json.
 
 The environment (serve.env): offline mode (``target.offline``), the engine settings every engine here runs with
-(``vllm_engine.ENGINE_ENV``) and the schedule's.
+(``engine_process.ENGINE_ENV``) and the schedule's.
 
 The bytes depend on the head's and the target's folders, benchmark.json's choice of k, the layout
 (``resources.serve.gpu``, ``target.pipeline_parallel_size``) and the settings named in serve.yaml, and on nothing
@@ -37,11 +37,13 @@ from typing import Any
 
 from ..atomic import atomic_path, write_json, write_text
 from ..draft.head_format import Head
+from ..formats.artifacts import Serving, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
-from ..vllm import engine as vllm_engine
+from ..formats.target_files import OFFLINE_VARS
+from ..vllm import engine_process
+from ..vllm.engine_args import drafter_config, engine_arg_declared, engine_args, engine_layout
 from ..workflow.contract import StageSettings
-from ..workflow.job import OFFLINE_VARS
-from . import serving_files as sf
+from . import serving_files
 from .k_schedule import SCHEDULE_ENV
 
 log = logging.getLogger(__name__)
@@ -125,7 +127,7 @@ def speculators_route(head: Head) -> dict:
                 "why": f"the head's config.json is vLLM's own ({', '.join(cfg.get('architectures') or [])}), not "
                        "speculators' format: vLLM's speculators parser reads llama and qwen3 layers only"}
     verifier = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-    cmd = f"python -m {sf.SERVER_MODULE} --model {head_dir}"
+    cmd = f"python -m {serving_files.SERVER_MODULE} --model {head_dir}"
     if verifier_resolves_offline(verifier):
         return {"available": True, "command": cmd, "verifier": verifier,
                 "why": f"its verifier {verifier} resolves offline (a local folder or the Hugging Face cache); it serves "
@@ -140,7 +142,7 @@ def serving(head_dir: str, target_dir: str, bench: Mapping[str, Any], *, gpus: i
             port: int, offline: bool, per_request_metrics: bool) -> dict:
     """The serving files' contents for the head in ``head_dir`` (its config.json read) and the target in
     ``target_dir``: ``{"options": serve.yaml's (``serving_files.server_options``), "env": serve.env's, "serving":
-    serving.json's}``. The engine is the benchmark's (``vllm_engine.engine_args`` of ``gpus`` GPUs of the serve section,
+    serving.json's}``. The engine is the benchmark's (``engine_args`` of ``gpus`` GPUs of the serve section,
     ``pipeline_parallel_size`` stages, ``served_name``, ``max_model_len`` tokens, ``seed``, ``dtype`` as
     ``target.serve_dtype``); k from ``choose_k``; ``port``; ``offline``: the Hugging Face offline variables in the
     environment; ``per_request_metrics``: vLLM's per-request τ in each response (where the installed vLLM has it).
@@ -150,46 +152,54 @@ def serving(head_dir: str, target_dir: str, bench: Mapping[str, Any], *, gpus: i
         OSError, ValueError: the head's config.json cannot be read, or names no registered method; a 16-bit dtype on CPU.
     """
     head_dir, target_dir = os.path.abspath(head_dir), os.path.abspath(target_dir)
-    engine = vllm_engine.engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_model_len,
-                                     seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size,
-                                     trust_remote_code=trust_remote_code)
+    engine = engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_model_len,
+                         seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size,
+                         trust_remote_code=trust_remote_code)
     choice = choose_k(bench)
     head = Head.read(head_dir)
     spec = head.speculative_config(choice["num_speculative_tokens"], choice["bands"] or None)
-    spec = vllm_engine.drafter_config(engine, spec)  # an MLA head on CPU: the engine's attention backend
-    env = {**({v: "1" for v in OFFLINE_VARS} if offline else {}), **vllm_engine.ENGINE_ENV,
+    spec = drafter_config(engine, spec)  # an MLA head on CPU: the engine's attention backend
+    env = {**({v: "1" for v in OFFLINE_VARS} if offline else {}), **engine_process.ENGINE_ENV,
            **(SCHEDULE_ENV if choice["bands"] else {})}
-    options = sf.server_options(engine, spec, port, per_request_metrics)
+    options = serving_files.server_options(engine, spec, port, per_request_metrics)
     return {"options": options, "env": env, "serving": {
         "head": head_dir, "target": target_dir, "route": ROUTE, "why": ROUTE_WHY,
         "speculators_route": speculators_route(head), "k": choice, "speculative_config": spec,
-        "layout": vllm_engine.engine_layout(gpus, pipeline_parallel_size), "dtype": engine["dtype"], "port": port,
+        "layout": engine_layout(gpus, pipeline_parallel_size), "dtype": engine["dtype"], "port": port,
         "served_name": served_name, "env": env, "per_request_metrics": per_request_metrics,
     }}
 
 
 def write(out_dir: str | os.PathLike, contents: Mapping[str, Any], python: str = sys.executable) -> dict[str, str]:
     """Write ``contents`` (``serving``) as the serving files in ``out_dir``, each atomically; serve.sh executable, run
-    with ``python`` unless ``PYTHON`` is set. The command (``serving_files.command``) goes into serving.json too.
-    Returns ``{file name: path}``."""
+    with ``python`` unless ``PYTHON`` is set. The command (``serving_files.command``) goes into serving.json too,
+    which is checked against its schema (eagle3build/schemas/serving.schema.json) before any file is written.
+    Returns ``{file name: path}``.
+
+    Raises:
+        artifacts.ArtifactError: serving.json's content is off its schema (the field named).
+    """
     out_dir = Path(out_dir)
+    yml = str(out_dir.resolve() / serving_files.SERVE_YAML)
+    serving_json = {**contents["serving"], "command": shlex.join(serving_files.command(yml, contents["env"]))}
+    validate(serving_json, Serving.SCHEMA, out_dir / serving_files.SERVING_JSON)
     out_dir.mkdir(parents=True, exist_ok=True)
-    yml = str(out_dir.resolve() / sf.SERVE_YAML)
-    serving_json = {**contents["serving"], "command": shlex.join(sf.command(yml, contents["env"]))}
-    write_text(out_dir / sf.SERVE_YAML, sf.serve_yaml_text(contents["options"], contents["serving"]["head"]))
-    write_text(out_dir / sf.SERVE_ENV, sf.env_text(contents["env"]))
-    with atomic_path(out_dir / sf.SERVE_SH) as tmp:
-        tmp.write_text(sf.serve_sh_text(yml, contents["env"], python))
+    write_text(out_dir / serving_files.SERVE_YAML,
+               serving_files.serve_yaml_text(contents["options"], contents["serving"]["head"]))
+    write_text(out_dir / serving_files.SERVE_ENV, serving_files.env_text(contents["env"]))
+    with atomic_path(out_dir / serving_files.SERVE_SH) as tmp:
+        tmp.write_text(serving_files.serve_sh_text(yml, contents["env"], python))
         tmp.chmod(0o755)
-    write_json(out_dir / sf.SERVING_JSON, serving_json)
-    return {n: str(out_dir / n) for n in (sf.SERVE_YAML, sf.SERVE_ENV, sf.SERVE_SH, sf.SERVING_JSON)}
+    write_json(out_dir / serving_files.SERVING_JSON, serving_json)
+    names = (serving_files.SERVE_YAML, serving_files.SERVE_ENV, serving_files.SERVE_SH, serving_files.SERVING_JSON)
+    return {n: str(out_dir / n) for n in names}
 
 
 def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
             params: Mapping[str, Any]) -> dict:
     """Rule ``serve_config``'s entry (``eagle3build.workflow.job.run_stage``): the serving files of the head of
     ``inputs["head_config"]`` and the target ``params["target_dir"]`` from ``inputs["benchmark"]``, into the folder of
-    ``outputs["yaml"]``. Returns serving.json's content; raises what ``serving`` raises."""
+    ``outputs["yaml"]``. Returns serving.json's content; raises what ``serving`` and ``write`` raise."""
     import json
 
     s = settings
@@ -200,9 +210,9 @@ def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: Sta
                        dtype=s["target.serve_dtype"], pipeline_parallel_size=s["target.pipeline_parallel_size"],
                        trust_remote_code=s["target.trust_remote_code"], port=s["serve.port"],
                        offline=s["target.offline"],
-                       per_request_metrics=vllm_engine.engine_arg_declared("per_request_spec_decode_metrics"))
+                       per_request_metrics=engine_arg_declared("per_request_spec_decode_metrics"))
     paths = write(os.path.dirname(outputs["yaml"]), contents)
-    serving_json = json.loads(Path(paths[sf.SERVING_JSON]).read_text())
+    serving_json = Serving.load(paths[serving_files.SERVING_JSON]).data
     log.info("serving files in %s: %s (k: %s); speculators' route: %s", os.path.dirname(outputs["yaml"]),
              serving_json["command"], contents["serving"]["k"]["why"],
              contents["serving"]["speculators_route"]["why"])

@@ -9,7 +9,8 @@
   ``--env-file``, systemd's ``EnvironmentFile``).
 - ``serve.sh``: the one command line, with that environment.
 - ``serving.json``: what was chosen and why (the route, the k and the benchmark's figures behind it, the environment,
-  the command), read by ``serve_check``.
+  the command), read by ``serve_check``; its schema is eagle3build/schemas/serving.schema.json (``artifacts.Serving``),
+  checked where serve_config writes it and where ``read`` reads it.
 
 Paths in the files are absolute: vLLM reads ``model`` as a local folder where one is there and as a Hugging Face
 repository id where none is, so a moved target would be fetched (or fail offline, obscurely); ``check`` names the
@@ -27,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from ..formats.artifacts import ArtifactError, Serving
 from .k_schedule import SCHEDULE_ENV
 
 SERVE_YAML, SERVE_ENV, SERVE_SH, SERVING_JSON = "serve.yaml", "serve.env", "serve.sh", "serving.json"
@@ -45,7 +47,7 @@ class ServingFileError(ValueError):
 def server_options(engine: Mapping[str, Any], speculative: Mapping[str, Any], port: int,
                    per_request_metrics: bool = False) -> dict[str, Any]:
     """serve.yaml's options, vLLM's command-line names (dashes) in the order given: ``engine``
-    (``vllm_engine.engine_args``: the target folder, served name, dtype, max_model_len, seed, the tensor- and
+    (``engine_args``: the target folder, served name, dtype, max_model_len, seed, the tensor- and
     pipeline-parallel sizes, and on CPU eager mode, the memory fraction and an MLA target's attention backend), the
     ``port`` (config ``serve.port``), ``speculative`` (vLLM's speculative_config: method, the head's folder, k, a k
     schedule's bands) as one JSON string, and with ``per_request_metrics`` vLLM's per-request τ in each response
@@ -113,10 +115,11 @@ def serve_sh_text(yaml_path: str, env: Mapping[str, str], python: str) -> str:
 
 def read(folder: str | os.PathLike) -> dict[str, Any]:
     """The serving files of ``folder``: ``{"options": serve.yaml's mapping, "env": serve.env's variables,
-    "serving": serving.json, "paths": {name: path}}``.
+    "serving": serving.json (checked against its schema, ``artifacts.Serving``), "paths": {name: path}}``.
 
     Raises:
-        ServingFileError: a file is missing or not what ``serve_config`` writes (named).
+        ServingFileError: a file is missing or not what ``serve_config`` writes (named; serving.json off its schema:
+            the file and the field, as ``artifacts.ArtifactError`` names them).
     """
     folder = Path(folder)
     paths = {n: str(folder / n) for n in (SERVE_YAML, SERVE_ENV, SERVE_SH, SERVING_JSON)}
@@ -125,9 +128,12 @@ def read(folder: str | os.PathLike) -> dict[str, Any]:
         raise ServingFileError(f"{', '.join(missing)}: missing; rule serve_config writes the serving files")
     try:
         options = yaml.safe_load(Path(paths[SERVE_YAML]).read_text())
-        serving = json.loads(Path(paths[SERVING_JSON]).read_text())
-    except (ValueError, yaml.YAMLError) as e:
-        raise ServingFileError(f"{folder}: {type(e).__name__}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ServingFileError(f"{paths[SERVE_YAML]}: {type(e).__name__}: {e}") from None
+    try:
+        serving = Serving.load(paths[SERVING_JSON]).data
+    except ArtifactError as e:
+        raise ServingFileError(str(e)) from None
     if not isinstance(options, dict):
         raise ServingFileError(f"{paths[SERVE_YAML]}: not a mapping of server options")
     return {"options": options, "env": parse_env(Path(paths[SERVE_ENV]).read_text()), "serving": serving,
@@ -168,9 +174,9 @@ def check(files: Mapping[str, Any]) -> dict:
             raise ServingFileError(f"{yml}: {field} names the {what} folder {path}, which holds no config.json: the "
                                    f"{what} moved or was deleted after rule serve_config wrote this file; put it back "
                                    "there, or rebuild the serving files where it is now")
-    if sc != files["serving"].get("speculative_config"):
+    if sc != files["serving"]["speculative_config"]:
         raise ServingFileError(f"{yml}: {SPECULATIVE} {sc} is not {files['paths'][SERVING_JSON]}'s speculative_config "
-                               f"{files['serving'].get('speculative_config')}: one was edited; rebuild both")
+                               f"{files['serving']['speculative_config']}: one was edited; rebuild both")
     if sc.get(BANDS):
         lacking = {k: v for k, v in SCHEDULE_ENV.items() if env.get(k) != v}
         if lacking:

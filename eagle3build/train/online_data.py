@@ -104,7 +104,7 @@ def longest_sample(online: OnlineSettings) -> int:
 def check_memory_split(inputs, backend: str, num_aux: int, cfg, draft_vocab: int,
                        trust_remote_code: bool = declared("target.trust_remote_code"),
                        gpu_memory_bytes: int | None = None) -> dict:
-    """Before the target is loaded: the compat report's plan of the GPU split (``plans.plan_online_for_target``)
+    """Before the target is loaded: the compat report's plan of the GPU split (``budgets.plan_online_for_target``)
     made again from this run's own inputs — the target's weight files' bytes, the longest sample, the draft
     vocab — so a run switched to online after its report was written is checked too. ``gpu_memory_bytes``:
     one card's (None: the first visible GPU's). Returns the plan; skipped (``ok``) on a CPU job.
@@ -149,7 +149,7 @@ def open_target(inputs, backend: str, aux_layer_ids: list[int], trust_remote_cod
 
 def check_trainer_memory(device: str, text_cfg, cfg, num_aux: int, draft_vocab: int) -> dict | None:
     """On CUDA, with the online target already on the cards and before the draft is built: refuse to train
-    when the trainer's estimated need (``plans.draft_training_bytes_for`` the target's shapes, which the
+    when the trainer's estimated need (``budgets.draft_training_bytes_for`` the target's shapes, which the
     draft layer takes) exceeds the memory left free on the trainer's GPU. Returns the figures (None on CPU).
 
     Raises:
@@ -163,7 +163,7 @@ def check_trainer_memory(device: str, text_cfg, cfg, num_aux: int, draft_vocab: 
     free, total = torch.cuda.mem_get_info(torch.device(device))
     if need["total_bytes"] > free:
         raise MemoryError(f"capture.mode online: the trainer needs about {need['total_bytes'] / 1e9:.1f} GB "
-                          f"(plans.draft_training_bytes) but {free / 1e9:.1f} GB of {total / 1e9:.0f} GB are free on "
+                          f"(budgets.draft_training_bytes) but {free / 1e9:.1f} GB of {total / 1e9:.0f} GB are free on "
                           f"{device} beside the target; lower capture.online.target_memory_fraction or "
                           "train.total_seq_len")
     return {**need, "free_bytes": free, "total_bytes_gpu": total}

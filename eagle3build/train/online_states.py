@@ -9,7 +9,7 @@ shards. A private module of the train subpackage (``online_data`` uses it); noth
 - ``HooksStates``: the target in this process (transformers), the forward hooks of ``hooks``, batched
   as the ``hooks`` capture backend batches (``hooks.plan_batches``, ``capture.tokens_per_batch``).
 - ``VllmStates``: a vLLM engine in this process with our worker extension
-  (``vllm_capture.CaptureExtension``: the same hooks and row-to-sample mapping as the ``vllm``
+  (``vllm.capture.CaptureExtension``: the same hooks and row-to-sample mapping as the ``vllm``
   capture backend), whose engine core runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: a
   one-GPU worker hands its tensors over without serialisation; tensor-parallel workers copy
   theirs to the CPU and send them through vLLM's RPC). The colocated-engine pattern of vLLM's
@@ -112,7 +112,7 @@ class HooksStates:
 
 
 class VllmStates:
-    """A vLLM engine on the target in this process, its workers hooked (``vllm_capture.CaptureExtension``).
+    """A vLLM engine on the target in this process, its workers hooked (``vllm.capture.CaptureExtension``).
 
     ``gpus``: the engine's tensor-parallel size (0: vLLM's CPU backend, float32);
     ``tokens_per_batch``: tokens per engine step (``max_num_batched_tokens``); ``max_model_len``:
@@ -120,8 +120,8 @@ class VllmStates:
     (``capture.online.target_memory_fraction``: the trainer shares the cards).
 
     Raises:
-        vllm_engine.VllmMissing: vLLM is not installed.
-        vllm_capture.LayoutError: the workers refused the hooks.
+        engine_process.VLLMUnavailable: vLLM is not installed.
+        vllm.capture.LayoutError: the workers refused the hooks.
     """
 
     backend = "vllm"
@@ -130,12 +130,12 @@ class VllmStates:
                  compute_dtype: str, tokens_per_batch: int, max_model_len: int, trust_remote_code: bool,
                  memory_fraction: float | None = None):
         from ..vllm.capture import capture_engine_args, start_capture_engine
-        from ..vllm.engine import child_env, require_vllm
+        from ..vllm.engine_process import child_env, require_vllm
 
         require_vllm(target_dir)
         # The engine's environment as its own child process would get it (offline, vLLM's CPU
         # settings, IEEE float32 in Triton), its engine core in this process, and the V1 runner
-        # whose step boundaries the hooks read (vllm_capture.run_capture).
+        # whose step boundaries the hooks read (vllm.capture.run_capture).
         env = child_env()
         for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU", "TRITON_F32_DEFAULT", "HF_HUB_OFFLINE",
                   "TRANSFORMERS_OFFLINE"):

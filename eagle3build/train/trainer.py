@@ -31,7 +31,7 @@ from .train_state import TrainState
 
 
 class _TrainConfigChecks:
-    """The views of ``TrainConfig`` (whose fields config_spec's section ``train`` declares)."""
+    """The views of ``TrainConfig`` (whose fields config.spec's section ``train`` declares)."""
 
     def settings(self) -> dict:
         """The fields a saved state must match to be resumed (all but ``checkpoint_every``)."""

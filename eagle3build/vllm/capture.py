@@ -442,7 +442,7 @@ def start_capture_engine(engine: dict, aux_layer_ids: list[int], expected_params
 
 
 def run_capture(spec: dict) -> dict:
-    """Child-process entry (``vllm_engine.run_child``): one engine, one or more shards.
+    """Child-process entry (``engine_process.run_child``): one engine, one or more shards.
 
     ``spec``: ``engine`` (``capture_engine_args``), ``aux_layer_ids``, optional ``expected_params``,
     ``writer_threads``, ``fsync`` and ``shards``: ``[{"out_path", "meta" (ShardMeta strings),
@@ -468,20 +468,20 @@ def run_capture(spec: dict) -> dict:
 def capture_engine_args(target_dir: str, *, gpus: int, max_model_len: int, tokens_per_step: int, dtype: str,
                         pipeline_parallel_size: int = declared("target.pipeline_parallel_size"),
                         trust_remote_code: bool = declared("target.trust_remote_code"), **extra) -> dict:
-    """``vllm_engine.engine_args`` for capture: the extension, prefix caching off, eager, no tokenizer;
+    """``engine_args`` for capture: the extension, prefix caching off, eager, no tokenizer;
     for a multimodal wrapper, its language model only.
 
     ``tokens_per_step``: vLLM's ``max_num_batched_tokens`` (tokens of one engine step;
     longer prompts are split by chunked prefill). ``max_model_len`` in tokens (the longest
     sample + 1 for the generated token). ``dtype``: the capture's compute dtype (``capture.compute_dtype``,
-    or ``auto``: ``vllm_engine.resolve_dtype``). The engine's seed is ``CAPTURE_SEED``: a capture samples nothing
+    or ``auto``: ``engine_args.resolve_dtype``). The engine's seed is ``CAPTURE_SEED``: a capture samples nothing
     (one greedy token per prompt), so no config seed reaches it.
 
     Raises:
         ParallelismError: ``pipeline_parallel_size > 1``.
     """
-    from ..workflow.budgets import capture_kv_cache_tokens
-    from .engine import engine_args, engine_layout
+    from ..target import capture_kv_cache_tokens
+    from .engine_args import engine_args, engine_layout
 
     check_parallelism(**engine_layout(gpus, pipeline_parallel_size))
     step = max(tokens_per_step, 16)
@@ -517,7 +517,7 @@ def capture_shard_vllm(target_dir: str, tokens_path: str, out_path: str, indices
     """
     import tempfile
 
-    from .engine import require_vllm, run_child
+    from .engine_process import require_vllm, run_child
 
     require_vllm(str(out_path))
     engine = capture_engine_args(str(target_dir), gpus=gpus, max_model_len=max(lengths, default=1) + 1,

@@ -1,4 +1,4 @@
-"""The floor's vLLM part, child side: what an engine child process (``vllm_engine.run_child``) runs.
+"""The floor's vLLM part, child side: what an engine child process (``engine_process.run_child``) runs.
 
 ``start_engine`` starts vLLM's ``LLM`` and times it; ``decode_greedy`` (the benchmark's runs, export's load
 check), ``decode_sweep`` (the k schedule) and ``top_logprobs`` (the lossless check's reference) are entries
@@ -12,6 +12,10 @@ from __future__ import annotations
 import os
 import time
 
+# ``engine_process.run_child``'s entry of one engine run that decodes greedily and reads vLLM's spec-decode counters
+# (``decode_greedy``): the benchmark's runs and export's load check
+RUN_ENTRY = "eagle3build.vllm.measure:decode_greedy"
+
 
 def start_engine(engine: dict, **kwargs):
     """``vllm.LLM(**engine, **kwargs)`` and the seconds it took to start. Call inside the child.
@@ -19,11 +23,11 @@ def start_engine(engine: dict, **kwargs):
     Every kernel compiled after the engine's warm-up is logged (``jit_monitor_verbose``, an engine argument of
     vLLM 0.26 and 0.32, ``vllm/config/observability.py``; without it vLLM logs each kernel's name once), so a
     timed call that compiles shows it in the job's log; ``engine`` can set it False. A ``speculative_config``
-    (in ``kwargs``) is served as ``vllm_engine.drafter_config`` gives it. A CPU engine keeps its engine core in this
-    process (``vllm_engine.CPU_ENGINE_ENV``)."""
+    (in ``kwargs``) is served as ``engine_args.drafter_config`` gives it. A CPU engine keeps its engine core in this
+    process (``engine_args.CPU_ENGINE_ENV``)."""
     from vllm import LLM
 
-    from .engine import CPU_ENGINE_ENV, drafter_config, engine_core_in_process
+    from .engine_args import CPU_ENGINE_ENV, drafter_config, engine_core_in_process
 
     if engine_core_in_process(engine):  # read when the engine starts (vllm/envs.py), not at import
         for var, value in CPU_ENGINE_ENV.items():

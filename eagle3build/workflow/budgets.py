@@ -88,36 +88,6 @@ def hidden_state_bytes_per_token(num_aux_layers: int, hidden_size: int, storage_
     return bytes_per_token(meta, with_tokens=with_tokens)
 
 
-def kv_cache_bytes_per_token(config, dtype_bytes: int, tensor_parallel_size: int = 1, extra_layers: int = 0) -> int | None:
-    """Bytes of KV cache one token takes on one GPU of a tensor-parallel group, as vLLM allocates it.
-
-    ``config``: the target's (text) transformers config. Multi-head latent attention
-    (DeepSeek-V3 / Kimi-K2 style, ``kv_lora_rank`` set) stores one latent of
-    ``kv_lora_rank + qk_rope_head_dim`` elements per layer, replicated on every rank
-    (vLLM ``MLAAttentionSpec``); otherwise ``2 (K and V) x KV heads on this rank x head_dim``
-    per layer, with KV heads split over the ranks and replicated where there are fewer heads
-    than ranks (vLLM ``FullAttentionSpec``; ``LlamaAttention``: ``max(1, num_kv_heads // tp)``).
-    ``extra_layers``: attention layers served beside the target's (an EAGLE-3 head: 1).
-    ``dtype_bytes``: bytes per element (2 for bf16/fp16, 4 for float32). Sliding-window
-    layers are counted as full ones (an upper bound). Returns None where the config lacks
-    the fields (an architecture this arithmetic does not know, e.g. a hybrid with state-space layers).
-    """
-    layers = getattr(config, "num_hidden_layers", None)
-    if not layers or getattr(config, "layers_block_type", None) or getattr(config, "layer_types", None) and any(
-            t not in ("full_attention", "sliding_attention") for t in config.layer_types):
-        return None
-    layers += extra_layers
-    if getattr(config, "kv_lora_rank", None):
-        return layers * (config.kv_lora_rank + (getattr(config, "qk_rope_head_dim", 0) or 0)) * dtype_bytes
-    heads = getattr(config, "num_attention_heads", None)
-    hidden = getattr(config, "hidden_size", None)
-    if not heads or not hidden:
-        return None
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    return layers * 2 * max(1, kv_heads // max(1, tensor_parallel_size)) * head_dim * dtype_bytes
-
-
 def draft_training_bytes(hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                          target_vocab: int, draft_vocab: int, num_aux: int, total_seq_len: int, ttt_steps: int) -> dict:
     """GPU bytes training an EAGLE-3 draft head takes, estimated from its shapes (speculators'
@@ -155,12 +125,6 @@ def draft_training_bytes_for(config, draft_vocab: int, num_aux: int, total_seq_l
                                 draft_vocab, num_aux, total_seq_len, ttt_steps)
 
 
-def capture_kv_cache_tokens(tokens_per_step: int, max_model_len: int) -> int:
-    """KV cache tokens of a capture engine: one step's prompts plus a prompt split over steps, twice over for
-    the scheduler's look-ahead (requests finish after their prefill, so more would sit idle)."""
-    return 2 * (tokens_per_step + max_model_len)
-
-
 def plan_online_memory(gpu_memory_bytes: int | None, gpus: int, target_weight_bytes: float, kv_bytes_per_token: int | None,
                        kv_tokens: int, trainer: dict, target_fraction: float) -> dict:
     """Online training's split of each GPU between the target and the trainer (``capture.online``).
@@ -168,7 +132,7 @@ def plan_online_memory(gpu_memory_bytes: int | None, gpus: int, target_weight_by
     The target (a vLLM engine or transformers, over ``gpus`` GPUs) gets ``target_fraction`` of each
     card: its weights (``target_weight_bytes`` / ``gpus`` x ``GPU_HEADROOM`` for activations) and, for
     an engine, the KV cache of ``kv_tokens`` tokens (``kv_bytes_per_token`` on one GPU of the group,
-    ``kv_cache_bytes_per_token``; None: not counted). The trainer, on the first GPU, gets the rest for
+    ``target.kv_cache_bytes_per_token``; None: not counted). The trainer, on the first GPU, gets the rest for
     ``trainer["total_bytes"]`` (``draft_training_bytes``). A side that does not fit fails the plan,
     both numbers named. ``gpu_memory_bytes`` None (no GPU known) or ``gpus`` 0 (a CPU job): skipped.
     """
@@ -203,11 +167,14 @@ def plan_online_for_target(text_cfg, weight_bytes: float, backend: str | None, n
                            gpu_memory_bytes: int | None) -> dict:
     """``plan_online_memory`` for a target with (text) transformers config ``text_cfg`` and ``weight_bytes``
     of weights: the KV cache of a capture engine where ``backend`` is ``vllm`` (2 x (tokens per step +
-    longest sample) tokens, as ``vllm_capture.capture_engine_args`` sizes it, bf16) and the draft's
+    longest sample) tokens, ``target.capture_kv_cache_tokens``, as ``vllm.capture.capture_engine_args`` sizes it,
+    bf16) and the draft's
     training need from the target's shapes (``draft_training_bytes``). ``online``: ``gpus``,
     ``target_memory_fraction``, ``total_seq_len``, ``ttt_steps``, ``draft_vocab_size``,
     ``tokens_per_batch`` and ``max_seq_len`` (tokens). Used by the compat report (from the config) and by
     ``train_draft`` online before it loads the target (from its own inputs)."""
+    from ..target import capture_kv_cache_tokens, kv_cache_bytes_per_token
+
     gpus = online["gpus"]
     trainer = draft_training_bytes_for(text_cfg, online["draft_vocab_size"], num_aux, online["total_seq_len"],
                                        online["ttt_steps"])

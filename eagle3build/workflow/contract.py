@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..config.spec import KEYS, ROLES, Key
-from ..draft import methods as draft_methods
+from ..draft import methods
 from .staleness import canonical_request, package_versions
 
 
@@ -78,8 +78,8 @@ def section(values: Mapping[str, Any], ctx: PlanContext) -> dict:
 @dataclass(frozen=True)
 class NamedSection:
     """``section`` with some keys named otherwise than by their last part: ``names``, (path, name) pairs
-    (config_spec's ``trigger:<param>/<name>``: a key renamed keeps its name in the param, so no build replans),
-    and some left out while they hold their default: ``quiet``, (path, default) pairs (config_spec's
+    (config.spec's ``trigger:<param>/<name>``: a key renamed keeps its name in the param, so no build replans),
+    and some left out while they hold their default: ``quiet``, (path, default) pairs (config.spec's
     ``Key.quiet_default``: a key added keeps the param of a build that does not set it, so none replans)."""
 
     names: tuple[tuple[str, str], ...] = ()
@@ -108,7 +108,7 @@ def version(values: Mapping[str, Any], ctx: PlanContext) -> dict:
     (export_head), what that layer adds (``DraftLayer.version_param``: the MLA layer's format version as
     ``layer_format``; nothing for the default layer, whose builds keep their param)."""
     out = stage_version(ctx.stage, values.get("staleness.track_package_versions", True), ctx.job_env)
-    return {**out, **draft_methods.get_layer(values.get("draft.layer", draft_methods.DEFAULT_LAYER)).version_param()}
+    return {**out, **methods.get_layer(values.get("draft.layer", methods.DEFAULT_LAYER)).version_param()}
 
 
 def prepare_sources(values: Mapping[str, Any], ctx: PlanContext) -> list[dict]:
@@ -259,7 +259,7 @@ STAGES: tuple[Stage, ...] = (
 
 
 def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = KEYS) -> dict[str, Contract]:
-    """Each stage's ``Contract`` from its ``Stage`` and the config keys' declarations (``config_spec.Key.uses``):
+    """Each stage's ``Contract`` from its ``Stage`` and the config keys' declarations (``spec.Key.uses``):
     a computed param per ``Stage.computed`` entry, with the keys of role ``trigger:<its name>``; a ``value``
     param per other key of role ``trigger`` (named by its last part) or alone in a ``trigger:<name>``; a
     ``section`` param per ``trigger:<name>`` of several keys; ``runtime`` and ``files`` the keys of those roles.

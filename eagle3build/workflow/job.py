@@ -16,8 +16,9 @@ import os
 import sys
 from typing import Any, Callable
 
+from ..formats.target_files import OFFLINE_VARS
+
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 _GPU_ALLOCATION = None  # this job's GPU slots, held for the life of the process
 
 

