@@ -271,7 +271,7 @@ def question_id(prompt_id: str) -> str:
 
 def categories(prompts: list[dict]) -> list[dict] | None:
     """The consecutive runs of ``prompts`` by their ``category`` as ``[{"name": category, "count": n}]`` (the
-    engine's ``parts``: ``vllm_measure.decode_greedy``), or None where no prompt carries a category (every set but
+    engine's ``parts``: ``vllm.measure.decode_greedy``), or None where no prompt carries a category (every set but
     ``mtbench``).
 
     Raises:

@@ -98,8 +98,8 @@ def failure_screen(failed: Iterable[tuple[str, Iterable[str]]]) -> str:
 
 
 def failed_jobs(jobs: Iterable) -> list[tuple[str, list[str]]]:
-    """``(rule, log files)`` of Snakemake's failed jobs (``workflow.scheduler.failed``: each with ``rule.name`` and
-    ``log``), sorted by rule, for ``failure_screen``."""
+    """``(rule, log files)`` of Snakemake's failed jobs (the Snakefile's workflow's scheduler's ``failed`` set: each
+    job with ``rule.name`` and ``log``), sorted by rule, for ``failure_screen``."""
     return sorted((j.rule.name, [str(x) for x in j.log]) for j in jobs)
 
 
