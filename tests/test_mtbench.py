@@ -14,7 +14,7 @@ from eagle3build.formats.artifacts import ArtifactError
 from eagle3build.serve import benchmark, lossless, plot_benchmark
 from eagle3build.serve import serve_check as sc
 from eagle3build.vllm import engine_process
-from eagle3build.vllm import measure as vllm_measure
+from eagle3build.vllm import measure
 
 CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
 
@@ -110,7 +110,7 @@ K = 2
 
 
 class CategoryLLM:
-    """Stands in for vllm.LLM in ``vllm_measure.decode_greedy``: each request, whose user turn starts with its category
+    """Stands in for vllm.LLM in ``measure.decode_greedy``: each request, whose user turn starts with its category
     (``COUNTS``; anything else counts as ``chat``), answers the tokens [1, 2, 3, 4] and the text ``re: <turn>``; with a
     drafter it adds the category's drafts and accepted tokens and takes its seconds of the engine's clock (``t``, read
     by the patched ``time.perf_counter``), else 1 s. With a drafter, a coding request's third token is 9."""
@@ -150,7 +150,7 @@ class CategoryLLM:
 
 
 def _engines(monkeypatch, specs, answer_texts=None):
-    """run_child stand-in: each decode runs ``vllm_measure.decode_greedy`` itself on a ``CategoryLLM`` (its result
+    """run_child stand-in: each decode runs ``measure.decode_greedy`` itself on a ``CategoryLLM`` (its result
     through JSON, as from the child); the reference's top log-probabilities make the coding difference a near-tie
     (0.05 nats). ``specs`` gets ``(name, spec)`` of each call; ``answer_texts`` replaces the texts of the MT-Bench
     answers engine (by index)."""
@@ -160,9 +160,9 @@ def _engines(monkeypatch, specs, answer_texts=None):
         if entry == lossless.TOP_ENTRY:
             return {"engine_start_s": 1.0, "top": [[[3, -0.70], [9, -0.75]] for _ in spec["items"]]}
         llm = CategoryLLM(bool(spec.get("speculative_config")))
-        monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (llm, 1.0))
-        monkeypatch.setattr(vllm_measure, "time", SimpleNamespace(perf_counter=lambda: llm.t))
-        res = json.loads(json.dumps(vllm_measure.decode_greedy(spec)))
+        monkeypatch.setattr(measure, "start_engine", lambda engine, **kw: (llm, 1.0))
+        monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: llm.t))
+        res = json.loads(json.dumps(measure.decode_greedy(spec)))
         if name == "mtbench_first_turn_answers" and answer_texts:
             res["texts"] = [answer_texts.get(i, t) for i, t in enumerate(res["texts"])]
         return res
@@ -246,11 +246,11 @@ def test_the_benchmark_reports_mtbench_per_category_from_its_counters(per_catego
 
 def test_the_engine_refuses_parts_that_do_not_partition_their_set(monkeypatch):
     pytest.importorskip("vllm")
-    monkeypatch.setattr(vllm_measure, "start_engine", lambda engine, **kw: (CategoryLLM(False), 1.0))
+    monkeypatch.setattr(measure, "start_engine", lambda engine, **kw: (CategoryLLM(False), 1.0))
     spec = {"engine": {}, "prompts": BY_SET["mtbench"], "max_tokens": 4, "concurrency": 1,
             "sets": [{"name": "mtbench", "count": 3, "parts": [{"name": "writing", "count": 2}]}]}
     with pytest.raises(ValueError, match=r"set mtbench: parts .* do not partition its 3 prompts"):
-        vllm_measure.decode_greedy(spec)
+        measure.decode_greedy(spec)
 
 
 def test_the_schema_holds_the_categories(per_category):

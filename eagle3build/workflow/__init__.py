@@ -1,4 +1,6 @@
 """The workflow's rules of staleness and scheduling, over ``config``: one contract per stage (``contract``),
 library versions and canonical ``auto`` values (``staleness``), a deleted intermediate named at planning
 (``missing``), the job adapter's logging (``job``), GPU cards per job (``gpu_slots``), the disk and memory
-budgets of a plan (``budgets``) and the venv against its lock (``lockcheck``)."""
+budgets of a plan (``budgets``), the venv against its lock (``lockcheck``), the planning policy read from the plan
+itself (``plan``: what the plan refuses, whether it benchmarks the head) and what a build ends with (``summary``: its
+result, or each failed job's own error line)."""
