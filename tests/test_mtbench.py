@@ -13,8 +13,7 @@ from eagle3build.formats import prompt_sets
 from eagle3build.formats.artifacts import ArtifactError
 from eagle3build.serve import benchmark, lossless, plot_benchmark
 from eagle3build.serve import serve_check as sc
-from eagle3build.vllm import engine_process
-from eagle3build.vllm import measure
+from eagle3build.vllm import engine_process, measure
 
 CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
 
