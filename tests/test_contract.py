@@ -171,3 +171,28 @@ def test_each_param_is_made_by_its_function():
     assert c.param_value(aux, cfg, c.PlanContext("capture_hidden_states", decisions=recorded)) == [1, 2, 4]
     assert c.param_value(Param("k", ("benchmark.ks", "preflight.max_k"), c.section), cfg, ctx) == {
         "ks": cfg["benchmark"]["ks"], "max_k": cfg["preflight"]["max_k"]}
+
+
+def test_a_setting_of_a_set_not_run_changes_no_param():
+    """Key.only_with: benchmark.mtbench.* shape the benchmark only where benchmark.sets has mtbench; elsewhere the
+    benchmark's param leaves them out, so a config that sets them for a set it does not run (the GPU recipe over the
+    reduced build's [chat, humaneval]) replans nothing; where mtbench runs they are in it once off their default."""
+    import copy
+
+    import yaml
+
+    from eagle3build.workflow import contract
+
+    base = yaml.safe_load((REPO / "config.yaml").read_text())
+    p = next(x for x in contract.CONTRACTS["benchmark"].params if x.name == "benchmark")
+
+    def param(sets, per_category, turns=1):
+        cfg = copy.deepcopy(base)
+        cfg["benchmark"].update(sets=sets, mtbench={"per_category": per_category, "turns": turns})
+        return contract.param_value(p, cfg, contract.PlanContext("benchmark"))
+
+    two = ["chat", "humaneval"]
+    assert param(two, 10, 2) == param(two, 1) and "mtbench_per_category" not in param(two, 10)
+    assert "mtbench_per_category" not in param(["chat", "mtbench"], 1)  # the default: quiet
+    assert param(["chat", "mtbench"], 10)["mtbench_per_category"] == 10
+    assert param(["chat", "mtbench"], 1, 2)["mtbench_turns"] == 2

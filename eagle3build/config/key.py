@@ -55,7 +55,10 @@ class Key:
     bounds), ``default`` (config.yaml's value), ``doc`` (one line: what it sets, units) and ``uses`` (stage ->
     its roles there, the module docstring). ``quiet_default``: the key was added after builds existed; a section
     param it is part of (``trigger:<param>``) leaves it out while it holds ``default``, so those builds do not
-    replan, and names it once it does not (tests/test_no_replan.py)."""
+    replan, and names it once it does not (tests/test_no_replan.py). ``only_with``: ``(path, value)``, the key
+    shapes the output only where key ``path`` holds ``value`` (a list holding it, or equal to it): a section param
+    leaves the key out elsewhere, so that a setting of something not run replans nothing (``benchmark.mtbench.*``
+    where ``benchmark.sets`` has no ``mtbench``); ``path`` must be in the same section param."""
 
     path: str
     schema: Mapping[str, Any]
@@ -63,6 +66,7 @@ class Key:
     doc: str
     uses: Mapping[str, str] = field(default_factory=dict)
     quiet_default: bool = False
+    only_with: tuple[str, Any] | None = None
 
     @property
     def name(self) -> str:

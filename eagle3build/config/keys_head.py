@@ -175,6 +175,7 @@ HEAD_KEYS: tuple[Key, ...] = (
         ),
         {"benchmark": "trigger:benchmark/mtbench_per_category"},
         quiet_default=True,
+        only_with=("benchmark.sets", "mtbench"),
     ),
     Key(
         "benchmark.mtbench.turns",
@@ -186,6 +187,7 @@ HEAD_KEYS: tuple[Key, ...] = (
         ),
         {"benchmark": "trigger:benchmark/mtbench_turns"},
         quiet_default=True,
+        only_with=("benchmark.sets", "mtbench"),
     ),
     Key(
         "benchmark.num_prompts",

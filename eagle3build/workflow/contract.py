@@ -84,6 +84,7 @@ class NamedSection:
 
     names: tuple[tuple[str, str], ...] = ()
     quiet: tuple[tuple[str, Any], ...] = ()
+    only_with: tuple[tuple[str, tuple[str, Any]], ...] = ()  # (path, Key.only_with): left out where it does not hold
 
     @property
     def __name__(self) -> str:
@@ -91,8 +92,14 @@ class NamedSection:
 
     def __call__(self, values: Mapping[str, Any], ctx: PlanContext) -> dict:
         names, quiet = dict(self.names), dict(self.quiet)
+        idle = {k for k, (path, want) in self.only_with if not _holds(values.get(path), want)}
         return canonical({names.get(k, k.rsplit(".", 1)[-1]): v for k, v in values.items()
-                          if not (k in quiet and v == quiet[k])})
+                          if not (k in quiet and v == quiet[k]) and k not in idle})
+
+
+def _holds(value: Any, want: Any) -> bool:
+    """Whether a config value holds ``want``: a list containing it, or a value equal to it (``Key.only_with``)."""
+    return want in value if isinstance(value, (list, tuple)) else value == want
 
 
 def requested(values: Mapping[str, Any], ctx: PlanContext) -> Any:
@@ -281,6 +288,7 @@ def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = 
         groups: dict[str, list[str]] = {}
         renamed: dict[str, list[tuple[str, str]]] = {}
         quiet: dict[str, list[tuple[str, Any]]] = {}
+        cond: dict[str, list[tuple[str, tuple[str, Any]]]] = {}
         for k in keys:
             found = k.trigger_param(st.stage)
             if found is None:
@@ -293,12 +301,14 @@ def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = 
                 renamed.setdefault(name, []).append((k.path, key_name))
             if k.quiet_default:
                 quiet.setdefault(name, []).append((k.path, k.default))
+            if k.only_with:
+                cond.setdefault(name, []).append((k.path, k.only_with))
         params = [Param(name, tuple(groups.pop(name, ())), make) for name, make in st.computed.items()]
         for name, ks in groups.items():
-            if len(ks) == 1 and name not in quiet:
+            if len(ks) == 1 and name not in quiet and name not in cond:
                 make = value
-            elif name in renamed or name in quiet:
-                make = NamedSection(tuple(renamed.get(name, ())), tuple(quiet.get(name, ())))
+            elif name in renamed or name in quiet or name in cond:
+                make = NamedSection(tuple(renamed.get(name, ())), tuple(quiet.get(name, ())), tuple(cond.get(name, ())))
             else:
                 make = section
             params.append(Param(name, tuple(ks), make))
