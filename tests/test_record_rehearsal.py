@@ -329,3 +329,24 @@ def test_a_gpu_record_on_a_machine_without_one_is_refused_before_anything_runs(t
                                 "resources.train.gpu 1) but this machine has 0: run it on a GPU machine "
                                 "(docs/gpus.md), or rehearse it here with --overlay tests/rehearsal/cpu.yaml")
     assert not list((out / "logs").glob("*.log"))
+
+
+def test_the_peer_routes_call_names_each_config_file_and_the_work_directory(tmp_path, monkeypatch):
+    """The peer record's prepare step (issue 65's rehearsal found it): peer_route.py gets ``--configfile`` once per file
+    (it appends them: a second file after one flag went to speculators as a train flag), the work directory (the
+    run's results are under it, not under the repository) and, without a GPU, speculators' --dry-run."""
+    sys.path.insert(0, str(REPO / "benchmarks/gpu"))
+    import record
+
+    calls = []
+    monkeypatch.setattr(record.Call, "snakemake", lambda self, cfg, args, label: 0)
+    monkeypatch.setattr(record.Call, "run", lambda self, cmd, label: calls.append(cmd) or 0)
+    rec = record.dataclasses.replace(record.RECORDS["peer"], configfiles=(*record.RECORDS["peer"].configfiles,
+                                                                           str(REDUCED)))
+    call = record.Call(100, tmp_path / "out", tmp_path / "wd")
+    assert record._peer(call, rec) == 0
+    (cmd,) = calls
+    files = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--configfile"]
+    assert files == [str(REPO / "examples/configs/smollm2-8k-gpu.yaml"), str(REPO / "benchmarks/gpu/no_preflight.yaml"),
+                     str(REDUCED)]  # not compare_peer.yaml: the run's own build
+    assert cmd[cmd.index("--workdir") + 1] == str((tmp_path / "wd").resolve()) and cmd[-1] == "--dry-run"

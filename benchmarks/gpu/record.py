@@ -149,8 +149,10 @@ def _peer(call: "Call", rec: Record) -> int:
     dry = [] if this_card("cpu") != "cpu" else ["--dry-run"]
     if dry:
         print("peer_route: no GPU here, speculators' --dry-run (its head built and saved untrained)", flush=True)
-    return call.run([sys.executable, str(REPO / "benchmarks/peer_route.py"), "--configfile",
-                     *(str(REPO / f) for f in base), "--out", PEER_DIR, *dry], "peer_route")
+    # --configfile once per file (peer_route.py appends them; a second file after one flag was read as a train flag)
+    files = [x for f in base for x in ("--configfile", str(REPO / f))]
+    return call.run([sys.executable, str(REPO / "benchmarks/peer_route.py"), *files, "--workdir", str(call.workdir),
+                     "--out", PEER_DIR, *dry], "peer_route")
 
 
 PREFLIGHT = "results/{run}/preflight.json"
