@@ -4,12 +4,14 @@
 # `make check`: the fast loop (minutes): the unit, contract, plan and lint tests; no build, no vLLM engine, no
 #   cluster, no container (CHECK_MARKERS: the markers of pyproject.toml; tests/conftest.py marks every test that
 #   uses the reduced build e2e); tests/run_suite.sh check, two pytest processes side by side (test files a-n; o-z).
+# `make rehearse`: the recipe-based GPU records (benchmarks/gpu/record.py recipe-set) rehearsed on this CPU as one
+#   sequence before a card lease (tests marked lease, ~9 min on 2 cores; not in make test).
 # `make lint`: snakemake --lint, ruff check, snakefmt --check (pyproject.toml has their settings).
 # `make install-gpu`: the CUDA route (vLLM 0.33.0, torch 2.14.0+cu130) into .venv-gpu; docs/gpus.md.
 CORES ?= 2
-CHECK_MARKERS = not e2e and not vllm and not slurm and not slow
+CHECK_MARKERS = not e2e and not vllm and not slurm and not slow and not lease
 
-.PHONY: install install-gpu run test check lint
+.PHONY: install install-gpu run test check lint rehearse
 install:
 	./install.sh
 
@@ -24,6 +26,9 @@ test: install
 
 check: install
 	CHECK_MARKERS="$(CHECK_MARKERS)" tests/run_suite.sh check
+
+rehearse: install
+	.venv/bin/pytest -q -rs -m lease tests
 
 lint: install
 	.venv/bin/snakemake --lint
