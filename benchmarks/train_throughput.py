@@ -115,8 +115,8 @@ def compute_only(args, d: Path, shards: dict, steps: int = 20) -> dict:
     d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     model = train_draft.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", args.device,
                                     trust_remote_code=False)
-    b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed, noise_std=0.0,
-                dequantize_on_device=True)
+    b = Batches([shards["train"]], BatchLayout(args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed,
+                                               noise_std=0.0, dequantize_on_device=True))
     batch = b.to_device(b.load(b.epoch(0)[0][0]), args.device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
     call = {"ttt_steps": args.ttt_steps, "ttt_step_loss_decay": 1.0,
@@ -166,8 +166,9 @@ def loader_only(args, shards: dict, steps: int = 40) -> dict:
     and pinning on CUDA) on this thread alone: the loader's cost, which overlaps the trainer's only where the
     background thread gets the interpreter."""
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, dtype, args.seed, noise_std=0.0,
-                dequantize_on_device=args.device.startswith("cuda") and not args.host_dequantize)
+    b = Batches([shards["train"]], BatchLayout(args.total_seq_len, args.hidden, 3, dtype, args.seed, noise_std=0.0,
+                                               dequantize_on_device=args.device.startswith("cuda")
+                                               and not args.host_dequantize))
     plan = b.epoch(0)[:steps]
     pin = torch.cuda.is_available() and args.device.startswith("cuda")
     t = time.perf_counter()

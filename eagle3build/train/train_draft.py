@@ -157,8 +157,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
         train_b = online_data.OnlineBatches(on, "train", target, train_layout)
         eval_b = online_data.OnlineBatches(on, "eval", target, eval_layout) if on.num_eval > 0 else None
     else:
-        train_b = Batches.for_layout(inputs.train_shards, train_layout)
-        eval_b = Batches.for_layout(inputs.eval_shards, eval_layout) if inputs.eval_shards else None
+        train_b = Batches(inputs.train_shards, train_layout)
+        eval_b = Batches(inputs.eval_shards, eval_layout) if inputs.eval_shards else None
     steps_per_epoch = train_b.steps_per_epoch()
     if steps_per_epoch == 0:
         raise ValueError(f"no training batch can be formed from {inputs.train_shards} for {world} rank(s)")
