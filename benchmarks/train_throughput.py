@@ -324,14 +324,16 @@ def main() -> None:
         torch._dynamo.config.cache_size_limit = 64
         torch._dynamo.config.accumulated_cache_size_limit = 512
         # Warm-up (untimed): compile before either timed run, so neither pays for it.
-        train_draft.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"),
-                          str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(d / "warmup"),
-                          epochs=1, max_steps=4, total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps,
-                          head_variant="eagle3.1", loss_implementation=args.loss, device=args.device)
-    m = train_draft.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"),
-                          str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(d / "ours"),
-                          epochs=args.epochs, lr=args.lr, total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps,
-                          seed=args.seed, head_variant="eagle3.1", loss_implementation=args.loss, device=args.device,
+        train_draft.train(target_dir=str(d / "target"), train_shards=[shards["train"]], eval_shards=[shards["eval"]],
+                          d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
+                          decisions_json=str(d / "decisions.json"), out_dir=str(d / "warmup"), epochs=1, max_steps=4,
+                          total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps, head_variant="eagle3.1",
+                          loss_implementation=args.loss, device=args.device)
+    m = train_draft.train(target_dir=str(d / "target"), train_shards=[shards["train"]], eval_shards=[shards["eval"]],
+                          d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
+                          decisions_json=str(d / "decisions.json"), out_dir=str(d / "ours"), epochs=args.epochs,
+                          lr=args.lr, total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps, seed=args.seed,
+                          head_variant="eagle3.1", loss_implementation=args.loss, device=args.device,
                           ttt_step_loss_decay=args.ttt_step_loss_decay, checkpoint_every=args.checkpoint_every)
     fpt = m["flops_per_token"]
     res = {

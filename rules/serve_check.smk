@@ -28,6 +28,7 @@ rule serve_check:
         runtime=res("serve", "runtime"),
     params:
         **stage_params("serve_check"),
+        serve_dir=lambda w, input: os.path.dirname(input.serve_yaml),
         server_log=lambda w, output: SERVE_SERVER_LOG,
         settings=job_settings_param("serve_check"),
     script:

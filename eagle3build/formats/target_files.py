@@ -180,6 +180,12 @@ def planning_config(path: str | os.PathLike, bundled: str | None = None) -> tupl
 EAGLE3_MIN_LAYERS = 7
 
 
+def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
+    """How many aux layers a head reads for ``capture.aux_layer_ids``: 3 for ``auto`` (``default_aux_layer_ids``),
+    else the ids' count."""
+    return 3 if aux_layer_ids == "auto" else len(aux_layer_ids)
+
+
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """The aux layers a head reads where ``capture.aux_layer_ids`` is ``auto``: EAGLE-3's ``[2, N//2, N-3]`` (vLLM's
     and speculators' default; EAGLE-3, arXiv 2503.01840) for ``N`` >= 7 decoder layers; below that, where those would

@@ -245,7 +245,7 @@ CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 def engine_core_in_process(engine: dict) -> bool:
     """Whether ``engine`` (``engine_args``) is a CPU engine of one stage, whose engine core runs in its child."""
-    return engine.get("distributed_executor_backend") == CPU_EXECUTOR and engine.get("pipeline_parallel_size", 1) == 1
+    return engine.get("distributed_executor_backend") == CPU_EXECUTOR and engine.get("pipeline_parallel_size") in (None, 1)
 
 
 
