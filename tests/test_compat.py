@@ -41,7 +41,8 @@ def test_the_compat_report_records_the_shallow_targets_aux_rule(tiny_target, tmp
     """A 6-layer target builds without a setting: auto takes [1, 3, 4] and the report says why."""
     from eagle3build.compat.compat_render import render_markdown
 
-    rep = cr.build_report(cr.CompatSettings(target_dir=str(tiny_target), results_dir=str(tmp_path / "res"), backend="hooks"))
+    rep = cr.build_report(cr.CompatSettings(target_dir=str(tiny_target), results_dir=str(tmp_path / "res"),
+                                            backend="hooks"))
     c = rep["capture"]
     assert c["aux_layer_ids"] == [1, 3, 4] and "a shallow target (6 layers" in c["aux_layer_ids_rule"]
     assert "(recommended [1, 3, 4]: a shallow target (6 layers" in render_markdown(rep)

@@ -32,7 +32,8 @@ RULE_STAGES = {"compat_markdown": "compat_report"}
 # Each settings object of a stage and the stage whose settings fill its config fields: the one each stage's contract
 # names (13), the rules' of RULE_ENTRIES, and train_draft's section object TrainConfig.
 SETTINGS = {**{attribute(c.settings): stage for stage, c in CONTRACTS.items()},
-            **{attribute(e.settings): RULE_STAGES[rule] for rule, e in RULE_ENTRIES.items()}, TrainConfig: "train_draft"}
+            **{attribute(e.settings): RULE_STAGES[rule] for rule, e in RULE_ENTRIES.items()},
+            TrainConfig: "train_draft"}
 STAGE_DIRS = sorted({REPO / "eagle3build" / g for g in STAGE_GROUPS.values()})
 MODULES = sorted((REPO / "eagle3build").rglob("*.py"))  # every module of the package
 # The defaults that may equal a declared key's: (module, function, parameter) -> why it is no copy. Only the floor
@@ -92,7 +93,8 @@ def _definitions(tree: ast.AST, outer: str = ""):
             yield from _definitions(node, outer)
 
 
-# Calls that read a value with a default in its place: ``opts.get("port", 8000)``, ``d.pop(k, v)``, ``getattr(o, k, v)``.
+# Calls that read a value with a default in its place: ``opts.get("port", 8000)``, ``d.pop(k, v)``,
+# ``getattr(o, k, v)``.
 DEFAULTING_CALLS = ("get", "pop", "setdefault", "getattr")
 
 

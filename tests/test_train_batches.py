@@ -69,6 +69,7 @@ def test_rows_stay_unpacked_with_noise_or_without_fp8(tmp_path):
     fp8 = _shard(tmp_path / "a.safetensors", "float8_e4m3fn")
     bf16 = _shard(tmp_path / "b.safetensors", "bfloat16")
     for paths, noise in (([fp8], 0.1), ([bf16], 0.0), ([fp8, bf16], 0.0)):
-        assert not Batches(paths, BatchLayout(96, H, A, torch.bfloat16, 0, noise_std=noise, dequantize_on_device=True)).packed
+        layout = BatchLayout(96, H, A, torch.bfloat16, 0, noise_std=noise, dequantize_on_device=True)
+        assert not Batches(paths, layout).packed
     with pytest.raises(ValueError, match=r"b\.safetensors: storage bfloat16, not float8_e4m3fn"):
         ShardReader(bf16).packed(0)

@@ -188,8 +188,9 @@ def decide_backend(requested: str, probes: dict[str, Probe], target: dict | None
     "num_train_samples": "capture.num_train_samples", "num_eval_samples": "capture.num_eval_samples",
     "target_memory_fraction": "capture.online.target_memory_fraction", "max_seq_len": "data.max_seq_len",
     "trust_remote_code": "target.trust_remote_code", "head_variant": "train.head_variant",
-    "total_seq_len": "train.total_seq_len", "ttt_steps": "train.ttt_steps", "draft_vocab_size": "vocab.draft_vocab_size",
-    "gpu_memory_gb": "resources.gpu_memory_gb", "gpus_per_node": "resources.gpus_per_node",
+    "total_seq_len": "train.total_seq_len", "ttt_steps": "train.ttt_steps",
+    "draft_vocab_size": "vocab.draft_vocab_size", "gpu_memory_gb": "resources.gpu_memory_gb",
+    "gpus_per_node": "resources.gpus_per_node",
     "capture_gpus": "resources.capture.gpu", "serve_gpus": "resources.serve.gpu", "train_gpus": "resources.train.gpu",
 })
 class CompatSettings:

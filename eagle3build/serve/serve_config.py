@@ -138,8 +138,9 @@ def speculators_route(head: Head) -> dict:
 
 
 @config_fields({
-    "serve_gpus": "resources.serve.gpu", "served_name": "target.served_name", "max_model_len": "benchmark.max_model_len",
-    "seed": "benchmark.seed", "dtype": "target.serve_dtype", "pipeline_parallel_size": "target.pipeline_parallel_size",
+    "serve_gpus": "resources.serve.gpu", "served_name": "target.served_name",
+    "max_model_len": "benchmark.max_model_len", "seed": "benchmark.seed", "dtype": "target.serve_dtype",
+    "pipeline_parallel_size": "target.pipeline_parallel_size",
     "trust_remote_code": "target.trust_remote_code", "port": "serve.port", "offline": "target.offline",
 })
 class ServeConfigSettings:

@@ -1,5 +1,8 @@
 """Set-up shared by the workflow's jobs: one log file per job, offline mode, thread count; and the one
-adapter's call of a stage's entry (``run_stage``).
+adapter's call of a stage's entry (``run_stage``) with the stage's settings object made from the job
+(``stage_settings``: its config fields from the job's ``contract.StageSettings``, its own fields from the job's
+named inputs, outputs, params, wildcards, resources and decisions.json as the contract's ``from_job`` says,
+``job_fields``).
 
 ``setup(snakemake)`` points Python logging *and* the process's stdout/stderr file
 descriptors at the rule's log, so output of C extensions and of child processes (vLLM's
@@ -66,13 +69,6 @@ def setup(smk) -> logging.Logger:
     torch.set_num_threads(max(1, int(smk.threads)))
     log.info("job %s: %d thread(s), offline=%s", getattr(smk, "rule", "?"), smk.threads, offline)
     return log
-
-
-# The parts of a job (``run_stage``'s arguments) a settings object's own fields come from (``job_fields.CHANNELS``:
-# these, and ``decisions``, read from the ``decisions`` input): the job's named input and output files (a path, or a
-# list of paths for an input that is a list), its params (derived paths such as ``target_dir``, computed triggers
-# such as ``prepare_data``'s ``sources``), its wildcards and its resources (``gpu``: the GPUs it holds).
-JOB_ARGUMENTS = ("inputs", "outputs", "params", "wildcards", "resources")
 
 
 def _paths(named: Any) -> dict[str, str | list[str]]:

@@ -68,8 +68,8 @@ def result_screen(res: str | os.PathLike) -> str | None:
     served = f"served at k {k}" if k is not None else "serving files not written yet"
     lines = [f"Result of run {res.name} ({res}/):",
              f"  {head} ({res / 'head'}), {served}",
-             f"  the target alone: {base.get('output_tokens_per_s', 0):.2f} output tokens/s; {s.get('concurrency', '?')} "
-             f"request(s) in flight, {s.get('num_prompts', '?')} prompts a set, greedy"]
+             f"  the target alone: {base.get('output_tokens_per_s', 0):.2f} output tokens/s; "
+             f"{s.get('concurrency', '?')} request(s) in flight, {s.get('num_prompts', '?')} prompts a set, greedy"]
     for r in benchmark_runs(bench):
         lines += _run_lines(r)
     lines.append(f"  report: {res / 'report' / 'benchmark.png'}; figures: {res / 'benchmark.json'}")
