@@ -97,7 +97,7 @@ def test_settings_come_with_sorted_mapping_keys():
 
 
 def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
-    """rules/common.smk's check_contracts, run by the Snakefile at every parse."""
+    """workflow.plan.check_rules, run by the Snakefile at every parse."""
     import os
     import shutil
     import subprocess

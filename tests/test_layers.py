@@ -194,8 +194,8 @@ def test_vllm_imports_nothing_of_workflow():
 def test_a_floor_module_serves_several_subpackages():
     """A module that one stage subpackage's modules use alone lives in that subpackage; the floor holds modules
     of two or more, and tools that no stage imports (``workflow.lockcheck``, a command-line check;
-    ``workflow.missing``, read by rules/common.smk; ``config.errors``, the Snakefile's; ``workflow.job`` and its
-    ``workflow.gpu_slots``, the one adapter's, scripts/run_stage.py)."""
+    ``workflow.missing``, ``workflow.plan`` and ``config.errors``, the Snakefile's and rules/common.smk's;
+    ``workflow.job`` and its ``workflow.gpu_slots``, the one adapter's, scripts/run_stage.py)."""
     sources = package_sources()
     modules = set(sources)
     imports = {m: package_imports(s, m, modules) for m, s in sources.items()}

@@ -4,7 +4,7 @@
 ``rules/<stage>.smk`` and ``eagle3build/<group>/<stage>.py``; every rule's ``script:`` is the one adapter,
 scripts/run_stage.py):
 
-- ``inputs``: the names of the rule's input files (rules/common.smk checks each rule against them
+- ``inputs``: the names of the rule's input files (``plan.check_rules`` checks each rule against them
   when the workflow is parsed);
 - ``params``: the rule's rerun-trigger params (``Param``: a name, the config keys its value is made
   from, the function that makes it), which rules/common.smk builds (``stage_params``, ``param_value``);
