@@ -17,7 +17,7 @@ configfile: f"{workflow.basedir}/config.yaml"
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
 from eagle3build.config import errors, spec
-from eagle3build.workflow import summary
+from eagle3build.workflow import missing, plan, summary
 
 # A config written before a key was renamed still runs: its old key moves to the new path (spec.RENAMED).
 for old, new in spec.upgrade(config):
@@ -49,8 +49,8 @@ include: "rules/serve_config.smk"
 include: "rules/serve_check.smk"
 
 
-# Every stage rule's inputs are those of its contract (eagle3build.workflow.contract), checked at every parse.
-check_contracts(rules)
+# Every rule against its stage's contract (eagle3build.workflow.contract), checked at every parse.
+plan.check_rules(rules)
 
 
 report: "report/workflow.rst"
@@ -99,4 +99,5 @@ if workflow.is_main_process:
 # (docs/staleness.md); after rule all, whose inputs Snakemake plans when missing. Only where the plan is made,
 # not in a job's own Snakemake (a cluster job parses the Snakefile again, while its output is still missing).
 if workflow.is_main_process:
-    warn_missing_intermediates(workflow.rules)
+    for line in missing.workflow_messages(workflow.rules):
+        logger.warning(line)

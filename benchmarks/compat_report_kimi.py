@@ -32,8 +32,10 @@ def main() -> None:
     t_import = time.perf_counter() - T0
     with tempfile.TemporaryDirectory() as tmp:
         t1 = time.perf_counter()
-        r = compat_report.build_report(args.target, tmp, backend=args.backend, planned_tokens=100_000, gpu_memory_gb=96,
-                                       gpus_per_node=8, job_gpus={"capture": 8, "serve": 8})
+        # 100,000 planned tokens (one a sample) on 8 cards of 96 GB
+        r = compat_report.build_report(compat_report.CompatSettings(
+            target_dir=args.target, results_dir=tmp, backend=args.backend, num_train_samples=100_000,
+            num_eval_samples=0, max_seq_len=1, gpu_memory_gb=96, gpus_per_node=8, capture_gpus=8, serve_gpus=8))
         compat_report.write(r, f"{tmp}/compat.json", f"{tmp}/compat.md")
         t_report = time.perf_counter() - t1
         md = Path(f"{tmp}/compat.md").read_text()

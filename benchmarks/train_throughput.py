@@ -115,8 +115,8 @@ def compute_only(args, d: Path, shards: dict, steps: int = 20) -> dict:
     d2t, t2d, _ = vocab_map.load(d / "d2t.npy", d / "t2d.npy", d / "vocab.json")
     model = train_draft.build_model(str(d / "target"), [2, 16, 29], d2t, t2d, args.ttt_steps, "eagle3.1", args.device,
                                     trust_remote_code=False)
-    b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed, noise_std=0.0,
-                dequantize_on_device=True)
+    b = Batches([shards["train"]], BatchLayout(args.total_seq_len, args.hidden, 3, torch.bfloat16, args.seed,
+                                               noise_std=0.0, dequantize_on_device=True))
     batch = b.to_device(b.load(b.epoch(0)[0][0]), args.device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
     call = {"ttt_steps": args.ttt_steps, "ttt_step_loss_decay": 1.0,
@@ -174,8 +174,9 @@ def loader_only(args, shards: dict, steps: int = 40) -> dict:
     and pinning on CUDA) on this thread alone: the loader's cost, which overlaps the trainer's only where the
     background thread gets the interpreter."""
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    b = Batches([shards["train"]], args.total_seq_len, args.hidden, 3, dtype, args.seed, noise_std=0.0,
-                dequantize_on_device=args.device.startswith("cuda") and not args.host_dequantize)
+    b = Batches([shards["train"]], BatchLayout(args.total_seq_len, args.hidden, 3, dtype, args.seed, noise_std=0.0,
+                                               dequantize_on_device=args.device.startswith("cuda")
+                                               and not args.host_dequantize))
     plan = b.epoch(0)[:steps]
     pin = torch.cuda.is_available() and args.device.startswith("cuda")
     t = time.perf_counter()
@@ -331,14 +332,16 @@ def main() -> None:
         torch._dynamo.config.cache_size_limit = 64
         torch._dynamo.config.accumulated_cache_size_limit = 512
         # Warm-up (untimed): compile before either timed run, so neither pays for it.
-        train_draft.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"),
-                          str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(d / "warmup"),
-                          epochs=1, max_steps=4, total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps,
-                          head_variant="eagle3.1", loss_implementation=args.loss, device=args.device)
-    m = train_draft.train(str(d / "target"), [shards["train"]], [shards["eval"]], str(d / "d2t.npy"),
-                          str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(d / "ours"),
-                          epochs=args.epochs, lr=args.lr, total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps,
-                          seed=args.seed, head_variant="eagle3.1", loss_implementation=args.loss, device=args.device,
+        train_draft.train(target_dir=str(d / "target"), train_shards=[shards["train"]], eval_shards=[shards["eval"]],
+                          d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
+                          decisions_json=str(d / "decisions.json"), out_dir=str(d / "warmup"), epochs=1, max_steps=4,
+                          total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps, head_variant="eagle3.1",
+                          loss_implementation=args.loss, device=args.device)
+    m = train_draft.train(target_dir=str(d / "target"), train_shards=[shards["train"]], eval_shards=[shards["eval"]],
+                          d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
+                          decisions_json=str(d / "decisions.json"), out_dir=str(d / "ours"), epochs=args.epochs,
+                          lr=args.lr, total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps, seed=args.seed,
+                          head_variant="eagle3.1", loss_implementation=args.loss, device=args.device,
                           ttt_step_loss_decay=args.ttt_step_loss_decay, checkpoint_every=args.checkpoint_every)
     fpt = m["flops_per_token"]
     res = {

@@ -10,15 +10,15 @@ rule capture_hidden_states:
         f"{LOGS}/capture_hidden_states/{{split}}-{{shard}}.log",
     benchmark:
         f"{BENCH}/capture_hidden_states/{{split}}-{{shard}}.tsv"
-    retries: VLLM_RETRIES if capture_may_use_vllm() else 0
+    retries: VLLM_RETRIES if PLAN.capture_vllm else 0
     conda:
         "../envs/eagle3build.yaml"
     threads: config["resources"]["capture"]["threads"]
     resources:
-        **gpu_model_res("capture"),
-        **engine_layout_res("capture", capture_may_use_vllm()),
+        **plan.gpu_model_resources(config, "capture"),
+        **plan.engine_layout_resources(config, "capture", PLAN.capture_vllm),
         gpu=res("capture", "gpu"),
-        mem_mb=attempt_mem_mb(res("capture", "mem_mb")) if capture_may_use_vllm() else res("capture", "mem_mb"),
+        mem_mb=attempt_mem_mb(res("capture", "mem_mb")) if PLAN.capture_vllm else res("capture", "mem_mb"),
         runtime=res("capture", "runtime"),
     params:
         **stage_params("capture_hidden_states"),

@@ -55,8 +55,8 @@ rule preflight_bound:
         "../envs/eagle3build.yaml"
     threads: config["resources"]["serve"]["threads"]
     resources:
-        **gpu_model_res("serve"),
-        **engine_layout_res("serve"),
+        **plan.gpu_model_resources(config, "serve"),
+        **plan.engine_layout_resources(config, "serve"),
         gpu=res("serve", "gpu"),
         mem_mb=attempt_mem_mb(res("serve", "mem_mb")),
         runtime=res("serve", "runtime"),

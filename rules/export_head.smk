@@ -11,17 +11,17 @@ rule export_head:
         meta=f"{RES}/head/head_meta.json",
     log:
         f"{LOGS}/export_head.log",
-    retries: VLLM_RETRIES if config["export"]["vllm_load_check"] != "never" else 0
+    retries: VLLM_RETRIES if PLAN.export_vllm else 0
     conda:
         "../envs/eagle3build.yaml"
-    # The vLLM load check serves the target like the benchmark does; without it, a CPU job.
-    threads: export_res("threads")
+    # The vLLM load check serves the target like the benchmark does; without it, a CPU job (plan.export_resources).
+    threads: PLAN.export_resources["threads"]
     resources:
-        **gpu_model_res("serve" if config["export"]["vllm_load_check"] != "never" else None),
-        **engine_layout_res("serve", config["export"]["vllm_load_check"] != "never"),
-        gpu=export_res("gpu"),
-        mem_mb=attempt_mem_mb(export_res("mem_mb")),
-        runtime=export_res("runtime"),
+        **plan.gpu_model_resources(config, "serve" if PLAN.export_vllm else None),
+        **plan.engine_layout_resources(config, "serve", PLAN.export_vllm),
+        gpu=PLAN.export_resources["gpu"],
+        mem_mb=attempt_mem_mb(PLAN.export_resources["mem_mb"]),
+        runtime=PLAN.export_resources["runtime"],
     params:
         **stage_params("export_head"),
         checkpoint_dir=lambda w, input: os.path.dirname(input.checkpoint),

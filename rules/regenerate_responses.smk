@@ -14,8 +14,8 @@ rule regenerate_responses:
         "../envs/eagle3build.yaml"
     threads: config["resources"]["serve"]["threads"]
     resources:
-        **gpu_model_res("serve"),
-        **engine_layout_res("serve", config["data"]["regenerate"]["backend"] != "transformers"),
+        **plan.gpu_model_resources(config, "serve"),
+        **plan.engine_layout_resources(config, "serve", config["data"]["regenerate"]["backend"] != "transformers"),
         gpu=res("serve", "gpu"),
         mem_mb=attempt_mem_mb(res("serve", "mem_mb")),
         runtime=res("serve", "runtime"),

@@ -21,13 +21,14 @@ rule serve_check:
         "../envs/eagle3build.yaml"
     threads: config["resources"]["serve"]["threads"]
     resources:
-        **gpu_model_res("serve"),
-        **engine_layout_res("serve"),
+        **plan.gpu_model_resources(config, "serve"),
+        **plan.engine_layout_resources(config, "serve"),
         gpu=res("serve", "gpu"),
         mem_mb=res("serve", "mem_mb"),
         runtime=res("serve", "runtime"),
     params:
         **stage_params("serve_check"),
+        serve_dir=lambda w, input: os.path.dirname(input.serve_yaml),
         server_log=lambda w, output: SERVE_SERVER_LOG,
         settings=job_settings_param("serve_check"),
     script:

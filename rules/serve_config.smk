@@ -18,6 +18,8 @@ rule serve_config:
     params:
         **stage_params("serve_config"),
         target_dir=target_dir,
+        head_dir=lambda w, input: os.path.dirname(input.head_config),
+        out_dir=lambda w, output: os.path.dirname(output.yaml),
         settings=job_settings_param("serve_config"),
     script:
         "../scripts/run_stage.py"

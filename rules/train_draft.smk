@@ -21,9 +21,9 @@ rule train_draft:
         "../envs/eagle3build.yaml"
     threads: config["resources"]["train"]["threads"]
     resources:
-        **gpu_model_res("train"),
+        **plan.gpu_model_resources(config, "train"),
         # online: the capture engine beside the trainer, on the job's GPUs
-        **engine_layout_res("train", ONLINE and capture_may_use_vllm()),
+        **plan.engine_layout_resources(config, "train", ONLINE and PLAN.capture_vllm),
         gpu=res("train", "gpu"),
         mem_mb=res("train", "mem_mb"),
         runtime=res("train", "runtime"),

@@ -114,9 +114,9 @@ def test_the_adapter_only_unpacks_and_calls_one_library_function():
 
 
 def test_a_failed_job_ends_its_log_with_one_line_naming_its_error(tmp_path, monkeypatch):
-    """job.main (the adapter's one call): the entry gets the parts of ``snakemake`` by name; where it raises, the
-    traceback is logged and then the error as one line, the log's last (the rule, the type, the message on one line:
-    what the build's end prints for it, workflow/summary.py), and the job exits 1."""
+    """job.main (the adapter's one call): the entry gets its settings object, made from the parts of ``snakemake``;
+    where it raises, the traceback is logged and then the error as one line, the log's last (the rule, the type, the
+    message on one line: what the build's end prints for it, workflow/summary.py), and the job exits 1."""
     import logging
     import sys
     import types
@@ -125,8 +125,8 @@ def test_a_failed_job_ends_its_log_with_one_line_naming_its_error(tmp_path, monk
 
     seen = {}
 
-    def entry(inputs, params):
-        seen.update(inputs=inputs, params=params)
+    def entry(s):
+        seen.update(benchmark_json=s.benchmark_json, out_png=s.out_png)
         raise ValueError("target has 6 decoder layers;\n  default aux ids need 7 (set capture.aux_layer_ids)")
 
     log = tmp_path / "job.log"
@@ -139,30 +139,27 @@ def test_a_failed_job_ends_its_log_with_one_line_naming_its_error(tmp_path, monk
 
     monkeypatch.setattr(job, "entry_function", lambda rule: entry)
     monkeypatch.setattr(job, "setup", setup)
-    smk = types.SimpleNamespace(rule="compat_report", input={"tokens": "t.safetensors"}, output={}, wildcards={},
-                                params={"settings": {}, "target_dir": "tgt"}, resources={}, log=[str(log)])
+    smk = types.SimpleNamespace(rule="plot_benchmark", input={"benchmark": "b.json"}, output={"png": "b.png"},
+                                wildcards={}, params={"settings": {}, "version": 1}, resources={}, log=[str(log)])
     with pytest.raises(SystemExit) as e:
         job.main(smk)
     sys.stderr.close()
     logging.getLogger("test-job").handlers[0].close()
-    assert e.value.code == 1 and seen == {"inputs": {"tokens": "t.safetensors"}, "params": {"target_dir": "tgt"}}
+    assert e.value.code == 1 and seen == {"benchmark_json": "b.json", "out_png": "b.png"}
     text = log.read_text()
     assert "Traceback (most recent call last)" in text
-    want = ("compat_report failed: ValueError: target has 6 decoder layers; default aux ids need 7 "
+    want = ("plot_benchmark failed: ValueError: target has 6 decoder layers; default aux ids need 7 "
             "(set capture.aux_layer_ids)")
     assert text.splitlines()[-1] == want and summary.error_line(log) == want
 
 
-def test_run_stage_calls_the_entry_with_what_it_names(tmp_path):
-    """Without Snakemake: mappings in, the entry's arguments by name (here plot_benchmark's ``inputs`` and
-    ``outputs``), the settings taken out of the params; an entry taking another argument is refused."""
+def test_run_stage_calls_the_entry_with_its_settings_object(tmp_path):
+    """Without Snakemake: mappings in (or a Snakemake ``Namedlist``'s shape), the entry called with one settings object
+    (here plot_benchmark's ``PlotSettings``: its ``inputs`` and ``outputs``), the settings taken out of the params."""
+    from eagle3build.serve.plot_benchmark import PlotSettings
     from eagle3build.workflow import job
 
     calls = []
-
-    def fake_entry(inputs, outputs, settings):
-        calls.append((inputs, outputs, settings))
-        return "done"
 
     class Named(list):  # a Snakemake Namedlist's shape: a list with named items
         def __init__(self, items):
@@ -173,17 +170,13 @@ def test_run_stage_calls_the_entry_with_what_it_names(tmp_path):
             return iter(self._items)
 
     orig = job.entry_function
-    job.entry_function = lambda rule: fake_entry
+    job.entry_function = lambda rule: lambda s: calls.append(s) or "done"
     try:
         out = job.run_stage("plot_benchmark", inputs=Named([("benchmark", "r/benchmark.json"),
                                                             ("target", Named([("a", "t/a"), ("b", "t/b")]))]),
-                            outputs={"png": tmp_path / "b.png"}, params={"settings": "S", "version": 1})
+                            outputs={"png": tmp_path / "b.png"}, params={"settings": {}, "version": 1})
         assert out == "done"
-        assert calls == [({"benchmark": "r/benchmark.json", "target": ["t/a", "t/b"]},
-                          {"png": str(tmp_path / "b.png")}, "S")]
-        job.entry_function = lambda rule: lambda inputs, device: None
-        with pytest.raises(TypeError, match=r"takes \['device'\]"):
-            job.run_stage("plot_benchmark", inputs={})
+        assert calls == [PlotSettings(benchmark_json="r/benchmark.json", out_png=str(tmp_path / "b.png"))]
     finally:
         job.entry_function = orig
     assert job.entry_function("compat_markdown").__name__ == "markdown_job"

@@ -41,7 +41,8 @@ def test_the_compat_report_records_the_shallow_targets_aux_rule(tiny_target, tmp
     """A 6-layer target builds without a setting: auto takes [1, 3, 4] and the report says why."""
     from eagle3build.compat.compat_render import render_markdown
 
-    rep = cr.build_report(str(tiny_target), str(tmp_path / "res"), backend="hooks")
+    rep = cr.build_report(cr.CompatSettings(target_dir=str(tiny_target), results_dir=str(tmp_path / "res"),
+                                            backend="hooks"))
     c = rep["capture"]
     assert c["aux_layer_ids"] == [1, 3, 4] and "a shallow target (6 layers" in c["aux_layer_ids_rule"]
     assert "(recommended [1, 3, 4]: a shallow target (6 layers" in render_markdown(rep)
@@ -103,7 +104,7 @@ def test_smol_report_does_not_start_an_engine(tmp_path, smol_target, monkeypatch
         raise AssertionError("the vLLM capture probe must not run for a small dense target under auto")
 
     monkeypatch.setattr(cr, "probe_vllm_capture", no_engine)
-    r = cr.build_report(str(smol_target), str(tmp_path / "res"))
+    r = cr.build_report(cr.CompatSettings(target_dir=str(smol_target), results_dir=str(tmp_path / "res")))
     c = r["capture"]
     assert c["backend"] == "hooks" and "vllm_capture_smoke" not in r["probes"]
     assert c["vllm_capture_probe"]["run"] is False

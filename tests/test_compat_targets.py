@@ -71,12 +71,19 @@ def test_kimi_k25_shape(tmp_path):
     assert "asks for 4 GPU(s)" in g["jobs"]["capture"]["message"] and "need 8" in g["jobs"]["capture"]["message"]
 
 
+def kimi_settings(tmp_path, num_train_samples: int) -> cr.CompatSettings:
+    """The Kimi-K2.5 shape's report on 8 cards of 96 GB, hooks backend (no vLLM capture probe: no engine), planning
+    ``num_train_samples`` tokens (one token a sample, no eval samples)."""
+    return cr.CompatSettings(target_dir=str(KIMI), results_dir=str(tmp_path / "results"), backend="hooks",
+                             num_train_samples=num_train_samples, num_eval_samples=0, max_seq_len=1, gpu_memory_gb=96,
+                             gpus_per_node=8, capture_gpus=8, serve_gpus=8)
+
+
 def test_kimi_full_report_matches_schema(tmp_path):
     """The whole report of the Kimi-K2.5 shape against its schema. Backend hooks: no vLLM capture probe, whose
     engine start a report with the probe run is validated for in test_vllm_capture.py
     (test_compat_picks_vllm_for_moe_target_where_the_probe_passes) and the kimi-mla record's rehearsal."""
-    r = cr.build_report(str(KIMI), str(tmp_path / "results"), planned_tokens=1000, gpu_memory_gb=96, gpus_per_node=8,
-                        job_gpus={"capture": 8, "serve": 8}, backend="hooks")
+    r = cr.build_report(kimi_settings(tmp_path, num_train_samples=1000))
     jsonschema.validate(r, json.loads((REPO / "eagle3build/schemas/compat.schema.json").read_text()))
     assert r["capture"]["aux_layer_ids"] == [2, 30, 58] and r["capture"]["bytes_per_token"] == 57_344
     assert r["plans"]["disk"]["needed_bytes"] == 57_344 * 1000
@@ -94,8 +101,7 @@ def test_disk_upper_bound_warns_and_the_capture_refuses_on_real_token_counts(tmp
 
     from eagle3build.capture.capture_hidden_states import check_disk_for_split
 
-    r = cr.build_report(str(KIMI), str(tmp_path / "results"), planned_tokens=10**12, gpu_memory_gb=96, gpus_per_node=8,
-                        job_gpus={"capture": 8, "serve": 8}, backend="hooks")  # no vLLM capture probe: no engine
+    r = cr.build_report(kimi_settings(tmp_path, num_train_samples=10**12))  # no vLLM capture probe: no engine
     disk = r["plans"]["disk"]
     assert disk["status"] == "warn" and disk["upper_bound"] and "plan_disk" not in r["hard_failures"]
     assert disk["message"].startswith("hidden states need at most 57344000.00 GB") and "upper bound" in disk["message"]

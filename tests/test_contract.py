@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3build.workflow.contract import CONTRACTS, STAGE_GROUPS, Contract, Param, StageSettings, job_settings
+from eagle3build.workflow.contract import CONTRACTS, STAGE_GROUPS, Contract, Param, job_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
@@ -69,10 +69,11 @@ def test_every_stage_has_a_contract_its_entry_and_its_group():
     assert set(CONTRACTS) == set(STAGE_GROUPS) and all(s == c.stage for s, c in CONTRACTS.items())
     for stage, c in CONTRACTS.items():
         module, function = c.entry.split(":")
-        assert module == f"eagle3build.{c.group}.{stage}", c.entry
+        assert module == f"eagle3build.{c.group}.{stage}" == c.settings.split(":")[0], (c.entry, c.settings)
         tree = ast.parse((REPO / "eagle3build" / c.group / f"{stage}.py").read_text())
-        assert function == "run_job", c.entry  # one name for every stage's entry (eagle3build.workflow.job.run_stage)
+        # the entry, a function of the stage's module, and its settings class beside it (tests/test_stage_entries.py)
         assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, c.entry
+        assert c.settings.split(":")[1] in {n.name for n in tree.body if isinstance(n, ast.ClassDef)}, c.settings
         assert len({p.name for p in c.params}) == len(c.params), stage
         assert "settings" not in {p.name for p in c.params}, stage  # the job's settings param (rules/common.smk)
 
@@ -95,32 +96,8 @@ def test_settings_come_with_sorted_mapping_keys():
     assert list(job_settings("prepare_data", cfg)["data.sources"][0]) == ["max_samples", "path"]
 
 
-def _settings_keys_read(source: str, function: str = "run_job") -> set[str]:
-    """The constant keys that ``function`` of module ``source`` reads from its settings (``settings["..."]``,
-    or ``s["..."]`` after ``s = settings``)."""
-    tree = ast.parse(source)
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
-    return {n.slice.value for n in ast.walk(fn) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
-            and n.value.id in ("s", "settings") and isinstance(n.slice, ast.Constant)}
-
-
-@pytest.mark.parametrize("stage", sorted(CONTRACTS))
-def test_an_entry_reads_its_stage_settings_not_the_config(stage):
-    c = CONTRACTS[stage]
-    source = (REPO / "eagle3build" / c.group / f"{stage}.py").read_text()
-    s = job_settings(stage, CONFIG)
-    assert isinstance(s, StageSettings)
-    for key in _settings_keys_read(source):
-        s[key]  # raises KeyError for a key outside the contract
-
-
-def test_the_entry_check_reads_subscripts_of_the_settings():
-    source = 'def run_job(settings):\n    s = settings\n    f(a=s["train.lr"], b=settings["benchmark.seed"], c=p["x"])\n'
-    assert _settings_keys_read(source) == {"train.lr", "benchmark.seed"}
-
-
 def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
-    """rules/common.smk's check_contracts, run by the Snakefile at every parse."""
+    """workflow.plan.check_rules, run by the Snakefile at every parse."""
     import os
     import shutil
     import subprocess
@@ -131,15 +108,15 @@ def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp_path / part)
     contract = tmp_path / "eagle3build/workflow/contract.py"
     text = contract.read_text()
-    edited = text.replace('Stage("build_vocab_map", "train", inputs=("tokens", "decisions"),',
-                          'Stage("build_vocab_map", "train", inputs=("tokens",),')
+    edited = text.replace('Stage("preflight_bound", "compat", inputs=("target", "decisions"),',
+                          'Stage("preflight_bound", "compat", inputs=("decisions",),')
     assert edited != text
     contract.write_text(edited)
     snakemake = str(Path(sys.executable).with_name("snakemake"))
     p = subprocess.run([snakemake, "-l"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert p.returncode != 0
-    assert "the inputs of build_vocab_map, ['decisions', 'tokens'], are not its contract's ['tokens']" in p.stderr
+    assert "the inputs of preflight_bound, ['decisions', 'target'], are not its contract's ['decisions']" in p.stderr
 
 
 def test_each_param_is_made_by_its_function():

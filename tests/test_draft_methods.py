@@ -20,9 +20,11 @@ def _train(tiny_shards, tiny_target, method, out_name, options=None, **kw):
     ``draft`` argument is the JSON-able section torchrun's ranks get)."""
     d, _, _ = tiny_shards
     out = d / out_name
-    m = td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
-                 str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(out),
-                 epochs=1, max_steps=3, lr=3e-3, total_seq_len=128, seed=0, device="cpu", checkpoint_every=0,
+    m = td.train(target_dir=str(tiny_target), train_shards=[str(d / "train-shard.safetensors")],
+                 eval_shards=[str(d / "eval-shard.safetensors")], d2t_path=str(d / "d2t.npy"),
+                 t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
+                 decisions_json=str(d / "decisions.json"), out_dir=str(out), epochs=1, max_steps=3, lr=3e-3,
+                 total_seq_len=128, seed=0, device="cpu", checkpoint_every=0,
                  draft={"method": method, **({method: options} if options else {})}, **kw)
     return out, m
 
@@ -137,8 +139,9 @@ def test_export_writes_and_reloads_each_method(tiny_shards, tiny_target, trained
     d, _, _ = tiny_shards
     ck, _ = trained[method]
     head = tmp_path / "head"
-    meta = ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), head, "org/tiny-llama",
-                     str(tiny_target), vllm_load_check="never")
+    meta = ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                                       vocab_json=str(d / "vocab.json"), out_dir=head, served_name="org/tiny-llama",
+                                       target_dir=str(tiny_target), vllm_load_check="never"))
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["speculators_model_type"] == method and meta["method"] == method
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-llama"
@@ -175,8 +178,9 @@ def test_export_refuses_a_dflash_head_vllm_would_serve_causal(tiny_shards, tiny_
     cfg["sliding_window_non_causal"] = False
     (ck / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ex.ExportError, match="ck/config.json: a DFlash head must have sliding_window_non_causal true"):
-        ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/t",
-                  str(tiny_target), vllm_load_check="never")
+        ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                                    vocab_json=str(d / "vocab.json"), out_dir=tmp_path / "head", served_name="org/t",
+                                    target_dir=str(tiny_target), vllm_load_check="never"))
     assert not (tmp_path / "head").exists()
 
 
@@ -188,8 +192,9 @@ def test_export_refuses_a_method_other_than_trained(tiny_shards, tiny_target, tr
     del meta["method"]
     (ck / "train_meta.json").write_text(json.dumps(meta))
     with pytest.raises(ex.ExportError, match="config.json is a peagle head but train_meta.json says eagle3"):
-        ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/t",
-                  str(tiny_target), vllm_load_check="never")
+        ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                                    vocab_json=str(d / "vocab.json"), out_dir=tmp_path / "head", served_name="org/t",
+                                    target_dir=str(tiny_target), vllm_load_check="never"))
 
 
 def test_method_replans_training_and_what_follows_never_capture():

@@ -2,6 +2,8 @@
 report's disk estimate for them (config-only targets, inspected on the meta device)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 from smk import REPO, planned_jobs, planned_resources
@@ -84,20 +86,25 @@ def test_the_plan_shows_the_layout_the_engines_are_given(tmp_path):
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_disk_and_gpu_plan(tmp_path, name):
-    """The compat report's plans, built as compat_report.run_job builds them from the config, with the hooks backend:
+    """The compat report's plans, its settings made from the config as the job's are, with the hooks backend:
     the plans do not depend on it, and an example's ``auto`` on the Kimi MoE would start the vLLM capture probe's
     engine (~17 s; make check starts none: test_vllm_capture.py runs the probe)."""
+    from snakemake.utils import update_config
+
     from eagle3build.compat import compat_report as cr
+    from eagle3build.config import spec
+    from eagle3build.workflow.contract import job_settings
 
     _, _, bpt, aux = EXAMPLES[name]
     cfg = yaml.safe_load((REPO / f"examples/configs/{name}.yaml").read_text())
     cap, res = cfg["capture"], cfg["resources"]
     tokens = (cap["num_train_samples"] + cap["num_eval_samples"]) * cfg["data"]["max_seq_len"]
-    r = cr.build_report(str(REPO / cfg["target"]["path"]), str(tmp_path), backend="hooks",
-                        aux_layer_ids=cap["aux_layer_ids"], storage_dtype=cap["storage_dtype"],
-                        trust_remote_code=cfg["target"]["trust_remote_code"], planned_tokens=tokens,
-                        gpu_memory_gb=res["gpu_memory_gb"], gpus_per_node=res["gpus_per_node"],
-                        job_gpus={"capture": res["capture"]["gpu"], "serve": res["serve"]["gpu"]})
+    config = spec.defaults()
+    update_config(config, cfg)  # over config.yaml, as the Snakefile reads it
+    s = cr.CompatSettings.from_settings(job_settings("compat_report", config),
+                                        target_dir=str(REPO / cfg["target"]["path"]), results_dir=str(tmp_path))
+    assert s.job_gpus == {"capture": res["capture"]["gpu"], "serve": res["serve"]["gpu"]}
+    r = cr.build_report(dataclasses.replace(s, backend="hooks"))
     assert r["capture"]["aux_layer_ids"] == aux and r["capture"]["bytes_per_token"] == bpt
     disk = r["plans"]["disk"]
     assert (disk["planned_tokens"], disk["needed_bytes"]) == (tokens, bpt * tokens)

@@ -194,8 +194,8 @@ def test_vllm_imports_nothing_of_workflow():
 def test_a_floor_module_serves_several_subpackages():
     """A module that one stage subpackage's modules use alone lives in that subpackage; the floor holds modules
     of two or more, and tools that no stage imports (``workflow.lockcheck``, a command-line check;
-    ``workflow.missing``, read by rules/common.smk; ``config.errors``, the Snakefile's; ``workflow.job`` and its
-    ``workflow.gpu_slots``, the one adapter's, scripts/run_stage.py)."""
+    ``workflow.missing``, ``workflow.plan`` and ``config.errors``, the Snakefile's and rules/common.smk's;
+    ``workflow.job`` and its ``workflow.gpu_slots``, the one adapter's, scripts/run_stage.py)."""
     sources = package_sources()
     modules = set(sources)
     imports = {m: package_imports(s, m, modules) for m, s in sources.items()}
@@ -321,6 +321,53 @@ def test_no_module_is_over_600_lines():
 
 def test_the_length_check_counts_lines():
     assert long_modules({"a": "x = 1\n" * 601, "b": "x = 1\n" * 600}) == {"a": 601}
+
+
+WIDE = 10  # parameters: a function taking this many or more is a wide one
+MAX_WIDE = 4  # issue 66: 13 such functions, four of them stage entries; a stage takes one settings object now
+
+
+def wide_functions(sources: dict[str, str], limit: int = WIDE) -> dict[str, int]:
+    """``module.function`` (a method or nested function by its qualified name) -> its parameter count, for each
+    function of ``sources`` that takes ``limit`` or more: every parameter a caller may pass (``*args`` and ``**kw``
+    one each), a method's ``self`` or ``cls`` left out."""
+    out = {}
+
+    def visit(node: ast.AST, where: str) -> None:
+        for n in ast.iter_child_nodes(node):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{where}.{n.name}"
+                if not isinstance(n, ast.ClassDef):
+                    a = n.args
+                    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                    if isinstance(node, ast.ClassDef) and names[:1] in (["self"], ["cls"]):
+                        names = names[1:]
+                    count = len(names) + (a.vararg is not None) + (a.kwarg is not None)
+                    if count >= limit:
+                        out[name] = count
+                visit(n, name)
+            else:
+                visit(n, where)
+
+    for mod, src in sources.items():
+        visit(ast.parse(src), mod)
+    return out
+
+
+def test_few_functions_take_ten_parameters_or_more():
+    """At most ``MAX_WIDE`` functions of the package take ``WIDE`` parameters or more (issue 66: a stage's entry takes
+    its settings object; a run's shapes travel as one object: ``train_data.BatchLayout``, ``trainer.OnlineSettings``);
+    those left are an engine's arguments and the capture's."""
+    wide = wide_functions(package_sources())
+    assert len(wide) <= MAX_WIDE, wide
+
+
+def test_the_width_check_counts_parameters():
+    src = ("def f(a, b, c, d, e, f, g, h, i, *args, **kw):\n    pass\n\n"
+           "class C:\n    def m(self, a, b, c, d, e, f, g, h, i):\n        pass\n\n"
+           "    def n(self, a, b, c, d, e, f, g, h, i, *, j):\n        def inner(a, b, c, d, e, f, g, h, i, j):\n"
+           "            pass\n")
+    assert wide_functions({"m": src}) == {"m.f": 11, "m.C.n": 10, "m.C.n.inner": 10}
 
 
 def unresolved_imports(sources: dict[str, str]) -> list[str]:

@@ -79,16 +79,18 @@ def mla_checkpoint(kimi_shards, kimi_target):
     """The MLA head trained 3 steps (TTT 3, the default eagle3.1 variant): ``(checkpoint dir, metrics)``."""
     d = kimi_shards
     out = d / "ck-mla"
-    m = td.train(str(kimi_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
-                 str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(out),
-                 epochs=1, max_steps=3, lr=3e-3, total_seq_len=128, ttt_steps=3, seed=0, device="cpu",
-                 draft={"layer": "mla"})
+    m = td.train(target_dir=str(kimi_target), train_shards=[str(d / "train-shard.safetensors")],
+                 eval_shards=[str(d / "eval-shard.safetensors")], d2t_path=str(d / "d2t.npy"),
+                 t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
+                 decisions_json=str(d / "decisions.json"), out_dir=str(out), epochs=1, max_steps=3, lr=3e-3,
+                 total_seq_len=128, ttt_steps=3, seed=0, device="cpu", draft={"layer": "mla"})
     return out, m
 
 
 def _export(d, ck, target, head, check):
-    return ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), head, "org/kimi-tiny",
-                     str(target), dtype="float32", vllm_load_check=check)
+    return ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                                       vocab_json=str(d / "vocab.json"), out_dir=head, served_name="org/kimi-tiny",
+                                       target_dir=str(target), weights_dtype="float32", vllm_load_check=check))
 
 
 def test_mla_layer_is_speculators_eagle3_with_the_targets_mla(kimi_target):

@@ -37,6 +37,14 @@ def online_kwargs(d, target, out, tokens_per_batch=4096, **over):
     return kw
 
 
+def shapes(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, vocab: int):
+    """A config's shapes as ``budgets.draft_training_bytes`` reads them."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
+                           num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab)
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
 
@@ -184,16 +192,16 @@ def test_online_memory_split_is_planned_and_refused_with_its_numbers(tiny_shards
     # the estimate's parameter count is speculators' draft model's, built for the tiny target (eagle3.1)
     model = td.build_model(str(tiny_target), TINY_AUX, *_vocab(d), 3, "eagle3.1", "cpu", trust_remote_code=False)
     real = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    est = budgets.draft_training_bytes_for(model.config.transformer_layer_config, 256, 3, 512, 3)
+    est = budgets.draft_training_bytes(model.config.transformer_layer_config, 256, 3, 512, 3)
     assert est["trainable_parameters"] == real
     # activations grow with the packed tokens and the TTT steps, linearly
-    longer = budgets.draft_training_bytes_for(model.config.transformer_layer_config, 256, 3, 1024, 6)
+    longer = budgets.draft_training_bytes(model.config.transformer_layer_config, 256, 3, 1024, 6)
     assert longer["activation_bytes"] == 4 * est["activation_bytes"]
-    trainer = budgets.draft_training_bytes(576, 1536, 9, 3, 64, 49152, 32000, 3, 8192, 3)
+    trainer = budgets.draft_training_bytes(shapes(576, 1536, 9, 3, 64, 49152), 32000, 3, 8192, 3)
     ok = budgets.plan_online_memory(141e9, 1, 270e6, 46080, 36864, trainer, 0.5)
     assert ok["status"] == "ok" and ok["target_bytes_per_gpu"] == int(270e6 * 1.2 + 46080 * 36864)
     # Kimi-K2.5-like: 1.03 T parameters at 4.5 bits over 8 cards of 141 GB
-    kimi = budgets.draft_training_bytes(7168, 18432, 64, 8, 128, 163840, 32000, 3, 8192, 3)
+    kimi = budgets.draft_training_bytes(shapes(7168, 18432, 64, 8, 128, 163840), 32000, 3, 8192, 3)
     bad = budgets.plan_online_memory(141e9, 8, 1.03e12 * 0.5625, 70272, 36864, kimi, 0.6)
     assert bad["status"] == "fail" and "gives it 84.6 GB" in bad["message"] and "needs 89.5 GB" in bad["message"]
     bad = budgets.plan_online_memory(141e9, 8, 1.03e12 * 0.5625, 70272, 36864, kimi, 0.8)

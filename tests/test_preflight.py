@@ -10,6 +10,7 @@ from smk import planned_jobs, write_config
 from eagle3build.compat import compat_render, preflight_bound
 from eagle3build.draft import step_costs
 from eagle3build.draft.choice import resolve
+from eagle3build.workflow import job
 
 MEASURED = {"by_concurrency": {
     # a dense target: verifying more tokens costs almost nothing
@@ -169,7 +170,8 @@ def test_preflight_times_the_benchmarks_length(tmp_path, monkeypatch):
                 "preflight.context_tokens": 256, "preflight.repeats": 5, "target.trust_remote_code": False,
                 "target.pipeline_parallel_size": 1, "benchmark.max_tokens": 96, "draft.layer": "mla"}
     params = {"target_dir": "t", "draft": {"method": "eagle3", "layer": "mla"}}
-    preflight_bound.run_job({"decisions": "d.json"}, {"json": "p.json"}, settings, params, {"gpu": 1})
+    job.run_stage("preflight_bound", inputs={"decisions": "d.json"}, outputs={"json": "p.json"}, settings=settings,
+                  params=params, resources={"gpu": 1})
     (s,) = seen
     assert (s.decode_tokens, s.gpus, s.concurrencies, s.max_k, s.out_json) == (96, 1, [1, 16], "auto", "p.json")
     assert s.draft == resolve({"layer": "mla"}) and [d.layer.name for d in s.draft.bound_drafts()] == ["mla", "llama"]

@@ -63,9 +63,10 @@ def folders(tmp_path, head_cfg=LLAMA_HEAD, target_cfg=None):
 
 def write_files(tmp_path, bench, head_cfg=LLAMA_HEAD, target_cfg=None, port=8123):
     target, head = folders(tmp_path, head_cfg, target_cfg)
-    contents = cfg.serving(str(head), str(target), bench, gpus=0, served_name="org/m", max_model_len=512, seed=0,
-                           dtype="auto", pipeline_parallel_size=1, trust_remote_code=False, port=port, offline=True,
-                           per_request_metrics=True)
+    contents = cfg.serving(cfg.ServeConfigSettings(head_dir=str(head), target_dir=str(target), serve_gpus=0,
+                                                   served_name="org/m", max_model_len=512, seed=0, dtype="auto",
+                                                   pipeline_parallel_size=1, trust_remote_code=False, port=port,
+                                                   offline=True, per_request_metrics=True), bench)
     out = tmp_path / "results/r/serve"
     cfg.write(out, contents, python="/opt/py/bin/python")
     return out, target, head
@@ -102,9 +103,10 @@ def test_the_serving_files_serve_the_best_k_through_speculative_config(tmp_path)
     assert r["available"] is False and "org/not-cached-model" in r["why"] and r["command"].endswith(f"--model {head}")
     # the same inputs write the same bytes: a benchmark rerun that keeps its choice changes no serving file
     before = {f.name: f.read_bytes() for f in out.iterdir()}
-    cfg.write(out, cfg.serving(str(head), str(target), bench_json(), gpus=0, served_name="org/m", max_model_len=512,
-                               seed=0, dtype="auto", pipeline_parallel_size=1, trust_remote_code=False, port=8123,
-                               offline=True, per_request_metrics=True), python="/opt/py/bin/python")
+    again = cfg.ServeConfigSettings(head_dir=str(head), target_dir=str(target), serve_gpus=0, served_name="org/m",
+                                    max_model_len=512, seed=0, dtype="auto", pipeline_parallel_size=1,
+                                    trust_remote_code=False, port=8123, offline=True, per_request_metrics=True)
+    cfg.write(out, cfg.serving(again, bench_json()), python="/opt/py/bin/python")
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
 
 
@@ -192,9 +194,10 @@ def test_serving_json_is_checked_against_its_schema_where_written_and_read(tmp_p
         (out / "serving.json").write_text(json.dumps(broken))
         with pytest.raises(sf.ServingFileError, match=rf"{out}/serving.json: {message} \(schema serving.schema.json\)"):
             sf.read(out)
-    contents = cfg.serving(str(head), str(target), bench_json(schedule), gpus=0, served_name="org/m", max_model_len=512,
-                           seed=0, dtype="auto", pipeline_parallel_size=1, trust_remote_code=False, port=8123,
-                           offline=True, per_request_metrics=True)
+    contents = cfg.serving(cfg.ServeConfigSettings(head_dir=str(head), target_dir=str(target), serve_gpus=0,
+                                                   served_name="org/m", max_model_len=512, seed=0, dtype="auto",
+                                                   pipeline_parallel_size=1, trust_remote_code=False, port=8123,
+                                                   offline=True, per_request_metrics=True), bench_json(schedule))
     contents["serving"]["layout"]["tensor_parallel_size"] = 0
     with pytest.raises(ArtifactError, match=r"serving.json: field layout.tensor_parallel_size: 0 is less than the "):
         cfg.write(tmp_path / "elsewhere", contents)

@@ -46,14 +46,16 @@ def test_without_vllm_the_lock_decides():
 
 def test_compat_report_refuses_before_capture(tmp_path, tiny_target, monkeypatch):
     """The report's hard failure names the key and value; a servable request passes with fc_inputs."""
-    r = cr.build_report(str(tiny_target), str(tmp_path / "ok"), aux_layer_ids=[0, 1, 3, 5])
+    r = cr.build_report(cr.CompatSettings(target_dir=str(tiny_target), results_dir=str(tmp_path / "ok"),
+                                          aux_layer_ids=[0, 1, 3, 5]))
     assert r["capture"]["serving"] == {"vllm": vllm.__version__, "source": "installed",
                                        "aux_layer_ids": [0, 1, 3, 5], "fc_inputs": 4}
     assert "vllm_serving" not in r["hard_failures"]
 
     real = servable.probe_vllm
     monkeypatch.setattr(cr, "probe_serving_vllm", lambda ids: {**real(ids), "draft_reads_num_aux": False})
-    r = cr.build_report(str(tiny_target), str(tmp_path / "bad"), aux_layer_ids=[0, 1, 3, 5])
+    r = cr.build_report(cr.CompatSettings(target_dir=str(tiny_target), results_dir=str(tmp_path / "bad"),
+                                          aux_layer_ids=[0, 1, 3, 5]))
     assert "vllm_serving" in r["hard_failures"] and r["capture"]["serving"] is None
     with pytest.raises(cr.CompatError, match=r"capture.aux_layer_ids=\[0, 1, 3, 5\]"):
         cr.write(r, str(tmp_path / "bad/compat.json"))
@@ -83,9 +85,10 @@ def test_head_with_four_aux_ids_loads_and_drafts_in_vllm(tmp_path, smol_target):
     (ck / "train_meta.json").write_text(json.dumps({  # what train_draft writes (train_meta.schema.json)
         "target_fingerprint": "test", "aux_layer_ids": ids, "vocab_fingerprint": "test", "draft_vocab_size": draft,
         "head_variant": "eagle3", "head_flags": HEAD_VARIANTS["eagle3"], "ttt_steps": 1, "world_size": 1}))
-    meta = ex.export(ck, str(tmp_path / "d2t.npy"), str(tmp_path / "t2d.npy"), str(tmp_path / "vocab.json"),
-                     tmp_path / "head", "HuggingFaceTB/SmolLM2-135M-Instruct", str(smol_target),
-                     dtype="float32", vllm_load_check="always")
+    meta = ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(tmp_path / "d2t.npy"),
+                                       t2d_path=str(tmp_path / "t2d.npy"), vocab_json=str(tmp_path / "vocab.json"),
+                                       out_dir=tmp_path / "head", served_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+                                       target_dir=str(smol_target), weights_dtype="float32", vllm_load_check="always"))
     cfg = json.loads((tmp_path / "head/config.json").read_text())
     assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 4
     assert meta["tensors"]["fc.weight"] == [576, 4 * 576]

@@ -12,20 +12,28 @@ from smk import REPO
 from test_layers import FLOOR_ORDER
 
 from eagle3build.capture.capture_hidden_states import CaptureSettings
-from eagle3build.compat.preflight_bound import PreflightSettings
 from eagle3build.config import settings as st
 from eagle3build.config import spec as cs
 from eagle3build.data.prepare_data import PrepareSettings
-from eagle3build.data.regenerate_responses import RegenerateSettings
 from eagle3build.serve.benchmark import BenchmarkSettings
-from eagle3build.serve.serve_check import CheckSettings
 from eagle3build.train.trainer import TrainConfig
-from eagle3build.workflow.contract import CONTRACTS, STAGE_GROUPS, job_settings
+from eagle3build.workflow.contract import CONTRACTS, RULE_ENTRIES, STAGE_GROUPS, job_settings
 
-# Each settings object of a stage and the stage whose settings fill its config fields.
-SETTINGS = {TrainConfig: "train_draft", CaptureSettings: "capture_hidden_states", PrepareSettings: "prepare_data",
-            RegenerateSettings: "regenerate_responses", BenchmarkSettings: "benchmark", CheckSettings: "serve_check",
-            PreflightSettings: "preflight_bound"}
+
+def attribute(name: str):
+    """The object of a ``module:attribute`` string (a contract's ``entry`` or ``settings``)."""
+    module, attr = name.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+# The stage whose job settings (``contract.StageSettings``) a rule that is no stage runs with (rules/compat_report.smk:
+# compat_markdown's ``settings`` param is compat_report's).
+RULE_STAGES = {"compat_markdown": "compat_report"}
+# Each settings object of a stage and the stage whose settings fill its config fields: the one each stage's contract
+# names (13), the rules' of RULE_ENTRIES, and train_draft's section object TrainConfig.
+SETTINGS = {**{attribute(c.settings): stage for stage, c in CONTRACTS.items()},
+            **{attribute(e.settings): RULE_STAGES[rule] for rule, e in RULE_ENTRIES.items()},
+            TrainConfig: "train_draft"}
 STAGE_DIRS = sorted({REPO / "eagle3build" / g for g in STAGE_GROUPS.values()})
 MODULES = sorted((REPO / "eagle3build").rglob("*.py"))  # every module of the package
 # The defaults that may equal a declared key's: (module, function, parameter) -> why it is no copy. Only the floor
@@ -38,6 +46,9 @@ ALLOWED = {
     ("eagle3build.target", "load_model", "trust_remote_code"): "safety: no remote code unless asked",
     # A HumanEval file (None: the bundled one), not the target's folder: target.path only shares the name.
     ("eagle3build.formats.prompt_sets", "humaneval_prompts", "path"): "another path: the HumanEval file",
+    # A draft section is read key by key, each absent one at its default (choice.resolve: method, layer, options),
+    # from draft/, below config: a section without compare_methods compares no other method.
+    ("eagle3build.draft.choice", "compared", "compare_methods"): "a partial draft section: none compared",
 }
 
 
@@ -82,13 +93,48 @@ def _definitions(tree: ast.AST, outer: str = ""):
             yield from _definitions(node, outer)
 
 
+# Calls that read a value with a default in its place: ``opts.get("port", 8000)``, ``d.pop(k, v)``,
+# ``getattr(o, k, v)``.
+DEFAULTING_CALLS = ("get", "pop", "setdefault", "getattr")
+
+
+def _defaulting_calls(tree: ast.AST, outer: str = ""):
+    """``(where, name, default)`` of each call in ``tree`` that reads ``name`` (a string constant, its last dotted part)
+    with a ``default`` in its place (``DEFAULTING_CALLS``), ``where`` the enclosing definition's qualified name (the
+    module's top level: ``<module>``)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield from _defaulting_calls(node, f"{outer}.{node.name}" if outer else node.name)
+            continue
+        if isinstance(node, ast.Call):
+            f, args = node.func, list(node.args)
+            if isinstance(f, ast.Name) and f.id == "getattr" and len(args) == 3:
+                args = args[1:]
+            elif not (isinstance(f, ast.Attribute) and f.attr in DEFAULTING_CALLS[:3] and len(args) == 2):
+                args = []
+            if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
+                yield outer or "<module>", args[0].value.rsplit(".", 1)[-1], args[1]
+        yield from _defaulting_calls(node, outer)
+
+
 def restated(source: str, names: dict[str, list[cs.Key]], functions: bool = True) -> list[str]:
     """The fields of classes (an annotated name with a value in a class body) and, with ``functions``, the keyword
-    defaults of functions in ``source`` whose name is one of ``names`` and whose literal default is the declared
-    default of one of its keys (equal and of the same type): ``"where(name=value): key"``, ``where`` the
-    definition's qualified name."""
+    defaults of functions and the defaults of calls that read a value by name (``opts.get("port", 8000)``:
+    ``DEFAULTING_CALLS``) in ``source`` whose name is one of ``names`` and whose literal default is the declared
+    default of one of its keys (equal and of the same type; a None default, the absent value, is no copy):
+    ``"where(name=value): key"``, ``where`` the definition's qualified name."""
     found = []
-    for where, node in _definitions(ast.parse(source)):
+    tree = ast.parse(source)
+    calls = [(where, name, default) for where, name, default in _defaulting_calls(tree)] if functions else []
+    for where, name, default in calls:
+        try:
+            value = ast.literal_eval(default)
+        except ValueError:
+            continue
+        for k in names.get(name, []):
+            if value is not None and value == k.default and type(value) is type(k.default):
+                found.append(f"{where}({name}={value!r}): {k.path}")
+    for where, node in _definitions(tree):
         pairs = []
         if functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
@@ -123,9 +169,10 @@ def restated_in_package() -> dict[tuple[str, str, str], list[str]]:
 
 
 def test_the_settings_objects_are_generated_from_the_key_table():
-    """Each stage that reads config keys through a settings object has one made by config.settings, and no other
-    class of the stages is."""
+    """Every stage takes one settings object made by config.settings (its contract names it), and no other class of
+    the stages is made so."""
     assert set(generated_classes()) == set(SETTINGS)
+    assert len({SETTINGS[attribute(c.settings)] for c in CONTRACTS.values()}) == len(CONTRACTS) == 13
 
 
 @pytest.mark.parametrize("cls", list(SETTINGS), ids=lambda c: c.__name__)
@@ -134,7 +181,6 @@ def test_config_fields_hold_the_declared_defaults_and_the_stage_settings(cls):
     not the ["chat"] BenchmarkSettings once restated), its type the key's, its choices checked; every key is a
     setting of the class's stage, so ``from_settings`` fills it from a job's settings."""
     config = cs.defaults()
-    assert cls.CONFIG_KEYS, cls
     for name, path in cls.CONFIG_KEYS.items():
         k = cs.key(path)
         assert st.default_of(cls, name) == k.default, (cls, name)
@@ -149,8 +195,11 @@ def test_config_fields_hold_the_declared_defaults_and_the_stage_settings(cls):
            if f.name not in cls.CONFIG_KEYS and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
     made = cls.from_settings(s, **own)
     assert {name: getattr(made, name) for name in cls.CONFIG_KEYS} == values
-    with pytest.raises(TypeError):
-        cls.from_settings(s, **own, **{next(iter(cls.CONFIG_KEYS)): None})
+    for name, sub in cls.SECTIONS.items():  # TrainSettings' train: a TrainConfig of the same settings
+        assert getattr(made, name) == sub.from_settings(s)
+    for name in [*cls.CONFIG_KEYS, *cls.SECTIONS][:1]:
+        with pytest.raises(TypeError):
+            cls.from_settings(s, **own, **{name: None})
 
 
 def test_the_benchmark_sets_default_is_the_configs():
@@ -194,15 +243,19 @@ def test_no_module_restates_a_declared_default():
 
 
 def test_the_check_finds_a_restated_default():
-    """The scan the test above runs: a hand-written settings class and keyword defaults that copy declared
+    """The scan the test above runs: a hand-written settings class, keyword defaults and a call's default in place of a
+    value read by name (``opts.get("port", 8000)``, issue 66: serve_check restated serve.port's) that copy declared
     defaults are found (also under a settings object's field name: ``dtype``; in a method, by its qualified name),
-    other values and computed defaults are not."""
+    other values, None and computed defaults are not."""
     source = (
         "class HandMade:\n    max_model_len: int = 2048\n    seed: int = 1\n    sets: list | None = None\n\n"
         "    def __init__(self, tokens_per_batch=4096):\n        pass\n\n"
         "def bench(x, seed=0, *, dtype='auto', trust_remote_code=declared('target.trust_remote_code'), top_p=1):\n"
-        "    pass\n")
+        "    pass\n\n"
+        "def check(opts, files):\n    port = int(opts.get('port', 8000))\n    opts.get('port', files['port'])\n"
+        "    getattr(opts, 'served_name', None), opts.get('seed')\n    return opts.pop('serve.port', 8000)\n")
     assert restated(source, key_names()) == [
+        "check(port=8000): serve.port", "check(port=8000): serve.port",
         "HandMade(max_model_len=2048): benchmark.max_model_len",
         "HandMade.__init__(tokens_per_batch=4096): capture.tokens_per_batch",
         "bench(seed=0): data.seed", "bench(seed=0): train.seed", "bench(seed=0): benchmark.seed",

@@ -15,7 +15,7 @@ from eagle3build.formats.shards import (
     unpack_fp8,
     write_shard,
 )
-from eagle3build.train.train_data import MODEL_KEYS, Batches
+from eagle3build.train.train_data import MODEL_KEYS, Batches, BatchLayout
 
 H, A = 16, 3  # hidden size, aux layers
 
@@ -48,9 +48,9 @@ def test_pack_and_unpack_give_the_dequantised_values_bit_for_bit():
 @pytest.mark.parametrize("shift", [True, False])
 def test_packed_rows_equal_the_host_path_rows(tmp_path, shift):
     paths = [_shard(tmp_path / "a.safetensors", "float8_e4m3fn"), _shard(tmp_path / "b.safetensors", "float8_e4m3fn", 5, 1)]
-    host = Batches(paths, 96, H, A, torch.bfloat16, seed=0, noise_std=0.0, world_size=2, shift=shift)
-    dev = Batches(paths, 96, H, A, torch.bfloat16, seed=0, noise_std=0.0, world_size=2, shift=shift,
-                  dequantize_on_device=True)
+    host = Batches(paths, BatchLayout(96, H, A, torch.bfloat16, seed=0, noise_std=0.0, world_size=2, shift=shift))
+    dev = Batches(paths, BatchLayout(96, H, A, torch.bfloat16, seed=0, noise_std=0.0, world_size=2, shift=shift,
+                  dequantize_on_device=True))
     assert dev.packed and not host.packed
     steps = [[list(map(int, ix)) for ix in step] for step in dev.epoch(1)]
     assert steps == [[list(map(int, ix)) for ix in step] for step in host.epoch(1)] and len(steps) >= 2
@@ -68,8 +68,8 @@ def test_packed_rows_equal_the_host_path_rows(tmp_path, shift):
 def test_rows_stay_unpacked_with_noise_or_without_fp8(tmp_path):
     fp8 = _shard(tmp_path / "a.safetensors", "float8_e4m3fn")
     bf16 = _shard(tmp_path / "b.safetensors", "bfloat16")
-    assert not Batches([fp8], 96, H, A, torch.bfloat16, 0, noise_std=0.1, dequantize_on_device=True).packed
-    assert not Batches([bf16], 96, H, A, torch.bfloat16, 0, noise_std=0.0, dequantize_on_device=True).packed
-    assert not Batches([fp8, bf16], 96, H, A, torch.bfloat16, 0, noise_std=0.0, dequantize_on_device=True).packed
+    for paths, noise in (([fp8], 0.1), ([bf16], 0.0), ([fp8, bf16], 0.0)):
+        layout = BatchLayout(96, H, A, torch.bfloat16, 0, noise_std=noise, dequantize_on_device=True)
+        assert not Batches(paths, layout).packed
     with pytest.raises(ValueError, match=r"b\.safetensors: storage bfloat16, not float8_e4m3fn"):
         ShardReader(bf16).packed(0)

@@ -144,12 +144,15 @@ def test_vllm_shard_trains_and_exports_like_a_hooks_shard(smol_vllm, smol_target
     metrics, files = {}, {}
     for name in ("vllm", "hooks"):
         ck = d / f"ck-{name}"
-        m = td.train(str(smol_target), [str(d / f"{name}-bfloat16.safetensors")], [], str(d / "d2t.npy"), str(d / "t2d.npy"),
-                     str(d / "vocab.json"), str(d / "decisions.json"), str(ck), epochs=1, max_steps=2, lr=1e-3,
-                     total_seq_len=256, seed=0, device="cpu")
+        m = td.train(target_dir=str(smol_target), train_shards=[str(d / f"{name}-bfloat16.safetensors")],
+                     eval_shards=[], d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                     vocab_json=str(d / "vocab.json"), decisions_json=str(d / "decisions.json"), out_dir=str(ck),
+                     epochs=1, max_steps=2, lr=1e-3, total_seq_len=256, seed=0, device="cpu")
         metrics[name] = [s["loss"] for s in m["train_history"]]
-        ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), d / f"head-{name}",
-                  "HuggingFaceTB/SmolLM2-135M-Instruct", str(smol_target), vllm_load_check="never")
+        ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                                    vocab_json=str(d / "vocab.json"), out_dir=d / f"head-{name}",
+                                    served_name="HuggingFaceTB/SmolLM2-135M-Instruct", target_dir=str(smol_target),
+                                    vllm_load_check="never"))
         files[name] = (json.loads((d / f"head-{name}" / "config.json").read_text()),
                        _header(d / f"head-{name}" / "model.safetensors")[0])
     assert len(metrics["vllm"]) == len(metrics["hooks"]) == 2
@@ -232,7 +235,7 @@ def moe_target(tmp_path_factory):
 
 
 def test_compat_picks_vllm_for_moe_target_where_the_probe_passes(moe_target, tmp_path):
-    r = cr.build_report(str(moe_target), str(tmp_path / "res"))
+    r = cr.build_report(cr.CompatSettings(target_dir=str(moe_target), results_dir=str(tmp_path / "res")))
     c, p = r["capture"], r["probes"]["vllm_capture_smoke"]
     assert p["status"] in ("ok", "warn") and p["value"]["max_rel_err"] <= 1e-4, p
     assert p["value"]["install"]["layer_params"][:3] == ["positions", "hidden_states", "residual"]
@@ -247,7 +250,7 @@ def test_compat_falls_back_to_hooks_when_vllm_layers_do_not_match(moe_target, tm
     """A vLLM whose decoder layers take another call (simulated: we expect one more parameter than vLLM 0.32's
     layers have): the real engine refuses the hooks, the probe fails with that evidence, auto takes hooks."""
     monkeypatch.setattr(vc, "LAYER_PARAMS", ("positions", "hidden_states", "residual", "kv_cache"))
-    r = cr.build_report(str(moe_target), str(tmp_path / "res"))
+    r = cr.build_report(cr.CompatSettings(target_dir=str(moe_target), results_dir=str(tmp_path / "res")))
     p, c = r["probes"]["vllm_capture_smoke"], r["capture"]
     assert p["status"] == "fail" and not p["required"] and r["hard_failures"] == []
     # the worker's LayoutError, passed back through collective_rpc and the engine child's exit
@@ -261,7 +264,8 @@ def test_compat_falls_back_to_hooks_when_vllm_layers_do_not_match(moe_target, tm
                for x in c["reasons"])
     assert evidence in cr.render_markdown(r)
     with pytest.raises(cr.CompatError, match="capture.backend vllm, but the vLLM capture probe failed"):
-        cr.build_report(str(moe_target), str(tmp_path / "res2"), backend="vllm")
+        cr.build_report(cr.CompatSettings(target_dir=str(moe_target), results_dir=str(tmp_path / "res2"),
+                                           backend="vllm"))
 
 
 def test_unknown_layer_layout_and_parallelism_are_refused():

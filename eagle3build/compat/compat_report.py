@@ -20,21 +20,18 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from ..atomic import write_json, write_text
 from ..config.provenance import COMPAT_PACKAGES, cpu_bf16_support, host, software_versions
-from ..config.settings import declared
+from ..config.settings import config_fields, declared
 from ..draft.head_format import HEAD_FLAGS, HEAD_VARIANTS
 from ..draft.servable import check_servable
 from ..draft.servable import probe_vllm as probe_serving_vllm
 from ..formats.target_files import aux_layer_ids_rule, content_files
 from ..target import check_aux_layer_ids, default_aux_layer_ids, fingerprint, load_config, text_config
 from ..workflow.budgets import hidden_state_bytes_per_token, plan_disk, plan_gpus
-from ..workflow.contract import StageSettings
 from .compat_render import render_markdown
 from .probes import (
     Probe,
@@ -185,29 +182,67 @@ def decide_backend(requested: str, probes: dict[str, Probe], target: dict | None
             "contradiction": contradiction}
 
 
-def build_report(target_dir: str, results_dir: str, backend: str = declared("capture.backend"),
-                 aux_layer_ids=declared("capture.aux_layer_ids"), storage_dtype: str = declared("capture.storage_dtype"),
-                 trust_remote_code: bool = declared("target.trust_remote_code"), planned_tokens: int = 0,
-                 gpu_memory_gb: float | None = declared("resources.gpu_memory_gb"),
-                 gpus_per_node: int = declared("resources.gpus_per_node"),
-                 job_gpus: dict[str, int] | None = None, head_variant: str = declared("train.head_variant"),
-                 online: dict | None = None, compute_dtype: str = "auto") -> dict:
-    """Run every probe, inspect the target, decide the backend and plan disk and GPUs.
+@config_fields({
+    "backend": "capture.backend", "aux_layer_ids": "capture.aux_layer_ids", "storage_dtype": "capture.storage_dtype",
+    "compute_dtype": "capture.compute_dtype", "mode": "capture.mode", "tokens_per_batch": "capture.tokens_per_batch",
+    "num_train_samples": "capture.num_train_samples", "num_eval_samples": "capture.num_eval_samples",
+    "target_memory_fraction": "capture.online.target_memory_fraction", "max_seq_len": "data.max_seq_len",
+    "trust_remote_code": "target.trust_remote_code", "head_variant": "train.head_variant",
+    "total_seq_len": "train.total_seq_len", "ttt_steps": "train.ttt_steps",
+    "draft_vocab_size": "vocab.draft_vocab_size", "gpu_memory_gb": "resources.gpu_memory_gb",
+    "gpus_per_node": "resources.gpus_per_node",
+    "capture_gpus": "resources.capture.gpu", "serve_gpus": "resources.serve.gpu", "train_gpus": "resources.train.gpu",
+})
+class CompatSettings:
+    """What one compat report runs (``build_report``): the target of ``target_dir``, its plans against the disk of
+    ``results_dir``, written to ``out_json`` (compat.json) and ``out_decisions`` (decisions.json) by the stage's entry
+    (``compat_report``), and its config fields (below, made from their keys' declarations: ``config.settings``).
 
-    A config key's argument defaults to the key's declared default, except ``compute_dtype``
-    (``capture.compute_dtype``): the capture's compute dtype, checked against this host's CPU where capture runs
-    on CPU (probe ``cpu_capture_dtype``: warns where bf16 would be emulated); its default ``auto`` (no bf16 to
-    warn about) deliberately differs from the key's ``bfloat16``: ``run_job`` always passes the key's value.
-
-    ``online`` (``capture.mode: online``): ``target_memory_fraction``, ``gpus`` (the train job's),
-    ``total_seq_len``, ``ttt_steps``, ``draft_vocab_size``, ``tokens_per_batch`` and ``max_seq_len``:
-    no disk plan (no shards), and the train job's GPUs split between target and trainer
-    (``budgets.plan_online_memory``; a split that cannot fit is a hard failure naming the numbers).
-    ``planned_tokens``: an upper bound of the tokens to capture (samples x max_seq_len).
-    ``gpu_memory_gb``: memory per GPU for the plan; None takes it from the first visible
-    GPU. ``job_gpus``: GPUs per job from the config, e.g. ``{"capture": 8, "serve": 8}``.
-    Returns the report dict (schema: eagle3build/schemas/compat.schema.json).
+    Of the config fields: ``backend`` and ``aux_layer_ids`` as configured (the rule's params carry them as requested:
+    ``workflow.contract.requested``); ``compute_dtype``: the capture's, checked against this host's CPU where capture
+    runs on CPU (probe ``cpu_capture_dtype``: warns where bf16 would be emulated); the sample counts, ``max_seq_len``
+    and the resources are runtime-only (the disk and GPU plans: growing the sample count or changing resources must
+    not re-run this report and, behind it, every shard); ``gpu_memory_gb``: memory per GPU for the plan (None: the
+    first visible GPU's); ``mode`` online: no disk plan (no shards) and the train job's GPUs split between target and
+    trainer (``online``).
     """
+
+    target_dir: str
+    results_dir: str
+    out_json: str | None = None
+    out_decisions: str | None = None
+
+    @property
+    def planned_tokens(self) -> int:
+        """An upper bound of the tokens to capture: (train + eval samples) x ``max_seq_len``."""
+        return (self.num_train_samples + self.num_eval_samples) * self.max_seq_len
+
+    @property
+    def job_gpus(self) -> dict[str, int]:
+        """GPUs per job from the config: ``{"capture": ..., "serve": ...}``."""
+        return {"capture": self.capture_gpus, "serve": self.serve_gpus}
+
+    @property
+    def online(self) -> dict | None:
+        """None offline; online (``capture.mode``), what ``budgets.plan_online_memory`` splits the train job's GPUs
+        by: ``target_memory_fraction``, ``gpus`` (the train job's), ``total_seq_len``, ``ttt_steps``,
+        ``draft_vocab_size``, ``tokens_per_batch`` and ``max_seq_len``."""
+        if self.mode != "online":
+            return None
+        return {"target_memory_fraction": self.target_memory_fraction, "gpus": self.train_gpus,
+                "total_seq_len": self.total_seq_len, "ttt_steps": self.ttt_steps,
+                "draft_vocab_size": self.draft_vocab_size, "tokens_per_batch": self.tokens_per_batch,
+                "max_seq_len": self.max_seq_len}
+
+
+def build_report(s: CompatSettings) -> dict:
+    """Run every probe, inspect the target of ``s.target_dir``, decide the backend and plan disk (``s.planned_tokens``
+    against the free bytes of ``s.results_dir``; none online) and GPUs (``s.job_gpus``; online, the train job's split
+    between target and trainer: ``budgets.plan_online_memory``, a split that cannot fit is a hard failure naming the
+    numbers). ``s``: ``CompatSettings``. Returns the report dict (schema: eagle3build/schemas/compat.schema.json).
+    """
+    target_dir, backend, aux_layer_ids, storage_dtype = s.target_dir, s.backend, s.aux_layer_ids, s.storage_dtype
+    trust_remote_code, job_gpus, online = s.trust_remote_code, s.job_gpus, s.online
     probes: dict[str, Probe] = {}
     for name, fn, required in (
         ("torch", probe_torch, True),
@@ -222,7 +257,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = declared("cap
         ("speculators_datagen", probe_speculators_datagen, False),
         ("hook_capture_smoke", probe_hook_capture, True),
         ("known_good_versions", lambda: check_known_good(installed_versions()), False),
-        ("cpu_capture_dtype", lambda: check_cpu_capture_dtype(compute_dtype, (job_gpus or {}).get("capture", 0),
+        ("cpu_capture_dtype", lambda: check_cpu_capture_dtype(s.compute_dtype, job_gpus["capture"],
                                                               cpu_bf16_support()), False),
     ):
         probes[name] = run_probe(name, fn, required)
@@ -278,16 +313,16 @@ def build_report(target_dir: str, results_dir: str, backend: str = declared("cap
             f"; {why_target}, so auto takes hooks whatever the probe says" if backend == "auto" else "")}
     capture.update(decide_backend(backend, probes, target))
 
-    Path(results_dir).mkdir(parents=True, exist_ok=True)
-    usage = shutil.disk_usage(results_dir)
+    Path(s.results_dir).mkdir(parents=True, exist_ok=True)
+    usage = shutil.disk_usage(s.results_dir)
     plans = {}
     if target and "bytes_per_token" in capture:
         if not online:  # online training writes no shards
-            plans["disk"] = plan_disk(capture["bytes_per_token"], planned_tokens, usage.free, upper_bound=True)
+            plans["disk"] = plan_disk(capture["bytes_per_token"], s.planned_tokens, usage.free, upper_bound=True)
         devices = (probes["torch"].value or {}).get("devices") or []
-        mem = int(gpu_memory_gb * 1e9) if gpu_memory_gb else (devices[0]["total_bytes"] if devices else None)
-        plans["gpus"] = plan_gpus(target["parameters"], target["weight_bytes_per_parameter"], mem, gpus_per_node,
-                                  job_gpus or {})
+        mem = int(s.gpu_memory_gb * 1e9) if s.gpu_memory_gb else (devices[0]["total_bytes"] if devices else None)
+        plans["gpus"] = plan_gpus(target["parameters"], target["weight_bytes_per_parameter"], mem, s.gpus_per_node,
+                                  job_gpus)
         if online:
             plans["online_memory"] = plan_online(target_dir, target, capture, online, mem, trust_remote_code)
         for name, plan in plans.items():
@@ -295,7 +330,7 @@ def build_report(target_dir: str, results_dir: str, backend: str = declared("cap
     head = recommend_head_variant(probes["vllm_head_flags"])
     # A head variant forced in the config (train.head_variant) must set only flags the serving vLLM
     # reads: one it ignores loads without error and accepts little.
-    probes["head_variant_served"] = run_probe("head_variant_served", lambda: check_head_variant(head_variant, head),
+    probes["head_variant_served"] = run_probe("head_variant_served", lambda: check_head_variant(s.head_variant, head),
                                               required=True)
     report = {
         "schema": SCHEMA,
@@ -408,48 +443,31 @@ def write_markdown(compat_json: str, out_md: str, preflight_json: str | None = N
     write_text(out_md, render_markdown(Compat.load(compat_json).data, pre))
 
 
-def markdown_job(inputs: Mapping[str, Any], outputs: Mapping[str, str]) -> None:
+@config_fields({})
+class MarkdownSettings:
+    """One compat_markdown job: compat.md (``out_md``) rendered from ``compat_json``, with the pre-flight bound's table
+    where ``preflight_json`` is given (the rule's ``preflight`` input, where the bound is enabled)."""
+
+    compat_json: str
+    out_md: str
+    preflight_json: str | None = None
+
+
+def markdown_job(s: MarkdownSettings) -> None:
     """Rule ``compat_markdown``'s entry (``eagle3build.workflow.job.run_stage``, ``contract.RULE_ENTRIES``):
-    ``write_markdown`` of ``inputs["json"]`` into ``outputs["md"]``, with the pre-flight table where the rule has a
-    ``preflight`` input (an empty list: none). Raises what ``write_markdown`` raises."""
-    write_markdown(inputs["json"], outputs["md"], preflight_json=inputs["preflight"] or None)
+    ``write_markdown`` of ``s``. Raises what ``write_markdown`` raises."""
+    write_markdown(s.compat_json, s.out_md, preflight_json=s.preflight_json)
 
 
-def run_job(outputs: Mapping[str, str], settings: StageSettings, params: Mapping[str, Any]) -> dict:
-    """Rule ``compat_report``'s entry (``eagle3build.workflow.job.run_stage``): ``build_report`` for the target of
-    ``params["target_dir"]`` with the job's ``settings`` (its contract's keys, eagle3build.workflow.contract), then
-    ``write`` compat.json (``outputs["json"]``) and ``write_decisions`` decisions.json (``outputs["decisions"]``).
-    Returns the report.
-
-    The disk and GPU plans read runtime-only keys (sample counts, ``data.max_seq_len``, resources):
-    growing the sample count or changing resources must not re-run this report and, behind it, every
-    shard (each capture job re-checks the disk for its own shard). Backend and aux ids are the
-    config's own values (the rule's params carry them as requested: eagle3build.workflow.contract.requested).
-    The planned tokens are an upper bound: (train + eval samples) x ``data.max_seq_len``.
+def compat_report(s: CompatSettings) -> dict:
+    """Rule ``compat_report``'s entry (``eagle3build.workflow.job.run_stage``): ``build_report`` of ``s`` (the job's
+    settings: its contract's keys, eagle3build.workflow.contract), then ``write`` compat.json (``s.out_json``) and
+    ``write_decisions`` decisions.json (``s.out_decisions``). Returns the report.
 
     Raises:
         CompatError: a hard failure (the one-screen summary); nothing is written then.
     """
-    s = settings
-    report = build_report(
-        target_dir=params["target_dir"],
-        results_dir=params["results_dir"],
-        backend=s["capture.backend"],
-        aux_layer_ids=s["capture.aux_layer_ids"],
-        storage_dtype=s["capture.storage_dtype"],
-        trust_remote_code=s["target.trust_remote_code"],
-        planned_tokens=(s["capture.num_train_samples"] + s["capture.num_eval_samples"]) * s["data.max_seq_len"],
-        gpu_memory_gb=s["resources.gpu_memory_gb"],
-        gpus_per_node=s["resources.gpus_per_node"],
-        job_gpus={"capture": s["resources.capture.gpu"], "serve": s["resources.serve.gpu"]},
-        head_variant=s["train.head_variant"],
-        compute_dtype=s["capture.compute_dtype"],
-        online=None if s["capture.mode"] != "online" else {
-            "target_memory_fraction": s["capture.online.target_memory_fraction"], "gpus": s["resources.train.gpu"],
-            "total_seq_len": s["train.total_seq_len"], "ttt_steps": s["train.ttt_steps"],
-            "draft_vocab_size": s["vocab.draft_vocab_size"], "tokens_per_batch": s["capture.tokens_per_batch"],
-            "max_seq_len": s["data.max_seq_len"]},
-    )
-    write(report, outputs["json"])
-    write_decisions(report, outputs["decisions"])
+    report = build_report(s)
+    write(report, s.out_json)
+    write_decisions(report, s.out_decisions)
     return report

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ..atomic import atomic_path
+from ..config.settings import config_fields
 from ..target import bundled_gguf_path
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,17 @@ def materialize(name: str, out_dir: str | os.PathLike, dtype: str = "bfloat16") 
     return gguf_to_hf(bundled_gguf_path(name), out_dir, dtype={"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype])
 
 
-def run_job(params: Mapping[str, Any], wildcards: Mapping[str, str]) -> Path:
-    """Rule ``materialize_target``'s entry (``eagle3build.workflow.job.run_stage``): ``materialize`` bundled target
-    ``wildcards["name"]`` into ``params["out_dir"]`` (the folder of the rule's output files)."""
-    return materialize(wildcards["name"], params["out_dir"])
+@config_fields({})
+class MaterializeSettings:
+    """One materialize_target job: bundled target ``name`` (the rule's wildcard, ``target.bundled``'s value) into
+    ``out_dir`` (the folder of the rule's output files). No config field: ``target.bundled`` decides the files, the
+    ``resources.materialize`` keys the job's resources."""
+
+    name: str
+    out_dir: str
+
+
+def materialize_target(s: MaterializeSettings) -> Path:
+    """Rule ``materialize_target``'s entry (``eagle3build.workflow.job.run_stage``): ``materialize`` ``s.name`` into
+    ``s.out_dir``. Returns the folder; raises what ``materialize`` raises."""
+    return materialize(s.name, s.out_dir)

@@ -47,7 +47,6 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import field
 from pathlib import Path
-from typing import Any
 
 from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
@@ -61,7 +60,6 @@ from ..formats.artifacts import Decisions
 from ..target import kv_cache_bytes_per_token
 from ..vllm import engine_process, measure
 from ..vllm.engine_args import engine_args
-from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +140,7 @@ def measure_in_engine(spec: dict) -> dict:
     from vllm import SamplingParams
 
     llm, start_s = measure.start_engine(spec["engine"])
-    req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
+    req = _Requests(llm, spec["vocab_size"], spec["seed"])
     one = SamplingParams(max_tokens=1, temperature=0.0)
     out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
     ctx, tokens = int(spec["context_tokens"]), int(spec.get("decode_tokens", DECODE_TOKENS))
@@ -205,7 +203,7 @@ def measure_speculative_steps(spec: dict) -> dict:
     from ..vllm.measure import counter_delta, spec_counters, spec_figures
 
     llm, start_s = measure.start_engine(spec["engine"], speculative_config=spec["speculative_config"])
-    req = _Requests(llm, spec["vocab_size"], spec.get("seed", 0))
+    req = _Requests(llm, spec["vocab_size"], spec["seed"])
     tokens = int(spec.get("decode_tokens", DECODE_TOKENS))
     out: dict = {"engine_start_s": round(start_s, 2), "by_concurrency": {}}
 
@@ -275,25 +273,15 @@ class PreflightSettings:
     out_json: str
     decisions_json: str
     gpus: int = 0
-    draft: Draft = field(default_factory=resolve)
+    draft: Draft = field(default_factory=resolve)  # a draft section (the job's ``draft`` param) becomes one
 
     @property
     def seed(self) -> int:
         return SEED
 
-    @classmethod
-    def from_job(cls, inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
-                 params: Mapping[str, Any], resources: Mapping[str, Any]) -> PreflightSettings:
-        """Rule ``preflight_bound``'s job as settings: into ``outputs["json"]`` on the job's ``resources["gpu"]``
-        GPUs, the target of ``params["target_dir"]``, the ``decisions`` input, the draft planning resolved
-        (``params["draft"]``, ``choice.Draft.section``) and the job's settings.
-
-        Raises:
-            choice.DraftError: ``params["draft"]`` cannot be built.
-        """
-        return cls.from_settings(
-            settings, target_dir=params["target_dir"], out_json=outputs["json"], decisions_json=inputs["decisions"],
-            gpus=resources.get("gpu", 0), draft=resolve(params["draft"]))
+    def __post_init__(self) -> None:
+        if isinstance(self.draft, Mapping):  # the draft section planning resolved (the job's ``draft`` param)
+            object.__setattr__(self, "draft", resolve(self.draft))
 
 
 def preflight(s: PreflightSettings) -> dict:
@@ -397,12 +385,3 @@ def preflight(s: PreflightSettings) -> dict:
         result["draft_layers"] = by_layer
     write_json(s.out_json, result)
     return result
-
-
-def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
-            params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
-    """Rule ``preflight_bound``'s entry (``eagle3build.workflow.job.run_stage``): ``preflight`` on the job's
-    ``resources["gpu"]`` GPUs into ``outputs["json"]``, with the job's settings (``PreflightSettings.from_job``).
-    ``inputs``: ``target`` (its files) and ``decisions`` (the compat report's decisions.json). Returns what
-    ``preflight`` returns and raises what it raises."""
-    return preflight(PreflightSettings.from_job(inputs, outputs, settings, params, resources))

@@ -5,13 +5,16 @@ settings class restates a key's type, default or choices.
 its GPUs, values the contract or the compat report decides) as written there, and one keyword-only field per
 entry of ``fields`` (field name -> dotted key path, ``{"dtype": "target.serve_dtype"}``; a sequence of paths
 names each field by the key's last part) with the key's Python type (``Key.python_type``) and its default
-(config.yaml's value; a fresh copy for a list or a mapping). ``settings_class`` makes such a class with config
-fields only (``train.trainer.TrainConfig``, from ``section_fields("train")``). Each class gets
+(config.yaml's value; a fresh copy for a list or a mapping). An entry whose value is such a class is a section
+field (``{"train": TrainConfig}``): an object of that class, made from the same settings (default: its defaults;
+a mapping given for it becomes one). ``settings_class`` makes such a class with config fields only
+(``train.trainer.TrainConfig``, from ``section_fields("train")``). Each class gets
 
-- ``CONFIG_KEYS``: its config fields, field name -> key path;
+- ``CONFIG_KEYS``: its config fields, field name -> key path; ``SECTIONS``: its section fields, name -> class;
 - ``from_settings(settings, **fields)``: the object of one job, each config field read from ``settings`` (the
   stage's ``workflow.contract.StageSettings``, which raises KeyError for a key outside the stage's contract, or
-  any mapping of key paths), the class's own fields given;
+  any mapping of key paths), each section field made from them too, the class's own fields given (a stage's job:
+  ``workflow.job.stage_settings``, by its contract's ``from_job``);
 - a check at construction: a config field's value outside its key's ``enum`` raises ValueError naming the key;
 - a docstring that lists the config fields, each with its key, default and doc.
 
@@ -91,39 +94,56 @@ def default_of(cls: type, name: str) -> Any:
     raise KeyError(f"{cls.__name__} has no field {name!r}")
 
 
-def config_fields(fields: Mapping[str, str] | Iterable[str], keys: tuple[Key, ...] = KEYS
+def config_fields(fields: Mapping[str, str | type] | Iterable[str], keys: tuple[Key, ...] = KEYS
                   ) -> Callable[[type], type]:
     """A class decorator: the class as a frozen dataclass with its own annotated fields and a keyword-only config
-    field per entry of ``fields`` (field name -> key path of ``keys``, or key paths named by their last part);
-    the module docstring says what the class gets.
+    field per entry of ``fields`` (field name -> key path of ``keys``, or key paths named by their last part; or
+    field name -> a class made by this decorator: a section field); the module docstring says what the class gets.
 
     Raises:
         KeyError: a path of ``fields`` is not a key of ``keys`` (when the class is made).
-        TypeError: the class declares a config field itself (its default would restate the key's).
+        TypeError: the class declares a config field itself (its default would restate the key's), or a section
+            field's class is not made by this decorator.
     """
-    by_field = {name: key(path, keys) for name, path in _named(fields).items()}
+    named = _named(fields)
+    sections = {name: sub for name, sub in named.items() if isinstance(sub, type)}
+    for name, sub in sections.items():
+        if "CONFIG_KEYS" not in vars(sub):
+            raise TypeError(f"section field {name}: {sub.__name__} is not made by config_fields")
+    by_field = {name: key(path, keys) for name, path in named.items() if name not in sections}
 
     def make(cls: type) -> type:
         own = dict(cls.__dict__.get("__annotations__", {}))
-        for name, k in by_field.items():
+        for name in [*by_field, *sections]:
             if name in own or name in cls.__dict__:
-                raise TypeError(f"{cls.__name__}.{name} is config key {k.path}'s field: its type and default come "
+                what = f"config key {by_field[name].path}'s" if name in by_field else f"section {name}'s"
+                raise TypeError(f"{cls.__name__}.{name} is {what} field: its type and default come "
                                 "from the key's declaration (eagle3build/config/), not from the class")
+        for name, k in by_field.items():
             own[name] = k.python_type()
             setattr(cls, name, _field(k))
+        for name, sub in sections.items():
+            own[name] = sub
+            setattr(cls, name, dataclasses.field(default_factory=sub, kw_only=True))
         cls.__annotations__ = own
         cls.CONFIG_KEYS = MappingProxyType({name: k.path for name, k in by_field.items()})
+        cls.SECTIONS = MappingProxyType(dict(sections))
         after = getattr(cls, "__post_init__", None)
 
         def __post_init__(self) -> None:
             check_choices(self, by_field)
+            for name, sub in sections.items():
+                if isinstance(getattr(self, name), Mapping):  # a section's fields as JSON (a torchrun rank's)
+                    object.__setattr__(self, name, sub(**getattr(self, name)))
             if after is not None:
                 after(self)
 
         cls.__post_init__ = __post_init__
         cls.from_settings = classmethod(_from_settings)
-        listing = "\n".join(f"- ``{name}`` (``{k.path}``, default ``{k.default!r}``): {k.doc}"
-                            for name, k in by_field.items())
+        listing = "\n".join([*(f"- ``{name}`` (``{k.path}``, default ``{k.default!r}``): {k.doc}"
+                                for name, k in by_field.items()),
+                              *(f"- ``{name}``: a ``{sub.__name__}``, its config fields from the same settings"
+                                for name, sub in sections.items())])
         cls.__doc__ = ((cls.__doc__ or "").rstrip() + "\n\nConfig fields (keyword-only; type, default and choices from "
                        "the key's declaration, eagle3build/config/):\n\n" + listing)
         return dataclasses.dataclass(frozen=True)(cls)
@@ -133,14 +153,17 @@ def config_fields(fields: Mapping[str, str] | Iterable[str], keys: tuple[Key, ..
 
 def _from_settings(cls: type, settings: Mapping[str, Any], /, **fields: Any) -> Any:
     """An object of ``cls``: each config field read from ``settings`` by its key path (a stage's
-    ``StageSettings``), the class's own fields from ``fields``.
+    ``StageSettings``), each section field made from them (its class's ``from_settings``), the class's own fields
+    from ``fields``.
 
     Raises:
         KeyError: ``settings`` lacks one of the keys (a ``StageSettings``: the key is outside the stage's contract).
-        TypeError: ``fields`` names a config field, or lacks one of the class's own fields without a default.
+        TypeError: ``fields`` names a config or section field, or lacks one of the class's own fields without a
+            default.
         ValueError: a value outside its key's choices.
     """
-    return cls(**{name: settings[path] for name, path in cls.CONFIG_KEYS.items()}, **fields)
+    made = {name: sub.from_settings(settings) for name, sub in cls.SECTIONS.items()}
+    return cls(**{name: settings[path] for name, path in cls.CONFIG_KEYS.items()}, **made, **fields)
 
 
 def settings_class(name: str, fields: Mapping[str, str] | Iterable[str], keys: tuple[Key, ...] = KEYS, *,

@@ -73,8 +73,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -91,8 +90,8 @@ from ..formats.conversations import (
     normalise,
     template_messages,
 )
+from ..formats.target_files import num_aux_layers
 from ..formats.tokens import write_tokens
-from ..workflow.contract import StageSettings, num_aux_layers, require_eval
 from .chat_masking import TemplateRaised, answer_start, open_last_turn, reasoning_key, tokenize_batch
 
 log = logging.getLogger(__name__)
@@ -223,8 +222,8 @@ class PrepareSettings:
     (the data report). ``num_aux_layers`` sizes the projected hidden-state bytes (``(num_aux_layers + 1) *
     hidden_size * 2`` bytes per token in bf16); ``require_eval``: an empty eval split is an error (the rule sets it
     when the run captures eval samples, ``capture.num_eval_samples`` > 0, whose shard jobs would fail on it later).
-    Both are the contract's params (``workflow.contract.num_aux_layers``, ``require_eval``), by default those of
-    the default config. The config fields (below) are made from their keys' declarations (``config.settings``):
+    Both are the contract's params (``workflow.contract.num_aux_layers_param``, ``require_eval_param``), by default
+    those of the default config. The config fields (below) are made from their keys' declarations (``config.settings``):
     ``reasoning``: ``keep`` (assistant reasoning rendered where the template reads it) or ``drop``;
     ``benchmark_sets`` (``benchmark.sets``) and ``prompts_file`` (``data.prompts_file``, set ``custom``): every
     prompt of those sets is checked against the target's chat template here (``prepare``).
@@ -237,7 +236,7 @@ class PrepareSettings:
     out_prompts: str | os.PathLike
     out_report: str | os.PathLike
     num_aux_layers: int = num_aux_layers(config_key("capture.aux_layer_ids").default)
-    require_eval: bool = require_eval(config_key("capture.num_eval_samples").default)
+    require_eval: bool = config_key("capture.num_eval_samples").default > 0
 
 
 def prepare(s: PrepareSettings) -> dict:
@@ -440,15 +439,3 @@ def prepare(s: PrepareSettings) -> dict:
         report["tokens"]["max"], 100 * report["supervised_fraction"],
     )
     return report
-
-
-def run_job(outputs: Mapping[str, str], settings: StageSettings, params: Mapping[str, Any]) -> dict:
-    """Rule ``prepare_data``'s entry (``eagle3build.workflow.job.run_stage``): ``prepare`` with the job's settings (the
-    config fields of ``PrepareSettings``; ``benchmark.sets``: every benchmark prompt is checked against the chat
-    template here) and its computed params (``sources``: data.sources or the regenerated answers,
-    ``num_aux_layers``, ``require_eval``: eagle3build.workflow.contract), writing ``outputs`` ``train``, ``eval``,
-    ``prompts`` and ``report``. Returns the data report; raises what ``prepare`` raises."""
-    return prepare(PrepareSettings.from_settings(
-        settings, sources=params["sources"], target_dir=params["target_dir"], out_train=outputs["train"],
-        out_eval=outputs["eval"], out_prompts=outputs["prompts"], out_report=outputs["report"],
-        num_aux_layers=params["num_aux_layers"], require_eval=params["require_eval"]))

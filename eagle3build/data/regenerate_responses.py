@@ -69,9 +69,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..atomic import atomic_path, write_json, write_text
 from ..config.settings import config_fields, declared
@@ -80,7 +79,6 @@ from ..formats.conversation_files import DataError, SourceStats, read_records, r
 from ..formats.conversations import UNFINISHED_KEY, Conversation, Counters, normalise, template_messages
 from ..vllm import engine_process, measure
 from ..vllm.engine_args import engine_args
-from ..workflow.contract import StageSettings
 from .generators import Answer, TransformersGenerator, check_sampling
 
 log = logging.getLogger(__name__)
@@ -486,14 +484,3 @@ def regenerate_with_transformers(s: RegenerateSettings, conversations: list[list
     gen = TransformersGenerator(model, tok, s.max_tokens, s.batch_size, s.temperature, s.top_p, s.seed)
     return regenerate_turns(conversations, gen, gen.prompt_tokens, s.max_seq_len, s.unfinished, s.checkpoint_every,
                             state_path, key)
-
-
-def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
-            params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
-    """Rule ``regenerate_responses``' entry (``eagle3build.workflow.job.run_stage``): ``regenerate`` the job's
-    ``data.sources`` with the target of ``params["target_dir"]`` on its ``resources["gpu"]`` GPUs into
-    ``outputs["jsonl"]`` and ``outputs["report"]``; the config fields of ``RegenerateSettings`` from ``settings``.
-    Returns the report; raises what ``regenerate`` raises."""
-    return regenerate(RegenerateSettings.from_settings(
-        settings, target_dir=params["target_dir"], out_jsonl=outputs["jsonl"], out_report=outputs["report"],
-        gpus=resources.get("gpu", 0)))

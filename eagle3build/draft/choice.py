@@ -2,7 +2,7 @@
 
 A ``Draft`` is the config's ``draft`` section resolved once (``resolve``): the method object
 (``method.DraftMethod``, config ``draft.method``), every option of it with its value (``draft.<method>.*``) and the
-layer object (``layer.DraftLayer``, ``draft.layer``). rules/common.smk resolves it at planning, against the target's
+layer object (``layer.DraftLayer``, ``draft.layer``). ``workflow.plan`` resolves it at planning, against the target's
 config.json where it can be read then (a bundled target's known fields before it is materialised:
 ``formats.target_files.BUNDLED_CONFIGS``), and refuses in one line naming the keys what cannot be built: a method
 with a layer it is not built with (``draft.method: peagle`` with ``draft.layer: mla``), a layer the target lacks

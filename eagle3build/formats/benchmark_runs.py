@@ -2,7 +2,8 @@
 ``draft.compare_methods``' beside it, checked against ``benchmark.compare_heads``), the runs of a written file in
 either layout (``benchmark_runs``: ``runs`` from issue 55 on, ``eagle3`` before) and their names in logs and plots
 (``run_label``, ``head_description``) and the figures of a run per category of a set (``category_figures``: set
-``mtbench``). Read when planning (rules/common.smk), by the benchmark, its plot and the records (benchmarks/records.py).
+``mtbench``). Read when planning (``workflow.plan``), by the benchmark, its plot and the records
+(benchmarks/records.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ OWN_HEAD = "head"
 
 def check_compare_names(compare_heads: list[dict]) -> None:
     """``benchmark.compare_heads`` (``[{"name", "path"}]``): each name unique and not ``OWN_HEAD``. Called when
-    planning (rules/common.smk) and by the benchmark itself (serve.benchmark, usable without Snakemake).
+    planning (``workflow.plan.check_compare_heads``) and by the benchmark itself (serve.benchmark, usable without
+    Snakemake).
 
     Raises:
         ValueError: a name used twice or equal to ``OWN_HEAD``.
@@ -30,7 +32,8 @@ def method_heads(res: str, method: str, compare_methods: list[str], compare_head
     """The heads of ``draft.compare_methods`` (``compare_methods``), trained from the run's shards beside its own
     head of method ``method`` (``draft.method``), as ``benchmark.compare_heads`` entries: ``[{"name": m, "path":
     f"{res}/methods/{m}/head"}]`` in the listed order (``res``: the run's results folder, results/<run>). Called
-    when planning (rules/common.smk: the benchmark's inputs, and its ``method_heads`` param, the heads it serves).
+    when planning (``workflow.plan.resolve_drafts``: the benchmark's inputs and its ``method_heads`` param, the heads
+    it serves).
 
     Raises:
         ValueError: a listed method is the run's own ``method``, is listed twice, or its name or head folder is

@@ -4,9 +4,11 @@ materialize_target writes for a bundled target (``MATERIALIZED_FILES``), and wha
 no target (``target_dir_problem``: missing, a hub cache folder, no config.json; ``target_weights_problem``: no
 weights), and its config.json as planning reads it (``planning_config``; ``BUNDLED_CONFIGS`` before a bundled target
 is materialised), and the variables that keep the Hugging Face libraries to the local files (``OFFLINE_VARS``,
-config ``target.offline``). Read at planning (rules/common.smk: a target's files are the inputs of the rules that read
-it), by the target loader (eagle3build/target.py), the jobs (``job.setup``), the engines' child processes
-(``engine_process.child_env``) and the serving files (serve.env).
+config ``target.offline``); how many aux layers a head reads (``num_aux_layers``) and which by default
+(``default_aux_layer_ids``), and how an engine of the target is laid out over a job's GPUs (``engine_layout``). Read at
+planning (``workflow.plan``: a target's files are the inputs of the rules that read it), by the target loader
+(eagle3build/target.py), the jobs (``job.setup``), the engines (``engine_args``, ``engine_process.child_env``) and the
+serving files (serve.env).
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def target_weights_problem(path: str | os.PathLike) -> str | None:
     config and tokenizer but not the weights yet, or a shape-only folder such as the examples'
     ``examples/targets/*-shape``), else None (also for a folder ``target_dir_problem`` refuses).
 
-    ``rules/common.smk`` warns at planning, so a dry-run shows it, and refuses a build whose planned
+    The plan warns (``workflow.plan.check_target``), so a dry-run shows it, and refuses a build whose planned
     jobs read the weights before the first job starts (its ``onstart``): a dry-run of a shape-only
     folder still plans.
     """
@@ -178,6 +180,26 @@ def planning_config(path: str | os.PathLike, bundled: str | None = None) -> tupl
 
 # Fewer decoder layers than this and EAGLE-3's default ids [2, N//2, N-3] repeat a layer or leave the stack.
 EAGLE3_MIN_LAYERS = 7
+
+
+def engine_layout(gpus: int, pipeline_parallel_size: int) -> dict[str, int]:
+    """How an engine on a job's ``gpus`` GPUs (0 = CPU) is laid out: ``{"tensor_parallel_size": gpus (1 on
+    CPU), "pipeline_parallel_size": pipeline_parallel_size}`` (``target.pipeline_parallel_size``), vLLM's
+    argument names. ``vllm.engine_args.engine_args`` passes these to vLLM; the planner shows them in each engine job's
+    resources (``workflow.plan.engine_layout_resources``), so the dry-run reads the layout from this one function.
+
+    Raises:
+        ValueError: ``pipeline_parallel_size`` < 1.
+    """
+    if pipeline_parallel_size < 1:
+        raise ValueError(f"target.pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
+    return {"tensor_parallel_size": max(1, gpus), "pipeline_parallel_size": pipeline_parallel_size}
+
+
+def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
+    """How many aux layers a head reads for ``capture.aux_layer_ids``: 3 for ``auto`` (``default_aux_layer_ids``),
+    else the ids' count."""
+    return 3 if aux_layer_ids == "auto" else len(aux_layer_ids)
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

@@ -26,9 +26,9 @@ Lossless check (``serve.lossless``): greedy decoding with the head must emit the
 numerical near-ties and first-token differences (its module docstring); a real divergence fails the job.
 The k schedule (``benchmark.k_schedule_concurrencies``) is its own experiment: ``serve.k_schedule``.
 
-The stage's settings travel as one ``BenchmarkSettings`` (``BenchmarkSettings.from_job``: the rule's inputs,
-settings, params and resources). Each head served (the run's own, each compared one) is a ``head_format.Head``, its
-folder's config.json read once (``read_heads``) before any engine starts.
+The stage's settings travel as one ``BenchmarkSettings`` (made from the job by the one adapter:
+``workflow.job.stage_settings``, as the stage's contract says). Each head served (the run's own, each compared one)
+is a ``head_format.Head``, its folder's config.json read once (``read_heads``) before any engine starts.
 
 Engines are sized to the job (``engine_args``): ``concurrency`` sequences of
 ``max_model_len`` tokens of KV cache, CUDA graphs for at most ``concurrency x (k + 1)`` tokens.
@@ -48,7 +48,7 @@ the baseline's same category, lossless check, draft vocab coverage) under ``sets
 set's are its categories together. With ``benchmark.mtbench.turns`` 2, the target's own greedy answers to the
 MT-Bench first turns are made once, by one engine of the target alone before the baseline
 (``mtbench_answers``), and every run gets the same second-turn prompts after them (``prompt_sets.with_second_turns``;
-the answers in ``settings.sets.mtbench.first_turn_answers``).
+the answers in benchmark.json's ``settings.sets.first_turn_answers``, set mtbench's).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import field
 from pathlib import Path
-from typing import Any
 
 from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
@@ -71,7 +71,6 @@ from ..formats.benchmark_runs import OWN_HEAD, check_compare_names, run_label
 from ..vllm import engine_process
 from ..vllm.engine_args import engine_args
 from ..vllm.measure import RUN_ENTRY
-from ..workflow.contract import StageSettings
 from . import lossless
 from .k_schedule import k_schedule
 
@@ -123,6 +122,7 @@ def validate(result: dict) -> None:
     "near_tie_max_logprob_gap": "benchmark.near_tie_max_logprob_gap", "trust_remote_code": "target.trust_remote_code",
     "k_schedule_concurrencies": "benchmark.k_schedule_concurrencies",
     "mtbench_per_category": "benchmark.mtbench.per_category", "mtbench_turns": "benchmark.mtbench.turns",
+    "compare_heads": "benchmark.compare_heads",
 })
 class BenchmarkSettings:
     """What one benchmark job runs (``benchmark``): the files, the config's ``benchmark.*`` and ``target.*``
@@ -132,8 +132,9 @@ class BenchmarkSettings:
     ``target_dir``: the target's folder; ``head_dir``: the run's exported head; ``prompts_path``: prepare_data's
     held-out chat prompts (set ``chat``); ``out_json``: benchmark.json; ``gpus``: GPUs the job holds (the engines'
     tensor parallel size; 0 = CPU); ``custom_prompts_path``: set ``custom``'s file; ``preflight_path``: the run's
-    preflight.json; ``compare_heads``: ``[{"name", "path"}]`` of other exported heads served beside the run's own
-    (``benchmark.compare_heads``, then draft.compare_methods'). Of the config fields: ``dtype`` is
+    preflight.json; ``method_heads``: ``[{"name", "path"}]``, the heads of draft.compare_methods
+    (``benchmark_runs.method_heads``), served beside the run's own after ``compare_heads`` (``heads_compared``). Of
+    the config fields: ``compare_heads``: ``[{"name", "path"}]`` of other exported heads; ``dtype`` is
     ``target.serve_dtype`` (``auto`` = bf16 on GPUs, float32 on CPU); ``sets``: ``prompt_sets`` names;
     ``near_tie_max_logprob_gap``: nats, or ``auto`` (``lossless.NEAR_TIE_GAP`` of the dtype);
     ``k_schedule_concurrencies``: the k schedule's concurrencies (``serve.k_schedule``; empty: none);
@@ -147,26 +148,12 @@ class BenchmarkSettings:
     gpus: int = 0
     custom_prompts_path: str | None = None
     preflight_path: str | None = None
-    compare_heads: list[Mapping[str, str]] | None = None
+    method_heads: list[Mapping[str, str]] = field(default_factory=list)
 
-    @classmethod
-    def from_job(cls, inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
-                 params: Mapping[str, Any], resources: Mapping[str, Any]) -> BenchmarkSettings:
-        """Rule ``benchmark``'s job as settings: the head of ``params["head_dir"]`` on the job's
-        ``resources["gpu"]`` GPUs into ``outputs["json"]``; the ``custom_prompts`` and ``preflight`` inputs where
-        the rule has them (an empty list: none); the compared heads: ``benchmark.compare_heads``, then
-        ``params["method_heads"]`` (draft.compare_methods', ``benchmark_runs.method_heads``; absent: none); the
-        config fields from ``settings`` (``from_settings``).
-
-        Raises:
-            KeyError: an input, output or param named here is missing.
-        """
-        s = settings
-        return cls.from_settings(
-            s, target_dir=params["target_dir"], head_dir=params["head_dir"], prompts_path=inputs["prompts"],
-            out_json=outputs["json"], gpus=resources.get("gpu", 0),
-            custom_prompts_path=inputs["custom_prompts"] or None, preflight_path=inputs["preflight"] or None,
-            compare_heads=[*s["benchmark.compare_heads"], *params.get("method_heads", [])])
+    @property
+    def heads_compared(self) -> list[Mapping[str, str]]:
+        """The heads served beside the run's own, in order: ``compare_heads``, then ``method_heads``."""
+        return [*self.compare_heads, *self.method_heads]
 
 
 def benchmark(s: BenchmarkSettings) -> dict:
@@ -188,7 +175,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     and their breakdown (``engine_process.startup_breakdown``) per run. With ``s.preflight_path`` the result gets
     ``preflight``, each run's measured step cost against the table's, and every head's drafting cost a step
     (``draft_cost``; ``step_costs.compare_benchmark``), logged; with ``s.k_schedule_concurrencies`` (e.g. ``[1, 4,
-    16]``) ``k_schedule`` (``serve.k_schedule``). ``s.compare_heads``: other exported heads of this target (any
+    16]``) ``k_schedule`` (``serve.k_schedule``). ``s.heads_compared``: other exported heads of this target (any
     draft method), each run at every k after the run's own head, against the same baseline with the same prompts,
     lossless check included. Every run in ``runs`` names what it served: ``head`` (``benchmark_runs.OWN_HEAD`` for the
     run's own, else its name), its draft ``method``, ``draft_layer`` (``Head.draft_layer``),
@@ -220,7 +207,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
     import tempfile
 
     engine_process.require_vllm(needed_by=os.fspath(s.out_json))
-    check_compare_names(s.compare_heads or [])
+    check_compare_names(s.heads_compared)
     heads = read_heads(s)
     loaded = prompt_sets.load_sets(s.sets, s.num_prompts, chat_path=s.prompts_path,
                                    custom_path=s.custom_prompts_path, mtbench_per_category=s.mtbench_per_category)
@@ -334,13 +321,13 @@ def second_turns(first_turns: list[dict], answers: dict[str, str], count_tokens:
 
 def read_heads(s: BenchmarkSettings) -> list[tuple[str, Head]]:
     """The heads ``s`` serves, each read once (``Head.read``): ``(benchmark_runs.OWN_HEAD, the run's own)``, then
-    each of ``s.compare_heads`` by its name.
+    each of ``s.heads_compared`` by its name.
 
     Raises:
         head_format.HeadError: a head's config.json is no head of a registered method, or lacks what it is read
             for (its layers, its trained positions).
     """
-    return [(OWN_HEAD, Head.read(s.head_dir)), *((h["name"], Head.read(h["path"])) for h in s.compare_heads or [])]
+    return [(OWN_HEAD, Head.read(s.head_dir)), *((h["name"], Head.read(h["path"])) for h in s.heads_compared)]
 
 
 def chat_token_counter(target_dir: str, trust_remote_code: bool = declared("target.trust_remote_code")
@@ -450,8 +437,8 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
         "heads": [{"name": name, **h.described()} for name, h in heads],
         "runs": runs,
     }
-    if s.compare_heads:
-        result["settings"]["compare_heads"] = [{"name": h["name"], "path": h["path"]} for h in s.compare_heads]
+    if s.heads_compared:
+        result["settings"]["compare_heads"] = [{"name": h["name"], "path": h["path"]} for h in s.heads_compared]
     if s.preflight_path:
         result["preflight"] = compare_benchmark(result, json.loads(Path(s.preflight_path).read_text()))
     if s.k_schedule_concurrencies:
@@ -513,10 +500,3 @@ def compare(base: dict, run: dict, prompts: list[dict], differences: list[dict] 
     (``step_costs.step_cost``) and the lossless check of ``prompts`` (``lossless.figures``)."""
     return {**step_cost(base, run), "speedup": run["output_tokens_per_s"] / base["output_tokens_per_s"],
             **lossless.figures(base, run, prompts, differences)}
-
-
-def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
-            params: Mapping[str, Any], resources: Mapping[str, Any]) -> dict:
-    """Rule ``benchmark``'s entry (``eagle3build.workflow.job.run_stage``): ``benchmark`` the job's
-    ``BenchmarkSettings.from_job``. Returns the benchmark; raises what ``benchmark`` raises."""
-    return benchmark(BenchmarkSettings.from_job(inputs, outputs, settings, params, resources))

@@ -25,14 +25,12 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ..atomic import atomic_path, write_json
-from ..config.settings import declared
+from ..config.settings import config_fields, declared
 from ..draft import vocab_map
 from ..draft.head_format import Head, HeadError
 from ..draft.head_model import TORCH_DTYPES
@@ -40,7 +38,6 @@ from ..formats.artifacts import TrainMeta
 from ..vllm import engine_process
 from ..vllm.engine_args import engine_args
 from ..vllm.measure import RUN_ENTRY
-from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -63,28 +60,37 @@ def _absolute_paths(obj, where: str = "") -> list[str]:
     return []
 
 
-def export(
-    checkpoint_dir: str | os.PathLike,
-    d2t_path: str,
-    t2d_path: str,
-    vocab_json: str,
-    out_dir: str | os.PathLike,
-    served_name: str,
-    target_dir: str,
-    dtype: str = declared("export.weights_dtype"),
-    vllm_load_check: str = declared("export.vllm_load_check"),
-    gpus: int = 0,
-    pipeline_parallel_size: int = declared("target.pipeline_parallel_size"),
-    trust_remote_code: bool = declared("target.trust_remote_code"),
-    benchmarked_by: str | None = None,
-) -> dict:
-    """Check the checkpoint against the vocab map and write the head directory; then load it with
-    speculators and, where vLLM is installed (``vllm_load_check``: auto | always | never), with vLLM,
-    serving the target tensor-parallel over the job's ``gpus`` GPUs (0 = CPU, float32).
+@config_fields({"served_name": "target.served_name", "weights_dtype": "export.weights_dtype",
+                "vllm_load_check": "export.vllm_load_check", "pipeline_parallel_size": "target.pipeline_parallel_size",
+                "trust_remote_code": "target.trust_remote_code"})
+class ExportSettings:
+    """One export (``export``): the checkpoint of ``checkpoint_dir`` (train_draft's) with the vocab map it was trained
+    with (``d2t_path``, ``t2d_path``, ``vocab_json``: build_vocab_map's) into the head folder ``out_dir``, the target of
+    ``target_dir`` for the load checks, on the job's ``gpus`` GPUs (the vLLM check's tensor parallel size; 0 = CPU);
+    ``benchmarked_by``: the file of the same plan's benchmark (``workflow.plan.benchmark_in_plan``), None where the
+    plan does not benchmark the head. The config fields (below) are made from their keys' declarations
+    (``config.settings``): ``served_name`` names the verifier in the head's config; ``weights_dtype`` the head's
+    tensors; ``vllm_load_check``: auto | always | never."""
+
+    checkpoint_dir: str | os.PathLike
+    d2t_path: str
+    t2d_path: str
+    vocab_json: str
+    out_dir: str | os.PathLike
+    target_dir: str
+    gpus: int = 0
+    benchmarked_by: str | None = None
+
+
+def export(s: ExportSettings) -> dict:
+    """Check the checkpoint of ``s.checkpoint_dir`` against the vocab map and write the head directory ``s.out_dir``;
+    then load it with speculators and, where vLLM is installed (``s.vllm_load_check``: auto | always | never), with
+    vLLM, serving the target tensor-parallel over the job's ``s.gpus`` GPUs (0 = CPU, float32). Returns the head's
+    meta (``head_meta.json``'s content).
 
     ``auto`` without an importable vLLM skips the vLLM check with a warning, recorded in
     ``head_meta.json`` (``vllm_load_check.skipped``); ``always`` then fails before any work. ``auto`` also skips it
-    where the same plan benchmarks the head (``benchmarked_by``: that benchmark's file, ``workflow.plan
+    where the same plan benchmarks the head (``s.benchmarked_by``: that benchmark's file, ``workflow.plan
     .benchmark_in_plan``): the benchmark's engines load it minutes later, and a head that does not load fails there,
     naming vLLM's error; ``head_meta.json`` says so.
 
@@ -98,6 +104,9 @@ def export(
     """
     from safetensors.torch import load_file, save_file
 
+    checkpoint_dir, d2t_path, t2d_path, out_dir = s.checkpoint_dir, s.d2t_path, s.t2d_path, s.out_dir
+    served_name, target_dir, dtype, vllm_load_check = s.served_name, s.target_dir, s.weights_dtype, s.vllm_load_check
+    benchmarked_by = s.benchmarked_by
     vllm_check = vllm_load_check == "always"
     if vllm_load_check == "always":
         engine_process.require_vllm(needed_by=f"{os.fspath(out_dir)} (export.vllm_load_check: always)")
@@ -117,10 +126,10 @@ def export(
     except HeadError as e:
         raise ExportError(str(e)) from None
     cfg, meta = trained.config, trained.meta
-    d2t, t2d, vinfo = vocab_map.load(d2t_path, t2d_path, vocab_json)
+    d2t, t2d, vinfo = vocab_map.load(d2t_path, t2d_path, s.vocab_json)
     if vinfo["fingerprint"] != meta["vocab_fingerprint"]:
         raise ExportError(
-            f"vocab map {vocab_json} has fingerprint {vinfo['fingerprint']}, but the checkpoint "
+            f"vocab map {s.vocab_json} has fingerprint {vinfo['fingerprint']}, but the checkpoint "
             f"{ck} was trained with {meta['vocab_fingerprint']}; retrain or use the matching map"
         )
     state = load_file(str(ck / "model.safetensors"))
@@ -161,9 +170,9 @@ def export(
         head = Head.of(out_dir, cfg)  # the exported head, of the config just written
         check_loads_with_speculators(head, target_dir, out_state, trained)
         if vllm_check:
-            head_meta["vllm_load_check"] = check_loads_with_vllm(head, target_dir, served_name, gpus=gpus,
-                                                                 pipeline_parallel_size=pipeline_parallel_size,
-                                                                 trust_remote_code=trust_remote_code)
+            head_meta["vllm_load_check"] = check_loads_with_vllm(head, target_dir, served_name, gpus=s.gpus,
+                                                                 pipeline_parallel_size=s.pipeline_parallel_size,
+                                                                 trust_remote_code=s.trust_remote_code)
         elif vllm_load_check == "auto":
             head_meta["vllm_load_check"] = {"skipped": skipped}
         write_json(Path(out_dir) / "head_meta.json", head_meta)
@@ -244,17 +253,3 @@ def check_loads_with_speculators(head: Head, target_dir: str, state: dict[str, t
             raise ExportError(f"speculators dropped tensor {k} when loading {head_dir}")
         if not torch.equal(loaded[k].to(v.dtype), v):
             raise ExportError(f"tensor {k} differs after loading {head_dir} with speculators")
-
-
-def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[str, Any],
-            resources: Mapping[str, Any]) -> dict:
-    """Rule ``export_head``'s entry (``eagle3build.workflow.job.run_stage``): ``export`` the checkpoint of
-    ``params["checkpoint_dir"]`` with the vocab map of ``inputs`` into ``params["out_dir"]``, the vLLM load check
-    on the job's ``resources["gpu"]`` GPUs. Returns the head's meta; raises what ``export`` raises."""
-    s = settings
-    return export(
-        checkpoint_dir=params["checkpoint_dir"], d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
-        vocab_json=inputs["vocab"], out_dir=params["out_dir"], served_name=s["target.served_name"],
-        target_dir=params["target_dir"], dtype=s["export.weights_dtype"], vllm_load_check=s["export.vllm_load_check"],
-        gpus=resources.get("gpu", 0), pipeline_parallel_size=s["target.pipeline_parallel_size"],
-        trust_remote_code=s["target.trust_remote_code"], benchmarked_by=params.get("benchmarked_by"))

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 
 from ..atomic import atomic_path
+from ..config.settings import config_fields
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs, category_figures, head_description, run_label
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
@@ -138,7 +138,16 @@ def _tick(run: dict) -> str:
     return "\n".join(lines if head == OWN_HEAD else [head, *lines])
 
 
-def run_job(inputs: Mapping[str, str], outputs: Mapping[str, str]) -> dict:
-    """Rule ``plot_benchmark``'s entry (``eagle3build.workflow.job.run_stage``): ``plot`` ``inputs["benchmark"]`` into
-    ``outputs["png"]``. Returns what ``plot`` returns and raises what it raises."""
-    return plot(inputs["benchmark"], outputs["png"])
+@config_fields({})
+class PlotSettings:
+    """One plot_benchmark job: the figure of ``benchmark_json`` (benchmark.json) into ``out_png``. No config field:
+    the figure shows what benchmark.json holds."""
+
+    benchmark_json: str
+    out_png: str
+
+
+def plot_benchmark(s: PlotSettings) -> dict:
+    """Rule ``plot_benchmark``'s entry (``eagle3build.workflow.job.run_stage``): ``plot`` ``s.benchmark_json`` into
+    ``s.out_png``. Returns what ``plot`` returns and raises what it raises."""
+    return plot(s.benchmark_json, s.out_png)

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Mapping
@@ -56,7 +55,6 @@ from ..formats.artifacts import ServeCheck, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
 from ..vllm import engine_process
 from ..vllm.measure import counter_delta, spec_figures, summary
-from ..workflow.contract import StageSettings
 from . import openai_server, serving_files
 
 log = logging.getLogger(__name__)
@@ -271,7 +269,7 @@ def serve_check(s: CheckSettings) -> dict:
     bench = json.loads(Path(s.benchmark_path).read_text())
     exp = expected(bench, k_at_one(spec), s.prompts_path, s.custom_prompts_path, s.check_set)
     opts, yml = files["options"], files["paths"][serving_files.SERVE_YAML]
-    port = int(opts.get("port", 8000))
+    port = int(opts.get("port", files["serving"]["port"]))  # serve.yaml's, else what serve_config recorded
     openai_server.check_port(port, yml)
     base_url = f"http://127.0.0.1:{port}"
     argv = engine_process.guarded_module_argv(s.server_module, ["--config", yml])
@@ -401,14 +399,3 @@ def _load(base_url: str, model: str, opts: Mapping[str, Any], exp: Expected, con
             }
             log.info("vllm bench serve, %d in flight: %s", c, out[str(c)])
     return out
-
-
-def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
-            params: Mapping[str, Any]) -> dict:
-    """Rule ``serve_check``'s entry (``eagle3build.workflow.job.run_stage``): ``serve_check`` of the serving files of
-    ``inputs["serve_yaml"]``'s folder against ``inputs["benchmark"]``, the server's output in ``params["server_log"]``,
-    into ``outputs["json"]``. Returns the check; raises what ``serve_check`` raises."""
-    return serve_check(CheckSettings.from_settings(
-        settings, serve_dir=os.path.dirname(inputs["serve_yaml"]), benchmark_path=inputs["benchmark"],
-        prompts_path=inputs["prompts"], custom_prompts_path=inputs["custom_prompts"] or None,
-        out_json=outputs["json"], server_log=params["server_log"]))

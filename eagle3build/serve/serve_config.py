@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_path, write_json, write_text
+from ..config.settings import config_fields
 from ..draft.head_format import Head
 from ..formats.artifacts import Serving, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
 from ..formats.target_files import OFFLINE_VARS
 from ..vllm import engine_process
 from ..vllm.engine_args import drafter_config, engine_arg_declared, engine_args, engine_layout
-from ..workflow.contract import StageSettings
 from . import serving_files
 from .k_schedule import SCHEDULE_ENV
 
@@ -137,36 +137,58 @@ def speculators_route(head: Head) -> dict:
                    "cache, so an offline server cannot find it"}
 
 
-def serving(head_dir: str, target_dir: str, bench: Mapping[str, Any], *, gpus: int, served_name: str,
-            max_model_len: int, seed: int, dtype: str, pipeline_parallel_size: int, trust_remote_code: bool,
-            port: int, offline: bool, per_request_metrics: bool) -> dict:
-    """The serving files' contents for the head in ``head_dir`` (its config.json read) and the target in
-    ``target_dir``: ``{"options": serve.yaml's (``serving_files.server_options``), "env": serve.env's, "serving":
-    serving.json's}``. The engine is the benchmark's (``engine_args`` of ``gpus`` GPUs of the serve section,
-    ``pipeline_parallel_size`` stages, ``served_name``, ``max_model_len`` tokens, ``seed``, ``dtype`` as
-    ``target.serve_dtype``); k from ``choose_k``; ``port``; ``offline``: the Hugging Face offline variables in the
-    environment; ``per_request_metrics``: vLLM's per-request τ in each response (where the installed vLLM has it).
+@config_fields({
+    "serve_gpus": "resources.serve.gpu", "served_name": "target.served_name",
+    "max_model_len": "benchmark.max_model_len", "seed": "benchmark.seed", "dtype": "target.serve_dtype",
+    "pipeline_parallel_size": "target.pipeline_parallel_size",
+    "trust_remote_code": "target.trust_remote_code", "port": "serve.port", "offline": "target.offline",
+})
+class ServeConfigSettings:
+    """One serve_config job (``serve_config``): the serving files of the head in ``head_dir`` and the target in
+    ``target_dir`` at the choice of k of ``benchmark_json`` (benchmark.json), into ``out_dir``;
+    ``per_request_metrics``: vLLM's per-request τ in each response (None: where the installed vLLM has it,
+    ``engine_args.engine_arg_declared``). The config fields (below, from their keys' declarations): the engine is the
+    benchmark's (``serve_gpus`` GPUs of the serve section, ``pipeline_parallel_size`` stages, ``served_name``,
+    ``max_model_len`` tokens, ``seed``, ``dtype`` as ``target.serve_dtype``); ``port``; ``offline``: the Hugging Face
+    offline variables in the environment."""
+
+    head_dir: str
+    target_dir: str
+    benchmark_json: str | None = None
+    out_dir: str | None = None
+    per_request_metrics: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.per_request_metrics is None:
+            object.__setattr__(self, "per_request_metrics", engine_arg_declared("per_request_spec_decode_metrics"))
+
+
+def serving(s: ServeConfigSettings, bench: Mapping[str, Any]) -> dict:
+    """The serving files' contents for ``s`` (``ServeConfigSettings``: the head's config.json read) at the k
+    ``choose_k`` takes from benchmark.json ``bench``: ``{"options": serve.yaml's (``serving_files.server_options``),
+    "env": serve.env's, "serving": serving.json's}``.
 
     Raises:
         ServeConfigError: as ``choose_k``.
         OSError, ValueError: the head's config.json cannot be read, or names no registered method; a 16-bit dtype on CPU.
     """
-    head_dir, target_dir = os.path.abspath(head_dir), os.path.abspath(target_dir)
-    engine = engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=max_model_len,
-                         seed=seed, dtype=dtype, pipeline_parallel_size=pipeline_parallel_size,
-                         trust_remote_code=trust_remote_code)
+    head_dir, target_dir = os.path.abspath(s.head_dir), os.path.abspath(s.target_dir)
+    gpus, port, served_name = s.serve_gpus, s.port, s.served_name
+    engine = engine_args(target_dir, gpus=gpus, served_name=served_name, max_model_len=s.max_model_len,
+                         seed=s.seed, dtype=s.dtype, pipeline_parallel_size=s.pipeline_parallel_size,
+                         trust_remote_code=s.trust_remote_code)
     choice = choose_k(bench)
     head = Head.read(head_dir)
     spec = head.speculative_config(choice["num_speculative_tokens"], choice["bands"] or None)
     spec = drafter_config(engine, spec)  # an MLA head on CPU: the engine's attention backend
-    env = {**({v: "1" for v in OFFLINE_VARS} if offline else {}), **engine_process.ENGINE_ENV,
+    env = {**({v: "1" for v in OFFLINE_VARS} if s.offline else {}), **engine_process.ENGINE_ENV,
            **(SCHEDULE_ENV if choice["bands"] else {})}
-    options = serving_files.server_options(engine, spec, port, per_request_metrics)
+    options = serving_files.server_options(engine, spec, port, s.per_request_metrics)
     return {"options": options, "env": env, "serving": {
         "head": head_dir, "target": target_dir, "route": ROUTE, "why": ROUTE_WHY,
         "speculators_route": speculators_route(head), "k": choice, "speculative_config": spec,
-        "layout": engine_layout(gpus, pipeline_parallel_size), "dtype": engine["dtype"], "port": port,
-        "served_name": served_name, "env": env, "per_request_metrics": per_request_metrics,
+        "layout": engine_layout(gpus, s.pipeline_parallel_size), "dtype": engine["dtype"], "port": port,
+        "served_name": served_name, "env": env, "per_request_metrics": s.per_request_metrics,
     }}
 
 
@@ -195,25 +217,15 @@ def write(out_dir: str | os.PathLike, contents: Mapping[str, Any], python: str =
     return {n: str(out_dir / n) for n in names}
 
 
-def run_job(inputs: Mapping[str, Any], outputs: Mapping[str, str], settings: StageSettings,
-            params: Mapping[str, Any]) -> dict:
-    """Rule ``serve_config``'s entry (``eagle3build.workflow.job.run_stage``): the serving files of the head of
-    ``inputs["head_config"]`` and the target ``params["target_dir"]`` from ``inputs["benchmark"]``, into the folder of
-    ``outputs["yaml"]``. Returns serving.json's content; raises what ``serving`` and ``write`` raise."""
+def serve_config(s: ServeConfigSettings) -> dict:
+    """Rule ``serve_config``'s entry (``eagle3build.workflow.job.run_stage``): the serving files of ``s`` (``serving``
+    of ``s.benchmark_json``), written into ``s.out_dir``. Returns serving.json's content; raises what ``serving`` and
+    ``write`` raise."""
     import json
 
-    s = settings
-    head_dir = os.path.dirname(inputs["head_config"])
-    contents = serving(head_dir, params["target_dir"], json.loads(Path(inputs["benchmark"]).read_text()),
-                       gpus=s["resources.serve.gpu"], served_name=s["target.served_name"],
-                       max_model_len=s["benchmark.max_model_len"], seed=s["benchmark.seed"],
-                       dtype=s["target.serve_dtype"], pipeline_parallel_size=s["target.pipeline_parallel_size"],
-                       trust_remote_code=s["target.trust_remote_code"], port=s["serve.port"],
-                       offline=s["target.offline"],
-                       per_request_metrics=engine_arg_declared("per_request_spec_decode_metrics"))
-    paths = write(os.path.dirname(outputs["yaml"]), contents)
+    contents = serving(s, json.loads(Path(s.benchmark_json).read_text()))
+    paths = write(s.out_dir, contents)
     serving_json = Serving.load(paths[serving_files.SERVING_JSON]).data
-    log.info("serving files in %s: %s (k: %s); speculators' route: %s", os.path.dirname(outputs["yaml"]),
-             serving_json["command"], contents["serving"]["k"]["why"],
-             contents["serving"]["speculators_route"]["why"])
+    log.info("serving files in %s: %s (k: %s); speculators' route: %s", s.out_dir, serving_json["command"],
+             contents["serving"]["k"]["why"], contents["serving"]["speculators_route"]["why"])
     return serving_json

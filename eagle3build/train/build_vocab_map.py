@@ -18,13 +18,12 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
 
 import numpy as np
 
+from ..config.settings import config_fields
 from ..draft.vocab_map import coverage, draft_target_ids, write_map
 from ..formats.tokens import read_tokens
-from ..workflow.contract import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +48,29 @@ def vocab_fingerprint(freq: dict[int, int], draft_vocab_size: int) -> str:
     return h.hexdigest()[:16]
 
 
-def run_job(inputs: Mapping[str, str], outputs: Mapping[str, str], settings: StageSettings) -> dict:
-    """Rule ``build_vocab_map``'s entry (``eagle3build.workflow.job.run_stage``): ``build`` from ``inputs["tokens"]``
-    (its first ``capture.num_train_samples`` samples) a map of ``vocab.draft_vocab_size`` tokens into
-    ``outputs`` ``d2t``, ``t2d`` and ``info``, with the target vocabulary size (tokens) read from the compat
-    report's ``inputs["decisions"]`` (``artifacts.Decisions``). Returns ``build``'s summary.
+@config_fields({"draft_vocab_size": "vocab.draft_vocab_size", "num_samples": "capture.num_train_samples"})
+class VocabSettings:
+    """One build_vocab_map job (``build_vocab_map``): the tokens file ``tokens_path`` (prepare_data's train split), the
+    target's vocabulary size (tokens; the compat report's ``target.vocab_size``, decisions.json), the map's files
+    ``out_d2t``, ``out_t2d`` and ``out_json``; its config fields (below, from their keys' declarations): a map of
+    ``draft_vocab_size`` tokens counted over the first ``num_samples`` samples (the ones the shards capture)."""
+
+    tokens_path: str
+    target_vocab_size: int
+    out_d2t: str
+    out_t2d: str
+    out_json: str
+
+
+def build_vocab_map(s: VocabSettings) -> dict:
+    """Rule ``build_vocab_map``'s entry (``eagle3build.workflow.job.run_stage``): ``build`` the map of ``s``. Returns
+    ``build``'s summary.
 
     Raises:
-        artifacts.ArtifactError: the decisions file is missing or does not match its schema.
         ValueError: ``draft_vocab_size`` exceeds the target vocabulary.
     """
-    from ..formats.artifacts import Decisions
-
-    target_vocab_size = Decisions.load(inputs["decisions"]).target_vocab_size
-    return build(inputs["tokens"], target_vocab_size, settings["vocab.draft_vocab_size"], outputs["d2t"],
-                 outputs["t2d"], outputs["info"], settings["capture.num_train_samples"])
+    return build(s.tokens_path, s.target_vocab_size, s.draft_vocab_size, s.out_d2t, s.out_t2d, s.out_json,
+                 s.num_samples)
 
 
 def build(

@@ -12,6 +12,7 @@ either side waits (``train_data.PrefetchWaits``).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -79,8 +80,7 @@ class OnlineBatches(Batches):
                               else (online.eval_tokens, online.num_eval))
         ds = online_dataset_class()(tokens_path, count, layout.total_seq_len, layout.dtype, target,
                                     noise_std=layout.noise_std, seed=layout.seed)
-        super().__init__([], layout.total_seq_len, layout.hidden_size, layout.num_aux, layout.dtype, layout.seed,
-                         layout.noise_std, layout.world_size, layout.ranks, dataset=ds, shift=layout.shift)
+        super().__init__([], replace(layout, dequantize_on_device=False), dataset=ds)
         self.depth = online.queue_depth
 
     def load(self, indices) -> dict:
@@ -141,15 +141,13 @@ def open_target(inputs, backend: str, aux_layer_ids: list[int], trust_remote_cod
 
     on = inputs.online
     longest = longest_sample(on)
-    return open_states(backend, inputs.target_dir, aux_layer_ids, on.storage_dtype, gpus=on.gpus,
-                       compute_dtype=on.compute_dtype, tokens_per_batch=on.tokens_per_batch,
-                       max_model_len=longest + 1, trust_remote_code=trust_remote_code,
-                       memory_fraction=on.target_memory_fraction)
+    return open_states(backend, inputs.target_dir, aux_layer_ids, on, max_model_len=longest + 1,
+                       trust_remote_code=trust_remote_code)
 
 
 def check_trainer_memory(device: str, text_cfg, cfg, num_aux: int, draft_vocab: int) -> dict | None:
     """On CUDA, with the online target already on the cards and before the draft is built: refuse to train
-    when the trainer's estimated need (``budgets.draft_training_bytes_for`` the target's shapes, which the
+    when the trainer's estimated need (``budgets.draft_training_bytes`` the target's shapes, which the
     draft layer takes) exceeds the memory left free on the trainer's GPU. Returns the figures (None on CPU).
 
     Raises:
@@ -157,9 +155,9 @@ def check_trainer_memory(device: str, text_cfg, cfg, num_aux: int, draft_vocab: 
     """
     if not device.startswith("cuda"):
         return None
-    from ..workflow.budgets import draft_training_bytes_for
+    from ..workflow.budgets import draft_training_bytes
 
-    need = draft_training_bytes_for(text_cfg, draft_vocab, num_aux, cfg.total_seq_len, cfg.ttt_steps)
+    need = draft_training_bytes(text_cfg, draft_vocab, num_aux, cfg.total_seq_len, cfg.ttt_steps)
     free, total = torch.cuda.mem_get_info(torch.device(device))
     if need["total_bytes"] > free:
         raise MemoryError(f"capture.mode online: the trainer needs about {need['total_bytes'] / 1e9:.1f} GB "

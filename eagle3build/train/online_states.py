@@ -114,10 +114,11 @@ class HooksStates:
 class VllmStates:
     """A vLLM engine on the target in this process, its workers hooked (``vllm.capture.CaptureExtension``).
 
-    ``gpus``: the engine's tensor-parallel size (0: vLLM's CPU backend, float32);
-    ``tokens_per_batch``: tokens per engine step (``max_num_batched_tokens``); ``max_model_len``:
-    the longest sample + 1; ``memory_fraction``: ``gpu_memory_utilization`` of the engine
-    (``capture.online.target_memory_fraction``: the trainer shares the cards).
+    ``online``: the run's ``trainer.OnlineSettings``: ``gpus``, the engine's tensor-parallel size (0: vLLM's CPU
+    backend, float32); ``storage_dtype`` and ``compute_dtype``; ``tokens_per_batch``: tokens per engine step
+    (``max_num_batched_tokens``); ``target_memory_fraction``: ``gpu_memory_utilization`` of the engine
+    (``capture.online.target_memory_fraction``: the trainer shares the cards). ``max_model_len``: the longest
+    sample + 1.
 
     Raises:
         engine_process.VLLMUnavailable: vLLM is not installed.
@@ -126,9 +127,8 @@ class VllmStates:
 
     backend = "vllm"
 
-    def __init__(self, target_dir: str, aux_layer_ids: list[int], storage_dtype: str, gpus: int = 0, *,
-                 compute_dtype: str, tokens_per_batch: int, max_model_len: int, trust_remote_code: bool,
-                 memory_fraction: float | None = None):
+    def __init__(self, target_dir: str, aux_layer_ids: list[int], online, *, max_model_len: int,
+                 trust_remote_code: bool):
         from ..vllm.capture import capture_engine_args, start_capture_engine
         from ..vllm.engine_process import child_env, require_vllm
 
@@ -142,12 +142,14 @@ class VllmStates:
             os.environ.setdefault(k, env[k])
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-        extra = {"gpu_memory_utilization": memory_fraction} if memory_fraction and gpus > 0 else {}
-        engine = capture_engine_args(target_dir, gpus=gpus, max_model_len=max_model_len, tokens_per_step=tokens_per_batch,
-                                     dtype=compute_dtype, trust_remote_code=trust_remote_code, **extra)
+        gpus, fraction = online.gpus, online.target_memory_fraction
+        extra = {"gpu_memory_utilization": fraction} if fraction and gpus > 0 else {}
+        engine = capture_engine_args(target_dir, gpus=gpus, max_model_len=max_model_len,
+                                     tokens_per_step=online.tokens_per_batch, dtype=online.compute_dtype,
+                                     trust_remote_code=trust_remote_code, **extra)
         self.llm, self.install, self.load_s = start_capture_engine(engine, aux_layer_ids)
         self.num_aux = len(aux_layer_ids)
-        self.storage_dtype = storage_dtype
+        self.storage_dtype = online.storage_dtype
         self.guard = threading.Lock()  # held for the engine's forwards, and by the trainer for the draft's (module doc)
         log.info("online target (vLLM engine, tensor parallel %d) started in %.1f s: %s", max(1, gpus), self.load_s,
                  self.install)
@@ -181,22 +183,23 @@ class VllmStates:
         gc.collect()
 
 
-def open_states(backend: str, target_dir: str, aux_layer_ids: list[int], storage_dtype: str, *, gpus: int,
-                compute_dtype: str, tokens_per_batch: int, max_model_len: int, trust_remote_code: bool,
-                memory_fraction: float | None = None):
+def open_states(backend: str, target_dir: str, aux_layer_ids: list[int], online, *, max_model_len: int,
+                trust_remote_code: bool):
     """The online target for ``backend`` (the compat report's ``capture.backend``): ``HooksStates`` on
-    ``cuda`` when ``gpus`` > 0 (else the CPU), or ``VllmStates`` with tensor parallel ``gpus``; the other
-    arguments are the job's (``online_data.open_target``), passed on.
+    ``cuda`` when the run's GPUs (``online.gpus``) are > 0 (else the CPU), or ``VllmStates`` with tensor parallel
+    over them. ``online``: the run's ``trainer.OnlineSettings`` (``storage_dtype``, ``compute_dtype``,
+    ``tokens_per_batch``, ``target_memory_fraction``: the engine's share of each GPU); the other arguments are the
+    job's (``online_data.open_target``), passed on.
 
     Raises:
         ValueError: ``backend`` is neither ``hooks`` nor ``vllm``.
     """
+    gpus = online.gpus
     if backend == "hooks":
-        return HooksStates(target_dir, aux_layer_ids, storage_dtype, "cuda" if gpus > 0 else "cpu",
-                           compute_dtype=compute_dtype, tokens_per_batch=tokens_per_batch,
+        return HooksStates(target_dir, aux_layer_ids, online.storage_dtype, "cuda" if gpus > 0 else "cpu",
+                           compute_dtype=online.compute_dtype, tokens_per_batch=online.tokens_per_batch,
                            trust_remote_code=trust_remote_code)
     if backend == "vllm":
-        return VllmStates(target_dir, aux_layer_ids, storage_dtype, gpus, compute_dtype=compute_dtype,
-                          tokens_per_batch=tokens_per_batch, max_model_len=max_model_len,
-                          trust_remote_code=trust_remote_code, memory_fraction=memory_fraction)
+        return VllmStates(target_dir, aux_layer_ids, online, max_model_len=max_model_len,
+                          trust_remote_code=trust_remote_code)
     raise ValueError(f"online target backend {backend!r}: expected 'hooks' or 'vllm'")

@@ -109,8 +109,7 @@ class BatchLayout:
     each position with the target's logits at the one before itself). ``dequantize_on_device``: fp8 shards read
     without noise are dequantised by ``Batches.to_device`` on the trainer's device instead of on the loader's thread
     (the same values bit for bit, half the bytes to copy; the host's fp8 conversion is most of the loader's work, which
-    shares the interpreter with the trainer's dispatch: record ``train-loader_cpu``). ``Batches.for_layout`` builds
-    batches from it."""
+    shares the interpreter with the trainer's dispatch: record ``train-loader_cpu``). ``Batches`` are built for one."""
 
     total_seq_len: int
     hidden_size: int
@@ -144,36 +143,29 @@ class Batches:
     above on the device; ``to_device`` is the way rows reach the model either way.
     """
 
-    def __init__(self, paths: list[str], total_seq_len: int, hidden_size: int, num_aux: int, dtype: torch.dtype,
-                 seed: int, noise_std: float, world_size: int = 1, ranks: list[int] | None = None,
-                 dataset=None, shift: bool = True, dequantize_on_device: bool = False):
+    def __init__(self, paths: list[str], layout: BatchLayout, dataset=None):
         from speculators.models.eagle3.data import shift_batch
         from speculators.train.data import CollateFn
         from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
         # ``dataset``: another BaseDataset in place of the shards' (online training: train.online_data)
+        lay, seq = layout, layout.total_seq_len
         self.dataset = dataset if dataset is not None else shard_dataset_class()(
-            paths, total_seq_len, dtype, noise_std=noise_std, seed=seed, packed=dequantize_on_device)
+            paths, seq, lay.dtype, noise_std=lay.noise_std, seed=lay.seed, packed=lay.dequantize_on_device)
         self.packed = getattr(self.dataset, "packed", False)
-        self.dtype, self.num_aux = dtype, num_aux
+        self.dtype, self.num_aux = lay.dtype, lay.num_aux
         self.waits = PrefetchWaits()
         self.depth = 2  # steps loaded ahead (prefetch)
-        self.ranks = list(ranks if ranks is not None else range(world_size))
+        self.ranks = list(lay.ranks if lay.ranks is not None else range(lay.world_size))
         self.samplers = [
-            MultipackDistributedBatchSamplerV2(batch_max_length=total_seq_len, lengths=self.dataset.approx_lengths,
-                                               num_replicas=world_size, rank=r, seed=seed)
+            MultipackDistributedBatchSamplerV2(batch_max_length=seq, lengths=self.dataset.approx_lengths,
+                                               num_replicas=lay.world_size, rank=r, seed=lay.seed)
             for r in self.ranks
         ]
         # packed rows: CollateFn copies the states' bytes into uint8 buffers (its buffer dtype for the states' keys)
-        self.collate = CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux,
-                                 dtype=torch.uint8 if self.packed else dtype, preprocess=shift_batch if shift else None)
-
-    @classmethod
-    def for_layout(cls, paths: list[str], layout: BatchLayout, dataset=None) -> "Batches":
-        """Batches over the shards ``paths`` (or ``dataset``) packed as ``layout`` says."""
-        return cls(paths, layout.total_seq_len, layout.hidden_size, layout.num_aux, layout.dtype, layout.seed,
-                   layout.noise_std, layout.world_size, layout.ranks, dataset=dataset, shift=layout.shift,
-                   dequantize_on_device=layout.dequantize_on_device)
+        self.collate = CollateFn(seq, lay.hidden_size, num_target_layers=lay.num_aux,
+                                 dtype=torch.uint8 if self.packed else lay.dtype,
+                                 preprocess=shift_batch if lay.shift else None)
 
     def steps_per_epoch(self) -> int:
         """Global steps in one epoch (packed rows per rank; the same for every rank)."""

@@ -13,9 +13,10 @@ step / epoch / evaluation in ``trainer`` (its ``trainer.py``), data in ``train_d
 process groups and launch in ``ddp`` (its ``distributed.py``), metrics and the plot in
 ``train_metrics``. The model comes from the shared ``head_model.build_model``; this stage module sets a run
 up from its inputs (:func:`setup`), loops (:func:`fit`) and writes the checkpoint
-(:func:`write_outputs`). The rule's entry, :func:`run_job`, builds the run's ``TrainConfig`` and
-``TrainInputs`` from the job's settings and calls :func:`fit` in its process, or :func:`launch` (torchrun,
-each rank running :func:`train`, the same run from JSON-able keyword arguments) on more than one GPU.
+(:func:`write_outputs`). The rule's entry, :func:`train_draft`, takes the job's ``TrainSettings`` (its
+``TrainConfig`` beside the capture settings an online run reads, its files, GPUs and draft) and calls :func:`fit` in
+its process, or :func:`launch` (torchrun, each rank running :func:`train`, the same run from JSON-able keyword
+arguments) on more than one GPU.
 
 On CPU the draft uses ``sdpa`` attention (flex attention has no CPU backward) and the
 eager ``kl_div`` loss (the fused one needs Triton); on CUDA the defaults
@@ -33,19 +34,18 @@ import math
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import asdict, field, fields, replace
 from typing import Any
 
 import torch
 
 from ..atomic import atomic_path
-from ..config.settings import declared
+from ..config.settings import config_fields, declared
 from ..draft.choice import Draft, resolve
 from ..draft.head_format import HEAD_VARIANTS
 from ..draft.head_model import build_model
 from ..formats.artifacts import Decisions
 from ..formats.shards import ShardReader, check_meta
-from ..workflow.contract import StageSettings
 from . import ddp, online_data
 from .train_data import Batches, BatchLayout
 from .train_metrics import plot_curves
@@ -157,8 +157,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
         train_b = online_data.OnlineBatches(on, "train", target, train_layout)
         eval_b = online_data.OnlineBatches(on, "eval", target, eval_layout) if on.num_eval > 0 else None
     else:
-        train_b = Batches.for_layout(inputs.train_shards, train_layout)
-        eval_b = Batches.for_layout(inputs.eval_shards, eval_layout) if inputs.eval_shards else None
+        train_b = Batches(inputs.train_shards, train_layout)
+        eval_b = Batches(inputs.eval_shards, eval_layout) if inputs.eval_shards else None
     steps_per_epoch = train_b.steps_per_epoch()
     if steps_per_epoch == 0:
         raise ValueError(f"no training batch can be formed from {inputs.train_shards} for {world} rank(s)")
@@ -277,16 +277,19 @@ def select_epoch(rule: str, state: TrainState) -> dict:
     return out
 
 
-def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_path: str, t2d_path: str,
-          vocab_json: str, decisions_json: str, out_dir: str, *, world_size: int | None = None, device: str = "auto",
-          trust_remote_code: bool = declared("target.trust_remote_code"), online: OnlineSettings | dict | None = None,
-          draft: Draft | Mapping[str, Any] | None = None, **settings) -> dict:
+def train(**run: Any) -> dict:
     """Train a draft head on the shards and write ``out_dir`` (atomically, as one directory).
 
-    ``settings`` are the config's ``train:`` keys (:class:`TrainConfig`, its defaults for
-    those left out); ``draft`` the head's kind: a ``choice.Draft``, or the config's ``draft`` section it is resolved
-    from (``choice.resolve``: ``{"method": "dflash", "dflash": {"block_size": 4}}``, JSON-able for torchrun's ranks;
-    None: eagle3 with the llama layer).
+    ``run``: one run's keyword arguments, JSON-able (what :func:`launch` hands each torchrun rank):
+
+    - its files, ``TrainInputs``' fields: ``target_dir``, ``train_shards``, ``eval_shards``, ``d2t_path``,
+      ``t2d_path``, ``vocab_json``, ``decisions_json``, ``out_dir`` and ``online`` (below; absent: None);
+    - how it runs: ``world_size`` (None), ``device`` (``auto``), ``trust_remote_code`` (``target.trust_remote_code``'s
+      default) and ``draft``, the head's kind: a ``choice.Draft``, or the config's ``draft`` section it is resolved
+      from (``choice.resolve``: ``{"method": "dflash", "dflash": {"block_size": 4}}``; None: eagle3 with the llama
+      layer);
+    - its settings: the config's ``train:`` keys (:class:`TrainConfig`'s fields, its defaults for those left out).
+
     ``out_dir`` receives: ``config.json`` + ``model.safetensors``
     (speculators format, fp32 master weights), ``train_meta.json`` (target fingerprint,
     aux ids, vocab fingerprint, head flags — what export checks), ``metrics.json`` (per-step
@@ -315,7 +318,7 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
     trainer waited on each other (``train_data.PrefetchWaits``).
 
     Raises:
-        TypeError: a key of ``settings`` is not a ``TrainConfig`` field.
+        TypeError: a file of ``TrainInputs`` is missing, or another key is not a ``TrainConfig`` field.
         choice.DraftError: ``draft`` is a section that cannot be built (a layer the method is not built with).
         artifacts.ArtifactError: ``decisions_json`` is missing or does not match its schema.
         ShardMismatch: a shard's target fingerprint or aux ids differ from the compat report.
@@ -324,10 +327,11 @@ def train(target_dir: str, train_shards: list[str], eval_shards: list[str], d2t_
         MemoryError: online on CUDA, the planned split of the GPUs cannot fit (``online_data.check_memory_split``),
             or the trainer's estimated need exceeds what the target left free.
     """
-    inputs = TrainInputs(target_dir, train_shards, eval_shards, d2t_path, t2d_path, vocab_json, decisions_json, out_dir,
-                         online)
+    inputs = TrainInputs(**{f.name: run.pop(f.name) for f in fields(TrainInputs) if f.name in run})
+    world_size, device, draft = run.pop("world_size", None), run.pop("device", "auto"), run.pop("draft", None)
+    trust_remote_code = run.pop("trust_remote_code", declared("target.trust_remote_code"))
     draft = draft if draft is None or isinstance(draft, Draft) else resolve(draft)
-    return fit(TrainConfig(**settings), inputs, device, world_size, trust_remote_code, draft)
+    return fit(TrainConfig(**run), inputs, device, world_size, trust_remote_code, draft)
 
 
 def launch(kwargs: dict, nproc: int) -> None:
@@ -339,51 +343,72 @@ def launch(kwargs: dict, nproc: int) -> None:
     ddp.launch("eagle3build.train.train_draft", kwargs, nproc)
 
 
-def online_inputs(capture: Mapping[str, Any], capture_online: Mapping[str, Any], compute_dtype: str,
-                  train_files: list[str], eval_files: list[str], gpus: int = 0) -> OnlineSettings | None:
-    """``train``'s ``online`` argument from a train_draft job's settings (``capture``: its ``capture.*`` keys,
-    ``capture_online``: ``capture.online.*``, ``compute_dtype``: ``capture.compute_dtype``), its ``train``/``eval``
-    input files (online: the one tokens file of each split) and its ``gpus``, or None where ``capture.mode``
-    is ``offline`` (the inputs are then shards)."""
-    if capture["mode"] != "online":
-        return None
-    return OnlineSettings(train_tokens=str(train_files[0]), eval_tokens=str(eval_files[0]),
-                          num_train=capture["num_train_samples"], num_eval=capture["num_eval_samples"],
-                          storage_dtype=capture["storage_dtype"], compute_dtype=compute_dtype,
-                          tokens_per_batch=capture["tokens_per_batch"], gpus=gpus,
-                          queue_depth=capture_online["queue_depth"],
-                          target_memory_fraction=capture_online["target_memory_fraction"])
+@config_fields({
+    "train": TrainConfig, "trust_remote_code": "target.trust_remote_code", "mode": "capture.mode",
+    "num_train_samples": "capture.num_train_samples", "num_eval_samples": "capture.num_eval_samples",
+    "storage_dtype": "capture.storage_dtype", "compute_dtype": "capture.compute_dtype",
+    "tokens_per_batch": "capture.tokens_per_batch", "queue_depth": "capture.online.queue_depth",
+    "target_memory_fraction": "capture.online.target_memory_fraction",
+})
+class TrainSettings:
+    """One train_draft job (``train_draft``): its ``TrainConfig`` (``train``, the config's ``train:`` section) beside
+    the capture settings an online run reads, made from their keys' declarations (below), and its own fields: the
+    target of ``target_dir``; ``train_files`` and ``eval_files``, the shards of each split (online, ``mode``, the one
+    tokens file of each); the vocab map (``d2t_path``, ``t2d_path``, ``vocab_json``); the compat report's
+    ``decisions_json`` (target fingerprint, aux ids, head variant, capture backend); the checkpoint folder
+    ``out_dir``; ``draft``, the head's kind as planning resolved it (a ``choice.Draft``; its section, the job's
+    ``draft`` param, becomes one; a draft.compare_methods job's: its method with its layer); the job's ``gpus``."""
+
+    target_dir: str
+    out_dir: str
+    train_files: list[str]
+    eval_files: list[str]
+    d2t_path: str
+    t2d_path: str
+    vocab_json: str
+    decisions_json: str
+    draft: Draft = field(default_factory=resolve)
+    gpus: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.draft, Mapping):
+            object.__setattr__(self, "draft", resolve(self.draft))
+
+    @property
+    def online(self) -> OnlineSettings | None:
+        """``train``'s ``online`` argument: None where ``mode`` is ``offline`` (the files are shards), else the states'
+        settings (the sample counts, ``storage_dtype``, ``compute_dtype``, ``tokens_per_batch``, ``queue_depth``,
+        ``target_memory_fraction``) over the tokens files, on the job's ``gpus``."""
+        if self.mode != "online":
+            return None
+        return OnlineSettings(train_tokens=str(self.train_files[0]), eval_tokens=str(self.eval_files[0]),
+                              num_train=self.num_train_samples, num_eval=self.num_eval_samples,
+                              storage_dtype=self.storage_dtype, compute_dtype=self.compute_dtype,
+                              tokens_per_batch=self.tokens_per_batch, gpus=self.gpus, queue_depth=self.queue_depth,
+                              target_memory_fraction=self.target_memory_fraction)
 
 
-def run_job(inputs: Mapping[str, Any], settings: StageSettings, params: Mapping[str, Any],
-            resources: Mapping[str, Any]) -> None:
-    """Rule ``train_draft``'s entry (``eagle3build.workflow.job.run_stage``): ``train`` on the CPU (``resources["gpu"]``
-    0), on one GPU, or with ``launch`` on more (one DDP process per GPU of the job's slots), into
-    ``params["out_dir"]``. ``inputs``: ``train`` and ``eval`` (the shards, or online the tokens file of each
-    split), ``d2t``, ``t2d``, ``vocab``, ``decisions`` (target fingerprint, aux ids, head variant, capture
-    backend). ``params["draft"]``: the head's kind as planning resolved it (``choice.Draft.section``; a
-    draft.compare_methods job's: its method with its layer). The job's ``capture.*``, ``capture.online.*`` and
-    ``capture.compute_dtype`` settings: with ``capture.mode`` online (``online_inputs``) the run is always one
-    process: the target over the job's GPUs, the draft on the first.
+def train_draft(s: TrainSettings) -> None:
+    """Rule ``train_draft``'s entry (``eagle3build.workflow.job.run_stage``): ``train`` the run of ``s`` on the CPU
+    (``s.gpus`` 0), on one GPU, or with ``launch`` on more (one DDP process per GPU of the job's slots), into
+    ``s.out_dir``. Online (``s.online``) the run is always one process: the target over the job's GPUs, the draft on
+    the first.
 
     Raises:
         RuntimeError: a rank of a distributed run failed.
+        and what ``fit`` raises.
     """
-    gpus = resources.get("gpu", 0)
-    device, trust = ("cuda" if gpus > 0 else "cpu"), settings["target.trust_remote_code"]
-    online = online_inputs(settings["capture"], settings["capture.online"], settings["capture.compute_dtype"],
-                           list(inputs["train"]), list(inputs["eval"]), gpus)
-    files = dict(target_dir=params["target_dir"], d2t_path=inputs["d2t"], t2d_path=inputs["t2d"],
-                 vocab_json=inputs["vocab"], decisions_json=inputs["decisions"], out_dir=params["out_dir"])
-    draft = resolve(params["draft"])  # resolved at planning (rules/common.smk, draft_param)
-    if gpus > 1 and online is None:  # torchrun: the ranks get train's arguments as JSON
-        launch(dict(files, train_shards=list(inputs["train"]), eval_shards=list(inputs["eval"]), device=device,
-                    trust_remote_code=trust, draft=draft.section(), **settings["train"]), nproc=gpus)
+    device, online = ("cuda" if s.gpus > 0 else "cpu"), s.online
+    files = dict(target_dir=s.target_dir, d2t_path=s.d2t_path, t2d_path=s.t2d_path, vocab_json=s.vocab_json,
+                 decisions_json=s.decisions_json, out_dir=s.out_dir)
+    if s.gpus > 1 and online is None:  # torchrun: the ranks get train's arguments as JSON
+        launch(dict(files, train_shards=list(s.train_files), eval_shards=list(s.eval_files), device=device,
+                    trust_remote_code=s.trust_remote_code, draft=s.draft.section(), **asdict(s.train)), nproc=s.gpus)
         return
     # one process; online, the target over the job's GPUs and the draft on the first (train's docstring)
-    shards = ([], []) if online else (list(inputs["train"]), list(inputs["eval"]))
-    fit(TrainConfig(**settings["train"]), TrainInputs(train_shards=shards[0], eval_shards=shards[1], online=online,
-                                                      **files), device, trust_remote_code=trust, draft=draft)
+    shards = ([], []) if online else (list(s.train_files), list(s.eval_files))
+    fit(s.train, TrainInputs(train_shards=shards[0], eval_shards=shards[1], online=online, **files), device,
+        trust_remote_code=s.trust_remote_code, draft=s.draft)
 
 
 if __name__ == "__main__":

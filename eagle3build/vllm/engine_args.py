@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.settings import declared
+from ..formats.target_files import engine_layout  # noqa: F401 - the layout engine_args gives vLLM, named here too
 
 
 def config_json(folder: str | os.PathLike) -> dict[str, Any]:
@@ -61,20 +62,6 @@ def resolve_dtype(dtype: str, gpus: int) -> str:
 # (vLLM allocates whole blocks of 16+ tokens per sequence) and the scheduler's look-ahead fit in it.
 KV_CACHE_MARGIN = 1.25
 KV_CACHE_FLOOR_BYTES = 64 << 20
-
-
-def engine_layout(gpus: int, pipeline_parallel_size: int) -> dict[str, int]:
-    """How an engine on a job's ``gpus`` GPUs (0 = CPU) is laid out: ``{"tensor_parallel_size": gpus (1 on
-    CPU), "pipeline_parallel_size": pipeline_parallel_size}`` (``target.pipeline_parallel_size``), vLLM's
-    argument names. ``engine_args`` passes these to vLLM; the planner shows them in each engine job's resources
-    (rules/common.smk, ``engine_layout_res``), so the dry-run reads the layout from this one function.
-
-    Raises:
-        ValueError: ``pipeline_parallel_size`` < 1.
-    """
-    if pipeline_parallel_size < 1:
-        raise ValueError(f"target.pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
-    return {"tensor_parallel_size": max(1, gpus), "pipeline_parallel_size": pipeline_parallel_size}
 
 
 def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: int, seed: int,
@@ -245,7 +232,8 @@ CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 def engine_core_in_process(engine: dict) -> bool:
     """Whether ``engine`` (``engine_args``) is a CPU engine of one stage, whose engine core runs in its child."""
-    return engine.get("distributed_executor_backend") == CPU_EXECUTOR and engine.get("pipeline_parallel_size", 1) == 1
+    one_stage = engine.get("pipeline_parallel_size") in (None, 1)  # absent: vLLM's one stage
+    return engine.get("distributed_executor_backend") == CPU_EXECUTOR and one_stage
 
 
 

@@ -88,13 +88,17 @@ def hidden_state_bytes_per_token(num_aux_layers: int, hidden_size: int, storage_
     return bytes_per_token(meta, with_tokens=with_tokens)
 
 
-def draft_training_bytes(hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                         target_vocab: int, draft_vocab: int, num_aux: int, total_seq_len: int, ttt_steps: int) -> dict:
+def draft_training_bytes(config, draft_vocab: int, num_aux: int, total_seq_len: int, ttt_steps: int) -> dict:
     """GPU bytes training an EAGLE-3 draft head takes, estimated from its shapes (speculators'
     ``Eagle3DraftModel``: one llama decoder layer whose attention reads ``2 x hidden`` (token embedding and
     fused state, EAGLE-3, arXiv:2503.01840 §3.2) and the ``fc`` fusing ``num_aux`` aux states; frozen: the
     target's embedding, the draft ``lm_head`` and the verifier's ``lm_head`` rows of the draft vocab; the
     count equals speculators 0.9's trainable parameters for ``eagle3.1``, tests/test_online.py).
+
+    ``config``: a transformers config (the target's text config, or the draft layer's: the draft layer takes the
+    target's shapes), read for its hidden and intermediate sizes, heads, KV heads (the heads where unset), head dim
+    (hidden / heads where unset) and vocab (tokens); ``draft_vocab``: tokens; ``num_aux``: the aux states fused;
+    ``total_seq_len``: packed tokens a step; ``ttt_steps``: draft tokens trained a position.
 
     ``states``: trainable parameters x 16 B (fp32 weights, gradients, AdamW's two moments) + frozen x 4 B;
     ``activations``: per TTT step and packed token, the draft and verifier logits over the draft vocab in
@@ -102,7 +106,10 @@ def draft_training_bytes(hidden_size: int, intermediate_size: int, num_heads: in
     4 B x (16 x hidden + 3 x intermediate)) — an estimate, not a measurement (``benchmarks/`` has the
     measured peaks). Returns ``{"trainable_parameters", "states_bytes", "activation_bytes", "total_bytes"}``.
     """
-    H, inter, q, kv = hidden_size, intermediate_size, num_heads * head_dim, num_kv_heads * head_dim
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    H, inter, target_vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+    q, kv = heads * head_dim, (getattr(config, "num_key_value_heads", None) or heads) * head_dim
     # trained: fc, attention over 2 x hidden, o_proj, MLP, norms (four of hidden, the fc input's of num_aux x
     # hidden); frozen: the embedding, the draft lm_head (speculators 0.9 copies it from the verifier's rows and
     # does not train it), the verifier's lm_head rows and norm
@@ -112,17 +119,6 @@ def draft_training_bytes(hidden_size: int, intermediate_size: int, num_heads: in
     act = ttt_steps * total_seq_len * (4 * 4 * draft_vocab + 4 * (16 * H + 3 * inter))
     return {"trainable_parameters": trainable, "states_bytes": states, "activation_bytes": act,
             "total_bytes": states + act}
-
-
-def draft_training_bytes_for(config, draft_vocab: int, num_aux: int, total_seq_len: int, ttt_steps: int) -> dict:
-    """``draft_training_bytes`` from a transformers config (the target's text config, or the draft layer's:
-    the draft layer takes the target's shapes): hidden and intermediate sizes, heads, KV heads, head dim
-    (hidden / heads where unset) and vocab."""
-    heads = config.num_attention_heads
-    return draft_training_bytes(config.hidden_size, config.intermediate_size, heads,
-                                getattr(config, "num_key_value_heads", None) or heads,
-                                getattr(config, "head_dim", None) or config.hidden_size // heads, config.vocab_size,
-                                draft_vocab, num_aux, total_seq_len, ttt_steps)
 
 
 def plan_online_memory(gpu_memory_bytes: int | None, gpus: int, target_weight_bytes: float, kv_bytes_per_token: int | None,
@@ -176,7 +172,7 @@ def plan_online_for_target(text_cfg, weight_bytes: float, backend: str | None, n
     from ..target import capture_kv_cache_tokens, kv_cache_bytes_per_token
 
     gpus = online["gpus"]
-    trainer = draft_training_bytes_for(text_cfg, online["draft_vocab_size"], num_aux, online["total_seq_len"],
+    trainer = draft_training_bytes(text_cfg, online["draft_vocab_size"], num_aux, online["total_seq_len"],
                                        online["ttt_steps"])
     engine = backend == "vllm"
     kv = kv_cache_bytes_per_token(text_cfg, 2, max(1, gpus)) if engine else None

@@ -4,7 +4,7 @@
 ``rules/<stage>.smk`` and ``eagle3build/<group>/<stage>.py``; every rule's ``script:`` is the one adapter,
 scripts/run_stage.py):
 
-- ``inputs``: the names of the rule's input files (rules/common.smk checks each rule against them
+- ``inputs``: the names of the rule's input files (``plan.check_rules`` checks each rule against them
   when the workflow is parsed);
 - ``params``: the rule's rerun-trigger params (``Param``: a name, the config keys its value is made
   from, the function that makes it), which rules/common.smk builds (``stage_params``, ``param_value``);
@@ -16,10 +16,12 @@ scripts/run_stage.py):
   the target's path, the data files, the number of shards): a change plans it through its files
   (a key may be a file key and runtime too: capture reads its split's size for a disk check);
 - ``decisions``: the fields of decisions.json it reads (dotted), ``packages``: the libraries whose
-  versions shape its output (the rule's ``version`` param, with ``output_version``),
-  ``entry``: the library function the adapter calls (``module:function``, ``run_job`` of the stage's module;
-  ``eagle3build.workflow.job.run_stage`` hands it the job's ``inputs``, ``outputs``, ``settings``, ``params``,
-  ``wildcards`` and ``resources``, those it names, by name).
+  versions shape its output (the rule's ``version`` param, with ``output_version``);
+- ``entry``: the library function the adapter calls (``module:function``, of the stage's module), with one object of
+  ``settings``, the stage's settings class (``module:Class``, beside it: its config fields made from the key table,
+  ``config.settings``), whose own fields (files, GPUs, what planning or the report decided) come from the job as
+  ``from_job`` says (``workflow.job_fields``: ``{"out_json": "outputs.json", "gpus": "resources.gpu?"}``);
+  ``eagle3build.workflow.job.run_stage`` makes the object and calls the entry.
 
 The config keys of ``params``, ``runtime`` and ``files`` are not listed here: each key's declaration in
 eagle3build.config.spec names the stages it reaches and its role there, and ``build_contracts`` makes the
@@ -42,12 +44,15 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..config.settings import declared
 from ..config.spec import KEYS, ROLES, Key
 from ..draft import methods
+from ..formats.target_files import num_aux_layers
+from .job_fields import JobEntry, JobField
 from .staleness import canonical_request, package_versions
 
 
@@ -114,7 +119,8 @@ def version(values: Mapping[str, Any], ctx: PlanContext) -> dict:
     versions or the jobs' environment (``stage_version``); where the stage's version also reads ``draft.layer``
     (export_head), what that layer adds (``DraftLayer.version_param``: the MLA layer's format version as
     ``layer_format``; nothing for the default layer, whose builds keep their param)."""
-    out = stage_version(ctx.stage, values.get("staleness.track_package_versions", True), ctx.job_env)
+    track = values.get("staleness.track_package_versions", declared("staleness.track_package_versions"))
+    out = stage_version(ctx.stage, track, ctx.job_env)
     return {**out, **methods.get_layer(values.get("draft.layer", methods.DEFAULT_LAYER)).version_param()}
 
 
@@ -181,6 +187,13 @@ class Contract:
     decisions: tuple[str, ...]
     packages: tuple[str, ...]
     entry: str
+    settings: str = ""
+    from_job: Mapping[str, JobField] = field(default_factory=dict)
+
+    @property
+    def job(self) -> JobEntry:
+        """What the adapter calls for a job of the stage (``job_fields.JobEntry``)."""
+        return JobEntry(self.entry, self.settings, self.from_job)
 
     @property
     def triggers(self) -> tuple[str, ...]:
@@ -193,7 +206,8 @@ class Stage:
     """What a stage's contract declares beside its config keys (which eagle3build.config.spec declares, with the
     stages each reaches): ``computed``, its params whose value a function makes from their keys (``version``,
     ``requested``, ...; a param's keys are the config keys of role ``trigger:<name>`` for the stage, none for
-    ``version`` of a stage without packages); the rest as ``Contract``."""
+    ``version`` of a stage without packages); ``entry`` and ``settings``: a function and a class of the stage's
+    module, by name; ``from_job``: field name -> source (``job_fields.JobField.parse``); the rest as ``Contract``."""
 
     stage: str
     group: str
@@ -202,66 +216,111 @@ class Stage:
     decisions: tuple[str, ...]
     packages: tuple[str, ...]
     entry: str
+    settings: str
+    from_job: Mapping[str, str]
 
+    @property
+    def module(self) -> str:
+        """The stage's module, ``eagle3build.<group>.<stage>``."""
+        return f"eagle3build.{self.group}.{self.stage}"
+
+
+# Where the settings objects' own fields come from, shared by several stages (job_fields.JobField).
+TARGET_DIR = {"target_dir": "params.target_dir"}
+GPUS = {"gpus": "resources.gpu?"}
 
 STAGES: tuple[Stage, ...] = (
     # The bundled target, dequantised once: a build made from it stays consistent with it after an
     # upgrade, and re-materialising would rewrite 270 MB of weights and replan every stage (no packages).
     Stage("materialize_target", "compat", inputs=(), computed={"version": version}, decisions=(), packages=(),
-          entry="eagle3build.compat.materialize_target:run_job"),
+          entry="materialize_target", settings="MaterializeSettings",
+          from_job={"name": "wildcards.name", "out_dir": "params.out_dir"}),
     # The disk and GPU plans are read at run time: growing the sample count or changing resources must
     # not re-run the report and, behind it, every shard. Backend and aux ids reach the params as
     # requested (staleness.canonical_request); the job reads them as configured.
     Stage("compat_report", "compat", inputs=("target",),
           computed={"backend": requested, "aux_layer_ids": requested, "version": version}, decisions=(), packages=(),
-          entry="eagle3build.compat.compat_report:run_job"),
+          entry="compat_report", settings="CompatSettings",
+          from_job={**TARGET_DIR, "results_dir": "params.results_dir", "out_json": "outputs.json",
+                    "out_decisions": "outputs.decisions"}),
     Stage("regenerate_responses", "data", inputs=("target", "sources"), computed={"version": version},
-          decisions=(), packages=("vllm",), entry="eagle3build.data.regenerate_responses:run_job"),
+          decisions=(), packages=("vllm",), entry="regenerate", settings="RegenerateSettings",
+          from_job={**TARGET_DIR, "out_jsonl": "outputs.jsonl", "out_report": "outputs.report", **GPUS}),
     # Tokenization and chat-template rendering; the regenerated answers replace data.sources when enabled.
     Stage("prepare_data", "data", inputs=("target", "regenerated", "sources"),
           computed={"version": version, "sources": prepare_sources, "num_aux_layers": num_aux_layers_param,
                     "require_eval": require_eval_param},
-          decisions=(), packages=("tokenizers", "transformers"), entry="eagle3build.data.prepare_data:run_job"),
+          decisions=(), packages=("tokenizers", "transformers"), entry="prepare", settings="PrepareSettings",
+          from_job={**TARGET_DIR, "sources": "params.sources", "out_train": "outputs.train", "out_eval": "outputs.eval",
+                    "out_prompts": "outputs.prompts", "out_report": "outputs.report",
+                    "num_aux_layers": "params.num_aux_layers", "require_eval": "params.require_eval"}),
     # One shard per job: the sample counts and the shard size decide which shards exist (a shard's
     # range is its param), and the job reads the split's size for its disk check. Aux ids and backend
     # are triggers only: the job reads what the report decided.
     Stage("capture_hidden_states", "capture", inputs=("decisions", "tokens"),
           computed={"aux_layer_ids": requested, "backend": requested, "version": version},
           decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
-          packages=("torch", "transformers"), entry="eagle3build.capture.capture_hidden_states:run_job"),
+          packages=("torch", "transformers"), entry="capture_shard", settings="CaptureSettings",
+          from_job={**TARGET_DIR, "tokens_path": "inputs.tokens", "out_path": "outputs.shard",
+                    "start": "params.shard.start", "count": "params.shard.num_samples", "split": "wildcards.split",
+                    "aux_layer_ids": "decisions.capture.aux_layer_ids",
+                    "target_fingerprint": "decisions.target.fingerprint", "backend": "decisions.capture.backend",
+                    **GPUS}),
     # speculators' build_vocab_mappings_from_distribution runs on torch
     Stage("build_vocab_map", "train", inputs=("tokens", "decisions"), computed={"version": version},
-          decisions=("target.vocab_size",), packages=("speculators", "torch"),
-          entry="eagle3build.train.build_vocab_map:run_job"),
+          decisions=("target.vocab_size",), packages=("speculators", "torch"), entry="build_vocab_map",
+          settings="VocabSettings",
+          from_job={"tokens_path": "inputs.tokens", "target_vocab_size": "decisions.target.vocab_size",
+                    "out_d2t": "outputs.d2t", "out_t2d": "outputs.t2d", "out_json": "outputs.info"}),
     # Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage
     # and compute dtypes, batching) becomes its trigger; offline the shards carry them. Its inputs are
     # then the tokens files instead of the shards (rules/common.smk, states_input).
     Stage("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
           computed={"aux_layer_ids": requested, "version": version, "online": online_param},
           decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
-          packages=("speculators", "torch"), entry="eagle3build.train.train_draft:run_job"),
+          packages=("speculators", "torch"), entry="train_draft", settings="TrainSettings",
+          from_job={**TARGET_DIR, "out_dir": "params.out_dir", "train_files": "inputs.train",
+                    "eval_files": "inputs.eval", "d2t_path": "inputs.d2t", "t2d_path": "inputs.t2d",
+                    "vocab_json": "inputs.vocab", "decisions_json": "inputs.decisions", "draft": "params.draft",
+                    **GPUS}),
     Stage("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
-          computed={"version": version}, decisions=(), packages=("speculators", "torch"),
-          entry="eagle3build.serve.export_head:run_job"),
+          computed={"version": version}, decisions=(), packages=("speculators", "torch"), entry="export",
+          settings="ExportSettings",
+          from_job={**TARGET_DIR, "checkpoint_dir": "params.checkpoint_dir", "d2t_path": "inputs.d2t",
+                    "t2d_path": "inputs.t2d", "vocab_json": "inputs.vocab", "out_dir": "params.out_dir", **GPUS,
+                    "benchmarked_by": "params.benchmarked_by?"}),
     Stage("benchmark", "serve",
           inputs=("head", "head_config", "prompts", "custom_prompts", "compare_heads", "preflight", "target"),
-          computed={"version": version}, decisions=(), packages=("vllm",), entry="eagle3build.serve.benchmark:run_job"),
+          computed={"version": version}, decisions=(), packages=("vllm",), entry="benchmark",
+          settings="BenchmarkSettings",
+          from_job={**TARGET_DIR, "head_dir": "params.head_dir", "prompts_path": "inputs.prompts",
+                    "out_json": "outputs.json", **GPUS, "custom_prompts_path": "inputs.custom_prompts?",
+                    "preflight_path": "inputs.preflight?", "method_heads": "params.method_heads?"}),
     # Before training: vLLM engines on the serve job's GPUs time the target's verification steps alone and with an
     # untrained head (decisions.json: its aux layer ids and variant).
     Stage("preflight_bound", "compat", inputs=("target", "decisions"), computed={"version": version},
           decisions=("capture.aux_layer_ids", "head.recommended_variant"), packages=("vllm", "torch", "speculators"),
-          entry="eagle3build.compat.preflight_bound:run_job"),
+          entry="preflight", settings="PreflightSettings",
+          from_job={**TARGET_DIR, "out_json": "outputs.json", "decisions_json": "inputs.decisions", **GPUS,
+                    "draft": "params.draft"}),
     Stage("plot_benchmark", "serve", inputs=("benchmark",), computed={"version": version}, decisions=(),
-          packages=("matplotlib",), entry="eagle3build.serve.plot_benchmark:run_job"),
+          packages=("matplotlib",), entry="plot_benchmark", settings="PlotSettings",
+          from_job={"benchmark_json": "inputs.benchmark", "out_png": "outputs.png"}),
     # The serving files (results/<run>/serve/): the head behind vLLM's OpenAI-compatible server at the benchmark's
     # choice of k, on the serve section's layout. vLLM's version decides which server options the file may name.
     Stage("serve_config", "serve", inputs=("head", "head_config", "benchmark", "target"), computed={"version": version},
-          decisions=(), packages=("vllm",), entry="eagle3build.serve.serve_config:run_job"),
+          decisions=(), packages=("vllm",), entry="serve_config", settings="ServeConfigSettings",
+          from_job={**TARGET_DIR, "head_dir": "params.head_dir", "benchmark_json": "inputs.benchmark",
+                    "out_dir": "params.out_dir"}),
     # The server started from those files, the benchmark's prompts sent through it with the openai client.
     Stage("serve_check", "serve",
           inputs=("serve_yaml", "serve_env", "serving", "benchmark", "prompts", "custom_prompts", "target"),
-          computed={"version": version}, decisions=(), packages=("vllm", "openai"),
-          entry="eagle3build.serve.serve_check:run_job"),
+          computed={"version": version}, decisions=(), packages=("vllm", "openai"), entry="serve_check",
+          settings="CheckSettings",
+          from_job={"serve_dir": "params.serve_dir", "benchmark_path": "inputs.benchmark",
+                    "prompts_path": "inputs.prompts",
+                    "custom_prompts_path": "inputs.custom_prompts?", "out_json": "outputs.json",
+                    "server_log": "params.server_log"}),
 )
 
 
@@ -273,7 +332,8 @@ def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = 
 
     Raises:
         ValueError: a key reaches a stage that is not one, has a role that is not one, or two keys of role
-            ``trigger`` of one stage share their last part.
+            ``trigger`` of one stage share their last part; a ``from_job`` source is malformed, or names an input
+            the stage lacks or a decisions field it does not declare (``job_fields.JobEntry.problems``).
     """
     names = {st.stage for st in stages}
     for k in keys:
@@ -312,18 +372,24 @@ def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = 
             else:
                 make = section
             params.append(Param(name, tuple(ks), make))
+        job = JobEntry.of(f"{st.module}:{st.entry}", f"{st.module}:{st.settings}", st.from_job)
+        bad = job.problems(st.inputs, st.decisions)
+        if bad:
+            raise ValueError(f"{st.stage}'s from_job: " + "; ".join(bad))
         out[st.stage] = Contract(
             st.stage, st.group, st.inputs, tuple(params),
             runtime=tuple(k.path for k in keys if "runtime" in k.roles(st.stage)),
             files=tuple(k.path for k in keys if "files" in k.roles(st.stage)),
-            decisions=st.decisions, packages=st.packages, entry=st.entry)
+            decisions=st.decisions, packages=st.packages, entry=job.entry, settings=job.settings,
+            from_job=job.from_job)
     return out
 
 
 CONTRACTS: dict[str, Contract] = build_contracts()
 
 # Each stage's subpackage: the stage module is eagle3build/<group>/<stage>.py, beside its
-# private modules (docs/layout.md); the rule is rules/<stage>.smk; its entry, the module's run_job.
+# private modules (docs/layout.md); the rule is rules/<stage>.smk; its entry, a function of the module taking its
+# settings object.
 STAGE_GROUPS: dict[str, str] = {s: c.group for s, c in CONTRACTS.items()}
 
 # The libraries whose versions shape each stage's output bytes (rules' `version` param). A stage's OUTPUT_VERSION
@@ -372,9 +438,12 @@ def stage_version(stage: str, track_packages: bool = True, job_env: dict | None 
 
 
 # Rules that are no stage (no contract) but run an entry of a stage's module through the one adapter.
-RULE_ENTRIES: dict[str, str] = {
+RULE_ENTRIES: dict[str, JobEntry] = {
     # compat.md from compat.json, its own job: a missing compat.md comes back without re-running the report
-    "compat_markdown": "eagle3build.compat.compat_report:markdown_job",
+    "compat_markdown": JobEntry.of("eagle3build.compat.compat_report:markdown_job",
+                                   "eagle3build.compat.compat_report:MarkdownSettings",
+                                   {"compat_json": "inputs.json", "out_md": "outputs.md",
+                                    "preflight_json": "inputs.preflight?"}),
 }
 
 
@@ -387,24 +456,24 @@ def stage_of(rule: str) -> str:
     return STAGE_OF_RULE.get(rule, rule)
 
 
-def entry(rule: str) -> str:
-    """The entry (``module:function``) the adapter calls for ``rule``: its stage contract's (``stage_of``), or
-    ``RULE_ENTRIES``'.
+def job_entry(rule: str) -> JobEntry:
+    """What the adapter calls for ``rule`` (``job_fields.JobEntry``: entry, settings class, ``from_job``): its stage
+    contract's (``stage_of``), or ``RULE_ENTRIES``'.
 
     Raises:
         KeyError: ``rule`` is neither a stage, nor derived from one, nor in ``RULE_ENTRIES``.
     """
     rule = stage_of(rule)
     if rule in CONTRACTS:
-        return CONTRACTS[rule].entry
+        return CONTRACTS[rule].job
     if rule in RULE_ENTRIES:
         return RULE_ENTRIES[rule]
     raise KeyError(f"rule {rule!r} has no entry (eagle3build.workflow.contract.CONTRACTS, RULE_ENTRIES)")
 
 
-def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
-    """How many aux layers the head reads: 3 for ``auto`` (target.default_aux_layer_ids), else the ids' count."""
-    return 3 if aux_layer_ids == "auto" else len(aux_layer_ids)
+def entry(rule: str) -> str:
+    """The entry (``module:function``) the adapter calls for ``rule`` (``job_entry``; raises what it raises)."""
+    return job_entry(rule).entry
 
 
 def online_capture(mode: str, num_train: int, num_eval: int, storage_dtype: str, tokens_per_batch: int,

@@ -1,5 +1,8 @@
 """Set-up shared by the workflow's jobs: one log file per job, offline mode, thread count; and the one
-adapter's call of a stage's entry (``run_stage``).
+adapter's call of a stage's entry (``run_stage``) with the stage's settings object made from the job
+(``stage_settings``: its config fields from the job's ``contract.StageSettings``, its own fields from the job's
+named inputs, outputs, params, wildcards, resources and decisions.json as the contract's ``from_job`` says,
+``job_fields``).
 
 ``setup(snakemake)`` points Python logging *and* the process's stdout/stderr file
 descriptors at the rule's log, so output of C extensions and of child processes (vLLM's
@@ -10,7 +13,6 @@ imports Snakemake.
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 import os
 import sys
@@ -47,7 +49,7 @@ def setup(smk) -> logging.Logger:
     log = log_to_file(smk.log[0])
     from . import gpu_slots
 
-    n_gpu = int(getattr(smk.resources, "gpu", 0) or 0)
+    n_gpu = int(getattr(smk.resources, "gpu", None) or 0)  # a CPU job's resources name no gpu
     global _GPU_ALLOCATION
     _GPU_ALLOCATION = gpu_slots.claim_for_job(n_gpu)
     if _GPU_ALLOCATION is not None:
@@ -69,13 +71,6 @@ def setup(smk) -> logging.Logger:
     return log
 
 
-# What a stage's entry may take, each by this name (``run_stage``): the job's named input and output files
-# (a path, or a list of paths for an input that is a list), its settings (``contract.StageSettings``), its
-# other params (derived paths such as ``target_dir``, computed triggers such as ``prepare_data``'s ``sources``),
-# its wildcards and its resources (``gpu``: the GPUs it holds).
-JOB_ARGUMENTS = ("inputs", "outputs", "settings", "params", "wildcards", "resources")
-
-
 def _paths(named: Any) -> dict[str, str | list[str]]:
     """Named files as plain paths: a Snakemake ``Namedlist``'s named items or a mapping, each value a ``str``
     or a list of ``str`` (an input function that gave nothing: an empty list)."""
@@ -88,6 +83,12 @@ def _mapping(named: Any) -> dict[str, Any]:
     return dict(named.items()) if named is not None else {}
 
 
+def _attribute(name: str) -> Any:
+    """The object ``module:attribute`` names, imported."""
+    module, attribute = name.split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
 def entry_function(rule: str) -> Callable[..., Any]:
     """The entry of ``rule`` (``contract.entry``: ``module:function``), imported.
 
@@ -96,32 +97,60 @@ def entry_function(rule: str) -> Callable[..., Any]:
     """
     from .contract import entry
 
-    module, function = entry(rule).split(":")
-    return getattr(importlib.import_module(module), function)
+    return _attribute(entry(rule))
+
+
+def stage_settings(rule: str, *, inputs: Any = None, outputs: Any = None, params: Any = None, wildcards: Any = None,
+                   resources: Any = None, settings: Any = None) -> Any:
+    """The settings object a job of ``rule`` runs with: an object of its ``contract.job_entry``'s settings class
+    (``config.settings.config_fields``), its config fields (and section fields) read from ``settings`` (the job's
+    ``contract.StageSettings``; None: none, for a class without config fields), each of its own fields from the
+    job as ``from_job`` says (``job_fields.JobField``: the named ``inputs``, ``outputs``, ``params``,
+    ``wildcards``, ``resources``; decisions.json, the ``decisions`` input, read where a field comes from it).
+
+    Raises:
+        KeyError: ``rule`` has no entry; ``settings`` lacks a key of a config field; the job lacks what a field that
+            is not optional reads (both named).
+        artifacts.ArtifactError: decisions.json is missing or off its schema.
+        TypeError, ValueError: as the class's constructor (a value outside its key's choices).
+    """
+    from .contract import job_entry
+    from .job_fields import ABSENT
+
+    e = job_entry(rule)
+    job = {"inputs": _paths(inputs), "outputs": _paths(outputs), "params": _mapping(params),
+           "wildcards": _mapping(wildcards), "resources": _mapping(resources)}
+    if e.fields_of("decisions"):
+        from ..formats.artifacts import Decisions
+
+        job["decisions"] = Decisions.load(job["inputs"]["decisions"]).data
+    own = {}
+    for name, f in e.from_job.items():
+        try:
+            value = f.read(job)
+        except KeyError as err:
+            raise KeyError(f"{rule}: settings field {name}: {err.args[0]}") from None
+        if value is not ABSENT:
+            own[name] = value
+    return _attribute(e.settings).from_settings({} if settings is None else settings, **own)
 
 
 def run_stage(rule: str, *, inputs: Any = None, outputs: Any = None, params: Any = None, wildcards: Any = None,
               resources: Any = None, settings: Any = None) -> Any:
-    """Call ``rule``'s entry (``entry_function``) with the ``JOB_ARGUMENTS`` it names, by name; return what it
-    returns. The one Snakemake adapter (scripts/run_stage.py) passes ``snakemake``'s ``input``, ``output``,
-    ``params``, ``wildcards`` and ``resources``; without Snakemake, mappings do (``inputs={"tokens": path}``).
-    ``settings`` defaults to ``params["settings"]`` (rules/common.smk, ``job_settings_param``), which the entry's
-    ``params`` then leave out.
+    """Call ``rule``'s entry (``entry_function``) with its one settings object, made from the job by
+    ``stage_settings``; return what the entry returns. The one Snakemake adapter (scripts/run_stage.py) passes
+    ``snakemake``'s ``input``, ``output``, ``params``, ``wildcards`` and ``resources``; without Snakemake, mappings do
+    (``inputs={"tokens": path}``). ``settings`` defaults to ``params["settings"]`` (rules/common.smk,
+    ``job_settings_param``).
 
     Raises:
-        KeyError: ``rule`` has no entry.
-        TypeError: the entry takes an argument that is not one of ``JOB_ARGUMENTS``.
+        what ``stage_settings`` and the entry raise.
     """
-    fn = entry_function(rule)
     params = _mapping(params)
     settings = params.pop("settings", None) if settings is None else settings
-    given = {"inputs": _paths(inputs), "outputs": _paths(outputs), "settings": settings, "params": params,
-             "wildcards": _mapping(wildcards), "resources": _mapping(resources)}
-    names = list(inspect.signature(fn).parameters)
-    unknown = [n for n in names if n not in given]
-    if unknown:
-        raise TypeError(f"the entry of {rule} takes {unknown}, not among {list(JOB_ARGUMENTS)} (eagle3build.workflow.job)")
-    return fn(**{n: given[n] for n in names})
+    s = stage_settings(rule, inputs=inputs, outputs=outputs, params=params, wildcards=wildcards, resources=resources,
+                       settings=settings)
+    return entry_function(rule)(s)
 
 
 def one_line(rule: str, error: BaseException) -> str:

@@ -118,3 +118,20 @@ def missing_intermediate_message(m: MissingIntermediate) -> str:
             f"this plan runs {readers} {'it stays' if n == 1 else 'they stay'} missing (docs/staleness.md). "
             f"Rebuild with `{command}`; the next run then replans {', '.join(m.follows)} "
             f"(the rebuilt file is newer than what they made)")
+
+
+def workflow_messages(rules) -> list[str]:
+    """``missing_intermediate_message`` of each intermediate of a built run that is gone while what was made from it is
+    present, from the workflow's ``rules`` (Snakemake's rules of the workflow, duck-typed: ``name``, ``input``,
+    ``output``, ``has_wildcards()``, ``is_producer(path)``): those with wildcards in their outputs are producers only
+    (their files are read through the rules that list them); the inputs of rules without outputs (rule ``all``) are
+    targets, which Snakemake plans when missing. The Snakefile warns with them at planning."""
+    rules = list(rules)
+    steps = [Step(r.name, tuple(str(f) for f in r.input if isinstance(f, str)), tuple(map(str, r.output)))
+             for r in rules if r.output and not r.has_wildcards()]
+
+    def producer_of(path):
+        return next((r.name for r in rules if r.output and r.is_producer(path)), None)
+
+    targets = frozenset(str(f) for r in rules if not r.output for f in r.input if isinstance(f, str))
+    return [missing_intermediate_message(m) for m in missing_intermediates(steps, producer_of, targets)]

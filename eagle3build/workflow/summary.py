@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..draft.methods import DEFAULT_LAYER, DEFAULT_METHOD
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs, head_description
 
 
@@ -62,12 +63,13 @@ def result_screen(res: str | os.PathLike) -> str | None:
     base = bench.get("baseline") or {}
     s = bench.get("settings") or {}
     own = next((h for h in bench.get("heads") or [] if h.get("name") == OWN_HEAD), {})
-    head = f"{own.get('method', 'eagle3')} head, {own.get('draft_layer', 'llama')} draft layer"
+    # a benchmark.json written before its heads named their method and layer: the defaults, the only ones then
+    head = f"{own.get('method', DEFAULT_METHOD)} head, {own.get('draft_layer', DEFAULT_LAYER)} draft layer"
     served = f"served at k {k}" if k is not None else "serving files not written yet"
     lines = [f"Result of run {res.name} ({res}/):",
              f"  {head} ({res / 'head'}), {served}",
-             f"  the target alone: {base.get('output_tokens_per_s', 0):.2f} output tokens/s; {s.get('concurrency', 1)} "
-             f"request(s) in flight, {s.get('num_prompts', '?')} prompts a set, greedy"]
+             f"  the target alone: {base.get('output_tokens_per_s', 0):.2f} output tokens/s; "
+             f"{s.get('concurrency', '?')} request(s) in flight, {s.get('num_prompts', '?')} prompts a set, greedy"]
     for r in benchmark_runs(bench):
         lines += _run_lines(r)
     lines.append(f"  report: {res / 'report' / 'benchmark.png'}; figures: {res / 'benchmark.json'}")
