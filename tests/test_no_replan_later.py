@@ -1,7 +1,9 @@
 """The params of the rules added to the plan after tests/plan_params/ was recorded (tests/plan_params.py
 ``LATER_RULES``: serve_config, issue 60), pinned in tests/plan_params_later/<name>.json for the same configs as
 tests/test_no_replan.py: a refactoring that changes one replans those jobs of every build. tests/plan_params/ itself
-stays as recorded, the proof that no job of a build made before them replans."""
+stays as recorded, the proof that no job of a build made before them replans. serve_config's output version 2
+(serving.json's ``sampling``, 2026-12-07) replans that cheap local job once, on purpose: it rewrites the serving files
+with the new field and nothing else."""
 from __future__ import annotations
 
 import json

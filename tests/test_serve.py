@@ -101,6 +101,10 @@ def test_the_serving_files_serve_the_best_k_through_speculative_config(tmp_path)
                             f"python -m vllm.entrypoints.openai.api_server --config {out}/serve.yaml")
     r = s["speculators_route"]
     assert r["available"] is False and "org/not-cached-model" in r["why"] and r["command"].endswith(f"--model {head}")
+    # no generation_config.json: a request without a temperature is sampled at vLLM's 1.0
+    assert s["sampling"]["defaults"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                                         "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    assert set(s["sampling"]["source"].values()) == {"vllm"} and s["sampling"]["greedy"] is False
     # the same inputs write the same bytes: a benchmark rerun that keeps its choice changes no serving file
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     again = cfg.ServeConfigSettings(head_dir=str(head), target_dir=str(target), serve_gpus=0, served_name="org/m",
@@ -108,6 +112,24 @@ def test_the_serving_files_serve_the_best_k_through_speculative_config(tmp_path)
                                     trust_remote_code=False, port=8123, offline=True, per_request_metrics=True)
     cfg.write(out, cfg.serving(again, bench_json()), python="/opt/py/bin/python")
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+
+
+def test_serving_json_says_which_sampling_defaults_the_server_takes_from_the_target(tmp_path):
+    """The target's generation_config.json sets temperature 0.6 and top_p 0.9 (as many instruct models' do): vLLM's
+    server samples a request that sets neither with those, the rest at its own defaults; temperature 0 there makes
+    the default greedy; a field that is not a number stops the job naming the file and the field."""
+    target, _ = folders(tmp_path)
+    (target / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.9, "do_sample": True}))
+    got = cfg.server_sampling(target, False)
+    assert got["defaults"] == {"temperature": 0.6, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                               "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    assert {f for f, v in got["source"].items() if v == "target"} == {"temperature", "top_p"}
+    assert got["greedy"] is False and got["why"].startswith("generation_config.json sets temperature, top_p")
+    (target / "generation_config.json").write_text(json.dumps({"temperature": 0.0}))
+    assert cfg.server_sampling(target, False)["greedy"] is True
+    (target / "generation_config.json").write_text(json.dumps({"top_k": "forty"}))
+    with pytest.raises(ValueError, match=r"generation_config.json: top_k is 'forty', not a number"):
+        cfg.server_sampling(target, False)
 
 
 def test_vllms_own_parser_reads_serve_yaml(tmp_path):

@@ -16,6 +16,10 @@ The k (``choose_k``): the k schedule's bands where ``benchmark.k_schedule_concur
 ``num_speculative_tokens_per_batch_size``, with the environment it needs: ``k_schedule.SCHEDULE_ENV``), else the k of
 the run's own head with the highest speed-up over the target alone in benchmark.json.
 
+The sampling (``server_sampling``): what a request that sets none is sampled with, the server's defaults, from the
+target's generation_config.json as vLLM reads it (``--generation-config auto``), else vLLM's own; serving.json says which
+(a request's ``"temperature": 0`` is greedy, as the benchmark's engines decode).
+
 The environment (serve.env): offline mode (``target.offline``), the engine settings every engine here runs with
 (``engine_process.ENGINE_ENV``) and the schedule's.
 
@@ -49,7 +53,7 @@ from .k_schedule import SCHEDULE_ENV
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
-OUTPUT_VERSION = 1
+OUTPUT_VERSION = 2  # 2: serving.json's sampling
 
 ROUTE = "speculative-config"
 ROUTE_WHY = (
@@ -58,6 +62,60 @@ ROUTE_WHY = (
     "the benchmark's k (or its k schedule) and the engine settings the benchmark measured, and is the one route vLLM "
     "has for an MLA head"
 )
+
+
+# The sampling parameters vLLM's server takes as its defaults from a target's generation config, and vLLM's own where
+# it sets none (vllm/config/model.py ModelConfig.get_diff_sampling_param's available_params, max_new_tokens aside;
+# vllm/sampling_params.py SamplingParams' defaults; vLLM 0.32).
+VLLM_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                          "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def server_sampling(target_dir: str | os.PathLike, trust_remote_code: bool) -> dict:
+    """The sampling a request to the server gets where it sets none: each field of ``VLLM_SAMPLING_DEFAULTS`` from the
+    target's generation config where it sets one (``"source": "target"``), else vLLM's default (``"vllm"``).
+
+    The generation config is read as vLLM reads it under ``--generation-config auto`` (its default; serve.yaml sets
+    none): ``transformers.GenerationConfig.from_pretrained(target_dir)``, else ``from_model_config`` of the target's
+    config.json, its fields that differ from transformers' defaults (``to_diff_dict``;
+    vllm/transformers_utils/config.py ``try_get_generation_config``, vllm/config/model.py ``try_get_generation_config``).
+    ``trust_remote_code``: the user's ``target.trust_remote_code``, for a config.json of custom code.
+
+    Returns:
+        ``{"defaults": {field: value}, "source": {field: "target" | "vllm"}, "greedy": bool, "why": str}``;
+        ``greedy``: a request that sets no temperature is decoded greedily (temperature 0).
+
+    Raises:
+        ValueError: a field the target sets is not a number (the file and field named).
+    """
+    from transformers import AutoConfig, GenerationConfig
+
+    target = Path(target_dir)
+    try:
+        generation = GenerationConfig.from_pretrained(target).to_diff_dict()
+        where = target / "generation_config.json"
+    except OSError:
+        try:
+            config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
+            generation = GenerationConfig.from_model_config(config).to_diff_dict()
+        except OSError:
+            generation = {}
+        where = target / "config.json"
+    defaults, source = {}, {}
+    for field, default in VLLM_SAMPLING_DEFAULTS.items():
+        value = generation.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{where}: {field} is {value!r}, not a number")
+        defaults[field] = default if value is None else value
+        source[field] = "vllm" if value is None else "target"
+    greedy = defaults["temperature"] == 0
+    set_here = sorted(f for f, v in source.items() if v == "target")
+    why = (f"{where.name} sets {', '.join(set_here)}" if set_here else
+           "the target's generation config sets no sampling parameter: vLLM's defaults") + (
+        "; a request that sets no temperature is decoded greedily" if greedy else
+        f"; a request that sets no temperature is sampled at {defaults['temperature']} (send \"temperature\": 0 for "
+        "greedy decoding, as the benchmark decodes)")
+    return {"defaults": defaults, "source": source, "greedy": greedy, "why": why}
 
 
 class ServeConfigError(ValueError):
@@ -189,6 +247,7 @@ def serving(s: ServeConfigSettings, bench: Mapping[str, Any]) -> dict:
         "speculators_route": speculators_route(head), "k": choice, "speculative_config": spec,
         "layout": engine_layout(gpus, s.pipeline_parallel_size), "dtype": engine["dtype"], "port": port,
         "served_name": served_name, "env": env, "per_request_metrics": s.per_request_metrics,
+        "sampling": server_sampling(target_dir, s.trust_remote_code),
     }}
 
 
