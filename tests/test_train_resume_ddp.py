@@ -128,7 +128,6 @@ def test_state_of_other_settings_is_not_resumed(tiny_shards, tiny_target, tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.build_side  # tests/run_suite.sh: evens out its two processes (732 s and 776 s at fde7b78)
 def test_ddp_two_gloo_processes_equal_one_process(tiny_shards, tiny_target, tmp_path):
     d, _, _ = tiny_shards
     one = tmp_path / "one"
