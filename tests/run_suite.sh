@@ -11,7 +11,8 @@
 #     than CI's: 1215 s and 1212 s before the Kimi record went to make rehearse and three build_side tests back).
 #   make check (CHECK_MARKERS, from the Makefile): the test files test_a* to test_n* in one process, the others in the
 #   other (each about half of the ~170 s the checks take in one process; measured here 2026-12-06).
-# Each has its own --basetemp. The exit status is the first failing one's; both logs are printed whole.
+# Each has its own --basetemp (removed once both pass, unless KEEP_TEST_FILES is set). The exit status is the first
+# failing one's; both logs are printed whole.
 # Each process's vLLM engines run on half of the cores (VLLM_CPU_OMP_THREADS_BIND, where vLLM's CPU worker binds its
 # OpenMP threads; unless already set): bound to every core, an engine's threads spin against the other process's work.
 # Measured here beside a process busy on core 0, a bundled-target engine with a head decoded 128 tokens in 17.2 s
@@ -69,5 +70,12 @@ echo "== ${names[0]}, vLLM on cores $build_cores: exit $first_rc"
 cat "$base/first.log"
 echo "== ${names[1]}, vLLM on cores $rest_cores: exit $second_rc"
 cat "$base/second.log"
+# The builds and engines' files under the two --basetemp folders (~2 GB after make check, ~8 GB after make test) go
+# once both passed; only the logs stay. A failure keeps them for inspection (the folder is named above).
+if [ "$first_rc" -eq 0 ] && [ "$second_rc" -eq 0 ] && [ -z "${KEEP_TEST_FILES:-}" ]; then
+  rm -rf "$base/first" "$base/second"
+else
+  echo "tests/run_suite.sh: the tests' files are kept in $base (delete it when done)"
+fi
 [ "$first_rc" -ne 0 ] && exit "$first_rc"
 exit "$second_rc"
