@@ -56,7 +56,7 @@ else
   second=(-m "not e2e and not slurm and not build_side and not lease" tests)
   names=("the reduced build's tests (-m '(e2e or slurm or build_side) and not lease')" "the other tests (-m 'not e2e and not slurm and not build_side and not lease')")
 fi
-# Both logs are printed whole when both processes end (~14 min for make test): meanwhile `tail -f` them to follow.
+# Both logs are printed whole when both processes end (make test: ~13 min on CI's machine, ~19 here): meanwhile `tail -f` them to follow.
 echo "tests/run_suite.sh $mode: ${names[0]} -> $base/first.log; ${names[1]} -> $base/second.log"
 VLLM_CPU_OMP_THREADS_BIND=$build_cores "$PYTEST" -q -rs --durations=20 --basetemp "$base/first" "${first[@]}" "$@" \
   > "$base/first.log" 2>&1 &
