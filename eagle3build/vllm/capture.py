@@ -397,11 +397,12 @@ def _rank0(results: list):
 
 
 def capture_in_engine(llm, out_path: str, meta: dict, samples: list[tuple], writer_threads: int = 4,
-                      fsync: bool = False) -> dict:
+                      fsync: bool = False, alive=None) -> dict | None:
     """Capture ``samples`` (``(input_ids, loss_mask)`` int sequences) through a started engine into ``out_path``.
 
     The engine must have been started with ``worker_extension_cls=EXTENSION`` and the hooks
-    installed (``eagle3_install``). Returns the shard statistics and wall seconds.
+    installed (``eagle3_install``). Returns the shard statistics and wall seconds; None where ``alive`` (asked once
+    the engine has run every sample, before the shard is renamed into place) says False: the shard is then dropped.
     """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -415,6 +416,9 @@ def capture_in_engine(llm, out_path: str, meta: dict, samples: list[tuple], writ
         params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, extra_args={SAMPLE_KEY: j})
                   for j in range(len(ids))]
         llm.generate(prompts, params, use_tqdm=False)
+        if alive is not None and not alive():
+            llm.collective_rpc("eagle3_abort_shard")
+            return None
         stats = _rank0(llm.collective_rpc("eagle3_finish_shard"))
     except BaseException:
         llm.collective_rpc("eagle3_abort_shard")

@@ -257,6 +257,7 @@ STAGES: tuple[Stage, ...] = (
     # One shard per job: the sample counts and the shard size decide which shards exist (a shard's
     # range is its param), and the job reads the split's size for its disk check. Aux ids and backend
     # are triggers only: the job reads what the report decided.
+    # The job hands its shard to a capture host that keeps the target loaded for the next (HOSTED, workflow/host.py).
     Stage("capture_hidden_states", "capture", inputs=("decisions", "tokens"),
           computed={"aux_layer_ids": requested, "backend": requested, "version": version},
           decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
@@ -435,6 +436,23 @@ def stage_version(stage: str, track_packages: bool = True, job_env: dict | None 
     if job_env is not None and packages and track_packages:
         return {"output": output_version(stage), "packages": {"environment": job_env}}
     return {"output": output_version(stage), "packages": package_versions(packages, track_packages)}
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """How a stage's jobs run in a host (eagle3build/workflow/host.py): functions of the stage's module, by name.
+    ``spec(settings) -> dict``: what the host's state depends on (JSON; its ``env``, where given, is the host process's
+    environment); ``load(spec) -> dict``: that state, loaded once in the host, the entry's keywords for each job
+    (``entry(settings, alive=..., **state)``; ``alive()`` says False once the job that asked is gone)."""
+
+    spec: str
+    load: str
+
+
+# Stages whose jobs hand their work to a host process of their Snakemake run that outlives each job: a capture job's
+# shard is captured by a capture host, which keeps the target loaded for the next shard (issue 70). The adapter's
+# set-up (job.setup) takes no GPUs for such a job (the host holds them) and imports no torch (the job only asks).
+HOSTED: dict[str, Hosted] = {"capture_hidden_states": Hosted(spec="host_spec", load="host_load")}
 
 
 # Rules that are no stage (no contract) but run an entry of a stage's module through the one adapter.

@@ -19,24 +19,9 @@ import sys
 from typing import Any, Callable
 
 from ..formats.target_files import OFFLINE_VARS
+from .joblog import FORMAT, log_to_fd, log_to_file  # noqa: F401 - the adapter's log, FORMAT and log_to_fd for callers
 
-FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _GPU_ALLOCATION = None  # this job's GPU slots, held for the life of the process
-
-
-def log_to_file(path: str | os.PathLike) -> logging.Logger:
-    """Send logging, stdout and stderr (fd 1 and 2) to ``path`` (appending); return the root logger."""
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-    logging.basicConfig(level=logging.INFO, format=FORMAT, stream=sys.stderr, force=True)
-    logging.captureWarnings(True)
-    return logging.getLogger()
 
 
 def setup(smk) -> logging.Logger:
@@ -45,28 +30,32 @@ def setup(smk) -> logging.Logger:
     ``resources.gpu > 0``, take that many GPUs no concurrent job holds and export them as
     ``CUDA_VISIBLE_DEVICES`` (``gpu_slots``), held until the process exits; log the installed versions of
     the packages that shape the stage's output (its contract's ``packages``), as the job's environment
-    holds them."""
+    holds them. A job that runs in a job host (``host.routed``: a ``contract.HOSTED`` stage's) takes no GPUs
+    and imports no torch here: the host holds its GPUs (``main``)."""
     log = log_to_file(smk.log[0])
-    from . import gpu_slots
+    from . import gpu_slots, host
+    from .contract import CONTRACTS, stage_of
 
+    stage = stage_of(getattr(smk, "rule", None))
+    hosted = host.routed(stage)
     n_gpu = int(getattr(smk.resources, "gpu", None) or 0)  # a CPU job's resources name no gpu
     global _GPU_ALLOCATION
-    _GPU_ALLOCATION = gpu_slots.claim_for_job(n_gpu)
+    _GPU_ALLOCATION = None if hosted else gpu_slots.claim_for_job(n_gpu)
     if _GPU_ALLOCATION is not None:
         log.info("CUDA_VISIBLE_DEVICES=%s", _GPU_ALLOCATION.cuda_visible_devices)
     offline = smk.params.settings["target.offline"]
     if offline:
         for var in OFFLINE_VARS:
             os.environ[var] = "1"  # inherited by child processes (the vLLM engine) too
-    from .contract import CONTRACTS, stage_of
     from .staleness import package_versions
 
-    contract = CONTRACTS.get(stage_of(getattr(smk, "rule", None)))
+    contract = CONTRACTS.get(stage)
     if contract is not None and contract.packages:  # what this job's environment holds (docs/staleness.md)
         log.info("packages that shape this stage's output: %s", package_versions(contract.packages))
-    import torch
+    if not hosted:
+        import torch
 
-    torch.set_num_threads(max(1, int(smk.threads)))
+        torch.set_num_threads(max(1, int(smk.threads)))
     log.info("job %s: %d thread(s), offline=%s", getattr(smk, "rule", "?"), smk.threads, offline)
     return log
 
@@ -162,11 +151,21 @@ def one_line(rule: str, error: BaseException) -> str:
 
 def main(smk) -> Any:
     """The adapter's whole job (scripts/run_stage.py): ``setup`` the job's log, then ``run_stage`` of its rule with its
-    named inputs, outputs, params, wildcards and resources. An error is logged with its traceback and then as one line
-    (``one_line``), the log's last, before the job exits 1: what Snakemake's ``onerror`` prints for it
-    (workflow/summary.py)."""
+    named inputs, outputs, params, wildcards and resources; for a job that runs in a job host (``host.routed``), its
+    settings object goes to a host of its Snakemake run (``host.run_job``) instead of the entry here. An error is logged
+    with its traceback and then as one line (``one_line``), the log's last, before the job exits 1: what Snakemake's
+    ``onerror`` prints for it (workflow/summary.py)."""
+    from . import host
+    from .contract import stage_of
+
     log = setup(smk)
     try:
+        stage = stage_of(smk.rule)
+        if host.routed(stage):
+            params = _mapping(smk.params)
+            s = stage_settings(smk.rule, inputs=smk.input, outputs=smk.output, params=params,
+                               wildcards=smk.wildcards, resources=smk.resources, settings=params.pop("settings"))
+            return host.run_job(stage, s, int(smk.threads), int(getattr(smk.resources, "gpu", None) or 0))
         return run_stage(smk.rule, inputs=smk.input, outputs=smk.output, params=smk.params, wildcards=smk.wildcards,
                          resources=smk.resources)
     except Exception as e:  # noqa: BLE001 - every stage error ends the log as one line
