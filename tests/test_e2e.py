@@ -52,6 +52,23 @@ def test_shards(built):
     assert n == 16
 
 
+def test_capture_loads_the_target_once(built):
+    """Issue 70: the build's three capture jobs (two train shards, one eval) went to one job host of its Snakemake run
+    (eagle3build/workflow/host.py), which loaded the target once: each job's log names the same host, the first job
+    started it, and the host's log holds one target load and the three jobs; no job loaded the target itself."""
+    wd, _ = built
+    logs = {p.stem: p.read_text() for p in sorted((wd / "logs/reduced/capture_hidden_states").glob("*-0000?.log"))}
+    assert sorted(logs) == ["eval-00000", "train-00000", "train-00001"]
+    took = {name: re.search(r"job host pid (\d+) takes this job \((started by this job|already loaded); its log: (\S+)\)",
+                            text).groups() for name, text in logs.items()}
+    assert len({pid for pid, _, _ in took.values()}) == 1 and len({log for _, _, log in took.values()}) == 1, took
+    assert sorted(how for _, how, _ in took.values()) == ["already loaded", "already loaded", "started by this job"]
+    assert not any(re.search(r"target loaded in [\d.]+ s", text) for text in logs.values())
+    host_log = open(next(iter(took.values()))[2]).read()
+    assert len(re.findall(r"target loaded in [\d.]+ s", host_log)) == 1
+    assert [int(n) for n in re.findall(r"job (\d+): done", host_log)] == [1, 2, 3]
+
+
 def test_vocab_and_checkpoint(built):
     _, res = built
     v = json.loads((res / "vocab/vocab.json").read_text())

@@ -40,7 +40,7 @@ def lock_dir(monkeypatch):
     me = (os.getpid(), host._proc_stat(os.getpid())[2])
     monkeypatch.setattr(host, "owner_process", lambda: me)
     yield d
-    for f in (d / "job-hosts").glob("*.json"):  # a host a failed test left: ended now, not at the session's end
+    for f in host.hosts_dir().glob("*.json"):  # a host a failed test left: ended now, not at the session's end
         try:
             os.kill(json.loads(f.read_text())["pid"], 9)
         except (OSError, ValueError, KeyError):
@@ -67,7 +67,7 @@ def sha(path) -> str:
 
 
 def host_files(lock_dir) -> list[str]:
-    return sorted(p.suffix for p in (lock_dir / "job-hosts").iterdir() if p.suffix != ".log")
+    return sorted(p.suffix for p in host.hosts_dir().iterdir() if p.suffix != ".log")
 
 
 def wait_for(cond, seconds=30.0):
@@ -101,7 +101,7 @@ def test_two_shards_one_load_and_the_bytes_of_a_capture_in_process(tiny_target, 
     assert sha(tmp_path / "a.safetensors") == sha(tmp_path / "a0.safetensors")
     assert sha(tmp_path / "b.safetensors") == sha(tmp_path / "b0.safetensors")
     assert ShardReader(tmp_path / "b.safetensors").meta.sample_ids == ["s4", "s5", "s6", "s7"]
-    (log,) = (lock_dir / "job-hosts").glob("host-*.log")  # this process's stderr is no file: beside the sockets
+    (log,) = host.hosts_dir().glob("host-*.log")  # this process's stderr is no file: beside the sockets
     text = log.read_text()
     assert len(re.findall(r"target loaded in [\d.]+ s", text)) == 1 and "job 2: done" in text
     wait_for(lambda: "ends (idle for 3 s) after 2 job(s)" in log.read_text())
@@ -137,7 +137,7 @@ def test_a_job_gone_before_its_answer_leaves_no_shard(tiny_target, tokens, tmp_p
     p = subprocess.run([sys.executable, "-c", CLIENT, spec["key"], json.dumps(fields)], env=dict(os.environ),
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    (log,) = (lock_dir / "job-hosts").glob("host-*.log")
+    (log,) = host.hosts_dir().glob("host-*.log")
     wait_for(lambda: "job 2: failed or gone" in log.read_text())
     assert not list(tmp_path.glob("*gone*")) and not list(tmp_path.glob(".gone*"))
     nxt = host.run_job(STAGE, settings(tiny_target, tokens, tmp_path / "b.safetensors"), 2, 0)
@@ -157,11 +157,11 @@ def test_a_failed_job_fails_with_its_error_and_ends_its_host(tiny_target, tokens
 def test_an_idle_holder_gives_its_gpus_up_when_asked(tiny_target, tokens, tmp_path, lock_dir):
     """A host named beside a GPU's lock (gpu_slots.register_holder) ends when a claimant asks while it is idle."""
     a = host.run_job(STAGE, settings(tiny_target, tokens, tmp_path / "a.safetensors"), 2, 0)
-    (sock,) = (lock_dir / "job-hosts").glob("*.sock")
+    (sock,) = host.hosts_dir().glob("*.sock")
     gpu_slots.register_holder(["7"], str(sock), lock_dir)
     assert gpu_slots.ask_holders(["7"], lock_dir) == ["7"]
     wait_for(lambda: host_files(lock_dir) == [])
-    (log,) = (lock_dir / "job-hosts").glob("host-*.log")
+    (log,) = host.hosts_dir().glob("host-*.log")
     assert f"job host pid {a['host']['pid']} ends (a job asked for its GPUs) after 1 job(s)" in log.read_text()
 
 
@@ -175,7 +175,7 @@ def test_a_host_ends_with_its_snakemake_process(tiny_target, tokens, tmp_path, l
     owner.kill()
     owner.wait()
     wait_for(lambda: host_files(lock_dir) == [])
-    (log,) = (lock_dir / "job-hosts").glob("host-*.log")
+    (log,) = host.hosts_dir().glob("host-*.log")
     assert "ends (its Snakemake process is gone) after 1 job(s)" in log.read_text()
 
 

@@ -113,6 +113,40 @@ def test_vllm_equals_hooks_on_bundled_target(smol_vllm, smol_target):
             assert rel_err(a["hidden_states"][:, sl], b["hidden_states"][:, sl]) <= 1e-4, (i, k)
 
 
+def test_two_shards_through_one_vllm_host(smol_vllm, smol_target, tmp_path, monkeypatch):
+    """Issue 70: with the vllm backend a run's capture jobs go to one job host (eagle3build/workflow/host.py), which
+    starts one capture engine: two jobs (float32, then bfloat16 storage) through it, one engine start, and each shard
+    byte for byte the one the fixture's engine wrote for the same samples, though the host's engine context is the
+    run's data.max_seq_len + 1 (1025 tokens here) against the fixture's longest sample + 1 (261)."""
+    import hashlib
+    import os
+    import re
+    import tempfile
+
+    from eagle3build.workflow import host
+
+    d = smol_vllm[0]
+    lock = Path(tempfile.mkdtemp(prefix="e3v-", dir="/tmp"))  # a Unix socket's path holds 107 bytes
+    monkeypatch.setenv("EAGLE3BUILD_GPU_LOCK_DIR", str(lock))
+    monkeypatch.setenv(host.ENV_LINGER, "3")
+    me = (os.getpid(), host._proc_stat(os.getpid())[2])
+    monkeypatch.setattr(host, "owner_process", lambda: me)  # this process stands for the run's Snakemake
+    served = []
+    for dtype in ("float32", "bfloat16"):
+        s = cap.CaptureSettings(target_dir=smol_target, tokens_path=d / "train.safetensors",
+                                out_path=tmp_path / f"{dtype}.safetensors", start=0, count=len(LENGTHS),
+                                aux_layer_ids=SMOL_AUX, target_fingerprint="fp-smol", split="train", backend="vllm",
+                                compute_dtype="auto", storage_dtype=dtype, tokens_per_batch=STEP_TOKENS,
+                                max_seq_len=1024, gpus=0)
+        assert cap.host_spec(s)["max_model_len"] == 1025
+        served.append(host.run_job("capture_hidden_states", s, 2, 0)["host"])
+        digest = [hashlib.sha256(f.read_bytes()).hexdigest() for f in (s.out_path, d / f"vllm-{dtype}.safetensors")]
+        assert digest[0] == digest[1], dtype
+    assert served[0]["pid"] == served[1]["pid"] and [h["jobs_served"] for h in served] == [1, 2]
+    (log,) = host.hosts_dir().glob("host-*.log")
+    assert len(re.findall(r"target loaded in [\d.]+ s \(a vLLM capture engine", log.read_text())) == 1
+
+
 def _header(path):
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")

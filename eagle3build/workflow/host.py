@@ -1,6 +1,6 @@
 """Job hosts: a process per Snakemake run, stage settings and GPU set that loads what a stage's jobs share once (a
-capture host: the target) and runs the jobs that come to it, one after another (``contract.HOSTED``; issue 70: the
-recipe's 5 capture jobs loaded its 135M target 5 times, 216 s on an H100, most of it starting the target).
+capture host: the target) and runs the jobs that come to it, one after another (``contract.HOSTED``; issue 70: each
+capture job loaded the target again, most of a run's capture time for a small target).
 
 Each job stays one Snakemake job, with its own params, log, benchmark and staleness: ``snakemake -n`` plans one
 capture job per missing or stale shard, as before. The adapter (``job.main``) makes the job's settings object, then
@@ -25,8 +25,9 @@ Why not Snakemake's own features (9.27.1, read in its source and tried on a two-
 A host's key (``host_spec``) is everything its loaded state depends on: the stage's ``Hosted.spec`` of the job's
 settings (capture: the target folder and fingerprint, backend, compute dtype, device, the vllm engine's layout and
 context), the job's threads and GPU count, this checkout's code and Python, and the job's Snakemake process
-(``owner_process``): hosts are never shared between runs. It lives in ``hosts_dir()`` (beside the GPU locks: a Unix
-socket ``<key>-<token>.sock``, a lease file ``.lease``, its spec ``.spec`` and ``.json``, its pid and log); a job
+(``owner_process``): hosts are never shared between runs. It lives in ``hosts_dir()`` (beside the GPU locks, this
+user's alone: a Unix socket ``<key>-<token>.sock``, a lease file ``.lease``, its spec ``.spec`` and ``.json``, its pid
+and log); a job
 leases it with a non-blocking ``flock`` on the lease file, so one host serves one job at a time, and several jobs at
 once (several GPUs) start several hosts. Its own log, ``host-<token>.log``, lies beside the log of the job that
 started it.
@@ -73,13 +74,14 @@ ENV_LINGER = "EAGLE3BUILD_JOB_HOST_LINGER_S"
 LINGER_S = 60.0
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish"})
 POLL_S = 0.2
-_SOCKET_NAME = "/0123456789abcdef-01234567.sock"  # the longest name in hosts_dir()
+_SOCKET_NAME = "/0123456789abcdef-01234567.sock"  # a socket's name in hosts_dir()
 
 
 def hosts_dir() -> Path:
-    """Where hosts are found: ``job-hosts/`` in the GPU lock folder (``gpu_slots.default_lock_dir``), of this
-    machine (Unix sockets)."""
-    return gpu_slots.default_lock_dir() / "job-hosts"
+    """Where this user's hosts are found: ``job-hosts-<uid>/`` in the GPU lock folder (``gpu_slots.default_lock_dir``),
+    of this machine (Unix sockets); made readable by this user alone (a host's spec holds the job's environment, and
+    its socket runs what it is sent)."""
+    return gpu_slots.default_lock_dir() / f"job-hosts-{os.getuid()}"
 
 
 def owner_process() -> tuple[int, int] | None:
@@ -212,6 +214,7 @@ def _lease_or_start(spec: dict) -> tuple[socket.socket, int, dict]:
     ``(connection, lease descriptor, {"pid", "log", "started"})``. Waits while the GPUs are held by busy processes."""
     d = hosts_dir()
     d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o700)
     pool = gpu_slots.visible_gpus() if spec["gpus"] else []
     waited = False
     while True:
@@ -270,7 +273,9 @@ def start(d: Path, spec: dict, alloc: gpu_slots.Allocation | None) -> tuple[sock
     log_path = _host_log_path(token)
     full = {**spec, "socket": f"{base}.sock", "lease": f"{base}.lease", "info": f"{base}.json", "log": log_path,
             "gpus_held": alloc.gpus if alloc else [], "linger_s": linger_s()}
-    Path(f"{base}.spec").write_text(json.dumps(full))
+    fd = os.open(f"{base}.spec", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(full, f)
     env = dict(spec["env"] or os.environ)
     pkg_root = str(Path(__file__).resolve().parents[2])  # where the package is not installed (a checkout)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
