@@ -1,5 +1,5 @@
 """The benchmark scripts under benchmarks/ at tiny size on the CPU: they run and print real figures.
-(gpu_build.py is smoke-run over the reduced build in test_e2e.py, capture_backends.py in
+(gpu_build.py and capture_host.py are smoke-run over the reduced build in test_e2e.py, capture_backends.py in
 test_vllm_capture.py, peer_route.py in test_peer_route.py, check_records.py in test_records.py.)"""
 from __future__ import annotations
 

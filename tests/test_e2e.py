@@ -767,6 +767,22 @@ def test_gpu_build_script_smoke(built, tmp_path):
     assert json.loads((tmp_path / "out/gpu_build.json").read_text())["data"]["train_samples"] > 0
 
 
+def test_capture_host_script_smoke(built, tmp_path):
+    """benchmarks/capture_host.py over a copy of the reduced build: the three capture jobs in their own processes load
+    the target three times, through job hosts once (one host), and both routes write the same shard bytes."""
+    import sys
+
+    wd = copy_build(built[0], tmp_path / "wd")
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks/capture_host.py"), "--workdir", str(wd), "--configfile",
+                        str(REPO / "tests/reduced.yaml"), "--cores", "2", "--json", str(tmp_path / "c.json")],
+                       capture_output=True, text=True, timeout=1200, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((tmp_path / "c.json").read_text())
+    assert r["shards"] == 3 and r["same_bytes"] is True
+    assert (r["own_process"]["target_loads"], r["hosts"]["target_loads"], r["hosts"]["hosts"]) == (3, 1, 1)
+    assert sorted(r["hosts"]["job_s"]) == ["eval-00000", "train-00000", "train-00001"] and r["hosts"]["wall_s"] > 0
+
+
 def test_recipe_sweep_script_smoke(built, tmp_path):
     """benchmarks/recipe_sweep.py at tiny size on a copy of the reduced build: the base row plans nothing,
     a learning-rate row reruns training and export only, and each row holds that run's own figures. (The
