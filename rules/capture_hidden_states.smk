@@ -1,5 +1,8 @@
 # The decisions as the compat report's output (rules.compat_report): Snakemake then takes the
 # producer from the rule instead of searching every rule's outputs for each of the 10,000 jobs.
+# One job per shard; the job hands its shard to a job host of the run, which loads the target once
+# for the run's shards (eagle3build/workflow/host.py): its gpu, threads and mem_mb are the host's
+# while it serves the job.
 rule capture_hidden_states:
     input:
         decisions=rules.compat_report.output.decisions,
