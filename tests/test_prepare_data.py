@@ -284,7 +284,7 @@ def test_equal_tokens_are_equal_bytes(tmp_path):
 
 @pytest.mark.parametrize("cap", [None, 23])
 def test_workers_write_the_same_bytes_and_report(tmp_path, smol_target, sharegpt_sample, cap):
-    """Tokenizing in 2 worker processes (the job's threads) writes the files and the report of one process, byte for
+    """Tokenizing in 2 worker processes (a job of 3 threads) writes the files and the report of one process, byte for
     byte (less the report's seconds): the same records read, kept, skipped and counted, in the same order, from a
     capped source (the cap reached mid-batch), a repeated record, a JSONL source with a bad line and a JSON array cut
     off mid-record. The reference is one batch at a time (none tokenized ahead), as the stage ran before its pool."""
@@ -300,7 +300,7 @@ def test_workers_write_the_same_bytes_and_report(tmp_path, smol_target, sharegpt
     ahead = pd.IN_FLIGHT_PER_WORKER
     try:
         files = {}
-        for workers, pd.IN_FLIGHT_PER_WORKER in ((0, 0), (1, ahead), (2, ahead)):
+        for workers, pd.IN_FLIGHT_PER_WORKER in ((0, 0), (1, ahead), (3, ahead)):  # 3 threads: 2 processes
             out = {k: tmp_path / f"w{workers}" / f for k, f in dict(
                 train="train.safetensors", eval="eval.safetensors", prompts="prompts.jsonl",
                 report="report.json").items()}
@@ -313,7 +313,8 @@ def test_workers_write_the_same_bytes_and_report(tmp_path, smol_target, sharegpt
             files[workers]["report"] = report
     finally:
         pd.TOKENIZE_BATCH, pd.IN_FLIGHT_PER_WORKER = batch, ahead
-    assert files[0] == files[1] == files[2]
+    assert files[0] == files[1] == files[3]
+    assert [pd.pool_processes(n) for n in (1, 2, 3, 16)] == [1, 1, 2, 15]
     rep = files[1]["report"]
     assert rep["sources"][0]["kept"] == (cap or rep["sources"][0]["kept"]) and rep["sources"][1]["bad_lines"] == 1
     assert rep["sources"][2]["truncated_at_byte"] is not None
