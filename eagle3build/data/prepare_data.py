@@ -140,8 +140,9 @@ def _tokenize_in_worker(args: tuple) -> list:
 def pool_processes(threads: int) -> int:
     """Tokenizing processes for a job of ``threads`` threads: one less than the threads (the main process reads,
     normalises, deduplicates and collects, about 40 % of the stage's time on the bundled ShareGPT file here) where that
-    leaves two or more, else 1 (in the main process, whose Rust tokenizer then spreads each batch over the cores itself:
-    on this 2-core machine 1 worker took 50.0 s for 10,000 conversations and a pool of 2 75.1 s)."""
+    leaves two or more, else 1 (in the main process, whose Rust tokenizer then spreads each batch over the cores itself).
+    A pool pays on a host with cores to spare only: on 2 shared cores the 3 processes took 1.5 times the one's
+    (record ``prepare-data-workers``, docs/figures-other.md)."""
     return threads - 1 if threads > 2 else 1
 
 
