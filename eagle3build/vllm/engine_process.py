@@ -134,7 +134,7 @@ def compile_cache(folder: str | os.PathLike) -> Iterator[str]:
     imports vLLM again (34 s for the target's, 23 s for the head's on that host; vllm/model_executor/models/registry.py
     ``_LazyRegisteredModel.inspect_model_cls``) are kept under ``VLLM_CACHE_ROOT/modelinfos`` too, keyed by the model
     file's bytes: every later engine of the same classes skips that subprocess. vLLM writes some of these files in
-    place (``vllm_compile_cache.py``, compilation/backends.py ``save_to_file``), so a folder is best held by the jobs
+    place (its compile cache's index: vllm/compilation/backends.py ``save_to_file``), so a folder is best held by the jobs
     of one run, which start no two engines of the same hash at once."""
     root = os.environ.get(CACHE_VAR) or os.path.abspath(os.fspath(folder))
     os.makedirs(root, exist_ok=True)

@@ -169,7 +169,7 @@ def main(smk) -> Any:
     log = setup(smk)
     try:
         return run_stage(smk.rule, inputs=smk.input, outputs=smk.output, params=smk.params, wildcards=smk.wildcards,
-                         resources={**_mapping(smk.resources), "threads": smk.threads})
+                         resources={**_mapping(smk.resources), "threads": getattr(smk, "threads", None)})
     except Exception as e:  # noqa: BLE001 - every stage error ends the log as one line
         log.exception("the traceback of the error below")
         logging.shutdown()
