@@ -65,9 +65,14 @@ def test_plan_10k_tiny(tmp_path):
 
 
 @pytest.mark.slow
-def test_prepare_data_throughput_tiny(smol_target):
-    p = _run("prepare_data_throughput.py", str(smol_target), "--max-seq-len", "256", "--max-samples", "12")
+def test_prepare_data_throughput_tiny(smol_target, tmp_path):
+    p = _run("prepare_data_throughput.py", str(smol_target), "--max-seq-len", "256", "--max-samples", "12",
+             "--workers", "1", "2", "--record", str(tmp_path))
     assert '"kept": 12' in p.stdout and re.search(r"conversations/s \(records read\): \d+\.\d", p.stdout)
+    assert re.search(r"workers 2: .*speed-up over workers 1: \d+\.\d\dx", p.stdout)
+    assert "the same files and report with workers [1, 2]" in p.stdout
+    rec = json.loads((tmp_path / "prepare-data-workers_cpu.json").read_text())
+    assert rec["results"]["kept"] == 12 and rec["results"]["same_bytes"] == 1 and rec["results"]["workers2.seconds"] > 0
 
 
 def test_every_benchmark_script_is_smoke_run():

@@ -162,13 +162,14 @@ def one_line(rule: str, error: BaseException) -> str:
 
 def main(smk) -> Any:
     """The adapter's whole job (scripts/run_stage.py): ``setup`` the job's log, then ``run_stage`` of its rule with its
-    named inputs, outputs, params, wildcards and resources. An error is logged with its traceback and then as one line
+    named inputs, outputs, params, wildcards and resources (with ``threads``, the job's threads). An error is logged
+    with its traceback and then as one line
     (``one_line``), the log's last, before the job exits 1: what Snakemake's ``onerror`` prints for it
     (workflow/summary.py)."""
     log = setup(smk)
     try:
         return run_stage(smk.rule, inputs=smk.input, outputs=smk.output, params=smk.params, wildcards=smk.wildcards,
-                         resources=smk.resources)
+                         resources={**_mapping(smk.resources), "threads": getattr(smk, "threads", None)})
     except Exception as e:  # noqa: BLE001 - every stage error ends the log as one line
         log.exception("the traceback of the error below")
         logging.shutdown()
