@@ -215,3 +215,19 @@ def slurm_cluster_start(tmp_path_factory) -> subprocess.CompletedProcess:
     out.seek(0)
     err.seek(0)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+
+
+def fake_engines(monkeypatch, fake_run_child):
+    """Stand ``fake_run_child`` (``engine_process.run_child``'s arguments, a result like the entry's) in for every
+    engine child: ``run_child``, and ``run_side_by_side`` as those calls one after the other, each result naming the
+    others of its group (``started_beside``) as the real one does."""
+    from eagle3build.vllm import engine_process
+
+    def side_by_side(runs, workdir, env=None):
+        out = [fake_run_child(entry, spec, workdir, name) for entry, spec, name in runs]
+        for r, (_, _, name) in zip(out, runs, strict=True):
+            r["started_beside"] = [n for _, _, n in runs if n != name]
+        return out
+
+    monkeypatch.setattr(engine_process, "run_child", fake_run_child)
+    monkeypatch.setattr(engine_process, "run_side_by_side", side_by_side)

@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import fake_engines
 
 from eagle3build.draft.head_format import Head
 from eagle3build.formats import prompt_sets
@@ -377,7 +378,7 @@ def test_benchmark_assembles_sets_and_counts_a_near_tie(tmp_path, monkeypatch):
     Prompt b's changed token is the baseline's second choice, 0.05 nats below its first: a near-tie, counted,
     and the benchmark is written."""
     calls = []
-    monkeypatch.setattr(engine_process, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
+    fake_engines(monkeypatch, _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
     out = tmp_path / "b.json"
     r = _bench(tmp_path, _head(tmp_path, [2, 5]), out, {"chat": 1, "humaneval": 0})
     # the baseline's top log-probabilities are asked once, at b's first differing position, given its prompt
@@ -423,7 +424,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
     method read from its config.json, its draft vocab coverage its own, its near-tie counted, the pre-flight and
     the schema unchanged for the run's own rows."""
     calls = []
-    monkeypatch.setattr(engine_process, "run_child", _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
+    fake_engines(monkeypatch, _fake_engines(calls, [[2, -0.70], [3, -0.75], [9, -4.0]]))
     seen = []
     real = benchmark.engine_process.run_child
 
@@ -434,7 +435,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
             res["time_per_output_token_s"] = {**STATS, "mean": 0.2}
         return res
 
-    monkeypatch.setattr(engine_process, "run_child", spy)
+    fake_engines(monkeypatch, spy)
     own = _head(tmp_path, [2, 5])
     (tmp_path / "p").mkdir()
     other = _head(tmp_path / "p", [1, 2])
@@ -482,7 +483,7 @@ def test_benchmark_compares_heads_against_one_baseline(tmp_path, monkeypatch):
 
 def test_benchmark_names_a_compared_heads_divergence(tmp_path, monkeypatch):
     """A compared head that changes a sure greedy token fails the job naming that head, its k and the prompt."""
-    monkeypatch.setattr(engine_process, "run_child", _fake_engines([], [[2, -0.05], [3, -3.05]]))
+    fake_engines(monkeypatch, _fake_engines([], [[2, -0.05], [3, -3.05]]))
     (tmp_path / "p").mkdir()
     other = _head(tmp_path / "p", [1, 2])
     with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b .*; peagle k=2 prompt b \(chat\) at output token 1"):
@@ -494,7 +495,7 @@ def test_benchmark_names_a_compared_heads_divergence(tmp_path, monkeypatch):
                                       ([[2, -0.05], [5, -0.10], [6, -0.2]], "the head's token is not in the top list")])
 def test_benchmark_fails_on_a_real_divergence(tmp_path, monkeypatch, top, why):
     """The same change where the baseline was sure of its token: the job fails naming the prompt, nothing written."""
-    monkeypatch.setattr(engine_process, "run_child", _fake_engines([], top))
+    fake_engines(monkeypatch, _fake_engines([], top))
     out = tmp_path / "b.json"
     with pytest.raises(benchmark.BenchmarkError, match=r"k=2 prompt b \(chat\) at output token 1: baseline 2, with "
                                                         r"the head 3"):
@@ -506,7 +507,7 @@ def test_benchmark_counts_a_first_token_difference_against_the_engines(tmp_path,
     """Prompt b's first output token differs, far from a near-tie (3 nats): it comes from the target's prefill
     before any draft, so it is the engines' noise (seen on the H200 with a random MoE target), counted and
     logged, and the benchmark is written."""
-    monkeypatch.setattr(engine_process, "run_child", _fake_engines([], [[1, -0.05], [9, -3.05]], changed=(0, 9)))
+    fake_engines(monkeypatch, _fake_engines([], [[1, -0.05], [9, -3.05]], changed=(0, 9)))
     out = tmp_path / "b.json"
     with caplog.at_level("WARNING"):
         r = _bench(tmp_path, _head(tmp_path, [1, 2]), out, {"chat": 0, "humaneval": 0})
@@ -550,7 +551,7 @@ def test_benchmark_skips_prompts_too_long_for_the_engine(tiny_target, tmp_path, 
     ]) + "\n")
     monkeypatch.setattr(engine_process, "require_vllm", lambda needed_by: "test")
     specs = []
-    monkeypatch.setattr(engine_process, "run_child", _echo_engines(specs))
+    fake_engines(monkeypatch, _echo_engines(specs))
 
     def run(max_model_len):
         return benchmark.benchmark(BenchmarkSettings(
@@ -605,7 +606,7 @@ def test_benchmark_skips_prompts_the_template_refuses(tiny_target, tmp_path, mon
     ]) + "\n")
     monkeypatch.setattr(engine_process, "require_vllm", lambda needed_by: "test")
     specs = []
-    monkeypatch.setattr(engine_process, "run_child", _echo_engines(specs))
+    fake_engines(monkeypatch, _echo_engines(specs))
 
     def run():
         return benchmark.benchmark(BenchmarkSettings(
@@ -740,7 +741,7 @@ def test_k_schedule_sweeps_chooses_and_serves_the_schedule(tmp_path, monkeypatch
     specs = []
     tps = {"sweep_baseline": {1: 100.0, 4: 300.0}, "sweep_k0": {1: 90.0, 4: 280.0}, "sweep_k1": {1: 140.0, 4: 330.0},
            "sweep_k3": {1: 180.0, 4: 290.0}, "sweep_schedule": {1: 175.0, 4: 320.0}}
-    monkeypatch.setattr(engine_process, "run_child", _sweep_engines(specs, tps))
+    fake_engines(monkeypatch, _sweep_engines(specs, tps))
     head = Head.read(_head(tmp_path, [1, 2]))
     r = k_schedule.k_schedule(tmp_path, _sched_engine, PROMPTS4, head, [1, 3], 8, [1, 4])
     assert [n for n, _, _ in specs] == ["sweep_baseline", "sweep_k1", "sweep_k3", "sweep_k0", "sweep_schedule"]
@@ -806,7 +807,7 @@ def test_k_schedule_of_a_peagle_head_holds_one_k(tmp_path, monkeypatch):
     tps = {"sweep_baseline": {1: 100.0, 4: 300.0}, "sweep_k0": {1: 90.0, 4: 280.0}, "sweep_k1": {1: 140.0, 4: 330.0},
            "sweep_k3": {1: 180.0, 4: 290.0}, "sweep_schedule": {1: 175.0, 4: 320.0}}
     specs = []
-    monkeypatch.setattr(engine_process, "run_child", _sweep_engines(specs, tps))
+    fake_engines(monkeypatch, _sweep_engines(specs, tps))
     head = Path(_head(tmp_path, [1, 2]))
     (head / "config.json").write_text('{"speculators_model_type": "peagle", '
                                       '"transformer_layer_config": {"num_hidden_layers": 1}, '

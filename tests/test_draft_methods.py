@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from conftest import fake_engines
 from safetensors import safe_open
 
 from eagle3build.draft.choice import DraftError, resolve
@@ -248,7 +249,6 @@ def test_load_check_failure_names_a_stale_peagle_head(tmp_path, monkeypatch, met
     cause and the retrain command in the export's error (``DraftMethod.load_hint``); other heads get vLLM's error
     alone."""
     from eagle3build.serve import export_head as ex
-    from eagle3build.vllm import engine_process
 
     head = tmp_path / "head"
     head.mkdir()
@@ -260,7 +260,7 @@ def test_load_check_failure_names_a_stale_peagle_head(tmp_path, monkeypatch, met
     def fail(*a, **kw):
         raise RuntimeError("Engine core initialization failed")
 
-    monkeypatch.setattr(engine_process, "run_child", fail)
+    fake_engines(monkeypatch, fail)
     with pytest.raises(ex.ExportError, match="Engine core initialization failed") as e:
         ex.check_loads_with_vllm(Head.read(head), str(tmp_path / "target"), "t", gpus=0)
     assert ("snakemake --forcerun train_draft" in str(e.value)) is hinted

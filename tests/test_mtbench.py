@@ -8,6 +8,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+from conftest import fake_engines
 
 from eagle3build.formats import prompt_sets
 from eagle3build.formats.artifacts import ArtifactError
@@ -203,7 +204,7 @@ def per_category(tmp_path, monkeypatch):
     """The benchmark (``benchmark._benchmark``) of ``BY_SET`` at k 2 on ``CategoryLLM`` engines: ``(result, specs)``."""
     pytest.importorskip("vllm")  # decode_greedy's SamplingParams
     specs = []
-    monkeypatch.setattr(engine_process, "run_child", _engines(monkeypatch, specs))
+    fake_engines(monkeypatch, _engines(monkeypatch, specs))
     r = benchmark._benchmark(tmp_path, _engine, BY_SET, _settings(tmp_path), 0.25, {"chat": 0, "mtbench": 0},
                              notes={"mtbench": {"per_category": 2, "turns": 1}})
     return r, specs
@@ -294,7 +295,7 @@ def test_both_turns_send_the_targets_own_first_answer_to_every_run(tiny_target, 
     pytest.importorskip("vllm")
     monkeypatch.setattr(engine_process, "require_vllm", lambda needed_by: "test")
     specs = []
-    monkeypatch.setattr(engine_process, "run_child", _engines(monkeypatch, specs, answer_texts={0: "long " * 3000}))
+    fake_engines(monkeypatch, _engines(monkeypatch, specs, answer_texts={0: "long " * 3000}))
     r = benchmark.benchmark(benchmark.BenchmarkSettings(
         target_dir=str(tiny_target), head_dir=_head(tmp_path), prompts_path=str(tmp_path / "unused.jsonl"),
         out_json=str(tmp_path / "b.json"), ks=[K], max_tokens=4, max_model_len=2048, served_name="org/tiny",

@@ -280,3 +280,42 @@ def test_equal_tokens_are_equal_bytes(tmp_path):
     assert back.sample_ids == [s[0] for s in samples]
     ids, mask = back.sample(3)
     assert ids.tolist() == list(range(8)) and mask.tolist() == [1] * 8
+
+
+@pytest.mark.parametrize("cap", [None, 23])
+def test_workers_write_the_same_bytes_and_report(tmp_path, smol_target, sharegpt_sample, cap):
+    """Tokenizing in 2 worker processes (a job of 3 threads) writes the files and the report of one process, byte for
+    byte (less the report's seconds): the same records read, kept, skipped and counted, in the same order, from a
+    capped source (the cap reached mid-batch), a repeated record, a JSONL source with a bad line and a JSON array cut
+    off mid-record. The reference is one batch at a time (none tokenized ahead), as the stage ran before its pool."""
+    recs = json.loads(sharegpt_sample.read_text())
+    jsonl = tmp_path / "more.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in recs[:30]) + "{not json\n"
+                     + json.dumps(recs[40]) + "\n")  # 30 repeats of the first source, a bad line, one more
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(recs[30:60])[:-200])  # the last record cut off mid-way
+    sources = [{"path": str(sharegpt_sample), "max_samples": cap}, {"path": str(jsonl), "max_samples": None},
+               {"path": str(cut), "max_samples": None}]
+    pd.TOKENIZE_BATCH, batch = 8, pd.TOKENIZE_BATCH  # many batches of a few records: the cap falls inside one
+    ahead = pd.IN_FLIGHT_PER_WORKER
+    try:
+        files = {}
+        for workers, pd.IN_FLIGHT_PER_WORKER in ((0, 0), (1, ahead), (3, ahead)):  # 3 threads: 2 processes
+            out = {k: tmp_path / f"w{workers}" / f for k, f in dict(
+                train="train.safetensors", eval="eval.safetensors", prompts="prompts.jsonl",
+                report="report.json").items()}
+            out["train"].parent.mkdir()
+            pd.prepare(prepare_settings(sources, smol_target, out, max_seq_len=96, min_supervised_tokens=24,
+                                        eval_fraction=0.25, seed=0, workers=max(1, workers)))
+            files[workers] = {k: p.read_bytes() for k, p in out.items() if k != "report"}
+            report = json.loads(out["report"].read_text())
+            assert report.pop("seconds") >= 0
+            files[workers]["report"] = report
+    finally:
+        pd.TOKENIZE_BATCH, pd.IN_FLIGHT_PER_WORKER = batch, ahead
+    assert files[0] == files[1] == files[3]
+    assert [pd.pool_processes(n) for n in (1, 2, 3, 16)] == [1, 1, 2, 15]
+    rep = files[1]["report"]
+    assert rep["sources"][0]["kept"] == (cap or rep["sources"][0]["kept"]) and rep["sources"][1]["bad_lines"] == 1
+    assert rep["sources"][2]["truncated_at_byte"] is not None
+    assert rep["skipped"]["duplicate_conversation"] >= 1 and rep["skipped"]["too_few_supervised_tokens"] > 0

@@ -371,7 +371,7 @@ def test_a_record_set_runs_in_order_and_resumes_past_made_records(tmp_path, monk
     monkeypatch.setattr(record, "gpus_here", lambda: 0)
     made, cut_at = [], ["recipe-serve"]
 
-    def make(name, call, state, free_shards=False):
+    def make(name, call, state, free_shards=False, est=None, probe=None):
         if (state / f"{name}.json").exists():
             return 0
         if name in cut_at:
@@ -387,6 +387,7 @@ def test_a_record_set_runs_in_order_and_resumes_past_made_records(tmp_path, monk
             "--overlay", str(CPU)]
     assert record.main(args) == 3
     out = capsys.readouterr().out
+    assert re.search(r"^host probe: [\d.]+ µs a cpu launch, [\d.]+ s of CPU ", out, re.M)
     estimates = re.findall(r"^estimate on cpu: (\S+): ~\d+ s ", out, re.M)
     assert estimates == ["recipe", "methods", "kschedule", "recipe-serve"] and made == estimates[:3]
     assert out.rstrip().endswith("recipe-serve: not finished in this call; run the same command again to resume")

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import yaml
+from conftest import fake_engines
 from safetensors.numpy import save_file
 from smk import REPO, planned_resources
 
@@ -23,10 +24,13 @@ from eagle3build.vllm.engine_args import (
     CPU_ENGINE_ENV,
     KV_CACHE_FLOOR_BYTES,
     KV_CACHE_MARGIN,
+    SIDE_BY_SIDE_UTILIZATION,
     cudagraph_capture_size_at_least,
+    decode_graph_sizes,
     engine_args,
     engine_core_in_process,
     kv_cache_memory_bytes,
+    side_by_side,
 )
 
 
@@ -342,7 +346,7 @@ def test_remote_code_reaches_every_engine(remote_code_target, tmp_path, monkeypa
     reads the remote-code config only with it (without, the config does not load: vLLM's default sizing)."""
     target = str(remote_code_target)
     specs = []
-    monkeypatch.setattr(engine_process, "run_child", _recording_engines(specs))
+    fake_engines(monkeypatch, _recording_engines(specs))
     monkeypatch.setattr(engine_process, "require_vllm", lambda needed_by: "test")
     monkeypatch.setattr(benchmark, "chat_token_counter", lambda target_dir, trust_remote_code: lambda msgs: 10)
 
@@ -457,3 +461,74 @@ def test_no_real_engine_outlives_its_job(tmp_path, tiny_target):
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left, f"outlived the job: {left}"
+
+
+def test_benchmark_engines_capture_a_graph_per_decode_step():
+    """The benchmark's engines capture CUDA graphs for exactly the decode steps they run (n x (1 + k) tokens for the
+    target's verification and n for the drafter, n of 1..the requests in flight), the widest included (vllm #54933),
+    else vLLM's grid up to the widest step; as vLLM's cudagraph_capture_sizes, without max_cudagraph_capture_size."""
+    assert decode_graph_sizes(1) == [1] and decode_graph_sizes(1, 3) == [1, 4]
+    assert decode_graph_sizes(4, 3) == [1, 2, 3, 4, 8, 12, 16]
+    assert decode_graph_sizes(2, 2) == [1, 2, 3, 6]
+    grid = decode_graph_sizes(64, 3)  # 112 exact sizes: the grid instead
+    assert grid[:4] == [1, 2, 4, 8] and grid[-2:] == [248, 256] and len(grid) == 35
+    assert decode_graph_sizes(48, 2)[-2:] == [136, 144]  # 144 = 48 x 3, off the grid's stride, captured too
+    with pytest.raises(ValueError, match="at least one sequence"):
+        decode_graph_sizes(0)
+    target = str(REPO / "examples/targets/llama-3.1-8b-instruct-shape")
+    e = engine_args(target, gpus=1, served_name="m", max_model_len=2048, seed=0, max_num_seqs=1, kv_cache_tokens=2051,
+                    draft_layers=1, graph_sizes=decode_graph_sizes(1, 3))
+    assert e["cudagraph_capture_sizes"] == [1, 4] and "max_cudagraph_capture_size" not in e
+    eager = engine_args(target, gpus=1, served_name="m", max_model_len=2048, seed=0, eager=True, graph_sizes=[1, 4])
+    assert "cudagraph_capture_sizes" not in eager and eager["enforce_eager"] is True
+    cpu = engine_args(target, gpus=0, served_name="m", max_model_len=2048, seed=0, graph_sizes=[1, 4])
+    assert "cudagraph_capture_sizes" not in cpu and cpu["enforce_eager"] is True
+
+
+def test_engines_start_side_by_side_where_a_card_has_room(tmp_path):
+    """Two engines start side by side on CPU (as given) and on a card for a small target whose KV caches are sized in
+    bytes (each then needing 40 % of the card free at its start); not with pipeline stages, an unsized KV cache or
+    weights above 8 GiB per GPU."""
+    small = str(REPO / "examples/targets/llama-3.1-8b-instruct-shape")  # config only: no weight files
+    gpu = [engine_args(small, gpus=1, served_name="m", max_model_len=64, seed=0, max_num_seqs=1, kv_cache_tokens=65,
+                       draft_layers=k, graph_sizes=decode_graph_sizes(1, k)) for k in (0, 3)]
+    beside = side_by_side(gpu, small)
+    assert [e["gpu_memory_utilization"] for e in beside] == [SIDE_BY_SIDE_UTILIZATION] * 2
+    assert [{k: v for k, v in e.items() if k != "gpu_memory_utilization"} for e in beside] == gpu
+    cpu = [engine_args(small, gpus=0, served_name="m", max_model_len=64, seed=0) for _ in range(2)]
+    assert side_by_side(cpu, small) == cpu
+    assert side_by_side([gpu[0], {k: v for k, v in gpu[1].items() if k != "kv_cache_memory_bytes"}], small) is None
+    assert side_by_side([{**e, "pipeline_parallel_size": 2} for e in gpu], small) is None
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "model.safetensors", "wb") as f:  # a sparse file: 9 GiB of weights on one GPU
+        f.truncate(9 << 30)
+    assert side_by_side(gpu, big) is None
+    assert side_by_side([{**e, "tensor_parallel_size": 2} for e in gpu], big) is not None  # 4.5 GiB per GPU
+
+
+def test_side_by_side_starts_together_and_works_one_at_a_time(tmp_path, monkeypatch):
+    """run_side_by_side: both children start at once; each works only once both have started, and the second only
+    after the first is done; each result names the other and its held seconds. A child that fails to start beside the
+    other makes both run again one at a time. Inside compile_cache every child gets its VLLM_CACHE_ROOT, unless the
+    job's environment sets one."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
+    monkeypatch.delenv(engine_process.CACHE_VAR, raising=False)
+    entry = "tests_child_entry:held"
+    with engine_process.compile_cache(tmp_path / "cache") as cache:
+        a, b = engine_process.run_side_by_side([(entry, {"start_s": 1.0, "work_s": 0.5}, "a"),
+                                                (entry, {"start_s": 0.2, "work_s": 0.2}, "b")], tmp_path)
+    assert cache == str(tmp_path / "cache") and (tmp_path / "cache").is_dir()
+    assert a["cache"] == b["cache"] == cache
+    assert abs(a["t0"] - b["t0"]) < 0.9  # started together: b's start of 0.2 s does not wait for a's 1 s
+    assert a["work"] >= b["started"] and b["work"] >= a["done"]  # no work beside a start or another's work
+    assert a["started_beside"] == ["b"] and b["started_beside"] == ["a"] and b["held_s"] >= a["held_s"]
+    assert engine_process.CACHE_VAR not in engine_process.child_env({})  # outside compile_cache: vLLM's default
+    monkeypatch.setenv(engine_process.CACHE_VAR, str(tmp_path / "mine"))
+    with engine_process.compile_cache(tmp_path / "cache") as cache:
+        assert cache == str(tmp_path / "mine") and engine_process.child_env()[engine_process.CACHE_VAR] == cache
+        a, b = engine_process.run_side_by_side([(entry, {"start_s": 0.2}, "a"),
+                                                (entry, {"start_s": 0.2, "fail": True}, "b")], tmp_path)
+    assert a["cache"] == str(tmp_path / "mine")
+    assert "started_beside" not in a and a["held_s"] == 0 and b["work"] >= a["done"]  # one at a time, unheld
+    assert (tmp_path / "a_alone.out.json").exists() and (tmp_path / "b_alone.out.json").exists()

@@ -49,3 +49,24 @@ def real_engine(spec: dict) -> dict:
     os.replace(spec["pids"] + ".tmp", spec["pids"])
     while llm is not None:
         time.sleep(1)
+
+
+def held(spec: dict) -> dict:
+    """An engine-like run that ``start_child(hold=True)`` can hold: "starts" (sleeps ``start_s``, or fails where
+    ``fail``), waits for its release as ``measure.start_engine`` does, then "works" (sleeps ``work_s``); returns the
+    wall-clock times of each phase."""
+    import time
+
+    from eagle3build.vllm import measure
+
+    t0 = time.time()
+    time.sleep(spec.get("start_s", 0.5))
+    if spec.get("fail") and spec.get("hold"):
+        raise RuntimeError("no room beside the other engine")
+    started = time.time()
+    if spec.get("hold"):
+        measure._wait_release(spec["hold"])
+    work = time.time()
+    time.sleep(spec.get("work_s", 0.3))
+    return {"t0": t0, "started": started, "work": work, "done": time.time(), "engine_start_s": started - t0,
+            "held_s": measure.held_seconds(), "cache": __import__("os").environ.get("VLLM_CACHE_ROOT")}

@@ -15,6 +15,11 @@ the config sets ``train.checkpoint_every``). A record already written on this ma
 not made again. Records in order: names run one after another within the seconds given. A build that fails (not
 cut) stops the call with its log's last error; resuming cannot help it.
 
+Card time (issue 70): before the first record the driver probes its host (``card_time.host_probe``, a few seconds,
+kept in ``results/records/host_probe.json`` for the calls that resume on the same machine), prints each record's
+estimate scaled to it from ``card_seconds.yaml``, and writes each rule's measured seconds beside its estimate into the
+record (``card_time_results``).
+
 Disk: before a record's first job (its ``prepare`` step included) the driver adds up what the record will write
 (``disk_plan``: the hidden-state shards' bound as the compat report plans it, samples x max_seq_len x bytes per
 token, less the shards already there; and a target the ``prepare`` step makes, such as the Kimi-shaped one's 29 GB)
@@ -443,10 +448,55 @@ def gpu_problem(name: str, rec: Record, have: int) -> str | None:
             "--overlay tests/rehearsal/cpu.yaml")
 
 
-def make(name: str, call: Call, state: Path, free_shards: bool = False) -> int:
+def _timed(state: Path, name: str, what: str, step: Callable[[], int]) -> int:
+    """Run ``step`` and add its wall seconds to ``what`` in ``state/<name>.seconds.json`` (the record's seconds over
+    every call that worked on it: a cut call's part included)."""
+    t0 = time.monotonic()
+    try:
+        return step()
+    finally:
+        f = state / f"{name}.seconds.json"
+        state.mkdir(parents=True, exist_ok=True)
+        seconds = json.loads(f.read_text()) if f.exists() else {}
+        seconds[what] = round(seconds.get(what, 0.0) + time.monotonic() - t0, 1)
+        f.write_text(json.dumps(seconds))
+
+
+def card_time_results(name: str, call: Call, state: Path, est: card_time.Estimate | None,
+                      probe: dict | None) -> dict:
+    """The record's card time beside its estimate (issue 70): ``card_time.estimate_s.<rule>`` (the driver's estimate
+    of the rule's jobs before the record started, ``est``) and ``card_time.measured_s.<rule>`` (the seconds of its
+    jobs in Snakemake's log of every call, ``card_time.measured``; ``prepare`` for the record's prepare step), their
+    totals (``.total``; the measured total is the Snakemake calls' wall seconds and the prepare step's), the ratio
+    ``card_time.measured_over_estimate``, and the host probe (``host.cpu_s``, ``host.launch_us``, ``host.device``)."""
+    out: dict = {}
+    log = call.out / "logs" / f"{name}.log"
+    jobs = card_time.job_seconds(log.read_text(errors="replace")) if log.exists() else []
+    for rule, s in sorted(card_time.measured(jobs).items()):
+        out[f"card_time.measured_s.{rule}"] = round(s, 1)
+    seconds_f = state / f"{name}.seconds.json"
+    spent = json.loads(seconds_f.read_text()) if seconds_f.exists() else {}
+    if "prepare" in spent:
+        out["card_time.measured_s.prepare"] = spent["prepare"]
+    wall = spent.get("snakemake", 0.0) + spent.get("prepare", 0.0)
+    out["card_time.measured_s.total"] = round(wall, 1)
+    if est is not None:
+        for rule, s in sorted(est.per_rule.items()):
+            out[f"card_time.estimate_s.{'prepare' if rule.startswith('prepare:') else rule}"] = s
+        out["card_time.estimate_s.total"] = round(est.seconds, 1)
+        if est.seconds > 0:
+            out["card_time.measured_over_estimate"] = round(wall / est.seconds, 3)
+    for k, v in (probe or {}).items():
+        out[f"host.{k}"] = v
+    return out
+
+
+def make(name: str, call: Call, state: Path, free_shards: bool = False, est: card_time.Estimate | None = None,
+         probe: dict | None = None) -> int:
     """Build record ``name`` and write it. Returns 0 once it is written (now or on an earlier call), ``CUT`` where
     the call's budget ended first (the next call resumes), another status where it cannot be made (a failed job,
-    too little disk): resuming cannot help."""
+    too little disk): resuming cannot help. ``est``: the driver's estimate, ``probe``: this host's probe, both
+    written into the record beside the measured seconds (``card_time_results``)."""
     done = state / f"{name}.json"
     if done.exists():
         print(f"{name}: recorded on this machine already ({done})", flush=True)
@@ -455,19 +505,20 @@ def make(name: str, call: Call, state: Path, free_shards: bool = False) -> int:
     if not check_disk(name, rec, call, state, free_shards):
         return 2
     if rec.prepare:
-        rc = rec.prepare(call, rec)
+        rc = _timed(state, name, "prepare", lambda: rec.prepare(call, rec))
         if rc != 0:
             return rc
     run = run_name(rec.configfiles)
     targets = plan_targets(rec)
-    rc = call.snakemake(rec.configfiles, targets, name)
+    rc = _timed(state, name, "snakemake", lambda: call.snakemake(rec.configfiles, targets, name))
     if rc != 0:
         return rc
     bench = json.loads((call.workdir / "results" / run / ("benchmark.json" if rec.benchmark else "preflight.json"))
                        .read_text())
     argv = f"python {GPU}/record.py {name} --seconds SECONDS --out OUT"
+    results = {**results_of(call.workdir, run, rec.benchmark), **card_time_results(name, call, state, est, probe)}
     record = records.make_record(name, command=argv, commit=commit(), versions=bench["versions"],
-                                 hardware=bench["hardware"], results=results_of(call.workdir, run, rec.benchmark),
+                                 hardware=bench["hardware"], results=results,
                                  configfiles=list(rec.configfiles), targets=targets)
     path = records.write_record(call.out / "records", record)
     state.mkdir(parents=True, exist_ok=True)
@@ -477,6 +528,24 @@ def make(name: str, call: Call, state: Path, free_shards: bool = False) -> int:
             tar.add(f, arcname=str(f.relative_to(call.workdir)))
     print(f"{name}: record {path.name}", flush=True)
     return 0
+
+
+def host_probe(state: Path) -> dict:
+    """This host's probe (``card_time.host_probe``), made once per machine: kept in ``state/host_probe.json`` so
+    that the calls resuming a record on the same machine scale its estimate the same way."""
+    f = state / "host_probe.json"
+    if f.exists():
+        return json.loads(f.read_text())
+    probe = card_time.host_probe()
+    state.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps(probe))
+    return probe
+
+
+def _said(probe: dict) -> dict:
+    print(f"host probe: {probe['launch_us']:g} µs a {probe['device']} launch, {probe['cpu_s']:g} s of CPU "
+          "(card_time.host_probe; the estimates scale the nearest probed host's seconds by it)", flush=True)
+    return probe
 
 
 def estimate(seq: card_time.Sequence, name: str) -> card_time.Estimate:
@@ -529,8 +598,9 @@ def main(argv: list[str] | None = None) -> int:
                      if "=" not in o or o.split("=", 1)[0] == n)
         RECORDS[n] = dataclasses.replace(RECORDS[n], configfiles=(*RECORDS[n].configfiles, *mine))
     card = a.card or this_card(default="h100" if a.dry_run else "cpu")
-    seq = card_time.Sequence(call.workdir, card)
     if a.dry_run:
+        probe = card_time.host_probe()
+        seq = card_time.Sequence(call.workdir, card, probe=_said(probe))
         rc = 0
         for n in a.names:
             rc = max(rc, call.snakemake(RECORDS[n].configfiles, ["-n", *plan_targets(RECORDS[n])], f"{n}_plan"))
@@ -548,11 +618,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(problems), flush=True)
         return 1
     state = call.workdir / "results" / "records"
+    probe = _said(host_probe(state))  # before the first record: the estimates scale to this host
+    seq = card_time.Sequence(call.workdir, card, probe=probe)
     for name in a.names:
         est = estimate(seq, name)
         if not (state / f"{name}.json").exists():
             print(f"estimate on {card}: {est.line(a.lease_seconds)}", flush=True)
-        rc = make(name, call, state, a.free_shards)
+        rc = make(name, call, state, a.free_shards, est, probe)
         if rc == CUT:
             print(f"{name}: not finished in this call; run the same command again to resume", flush=True)
             return 3

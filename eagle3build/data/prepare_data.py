@@ -73,6 +73,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -115,6 +116,68 @@ def is_eval(sample_id: str, seed: int, eval_fraction: float) -> bool:
 
 
 TOKENIZE_BATCH = 64  # conversations per tokenizer call
+
+# Batches handed to the pool and not yet consumed, per worker: enough to keep every worker busy while the main process
+# consumes one, few enough that memory stays bounded (each holds TOKENIZE_BATCH conversations' ids and masks).
+IN_FLIGHT_PER_WORKER = 2
+
+_POOL_TOKENIZER = None  # a worker process's tokenizer (``_init_worker``)
+
+
+def _init_worker(tok) -> None:
+    """A pool worker's start: keep the parent's tokenizer (inherited through fork, not pickled), its Rust core on one
+    thread (read when that core first runs, after the fork): the processes are the parallelism."""
+    global _POOL_TOKENIZER
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    _POOL_TOKENIZER = tok
+
+
+def _tokenize_in_worker(args: tuple) -> list:
+    """``chat_masking.tokenize_batch`` in a pool worker, on the worker's tokenizer."""
+    return tokenize_batch(_POOL_TOKENIZER, *args)
+
+
+def pool_processes(threads: int) -> int:
+    """Tokenizing processes for a job of ``threads`` threads: one less than the threads (the main process reads,
+    normalises, deduplicates and collects, about 40 % of the stage's time on the bundled ShareGPT file here) where that
+    leaves two or more, else 1 (in the main process, whose Rust tokenizer then spreads each batch over the cores itself).
+    A pool pays on a host with cores to spare only: on 2 shared cores the 3 processes took 1.5 times the one's
+    (record ``prepare-data-workers``, docs/figures-other.md)."""
+    return threads - 1 if threads > 2 else 1
+
+
+class TokenizePool:
+    """``chat_masking.tokenize_batch`` of whole batches, ``workers`` at a time: a ``concurrent.futures`` process pool
+    (fork: the workers inherit the loaded tokenizer; the parent renders nothing before they start) where ``workers`` >
+    1, else in this process. ``submit`` returns a future; results are taken in submission order by the caller, so the
+    outputs do not depend on ``workers`` (rendering and tokenizing a conversation reads nothing but the conversation
+    and the tokenizer). Why processes: the chat template's rendering, prefix by prefix for the loss mask
+    (``chat_masking``), is Python (jinja2) and holds the GIL; it, not the Rust tokenizer, took one core for 58 s over
+    10k conversations on a 16-core H100 host (issue 70)."""
+
+    def __init__(self, tok, workers: int):
+        import concurrent.futures as cf
+        import multiprocessing
+
+        self.tok, self.workers = tok, max(1, int(workers))
+        self._cf = cf
+        self.pool = (cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
+                                            initializer=_init_worker, initargs=(tok,)) if self.workers > 1 else None)
+
+    def submit(self, conversations: list[list[dict]], max_seq_len: int, tools: list, tails: list):
+        """A future of ``tokenize_batch(tok, conversations, max_seq_len, tools, tails)``."""
+        if self.pool is not None:
+            return self.pool.submit(_tokenize_in_worker, (conversations, max_seq_len, tools, tails))
+        done = self._cf.Future()
+        done.set_result(tokenize_batch(self.tok, conversations, max_seq_len, tools, tails))
+        return done
+
+    def __enter__(self) -> TokenizePool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _normalised_batches(records, source: str, counters: Counters, n: int) -> Iterator[list[tuple[int, Conversation]]]:
@@ -223,7 +286,10 @@ class PrepareSettings:
     hidden_size * 2`` bytes per token in bf16); ``require_eval``: an empty eval split is an error (the rule sets it
     when the run captures eval samples, ``capture.num_eval_samples`` > 0, whose shard jobs would fail on it later).
     Both are the contract's params (``workflow.contract.num_aux_layers_param``, ``require_eval_param``), by default
-    those of the default config. The config fields (below) are made from their keys' declarations (``config.settings``):
+    those of the default config. ``workers``: the job's threads (``resources.threads``; runtime only, so a change
+    replans nothing), of which ``pool_processes`` render and tokenize conversations at once: the files and the report
+    are the same bytes for any number (``TokenizePool``). The config fields (below) are made from their keys' declarations
+    (``config.settings``):
     ``reasoning``: ``keep`` (assistant reasoning rendered where the template reads it) or ``drop``;
     ``benchmark_sets`` (``benchmark.sets``) and ``prompts_file`` (``data.prompts_file``, set ``custom``): every
     prompt of those sets is checked against the target's chat template here (``prepare``).
@@ -237,6 +303,7 @@ class PrepareSettings:
     out_report: str | os.PathLike
     num_aux_layers: int = num_aux_layers(config_key("capture.aux_layer_ids").default)
     require_eval: bool = config_key("capture.num_eval_samples").default > 0
+    workers: int = 1
 
 
 def prepare(s: PrepareSettings) -> dict:
@@ -290,82 +357,100 @@ def prepare(s: PrepareSettings) -> dict:
     extra = {"reasoning_turns": 0, "reasoning_turns_rendered": 0, "tool_call_turns": 0, "tool_result_turns": 0,
              "conversations_with_tools": 0, "regenerated_token_turns": 0}
     special_ids = set(tok.all_special_ids)
-    for src in sources:
-        path = resolve_source_path(src["path"])
-        stats = SourceStats(path=str(src["path"]))
-        source_stats.append(stats)
-        cap = src.get("max_samples")
-        for batch in _normalised_batches(read_records(path, stats), str(path), counters, TOKENIZE_BATCH):
+
+    def consume(path, stats: SourceStats, cap, fresh, tails, encs) -> None:
+        # one tokenized batch, in order: every conversation's checks, counts and split (stops at the source's cap)
+        nonlocal supervised, truncated, unfinished
+        for (index, conv), enc, tail in zip(fresh, encs, tails, strict=True):
             if cap is not None and stats.kept >= cap:
                 break
-            fresh = []
-            for index, conv in batch:
-                key = content_key(conv.messages, conv.tools)
-                if key in seen:
-                    counters.skip("duplicate_conversation", str(path), index, f"same content as an earlier record ({key})")
+            if isinstance(enc, TemplateRaised):
+                counters.skip("template_error", str(path), index, enc.message)
+                continue
+            if enc is None:
+                counters.skip("template_mismatch", str(path), index,
+                              "an assistant turn is not found in the template's render")
+                continue
+            ids, mask, was_truncated = enc
+            bad = np.flatnonzero(ids >= vocab_size)
+            if bad.size:
+                t = int(ids[bad[0]])
+                raise DataError(f"{path} record {index}: the target's tokenizer emits token id {t} "
+                                f"({tok.convert_ids_to_tokens(t)!r}), but the target's config.json has vocab_size "
+                                f"{vocab_size}: the model has no embedding row for it (a token added to the "
+                                "tokenizer only?)")
+            rendered = None
+            calls = [c["function"]["name"] for m in conv.messages for c in m.get("tool_calls", [])]
+            if calls and not was_truncated:
+                # the call must be in what the assistant is trained to emit, not only named by a user or a result
+                trained = tok.decode(ids[mask == 1].tolist())
+                missing = [n for n in calls if n not in trained]
+                if missing:
+                    counters.skip("template_drops_tool_calls", str(path), index,
+                                  f"function {missing[0]!r} is called but the template renders no call to it")
                     continue
-                seen.add(key)
-                fresh.append((index, conv))
-            tails = [conv.messages[-1].get("token_ids") for _, conv in fresh]
-            encs = tokenize_batch(tok, [template_messages(c.messages[:-1] if t is not None else c.messages, rkey)
-                                        for (_, c), t in zip(fresh, tails, strict=True)],
-                                  max_seq_len, [c.tools for _, c in fresh], tails)
-            for (index, conv), enc, tail in zip(fresh, encs, tails, strict=True):
+            if conv.last_turn_unfinished and tail is None:
+                mask = open_last_turn(ids, mask, special_ids)
+            if int(mask.sum()) < min_supervised_tokens:
+                start = answer_start(tok, template_messages(conv.messages[:-1] if tail is not None else conv.messages,
+                                                            rkey), max_seq_len, conv.tools, tail) \
+                    if was_truncated else None
+                counters.skip("too_few_supervised_tokens", str(path), index,
+                              too_few_supervised_detail(int(mask.sum()), min_supervised_tokens, max_seq_len, start))
+                continue
+            unfinished += conv.last_turn_unfinished
+            _count_turns(extra, conv, tok, ids, rendered, rkey, tail is not None)
+            truncated += was_truncated
+            stats.kept += 1
+            lengths.append(len(ids))
+            supervised += int(mask.sum())
+            sid = conv.id
+            head = [m for m in conv.messages[:2] if m["role"] in ("system", "user")]
+            if head and head[-1]["role"] != "user":
+                head = []
+            opening = content_key(head) if head else None
+            if is_eval(sid, seed, eval_fraction):
+                evals.append((sid, ids, mask))
+                if head:
+                    prompts.append((opening, {"id": sid, "messages": template_messages(head, None)}))
+            else:
+                train.append((sid, ids, mask))
+                if opening:
+                    train_openings.add(opening)
+
+    with TokenizePool(tok, pool_processes(s.workers)) as pool:
+        for src in sources:
+            path = resolve_source_path(src["path"])
+            stats = SourceStats(path=str(src["path"]))
+            source_stats.append(stats)
+            cap = src.get("max_samples")
+            # Batches tokenized ahead, consumed in order: a batch is deduplicated and handed to the pool only where it
+            # is sure to be used, i.e. where the source's cap cannot be reached before it even if every conversation
+            # pending is kept; else the pending ones are consumed first. So what is read, normalised, deduplicated,
+            # counted and kept is what one batch at a time gives (the batch after the cap is read, as there).
+            pending: deque = deque()  # (fresh, tails, future)
+            for batch in _normalised_batches(read_records(path, stats), str(path), counters, TOKENIZE_BATCH):
+                while pending and cap is not None and stats.kept + sum(len(p[0]) for p in pending) >= cap:
+                    consume(path, stats, cap, pending[0][0], pending[0][1], pending.popleft()[2].result())
                 if cap is not None and stats.kept >= cap:
                     break
-                if isinstance(enc, TemplateRaised):
-                    counters.skip("template_error", str(path), index, enc.message)
-                    continue
-                if enc is None:
-                    counters.skip("template_mismatch", str(path), index,
-                                  "an assistant turn is not found in the template's render")
-                    continue
-                ids, mask, was_truncated = enc
-                bad = np.flatnonzero(ids >= vocab_size)
-                if bad.size:
-                    t = int(ids[bad[0]])
-                    raise DataError(f"{path} record {index}: the target's tokenizer emits token id {t} "
-                                    f"({tok.convert_ids_to_tokens(t)!r}), but the target's config.json has vocab_size "
-                                    f"{vocab_size}: the model has no embedding row for it (a token added to the "
-                                    "tokenizer only?)")
-                rendered = None
-                calls = [c["function"]["name"] for m in conv.messages for c in m.get("tool_calls", [])]
-                if calls and not was_truncated:
-                    # the call must be in what the assistant is trained to emit, not only named by a user or a result
-                    trained = tok.decode(ids[mask == 1].tolist())
-                    missing = [n for n in calls if n not in trained]
-                    if missing:
-                        counters.skip("template_drops_tool_calls", str(path), index,
-                                      f"function {missing[0]!r} is called but the template renders no call to it")
+                fresh = []
+                for index, conv in batch:
+                    key = content_key(conv.messages, conv.tools)
+                    if key in seen:
+                        counters.skip("duplicate_conversation", str(path), index,
+                                      f"same content as an earlier record ({key})")
                         continue
-                if conv.last_turn_unfinished and tail is None:
-                    mask = open_last_turn(ids, mask, special_ids)
-                if int(mask.sum()) < min_supervised_tokens:
-                    start = answer_start(tok, template_messages(conv.messages[:-1] if tail is not None else conv.messages,
-                                                                rkey), max_seq_len, conv.tools, tail) \
-                        if was_truncated else None
-                    counters.skip("too_few_supervised_tokens", str(path), index,
-                                  too_few_supervised_detail(int(mask.sum()), min_supervised_tokens, max_seq_len, start))
-                    continue
-                unfinished += conv.last_turn_unfinished
-                _count_turns(extra, conv, tok, ids, rendered, rkey, tail is not None)
-                truncated += was_truncated
-                stats.kept += 1
-                lengths.append(len(ids))
-                supervised += int(mask.sum())
-                sid = conv.id
-                head = [m for m in conv.messages[:2] if m["role"] in ("system", "user")]
-                if head and head[-1]["role"] != "user":
-                    head = []
-                opening = content_key(head) if head else None
-                if is_eval(sid, seed, eval_fraction):
-                    evals.append((sid, ids, mask))
-                    if head:
-                        prompts.append((opening, {"id": sid, "messages": template_messages(head, None)}))
-                else:
-                    train.append((sid, ids, mask))
-                    if opening:
-                        train_openings.add(opening)
+                    seen.add(key)
+                    fresh.append((index, conv))
+                tails = [conv.messages[-1].get("token_ids") for _, conv in fresh]
+                pending.append((fresh, tails, pool.submit(
+                    [template_messages(c.messages[:-1] if t is not None else c.messages, rkey)
+                     for (_, c), t in zip(fresh, tails, strict=True)], max_seq_len, [c.tools for _, c in fresh], tails)))
+                while len(pending) > IN_FLIGHT_PER_WORKER * pool.workers:
+                    consume(path, stats, cap, pending[0][0], pending[0][1], pending.popleft()[2].result())
+            while pending:
+                consume(path, stats, cap, pending[0][0], pending[0][1], pending.popleft()[2].result())
     paths = [s["path"] for s in sources]
     if not train:
         raise DataError(f"no training sample survived preparation of {paths}; see the skip counts in the log")

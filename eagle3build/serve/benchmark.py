@@ -69,7 +69,7 @@ from ..draft.step_costs import compare_benchmark, step_cost
 from ..formats import prompt_sets
 from ..formats.benchmark_runs import OWN_HEAD, check_compare_names, run_label
 from ..vllm import engine_process
-from ..vllm.engine_args import engine_args
+from ..vllm.engine_args import SIDE_BY_SIDE, decode_graph_sizes, engine_args, side_by_side
 from ..vllm.measure import RUN_ENTRY
 from . import lossless
 from .k_schedule import k_schedule
@@ -255,7 +255,7 @@ def benchmark(s: BenchmarkSettings) -> dict:
                            trust_remote_code=s.trust_remote_code, max_num_seqs=seqs,
                            kv_cache_tokens=seqs * (s.max_model_len + k),
                            draft_layers=(own_layers if layers is None else layers) if k else 0,
-                           eager=eager, graph_batch_tokens=seqs * (1 + k))
+                           eager=eager, graph_sizes=decode_graph_sizes(seqs, k))
 
     gap = s.near_tie_max_logprob_gap
     gap = lossless.NEAR_TIE_GAP[engine()["dtype"]] if gap == "auto" else float(gap)
@@ -263,7 +263,9 @@ def benchmark(s: BenchmarkSettings) -> dict:
     notes: dict[str, dict] = {}
     if "mtbench" in by_set:
         notes["mtbench"] = {"per_category": s.mtbench_per_category, "turns": s.mtbench_turns}
-    with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir:
+    with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir, engine_process.compile_cache(
+            engine_cache_dir(s.out_json)) as cache:
+        log.info("vLLM's caches (compiled forwards, inspected model classes) under %s", cache)
         if two_turns:
             answers = mtbench_answers(Path(tmpdir), engine, by_set["mtbench"], s.max_tokens, s.concurrency)
             by_set["mtbench"], dropped = second_turns(by_set["mtbench"], answers, count, limit)
@@ -273,6 +275,39 @@ def benchmark(s: BenchmarkSettings) -> dict:
             log.info("mtbench: %d prompts, both turns (second turns skipped: %s)", len(by_set["mtbench"]), dropped)
             check_sweep(sum(len(ps) for ps in by_set.values()))  # less the second turns skipped
         return _benchmark(Path(tmpdir), engine, by_set, s, gap, skipped, template_errors, heads, notes)
+
+
+def engine_cache_dir(out_json: str | os.PathLike) -> Path:
+    """The folder of vLLM's caches for the engines of the benchmark writing ``out_json``
+    (``engine_process.compile_cache``): ``vllm_cache`` beside it, ``results/<run>/vllm_cache``, so the run's
+    benchmark started again (a retry, a rerun with other figures wanted) finds its engines' compiled forwards, and a
+    run's folder removed takes its cache with it. Not a file target: Snakemake neither plans nor removes it."""
+    return Path(out_json).resolve().parent / "vllm_cache"
+
+
+def run_engines(tmp: Path, runs: list[tuple[str, dict]], target_dir: str | os.PathLike) -> list[dict]:
+    """The benchmark's timed engine runs ``runs`` (``(name, spec)``, ``measure.RUN_ENTRY``'s spec, in order), their
+    results in that order: ``engine_args.SIDE_BY_SIDE`` at a time started side by side and decoding one after the other
+    (``engine_process.run_side_by_side``) where their engines may (``engine_args.side_by_side``: every CPU engine, a
+    small target's on a card), else one at a time. Every result keeps its engine's start (``engine_start_s``,
+    ``startup``), logged once more together at the end.
+
+    Raises:
+        RuntimeError: an engine run failed.
+    """
+    out: list[dict] = []
+    for i in range(0, len(runs), SIDE_BY_SIDE):
+        group = runs[i:i + SIDE_BY_SIDE]
+        beside = side_by_side([spec["engine"] for _, spec in group], target_dir) if len(group) > 1 else None
+        if beside is None:
+            out += [engine_process.run_child(RUN_ENTRY, spec, tmp, name) for name, spec in group]
+        else:
+            out += engine_process.run_side_by_side(
+                [(RUN_ENTRY, {**spec, "engine": e}, name) for (name, spec), e in zip(group, beside, strict=True)], tmp)
+    log.info("engine starts: %s", ", ".join(
+        f"{name} {r['engine_start_s']} s" + (f" (beside {', '.join(r['started_beside'])})" if r.get("started_beside")
+                                              else "") for (name, _), r in zip(runs, out, strict=True)))
+    return out
 
 
 def mtbench_answers(tmp: Path, engine: Callable[..., dict], first_turns: list[dict], max_tokens: int,
@@ -367,9 +402,7 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
         cats = prompt_sets.categories(ps)
         groups.append({"name": name, "count": len(ps), **({"parts": cats} if cats else {})})
     common = {"prompts": prompts, "max_tokens": s.max_tokens, "concurrency": s.concurrency, "sets": groups}
-    base = engine_process.run_child(RUN_ENTRY, {**common, "engine": engine()}, tmp, "baseline")
-    log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
-    runs = []
+    planned = [("baseline", None, None, {**common, "engine": engine()})]  # (name, head, k, spec) of each engine run
     for head, h in heads:
         trained = h.trained_positions
         for k in s.ks:
@@ -378,11 +411,15 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
                             "(draft.peagle.num_depths or draft.dflash.block_size - 1); its drafts beyond position %d are "
                             "untrained", head, k, trained, trained)
             spec = h.speculative_config(k)  # by the head's method: eagle3, peagle or dflash
-            r = engine_process.run_child(RUN_ENTRY, {**common, "engine": engine(k, layers=h.kv_layers),
-                                                     "speculative_config": spec}, tmp,
-                                         f"eagle3_k{k}" if head == OWN_HEAD else f"compare_{head}_k{k}")
-            r.update(num_speculative_tokens=k, head=head, **h.described())  # every run names what it served
-            runs.append(r)
+            planned.append((f"eagle3_k{k}" if head == OWN_HEAD else f"compare_{head}_k{k}", head, k,
+                            {**common, "engine": engine(k, layers=h.kv_layers), "speculative_config": spec}))
+    results = run_engines(tmp, [(name, spec) for name, _, _, spec in planned], s.target_dir)
+    base = results[0]
+    log.info("baseline: %.2f output tokens/s", base["output_tokens_per_s"])
+    runs, named = [], dict(heads)
+    for (_, head, k, _), r in zip(planned[1:], results[1:], strict=True):
+        r.update(num_speculative_tokens=k, head=head, **named[head].described())  # every run names what it served
+        runs.append(r)
     tops = lossless.baseline_top_logprobs(tmp, engine, base, runs)
     # the baseline's tokens inside each head's draft vocab: one figure per set, the same for every k
     cover = {h: {name: draft_vocab_coverage(base["sets"][name]["token_ids"], d) for name in by_set}

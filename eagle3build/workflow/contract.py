@@ -253,7 +253,8 @@ STAGES: tuple[Stage, ...] = (
           decisions=(), packages=("tokenizers", "transformers"), entry="prepare", settings="PrepareSettings",
           from_job={**TARGET_DIR, "sources": "params.sources", "out_train": "outputs.train", "out_eval": "outputs.eval",
                     "out_prompts": "outputs.prompts", "out_report": "outputs.report",
-                    "num_aux_layers": "params.num_aux_layers", "require_eval": "params.require_eval"}),
+                    "num_aux_layers": "params.num_aux_layers", "require_eval": "params.require_eval",
+                    "workers": "resources.threads?"}),
     # One shard per job: the sample counts and the shard size decide which shards exist (a shard's
     # range is its param), and the job reads the split's size for its disk check. Aux ids and backend
     # are triggers only: the job reads what the report decided.

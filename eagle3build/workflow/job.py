@@ -151,23 +151,24 @@ def one_line(rule: str, error: BaseException) -> str:
 
 def main(smk) -> Any:
     """The adapter's whole job (scripts/run_stage.py): ``setup`` the job's log, then ``run_stage`` of its rule with its
-    named inputs, outputs, params, wildcards and resources; for a job that runs in a job host (``host.routed``), its
-    settings object goes to a host of its Snakemake run (``host.run_job``) instead of the entry here. An error is logged
-    with its traceback and then as one line (``one_line``), the log's last, before the job exits 1: what Snakemake's
-    ``onerror`` prints for it (workflow/summary.py)."""
+    named inputs, outputs, params, wildcards and resources (with ``threads``, the job's threads); for a job that runs in
+    a job host (``host.routed``), its settings object goes to a host of its Snakemake run (``host.run_job``) instead of
+    the entry here. An error is logged with its traceback and then as one line (``one_line``), the log's last, before
+    the job exits 1: what Snakemake's ``onerror`` prints for it (workflow/summary.py)."""
     from . import host
     from .contract import stage_of
 
     log = setup(smk)
     try:
         stage = stage_of(smk.rule)
+        resources = {**_mapping(smk.resources), "threads": getattr(smk, "threads", None)}
         if host.routed(stage):
             params = _mapping(smk.params)
             s = stage_settings(smk.rule, inputs=smk.input, outputs=smk.output, params=params,
-                               wildcards=smk.wildcards, resources=smk.resources, settings=params.pop("settings"))
-            return host.run_job(stage, s, int(smk.threads), int(getattr(smk.resources, "gpu", None) or 0))
+                               wildcards=smk.wildcards, resources=resources, settings=params.pop("settings"))
+            return host.run_job(stage, s, int(smk.threads), int(resources.get("gpu") or 0))
         return run_stage(smk.rule, inputs=smk.input, outputs=smk.output, params=smk.params, wildcards=smk.wildcards,
-                         resources=smk.resources)
+                         resources=resources)
     except Exception as e:  # noqa: BLE001 - every stage error ends the log as one line
         log.exception("the traceback of the error below")
         logging.shutdown()

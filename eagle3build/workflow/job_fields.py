@@ -10,7 +10,8 @@ by its source in the job, a ``JobField``, written ``<channel>.<name>[.<key>...]`
   that is a list);
 - ``params.<name>``: a param of the rule (a derived path such as ``target_dir``, a computed trigger such as
   prepare_data's ``sources``, the draft planning resolved: ``draft``); ``params.shard.start``: a key inside one;
-- ``wildcards.<name>``; ``resources.<name>`` (``resources.gpu``: the GPUs the job holds);
+- ``wildcards.<name>``; ``resources.<name>`` (``resources.gpu``: the GPUs the job holds; ``resources.threads``: the
+  job's threads, Snakemake's ``threads``, which the adapter adds);
 - ``decisions.<field>``: a field of the compat report's decisions.json, the job's ``decisions`` input, by its dotted
   path (``decisions.capture.aux_layer_ids``), the file read once a job and checked against its schema; the stage's
   contract lists the field among its ``decisions``.
