@@ -12,7 +12,8 @@ speculators compiles each draft model's ``forward`` where CUDA is available (spe
   ``extend_mask_for_draft_tokens``, ``@torch.compiler.disable`` (speculators/models/eagle3/attention.py, line 37);
   only on the flex-attention path (CUDA); the dense mask of ``sdpa`` (CPU) is extended in the graph;
 - DFlash builds its anchors and masks under ``@torch.compiler.disable`` (speculators/models/dflash/core.py,
-  ``_build_attention_mask``, line 346): data-dependent anchor choice, kept (one break, before the layers);
+  ``_build_attention_mask``, line 346): a data-dependent anchor choice, kept; around it the step runs as three
+  graphs (dynamo's counters: two breaks, the call into ``_backbone_forward`` and the builder);
 - P-EAGLE draws its COD samples with data-dependent sizes (speculators/models/peagle/data.py,
   ``generate_cod_sample_indices``): its graphs cannot have static shapes (``DraftMethod.static_shapes``).
 
@@ -57,13 +58,16 @@ class CompilePlan:
     ``speculators``: leave speculators' class-level compile of ``forward`` in place (today's CUDA path);
     ``emulate``: compile ``forward`` as ``conditional_torch_compile`` does on CUDA (default mode) on any device, so a
     CPU can measure that path; ``remove``: the ``BREAKS`` taken out; ``dynamic``: torch.compile's ``dynamic``
-    (False: static shapes; None: dynamo's automatic dynamic shapes, for a method without static shapes)."""
+    (False: static shapes; None: dynamo's automatic dynamic shapes, for a method without static shapes);
+    ``backend``: torch.compile's (``inductor``; a test may trace with ``aot_eager``, whose kernels are eager ones:
+    dynamo's graphs and AOTAutograd's backward without inductor's compile time)."""
 
     mode: str | None = None
     speculators: bool = False
     emulate: bool = False
     remove: frozenset[str] = frozenset()
     dynamic: bool | None = False
+    backend: str = "inductor"
 
     @property
     def cudagraphs(self) -> bool:
@@ -257,5 +261,12 @@ def compile_model(model: torch.nn.Module, plan: CompilePlan) -> torch.nn.Module:
             model.forward = types.MethodType(_unwrapped(type(model).forward), model)
         return model
     prepare_forward(model, plan.remove)
-    model.compile(mode=plan.mode, dynamic=plan.dynamic)
+    if set(BREAKS) - plan.remove:
+        # a break kept in the TTT loop compiles the frames after it once per TTT step (the KV cache grows), more than
+        # dynamo's default 8 graphs a frame at 8 steps or more, after which it would run them eagerly
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    if plan.backend == "inductor":
+        model.compile(mode=plan.mode, dynamic=plan.dynamic)
+    else:  # torch.compile takes a mode for inductor only
+        model.compile(backend=plan.backend, dynamic=plan.dynamic)
     return model
