@@ -197,8 +197,23 @@ STEP_PATHS = {
                    "speculators): today's CUDA path; on a CPU emulated, compiled as conditional_torch_compile compiles "
                    "it on CUDA",
     "whole": "the model's call (forward, loss, backward) compiled whole (train.compile and train.compile_breaks as "
-             "--compile and --compile-breaks)",
+             "--compile and --compile-breaks, the loss --loss; whole:MODE:BREAKS:LOSS names them, any left out as "
+             "those flags say: whole:reduce-overhead:remove:fused)",
 }
+
+
+def whole_settings(args, path: str) -> tuple[str, str, str]:
+    """``(train.compile, train.compile_breaks, train.loss_implementation)`` of a ``whole[:MODE[:BREAKS[:LOSS]]]``
+    step path: each part given, else ``--compile``, ``--compile-breaks``, ``--loss``.
+
+    Raises:
+        SystemExit: more than four parts.
+    """
+    parts = path.split(":")[1:]
+    if len(parts) > 3:
+        raise SystemExit(f"--step-paths: {path!r} is not whole[:MODE[:BREAKS[:LOSS]]]")
+    got = [*parts, *[""] * (3 - len(parts))]
+    return got[0] or args.compile, got[1] or args.compile_breaks, got[2] or args.loss
 
 
 def _step_trainer(args, d: Path, shards: dict, path: str):
@@ -211,19 +226,21 @@ def _step_trainer(args, d: Path, shards: dict, path: str):
     from eagle3build.train.trainer import TrainConfig, TrainInputs
 
     cuda = args.device.startswith("cuda")
-    setting = {"eager": "off", "speculators": "speculators" if cuda else "off", "whole": args.compile}[path]
+    if path.startswith("whole"):
+        setting, breaks, loss = whole_settings(args, path)
+    else:
+        setting, breaks, loss = "speculators" if path == "speculators" and cuda else "off", "keep", args.baseline_loss
     cfg = TrainConfig(total_seq_len=args.total_seq_len, ttt_steps=args.ttt_steps, lr=args.lr, seed=args.seed,
                       ttt_step_loss_decay=args.ttt_step_loss_decay, head_variant="eagle3.1", checkpoint_every=0,
-                      loss_implementation=args.loss if path == "whole" else args.baseline_loss, compile=setting,
-                      compile_breaks=args.compile_breaks)
+                      loss_implementation=loss, compile=setting, compile_breaks=breaks)
     inputs = TrainInputs(target_dir=str(d / "target"), train_shards=[shards["train"]], eval_shards=[],
                          d2t_path=str(d / "d2t.npy"), t2d_path=str(d / "t2d.npy"), vocab_json=str(d / "vocab.json"),
-                         decisions_json=str(d / "decisions.json"), out_dir=str(d / f"step-{path}"))
+                         decisions_json=str(d / "decisions.json"), out_dir=str(d / f"step-{path.replace(':', '-')}"))
     t = train_draft.setup(cfg, inputs, args.device, trust_remote_code=False, draft=resolve({"method": args.method}))
     if path == "speculators" and not cuda:  # as conditional_torch_compile compiles it where CUDA is available
         t.plan = compiled.CompilePlan(speculators=True, emulate=True)
         compiled.compile_model(t.model, t.plan)
-    if path != "whole":  # the optimizer before issue 70 (train_draft._optimizer: fused on CUDA, else per parameter)
+    if not path.startswith("whole"):  # the optimizer before issue 70 (fused on CUDA, else per parameter)
         t.opt = torch.optim.AdamW(t.params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cuda)
         t.sched = torch.optim.lr_scheduler.LambdaLR(t.opt, lambda _: 1.0)
     rows = [t.train_b.load(r) for r in t.train_b.epoch(0)[0]]
@@ -280,24 +297,25 @@ def step_path(args, d: Path, shards: dict, path: str) -> dict:
 
 
 def step_ab(args, d: Path, shards: dict) -> dict:
-    """``--step-ab``: the training step's paths (``--step-paths`` of ``STEP_PATHS``) one after the other in this
-    process, each on the same batch from the same initial weights (``step_path``), and the ratios of the last path
-    to each other: ``<last>_over_<path>.{kernel_ops,dispatched_ops,step_ms}``. On CPU inductor's C++ kernels are
-    named in the profile (``cpp.enable_kernel_profile``), so that they count as ops."""
+    """``--step-ab``: the training step's paths (``--step-paths``: ``STEP_PATHS``, ``whole`` with its settings as
+    ``whole_settings`` reads them) one after the other in this process, each on the same batch from the same initial
+    weights (``step_path``), and the ratios of each ``whole`` path to each baseline path (``eager``,
+    ``speculators``): ``<whole path>_over_<baseline>.{kernel_ops,dispatched_ops,step_ms}``. On CPU inductor's C++
+    kernels are named in the profile (``cpp.enable_kernel_profile``), so that they count as ops."""
     import torch._inductor.config as inductor_config
 
     if not args.device.startswith("cuda"):
         inductor_config.cpp.enable_kernel_profile = True
     paths = args.step_paths.split(",")
-    bad = [p for p in paths if p not in STEP_PATHS]
+    bad = [p for p in paths if p.split(":")[0] not in STEP_PATHS or (":" in p and not p.startswith("whole:"))]
     if bad:
-        raise SystemExit(f"--step-paths: {bad} are not among {list(STEP_PATHS)}")
+        raise SystemExit(f"--step-paths: {bad} are not among {list(STEP_PATHS)} (or whole:MODE:BREAKS:LOSS)")
     res = {p: step_path(args, d, shards, p) for p in paths}
-    last = paths[-1]
-    for p in paths[:-1]:
-        res[f"{last}_over_{p}"] = {k: round(res[last][k] / res[p][k], 3) for k in ("kernel_ops", "dispatched_ops",
-                                                                                  "step_ms") if res[p][k]}
-    res["paths"] = {p: STEP_PATHS[p] for p in paths}
+    for q in [p for p in paths if p.startswith("whole")]:
+        for p in [p for p in paths if not p.startswith("whole")]:
+            res[f"{q}_over_{p}"] = {k: round(res[q][k] / res[p][k], 3)
+                                    for k in ("kernel_ops", "dispatched_ops", "step_ms") if res[p][k]}
+    res["paths"] = {p: STEP_PATHS[p.split(":")[0]] for p in paths}
     return res
 
 
@@ -475,7 +493,8 @@ def main() -> None:
                     help="the training step's paths (--step-paths) on one batch: ms a step, ops, graphs and graph "
                          "breaks a step, recompiles, on CUDA the GPU's busy share (step_ab)")
     ap.add_argument("--step-paths", default="eager,speculators,whole",
-                    help=f"comma-separated, the new path last: {', '.join(STEP_PATHS)}")
+                    help=f"comma-separated, of {', '.join(STEP_PATHS)}; whole:MODE:BREAKS:LOSS for a whole path's "
+                         "own train.compile, train.compile_breaks and loss (each part left empty: the flag's)")
     ap.add_argument("--step-warmup", type=int, default=3, help="untimed steps a path (compilation, CUDA graphs)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps a path (--step-ab)")
     ap.add_argument("--profile-steps", type=int, default=3, help="profiled steps a path (--step-ab)")

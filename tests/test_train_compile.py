@@ -51,6 +51,8 @@ def test_static_accuracy_counts_what_speculators_counts():
      compiled.CompilePlan(mode="max-autotune-no-cudagraphs", remove=frozenset({"first_layer"}))),
     ("default", "auto", "cpu", True, {}, compiled.CompilePlan(mode="default", remove=frozenset(compiled.BREAKS))),
     ("speculators", "auto", "cuda", True, {}, compiled.CompilePlan(speculators=True)),
+    ("auto", "auto", "cuda", True, {"online": True}, compiled.CompilePlan(speculators=True)),
+    ("auto", "auto", "cpu", True, {"online": True}, compiled.CompilePlan()),
     ("off", "keep", "cuda", True, {}, compiled.CompilePlan()),
 ])
 def test_the_plan_by_setting_and_device(setting, breaks, device, static, kw, want):

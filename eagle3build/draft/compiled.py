@@ -84,16 +84,19 @@ class CompilePlan:
 
 
 def resolve_plan(compile_setting: str, breaks_setting: str, device: str, static_shapes: bool = True, *,
-                 distributed: bool = False, rows_per_step: int = 1) -> CompilePlan:
+                 distributed: bool = False, rows_per_step: int = 1, online: bool = False) -> CompilePlan:
     """The ``CompilePlan`` of config ``train.compile`` (``compile_setting``) and ``train.compile_breaks``
     (``breaks_setting``) on ``device`` for a method with or without ``static_shapes``, under DDP (``distributed``)
-    or not, with ``rows_per_step`` packed rows computed by this process before each optimizer step.
+    or not, with ``rows_per_step`` packed rows computed by this process before each optimizer step, beside an
+    ``online`` target in the same process or not.
 
     ``train.compile``: ``auto`` (CUDA: ``reduce-overhead``, CUDA graphs, where the method has static shapes and one
     process runs alone; else ``default``: CUDA graphs record a graph per shape, and DDP under CUDA graphs is untried;
-    elsewhere ``off``: compiling on a few CPU cores costs more than a short run saves), ``off`` (eager; speculators'
-    own compile bypassed), ``speculators`` (its class-level compile of the forward: compiled on CUDA only, as before
-    issue 70), or a ``COMPILE_MODES`` mode; a CUDA-graph mode becomes its mode without CUDA graphs where
+    beside an online target, whose engine compiles and captures graphs of its own in the process, ``speculators``, the
+    path such runs were recorded with; elsewhere ``off``: compiling on a few CPU cores costs more than a short run
+    saves), ``off`` (eager; speculators' own compile bypassed), ``speculators`` (its class-level compile of the
+    forward: compiled on CUDA only, as before issue 70), or a ``COMPILE_MODES`` mode; a CUDA-graph mode becomes its
+    mode without CUDA graphs where
     ``rows_per_step`` > 1 (a second row's backward would write over the first row's gradients, which the graphs'
     memory holds). ``train.compile_breaks``: ``auto`` (CUDA: ``keep``, since pytorch #175250, a torch >= 2.10
     regression, may still hold there; elsewhere ``remove``), ``keep``, ``remove`` (all ``BREAKS``) or one break's name.
@@ -102,8 +105,11 @@ def resolve_plan(compile_setting: str, breaks_setting: str, device: str, static_
         ValueError: a setting outside those choices.
     """
     cuda = device.startswith("cuda")
-    if compile_setting == "auto":
-        compile_setting = ("reduce-overhead" if static_shapes and not distributed else "default") if cuda else "off"
+    if compile_setting == "auto" and cuda:
+        compile_setting = ("speculators" if online else "reduce-overhead" if static_shapes and not distributed
+                           else "default")
+    elif compile_setting == "auto":
+        compile_setting = "off"
     if breaks_setting == "auto":
         breaks_setting = "keep" if cuda else "remove"
     if breaks_setting == "keep":

@@ -171,7 +171,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     loss = loss_implementation(cfg.loss_implementation, device)
     # the model's call (forward, loss, backward) compiled as train.compile says, before DDP wraps it
     plan = compiled.resolve_plan(cfg.compile, cfg.compile_breaks, device, draft.method.static_shapes,
-                                 distributed=distributed, rows_per_step=len(ranks))
+                                 distributed=distributed, rows_per_step=len(ranks), online=target is not None)
     compiled.compile_model(model, plan)
     log.info("train step: %s; loss %s", plan.describe(), loss)
     net = ddp.wrap(model, device) if distributed else model
