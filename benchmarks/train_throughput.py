@@ -221,8 +221,8 @@ def _step_trainer(args, d: Path, shards: dict, path: str):
     step (``trainer.train_step``: batch to the device, forward, loss, backward, clip, AdamW, scheduler). The baseline
     paths get the optimizer as it was before issue 70 (fused on CUDA, per-parameter on CPU) and ``--baseline-loss``;
     ``whole`` the run's (fused on CUDA, foreach elsewhere) and ``--loss``."""
-    from eagle3build.draft import compiled
     from eagle3build.draft.choice import resolve
+    from eagle3build.train import compiled
     from eagle3build.train.trainer import TrainConfig, TrainInputs
 
     cuda = args.device.startswith("cuda")

@@ -1,4 +1,4 @@
-"""The training step as a few large graphs (issue 70): eagle3build/draft/compiled.py compiles speculators' draft model's
+"""The training step as a few large graphs (issue 70): eagle3build/train/compiled.py compiles speculators' draft model's
 call whole, takes its forced graph breaks out of one instance, counts accuracy with static shapes; the trainer picks
 the optimizer, the loss and the compile plan by device (train.compile, train.compile_breaks, train.loss_implementation).
 On the tiny target's shards (tests/conftest.py: tiny_target, tiny_shards), on the CPU."""
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from eagle3build.draft import compiled, fused_loss
 from eagle3build.draft.choice import resolve
 from eagle3build.draft.head_model import build_model
+from eagle3build.train import compiled, fused_loss
 from eagle3build.train import train_draft as td
 from eagle3build.train.train_data import Batches, BatchLayout
 from eagle3build.train.trainer import TrainConfig, forward, loss_implementation

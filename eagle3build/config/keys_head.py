@@ -131,7 +131,7 @@ HEAD_KEYS: tuple[Key, ...] = (
             "how a training step is compiled: auto (CUDA: the whole step in reduce-overhead, CUDA graphs; a method "
             "without static shapes, peagle, or DDP: default; online: speculators; CPU: off) | off (eager) | "
             "speculators (its own compile of the forward, CUDA only, as before issue 70) | a torch.compile mode for "
-            "forward, loss and backward as one graph (eagle3build/draft/compiled.py)"
+            "forward, loss and backward as one graph (eagle3build/train/compiled.py)"
         ),
         {"train_draft": "runtime"},
     ),

@@ -21,7 +21,7 @@ arguments) on more than one GPU.
 On CPU the draft uses ``sdpa`` attention (flex attention has no CPU backward) and the
 eager ``kl_div`` loss (the fused one needs Triton); on CUDA ``simple_flex_attention`` with bf16 autocast and the loss
 ``train.loss_implementation`` names (``auto``: fused). ``train.compile`` sets how a step is computed
-(``draft.compiled``): by default on CUDA the model's call (forward, loss, backward) compiled whole in
+(``compiled``): by default on CUDA the model's call (forward, loss, backward) compiled whole in
 ``reduce-overhead`` (CUDA graphs), eager on CPU.
 
 Simulated chain acceptance length: τ_sim = 1 + Σ_k full_acc_k (see ``train_metrics``;
@@ -43,13 +43,12 @@ import torch
 
 from ..atomic import atomic_path
 from ..config.settings import config_fields, declared
-from ..draft import compiled, fused_loss
 from ..draft.choice import Draft, resolve
 from ..draft.head_format import HEAD_VARIANTS
 from ..draft.head_model import build_model
 from ..formats.artifacts import Decisions
 from ..formats.shards import ShardReader, check_meta
-from . import ddp, online_data
+from . import compiled, ddp, fused_loss, online_data
 from .train_data import Batches, BatchLayout
 from .train_metrics import plot_curves
 from .train_state import TrainState, resume_world, state_key
@@ -176,7 +175,7 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     log.info("train step: %s; loss %s", plan.describe(), loss)
     net = ddp.wrap(model, device) if distributed else model
     call_kwargs = draft.trainer_kwargs(cfg.ttt_steps, cfg.ttt_step_loss_decay, loss)
-    if plan.mode is not None and loss == "fused":  # speculators' fused KL as one op of the graph (draft.fused_loss)
+    if plan.mode is not None and loss == "fused":  # speculators' fused KL as one op of the graph (fused_loss)
         call_kwargs["loss_config"] = fused_loss.compile_safe(call_kwargs["loss_config"])
     params, opt, sched = _optimizer(model, cfg, total_steps, device)
     meta = {"target_fingerprint": fp, "aux_layer_ids": aux, "vocab_fingerprint": vocab_info["fingerprint"],

@@ -25,7 +25,7 @@ import torch
 
 from ..config.settings import declared, section_fields, settings_class
 from ..config.spec import KEYS, Key
-from ..draft.compiled import CompilePlan
+from .compiled import CompilePlan
 from .train_data import Batches
 from .train_metrics import accumulate, draft_flops_per_token, history_entry, summarise, to_floats
 from .train_state import TrainState
@@ -57,7 +57,7 @@ def train_config_class(keys: tuple[Key, ...] = KEYS) -> type:
 # arXiv:2503.01840 §3.3, their losses weighted by ``ttt_step_loss_decay`` ** k; ``checkpoint_every`` > 0: save
 # the resumable state every that many steps and at each epoch's end, not part of the settings a state must
 # match; ``loss_implementation``: speculators' ``eager`` KL or its Triton ``fused`` kernel, CUDA only, or ``auto``
-# (``loss_implementation``); ``compile``, ``compile_breaks``: how a step is compiled, draft.compiled.resolve_plan;
+# (``loss_implementation``); ``compile``, ``compile_breaks``: how a step is compiled, compiled.resolve_plan;
 # ``select``: the epoch whose weights the checkpoint holds). Raises ValueError for a value outside a key's
 # choices (the stage checks ``head_variant`` again once ``auto`` is resolved).
 TrainConfig = train_config_class()
@@ -180,7 +180,7 @@ class Trainer:
     total_steps: int
     key: str
     meta: dict
-    plan: CompilePlan = field(default_factory=CompilePlan)  # how the model's call is compiled (draft.compiled)
+    plan: CompilePlan = field(default_factory=CompilePlan)  # how the model's call is compiled (``compiled``)
     target: object = None  # online: the target computing the states (online_states), else None
     key_any_world: str = ""  # ``key`` without the world size: this run's state saved at another world size
     stop: threading.Event | None = None  # set by SIGTERM (``save_on_term``): save the state after this step, stop
@@ -259,7 +259,7 @@ def train_step(t: Trainer, rows: list[dict], speed: Throughput) -> tuple[dict, t
 
 def forward(net, batch: dict, call_kwargs: dict, cudagraphs: bool = False) -> tuple:
     """``net(**batch, **call_kwargs)``: speculators' ``(draft tokens, loss, metrics)``. With ``cudagraphs`` (the
-    model's call compiled in a CUDA-graph mode, ``draft.compiled``) a new step is marked first
+    model's call compiled in a CUDA-graph mode, ``compiled``) a new step is marked first
     (``torch.compiler.cudagraph_mark_step_begin``) and the metrics are copied out of the graph's memory, which its next
     replay writes over (they are kept until the next flush): one multi-tensor op, ``_foreach_mul`` by 1."""
     if cudagraphs:

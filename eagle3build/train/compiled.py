@@ -1,5 +1,7 @@
 """speculators' draft models as a few large graphs: the training forward (loss included) compiled whole, and the graph
-breaks speculators forces taken out where asked (shared layer).
+breaks speculators forces taken out where asked.
+
+A private module of the train subpackage (it imports no stage module); ``train_draft.setup`` applies it.
 
 speculators compiles each draft model's ``forward`` where CUDA is available (speculators/models/utils.py,
 ``conditional_torch_compile``: ``torch.compile`` in its default mode, at class definition) and holds breaks inside it:
@@ -149,7 +151,7 @@ def _with_globals(fn, **names):
     missing = [n for n in names if n not in fn.__code__.co_names]
     if missing:
         raise CompileError(f"{fn.__module__}.{fn.__qualname__} no longer reads {missing}: speculators changed; "
-                           "eagle3build/draft/compiled.py patches what it read in speculators 0.9.0")
+                           "eagle3build/train/compiled.py patches what it read in speculators 0.9.0")
     new = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__ = fn.__qualname__

@@ -1,8 +1,10 @@
-"""speculators' fused KL loss as one opaque op of a compiled graph (shared layer).
+"""speculators' fused KL loss as one opaque op of a compiled graph.
+
+A private module of the train subpackage (it imports no stage module).
 
 speculators' fused losses (speculators/losses/fused.py) are a Triton kernel pair behind ``_FusedLoss``, an autograd
 Function: no ``[tokens, vocab]`` softmax is kept for the backward. Traced by dynamo inside a compiled forward, the
-fused KL failed on a lent H200 (torch 2.11.0+cu130, 2026-12-05; benchmarks/peer_route.py's ``train_command``):
+fused KL failed on a lent H200 (torch 2.11.0+cu130, 2026-12-05; benchmarks/peer_route.py, its train_command):
 torch/_dynamo/side_effects.py:418 asserts that the autotuner's ``configs`` list, which the forward and backward
 kernels share (fused.py ``_autotune_tile``), is "already tracked for mutation". A custom op
 (``torch.library.custom_op``) is one node of the graph that dynamo does not trace into, so no graph break and no such
