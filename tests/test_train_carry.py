@@ -95,12 +95,13 @@ def test_train_throughput_runs_with_only_the_carry(tmp_path):
     with only the image and the listed wheels importable."""
     tree = _tree(tmp_path / "tree")
     p = _check(tree, "benchmarks/train_throughput.py", *TINY, "--step-ab", "--step-paths", "eager", "--step-warmup",
-               "1", "--steps", "1", "--profile-steps", "1", "--json", str(tmp_path / "t.json"))
+               "1", "--steps", "1", "--profile-steps", "1", "--json", str(tmp_path / "t.json"), "--out",
+               str(tmp_path / "o"))
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads((tmp_path / "t.json").read_text())
     assert r["ours"]["tokens_per_s"] > 0 and 1.0 <= r["ours"]["simulated_acceptance_length"] <= 4.0
     assert r["step_ab"]["eager"]["kernel_ops"] > 100 and r["step_ab"]["eager"]["graph_breaks"] is None
     # a path left out of the list is missing there too
     shutil.rmtree(tree / "examples")
-    p = _check(tree, "benchmarks/train_throughput.py", *TINY, "--skip-ours")
+    p = _check(tree, "benchmarks/train_throughput.py", *TINY, "--skip-ours", "--out", str(tmp_path / "o2"))
     assert p.returncode != 0 and "llama-3.1-8b-instruct-shape/config.json" in p.stderr
