@@ -36,12 +36,26 @@ def test_capture_throughput_tiny(tmp_path):
 
 @pytest.mark.slow
 def test_train_throughput_tiny(tmp_path):
+    """A training run beside one the old way (--baseline-compile), and the step A/B (--step-ab) of the eager step and
+    the whole step compiled (inductor, both breaks removed) into a record: no graph break in the compiled step, under
+    a third of the eager step's kernel ops (issue 70's goal), the same first loss (same weights and batch)."""
     _run("train_throughput.py", "--device", "cpu", "--hidden", "64", "--vocab", "1000", "--draft-vocab", "100",
          "--distinct", "50", "--samples", "4", "--eval-samples", "2", "--seq", "64", "--total-seq-len", "128",
-         "--epochs", "1", "--out", str(tmp_path / "o"), "--json", str(tmp_path / "t.json"))
+         "--epochs", "1", "--baseline-compile", "off", "--compile", "off", "--step-ab", "--step-paths",
+         "eager,whole:default:remove", "--step-warmup", "2", "--steps", "1", "--profile-steps", "1",
+         "--out", str(tmp_path / "o"), "--json", str(tmp_path / "t.json"), "--record", str(tmp_path / "rec"))
     r = json.loads((tmp_path / "t.json").read_text())
     assert r["flops_per_token"] > 0 and r["ours"]["tokens_per_s"] > 0
     assert 1.0 <= r["ours"]["simulated_acceptance_length"] <= 4.0
+    assert r["ours_over_baseline"]["simulated_tau_rel_diff"] == 0.0  # both eager: the same run twice
+    eager, whole = r["step_ab"]["eager"], r["step_ab"]["whole:default:remove"]
+    assert eager["graph_breaks"] is None and eager["compiled_graphs"] == 0 and eager["kernel_ops"] > 300
+    assert whole["graph_breaks"] == 0 and whole["warmup"]["graph_breaks_traced"] == 0
+    assert whole["steady"] == {"graph_breaks_traced": 0, "graphs_compiled": 0, "recompiles": 0}
+    assert r["step_ab"]["whole:default:remove_over_eager"]["kernel_ops"] < 1 / 3
+    assert whole["first_loss"] == pytest.approx(eager["first_loss"], rel=1e-4)
+    rec = json.loads((tmp_path / "rec/train-step-graphs_cpu.json").read_text())
+    assert rec["results"]["whole:default:remove.graph_breaks"] == 0 and "--record" not in rec["made_by"]["command"]
 
 
 @pytest.mark.slow

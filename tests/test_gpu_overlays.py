@@ -42,13 +42,15 @@ def test_overlays_set_what_their_records_say():
 
 def test_the_recipe_is_the_recorded_head():
     """examples/configs/smollm2-8k-gpu.yaml is the head of records recipe_h200 and recipe_h100: the keys that shape
-    it (32,000-token draft vocab, 5 TTT steps with decay 0.8, 4 epochs) and the benchmark served (k = 3, 16 prompts a
-    set, 256 tokens, one request in flight), on one GPU per stage. The GPU records pin 3+ TTT steps, while the CPU
-    default trains 1 (served at k = 1)."""
+    it (32,000-token draft vocab, 5 TTT steps with decay 0.8, 4 epochs, the fused loss on CUDA) and the benchmark
+    served (k = 3, 16 prompts a set, 256 tokens, one request in flight), on one GPU per stage. The GPU records pin 3+
+    TTT steps, while the CPU default trains 1 (served at k = 1)."""
     example = load_config(["examples/configs/smollm2-8k-gpu.yaml"])
     t = example["train"]
     assert (example["vocab"]["draft_vocab_size"], t["ttt_steps"], t["ttt_step_loss_decay"], t["epochs"]) == (
         32000, 5, 0.8, 4)
+    # the fused Triton KL on the card, eager on a CPU rehearsal; the step compiled as train.compile's auto says
+    assert (t["loss_implementation"], t["compile"], t["compile_breaks"]) == ("auto", "auto", "auto")
     b = example["benchmark"]
     assert (b["ks"], b["num_prompts"], b["max_tokens"], b["concurrency"]) == ([3], 16, 256, 1)
     assert {r: example["resources"][r]["gpu"] for r in ("capture", "train", "serve")} == {

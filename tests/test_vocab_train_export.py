@@ -162,7 +162,7 @@ def test_select_keeps_the_epoch_with_the_best_simulated_tau(workdir, tiny_target
     d, _, _ = workdir
     taus, seen = iter([2.5, 3.0, 1.5]), []
 
-    def fake_evaluate(model, batches, device, call_kwargs, ttt_steps, target=None):
+    def fake_evaluate(model, batches, device, call_kwargs, ttt_steps, target=None, cudagraphs=False):
         seen.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
         return {"loss": 1.0, "simulated_acceptance_length": next(taus)}
 

@@ -113,10 +113,37 @@ HEAD_KEYS: tuple[Key, ...] = (
     ),
     Key(
         "train.loss_implementation",
-        {"type": "string", "enum": ["eager", "fused"]},
+        {"type": "string", "enum": ["eager", "fused", "auto"]},
         "eager",
-        "eager (any device) | fused (speculators' Triton kernel, CUDA)",
+        "eager (any device) | fused (speculators' Triton kernel, CUDA) | auto (fused on CUDA, eager elsewhere)",
         {"train_draft": "trigger:train"},
+    ),
+    # train.compile and train.compile_breaks choose how the same step is computed (which kernels, fused how, in
+    # which graphs), not what: the weights differ from eager ones at float rounding only, as with another thread
+    # count or GPU, so they are runtime-only (a change replans nothing, docs/staleness.md) and left out of the
+    # settings a saved training state must match (trainer.TrainConfig.settings): a run may resume under another.
+    Key(
+        "train.compile",
+        {"type": "string", "enum": ["auto", "off", "speculators", "default", "reduce-overhead", "max-autotune",
+                                    "max-autotune-no-cudagraphs"]},
+        "auto",
+        (
+            "how a training step is compiled: auto (CUDA: the whole step in reduce-overhead, CUDA graphs; a method "
+            "without static shapes, peagle, or DDP: default; online: speculators; CPU: off) | off (eager) | "
+            "speculators (its own compile of the forward, CUDA only, as before issue 70) | a torch.compile mode for "
+            "forward, loss and backward as one graph (eagle3build/train/compiled.py)"
+        ),
+        {"train_draft": "runtime"},
+    ),
+    Key(
+        "train.compile_breaks",
+        {"type": "string", "enum": ["auto", "keep", "remove", "first_layer", "mask_extension"]},
+        "auto",
+        (
+            "graph breaks speculators forces, with train.compile a mode: auto (CUDA: keep, pytorch #175250; "
+            "elsewhere: remove) | keep | remove (both) | first_layer | mask_extension (only that one removed)"
+        ),
+        {"train_draft": "runtime"},
     ),
     Key(
         "train.select",

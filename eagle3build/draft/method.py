@@ -68,7 +68,9 @@ class DraftMethod:
     ``draft.layer`` names it is built with, its own layer first; ``recorded``: whether its runs write the method into
     saved states, train_meta.json and head_meta.json (the default method's files keep the bytes they had before
     methods existed); ``peer_route_type``: speculators' ``--speculator-type`` that trains it from this build's data
-    (benchmarks/peer_route.py), None where that route does not.
+    (benchmarks/peer_route.py), None where that route does not; ``static_shapes``: its training forward has the same
+    shapes every step (a fixed ``total_seq_len``), so its compiled graphs need no dynamic shapes and may be CUDA graphs
+    (``compiled.resolve_plan``).
     """
 
     name: ClassVar[str] = ""
@@ -83,6 +85,7 @@ class DraftMethod:
     layer_choices: ClassVar[tuple[str, ...]] = ("llama",)
     recorded: ClassVar[bool] = True
     peer_route_type: ClassVar[str | None] = None
+    static_shapes: ClassVar[bool] = True
     aux_ids_key: ClassVar[str] = "eagle_aux_hidden_state_layer_ids"  # the head config's field of the aux layer ids
 
     def __repr__(self) -> str:

@@ -38,6 +38,8 @@ class PEagle(DraftMethod):
                       "param)"),)
     flags = {"norm_output": False, "fc_norm": False, "norm_before_fc": False}
     vllm_method = {"method": "eagle3", "parallel_drafting": True}
+    # its COD samples (speculators/models/peagle/data.py) have a size that depends on the step's loss mask
+    static_shapes = False
 
     def expected_shapes(self, cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """EAGLE-3's tensors and ``mask_hidden`` (1, 1, A*H), the state of its masked depths

@@ -19,8 +19,10 @@ its process, or :func:`launch` (torchrun, each rank running :func:`train`, the s
 arguments) on more than one GPU.
 
 On CPU the draft uses ``sdpa`` attention (flex attention has no CPU backward) and the
-eager ``kl_div`` loss (the fused one needs Triton); on CUDA the defaults
-(``simple_flex_attention``, fused loss) with bf16 autocast.
+eager ``kl_div`` loss (the fused one needs Triton); on CUDA ``simple_flex_attention`` with bf16 autocast and the loss
+``train.loss_implementation`` names (``auto``: fused). ``train.compile`` sets how a step is computed
+(``compiled``): by default on CUDA the model's call (forward, loss, backward) compiled whole in
+``reduce-overhead`` (CUDA graphs), eager on CPU.
 
 Simulated chain acceptance length: τ_sim = 1 + Σ_k full_acc_k (see ``train_metrics``;
 EAGLE-3 paper, arXiv:2503.01840, τ = tokens emitted per target forward).
@@ -46,7 +48,7 @@ from ..draft.head_format import HEAD_VARIANTS
 from ..draft.head_model import build_model
 from ..formats.artifacts import Decisions
 from ..formats.shards import ShardReader, check_meta
-from . import ddp, online_data
+from . import compiled, ddp, fused_loss, online_data
 from .train_data import Batches, BatchLayout
 from .train_metrics import plot_curves
 from .train_state import TrainState, resume_world, state_key
@@ -58,6 +60,7 @@ from .trainer import (
     Trainer,
     TrainInputs,
     evaluate,
+    loss_implementation,
     run_metrics,
     save_on_term,
     train_epoch,
@@ -90,7 +93,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     Raises:
         ShardMismatch: a shard's target fingerprint or aux ids differ from the compat report.
         ValueError: the vocab map files are inconsistent, there is nothing to train on, the
-            head variant is unknown, or the ``fused`` loss is asked for off CUDA.
+            head variant is unknown, the ``fused`` loss is asked for off CUDA, or a ``train.compile`` or
+            ``train.compile_breaks`` setting outside its choices (``compiled.resolve_plan``).
         train_state.ResumeAcrossWorldSizes: this run's saved state has a smaller world size than the
             processes (the state is kept).
     """
@@ -163,10 +167,16 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     if steps_per_epoch == 0:
         raise ValueError(f"no training batch can be formed from {inputs.train_shards} for {world} rank(s)")
     total_steps = steps_per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
+    loss = loss_implementation(cfg.loss_implementation, device)
+    # the model's call (forward, loss, backward) compiled as train.compile says, before DDP wraps it
+    plan = compiled.resolve_plan(cfg.compile, cfg.compile_breaks, device, draft.method.static_shapes,
+                                 distributed=distributed, rows_per_step=len(ranks), online=target is not None)
+    compiled.compile_model(model, plan)
+    log.info("train step: %s; loss %s", plan.describe(), loss)
     net = ddp.wrap(model, device) if distributed else model
-    if cfg.loss_implementation == "fused" and not device.startswith("cuda"):
-        raise ValueError("train.loss_implementation 'fused' needs CUDA (a Triton kernel); use 'eager'")
-    call_kwargs = draft.trainer_kwargs(cfg.ttt_steps, cfg.ttt_step_loss_decay, cfg.loss_implementation)
+    call_kwargs = draft.trainer_kwargs(cfg.ttt_steps, cfg.ttt_step_loss_decay, loss)
+    if plan.mode is not None and loss == "fused":  # speculators' fused KL as one op of the graph (fused_loss)
+        call_kwargs["loss_config"] = fused_loss.compile_safe(call_kwargs["loss_config"])
     params, opt, sched = _optimizer(model, cfg, total_steps, device)
     meta = {"target_fingerprint": fp, "aux_layer_ids": aux, "vocab_fingerprint": vocab_info["fingerprint"],
             "draft_vocab_size": int(d2t.shape[0]), "head_variant": cfg.head_variant,
@@ -177,17 +187,19 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     place = Placement(device, distributed, rank, ranks, world, processes)
     return Trainer(cfg=cfg, inputs=inputs, place=place, model=model, net=net, params=params, opt=opt, sched=sched,
                    call_kwargs=call_kwargs, train_b=train_b, eval_b=eval_b, total_steps=total_steps,
-                   key=state_key(settings), meta=meta, target=target,
+                   key=state_key(settings), meta=meta, plan=plan, target=target,
                    key_any_world=state_key({**settings, "world": None}))
 
 
 def _optimizer(model, cfg: TrainConfig, total_steps: int, device: str):
-    """AdamW over the trainable parameters (fused on CUDA) and transformers' warmup schedule:
+    """AdamW over the trainable parameters (``fused`` on CUDA, one kernel per step; ``foreach`` elsewhere: one
+    multi-tensor op per update, not one per parameter) and transformers' warmup schedule:
     ``(params, optimizer, scheduler)``; warmup is ceil(``warmup_ratio`` x ``total_steps``) steps."""
     from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=device.startswith("cuda"))
+    cuda = device.startswith("cuda")
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cuda, foreach=not cuda)
     warmup = math.ceil(cfg.warmup_ratio * total_steps)
     sched = (get_cosine_schedule_with_warmup(opt, warmup, total_steps) if cfg.schedule == "cosine"
              else get_constant_schedule_with_warmup(opt, warmup))
@@ -233,7 +245,8 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
             if state.step >= t.total_steps:
                 break
             train_epoch(t, state, epoch, speed)
-            ev = evaluate(t.model, t.eval_b, t.device, t.call_kwargs, t.cfg.ttt_steps, t.target) if t.eval_b else {}
+            ev = (evaluate(t.model, t.eval_b, t.device, t.call_kwargs, t.cfg.ttt_steps, t.target, t.plan.cudagraphs)
+                  if t.eval_b else {})
             state.epochs.append({"epoch": epoch, "step": state.step, "eval": ev,
                                  "train_loss_last": state.history[-1]["loss"] if state.history else None})
             state.epoch, state.pos = epoch + 1, 0

@@ -25,17 +25,22 @@ import torch
 
 from ..config.settings import declared, section_fields, settings_class
 from ..config.spec import KEYS, Key
+from .compiled import CompilePlan
 from .train_data import Batches
 from .train_metrics import accumulate, draft_flops_per_token, history_entry, summarise, to_floats
 from .train_state import TrainState
+
+# TrainConfig fields a saved state may differ in and still be resumed (``_TrainConfigChecks.settings``)
+RESUMABLE_ACROSS = ("checkpoint_every", "compile", "compile_breaks")
 
 
 class _TrainConfigChecks:
     """The views of ``TrainConfig`` (whose fields config.spec's section ``train`` declares)."""
 
     def settings(self) -> dict:
-        """The fields a saved state must match to be resumed (all but ``checkpoint_every``)."""
-        return {k: v for k, v in asdict(self).items() if k != "checkpoint_every"}
+        """The fields a saved state must match to be resumed: all but ``checkpoint_every``, ``compile`` and
+        ``compile_breaks`` (how often it saves, how its steps are computed: config.keys_head says why)."""
+        return {k: v for k, v in asdict(self).items() if k not in RESUMABLE_ACROSS}
 
 
 def train_config_class(keys: tuple[Key, ...] = KEYS) -> type:
@@ -51,10 +56,26 @@ def train_config_class(keys: tuple[Key, ...] = KEYS) -> type:
 # to 0 or ``constant``; ``ttt_steps``: draft tokens trained per position, EAGLE-3's training-time test,
 # arXiv:2503.01840 §3.3, their losses weighted by ``ttt_step_loss_decay`` ** k; ``checkpoint_every`` > 0: save
 # the resumable state every that many steps and at each epoch's end, not part of the settings a state must
-# match; ``loss_implementation``: speculators' ``eager`` KL or its Triton ``fused`` kernel, CUDA only;
+# match; ``loss_implementation``: speculators' ``eager`` KL or its Triton ``fused`` kernel, CUDA only, or ``auto``
+# (``loss_implementation``); ``compile``, ``compile_breaks``: how a step is compiled, compiled.resolve_plan;
 # ``select``: the epoch whose weights the checkpoint holds). Raises ValueError for a value outside a key's
 # choices (the stage checks ``head_variant`` again once ``auto`` is resolved).
 TrainConfig = train_config_class()
+
+
+def loss_implementation(setting: str, device: str) -> str:
+    """speculators' loss implementation of config ``train.loss_implementation`` on ``device``: ``auto`` is ``fused``
+    (its Triton kernel) on CUDA and ``eager`` elsewhere; ``eager`` and ``fused`` as they are.
+
+    Raises:
+        ValueError: ``fused`` off CUDA (the kernel needs a GPU).
+    """
+    cuda = device.startswith("cuda")
+    if setting == "auto":
+        return "fused" if cuda else "eager"
+    if setting == "fused" and not cuda:
+        raise ValueError("train.loss_implementation 'fused' needs CUDA (a Triton kernel); use 'eager' or 'auto'")
+    return setting
 
 
 @dataclass(frozen=True)
@@ -159,6 +180,7 @@ class Trainer:
     total_steps: int
     key: str
     meta: dict
+    plan: CompilePlan = field(default_factory=CompilePlan)  # how the model's call is compiled (``compiled``)
     target: object = None  # online: the target computing the states (online_states), else None
     key_any_world: str = ""  # ``key`` without the world size: this run's state saved at another world size
     stop: threading.Event | None = None  # set by SIGTERM (``save_on_term``): save the state after this step, stop
@@ -224,7 +246,8 @@ def train_step(t: Trainer, rows: list[dict], speed: Throughput) -> tuple[dict, t
             # forward and backward: torch compiles the backward lazily, at the first backward (online_states)
             with target_guard(t.target):
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.cuda):
-                    _, loss, metrics = t.net(**t.train_b.to_device(row, t.device), **t.call_kwargs)
+                    _, loss, metrics = forward(t.net, t.train_b.to_device(row, t.device), t.call_kwargs,
+                                               t.plan.cudagraphs and t.cuda)
                 (loss / rows_per_process).backward()
         accumulate(acc, metrics)
         speed.tokens += int((row["document_ids"] != -1).sum())
@@ -232,6 +255,19 @@ def train_step(t: Trainer, rows: list[dict], speed: Throughput) -> tuple[dict, t
     t.opt.step()
     t.sched.step()
     return acc, gnorm
+
+
+def forward(net, batch: dict, call_kwargs: dict, cudagraphs: bool = False) -> tuple:
+    """``net(**batch, **call_kwargs)``: speculators' ``(draft tokens, loss, metrics)``. With ``cudagraphs`` (the
+    model's call compiled in a CUDA-graph mode, ``compiled``) a new step is marked first
+    (``torch.compiler.cudagraph_mark_step_begin``) and the metrics are copied out of the graph's memory, which its next
+    replay writes over (they are kept until the next flush): one multi-tensor op, ``_foreach_mul`` by 1."""
+    if cudagraphs:
+        torch.compiler.cudagraph_mark_step_begin()
+    tokens, loss, metrics = net(**batch, **call_kwargs)
+    if cudagraphs and metrics:
+        metrics = dict(zip(metrics, torch._foreach_mul(list(metrics.values()), 1)))
+    return tokens, loss, metrics
 
 
 def _flush(t: Trainer, pending: list[tuple], history: list[dict]) -> None:
@@ -309,18 +345,20 @@ def target_guard(target):
 
 
 @torch.no_grad()
-def evaluate(model, batches: Batches, device: str, call_kwargs: dict, ttt_steps: int, target=None) -> dict:
+def evaluate(model, batches: Batches, device: str, call_kwargs: dict, ttt_steps: int, target=None,
+             cudagraphs: bool = False) -> dict:
     """Loss, accuracy per TTT step and simulated τ over the eval shards (every batch of
     ``batches``' epoch 0, this one process; ``train_metrics.summarise`` gives the fields).
     ``model`` is speculators' ``Eagle3DraftModel`` (not its DDP wrapper); it is left in train mode.
-    ``target``: online, the target computing the states (its ``guard`` is held for each draft forward)."""
+    ``target``: online, the target computing the states (its ``guard`` is held for each draft forward);
+    ``cudagraphs``: the model's call is compiled in a CUDA-graph mode (``forward``)."""
     model.eval()
     acc: dict[str, float] = {}
     for rows in batches.prefetch(batches.epoch(0), pin=device.startswith("cuda")):
         for batch in rows:
             b = batches.to_device(batch, device)
             with target_guard(target), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
-                _, _, metrics = model(**b, **call_kwargs)
+                _, _, metrics = forward(model, b, call_kwargs, cudagraphs and device.startswith("cuda"))
             accumulate(acc, metrics)
     model.train()
     return summarise(to_floats(acc), ttt_steps)
