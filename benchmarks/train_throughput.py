@@ -310,7 +310,10 @@ def step_ab(args, d: Path, shards: dict) -> dict:
     bad = [p for p in paths if p.split(":")[0] not in STEP_PATHS or (":" in p and not p.startswith("whole:"))]
     if bad:
         raise SystemExit(f"--step-paths: {bad} are not among {list(STEP_PATHS)} (or whole:MODE:BREAKS:LOSS)")
-    res = {p: step_path(args, d, shards, p) for p in paths}
+    res = {}
+    for p in paths:  # each path's figures printed as it finishes: a run cut by its call's end keeps those done
+        res[p] = step_path(args, d, shards, p)
+        print(f"step path {p}: {json.dumps(res[p])}", flush=True)
     for q in [p for p in paths if p.startswith("whole")]:
         for p in [p for p in paths if not p.startswith("whole")]:
             res[f"{q}_over_{p}"] = {k: round(res[q][k] / res[p][k], 3)
