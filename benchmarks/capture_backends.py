@@ -56,9 +56,10 @@ import numpy as np
 import torch
 
 from eagle3build.capture.capture_hidden_states import CaptureSettings, capture_shard  # noqa: E402
+from eagle3build.draft import methods  # noqa: E402
 from eagle3build.formats.shards import ShardMeta, ShardReader  # noqa: E402
 from eagle3build.formats.tokens import read_tokens, write_tokens  # noqa: E402
-from eagle3build.target import default_aux_layer_ids, load_config, load_model, text_config  # noqa: E402
+from eagle3build.target import load_config, load_model, text_config  # noqa: E402
 from eagle3build.vllm import capture  # noqa: E402
 from eagle3build.vllm.engine_process import run_child  # noqa: E402
 
@@ -184,7 +185,8 @@ def main(argv=None) -> dict:
     dtypes = (a.dtypes or ("bfloat16,float32" if gpus else "float32")).split(",")
     cfg = text_config(load_config(a.target))
     n_layers, hidden = cfg.num_hidden_layers, cfg.hidden_size
-    aux = default_aux_layer_ids(n_layers) if a.aux == "auto" else [int(x) for x in a.aux.split(",")]
+    aux = (methods.get(methods.DEFAULT_METHOD).default_aux_layer_ids(n_layers) if a.aux == "auto"
+           else [int(x) for x in a.aux.split(",")])
     work = Path(a.workdir or tempfile.mkdtemp(prefix="capture-backends-"))
     work.mkdir(parents=True, exist_ok=True)
 

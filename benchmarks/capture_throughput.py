@@ -32,7 +32,8 @@ import torch
 
 from eagle3build.capture.capture_hidden_states import CaptureSettings, capture_shard  # noqa: E402
 from eagle3build.data.prepare_data import write_tokens  # noqa: E402
-from eagle3build.target import default_aux_layer_ids, load_model, text_config  # noqa: E402
+from eagle3build.draft import methods  # noqa: E402
+from eagle3build.target import load_model, text_config  # noqa: E402
 
 
 def sync(device):
@@ -121,7 +122,7 @@ def main() -> None:
 
     model = build_model(args)
     tc = text_config(model.config)
-    aux = default_aux_layer_ids(tc.num_hidden_layers)
+    aux = methods.get(methods.DEFAULT_METHOD).default_aux_layer_ids(tc.num_hidden_layers)
     n_params = sum(p.numel() for p in model.parameters())
     emb = tc.vocab_size * tc.hidden_size * (1 if getattr(tc, "tie_word_embeddings", False) else 2)
     non_emb = n_params - emb

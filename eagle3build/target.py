@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-# planning reads these without torch: content_files, and the aux layer ids (default_aux_layer_ids, check_aux_layer_ids)
-from .formats.target_files import check_aux_layer_ids, content_files, default_aux_layer_ids  # noqa: F401
+from .formats.target_files import content_files
 
 log = logging.getLogger(__name__)
 

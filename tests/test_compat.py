@@ -6,7 +6,7 @@ import warnings
 import pytest
 
 from eagle3build.compat import compat_report as cr
-from eagle3build.target import check_aux_layer_ids, default_aux_layer_ids
+from eagle3build.draft.methods import METHODS
 
 
 def test_inspect_tiny_llama(tiny_target):
@@ -16,25 +16,27 @@ def test_inspect_tiny_llama(tiny_target):
     assert t["tie_word_embeddings"] is True and t["moe"] is None and not t["text_config_unwrapped"]
 
 
-def test_default_aux_ids():
-    """EAGLE-3's [2, N//2, N-3] from 7 layers on; a shallower target gets three distinct layers spread over its stack
-    (issue 67: 6 layers gave [2, 3, 3]), the compat report saying which rule chose them; fewer than 3: none."""
-    from eagle3build.formats.target_files import aux_layer_ids_rule
-
-    assert default_aux_layer_ids(30) == [2, 15, 27]
-    assert default_aux_layer_ids(61) == [2, 30, 58]
-    assert default_aux_layer_ids(7) == [2, 3, 4]
-    assert {n: default_aux_layer_ids(n) for n in (3, 4, 5, 6)} == {3: [0, 1, 2], 4: [1, 2, 3], 5: [1, 2, 3],
-                                                                   6: [1, 3, 4]}
+@pytest.mark.parametrize("method", METHODS.values(), ids=lambda m: m.name)
+def test_default_aux_ids(method):
+    """Each draft method says which aux layers it reads: EAGLE-3's [2, N//2, N-3] from 7 layers on; a shallower
+    target gets three distinct layers spread over its stack (issue 67: 6 layers gave [2, 3, 3]), the compat report
+    saying which rule chose them; fewer than 3: none. Every registered method reads the same ones: one capture serves
+    the methods draft.compare_methods trains."""
+    assert method.default_aux_layer_ids(30) == [2, 15, 27]
+    assert method.default_aux_layer_ids(61) == [2, 30, 58]
+    assert method.default_aux_layer_ids(7) == [2, 3, 4]
+    assert {n: method.default_aux_layer_ids(n) for n in (3, 4, 5, 6)} == {3: [0, 1, 2], 4: [1, 2, 3], 5: [1, 2, 3],
+                                                                          6: [1, 3, 4]}
     for n in range(3, 40):
-        ids = default_aux_layer_ids(n)
-        assert check_aux_layer_ids(ids, n) == ids and len(ids) == 3  # distinct, sorted, inside the stack
-    assert aux_layer_ids_rule(30) == "EAGLE-3's default [2, N//2, N-3] for N = 30 layers: [2, 15, 27]"
-    assert aux_layer_ids_rule(6) == ("a shallow target (6 layers, fewer than 7): EAGLE-3's [2, N//2, N-3] would be "
-                                     "[2, 3, 3], so three distinct layers spread over the stack: [1, 3, 4]")
+        ids = method.default_aux_layer_ids(n)
+        assert method.check_aux_layer_ids(ids, n) == ids and len(ids) == method.num_aux_layers("auto") == 3
+    assert method.num_aux_layers([1, 2]) == 2
+    assert method.aux_layer_ids_rule(30) == "EAGLE-3's default [2, N//2, N-3] for N = 30 layers: [2, 15, 27]"
+    assert method.aux_layer_ids_rule(6) == ("a shallow target (6 layers, fewer than 7): EAGLE-3's [2, N//2, N-3] would "
+                                            "be [2, 3, 3], so three distinct layers spread over the stack: [1, 3, 4]")
     with pytest.raises(ValueError, match=r"2 decoder layer\(s\): no three distinct aux layers; set "
                                          r"capture.aux_layer_ids to ids in \[0, 1\]"):
-        default_aux_layer_ids(2)
+        method.default_aux_layer_ids(2)
 
 
 def test_the_compat_report_records_the_shallow_targets_aux_rule(tiny_target, tmp_path):
@@ -51,7 +53,7 @@ def test_the_compat_report_records_the_shallow_targets_aux_rule(tiny_target, tmp
 @pytest.mark.parametrize("ids, msg", [([2, 40], "out of range"), ([3, 3], "unique"), ([5, 2], "sorted"), ([], "empty")])
 def test_user_aux_ids_are_checked(ids, msg):
     with pytest.raises(ValueError, match=msg):
-        check_aux_layer_ids(ids, 30)
+        METHODS["eagle3"].check_aux_layer_ids(ids, 30)
 
 
 def test_probe_records_warnings_and_errors():

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from eagle3build.compat import compat_report as cr
-from eagle3build.target import default_aux_layer_ids, find_decoder_layers
+from eagle3build.draft.methods import EAGLE3
+from eagle3build.target import find_decoder_layers
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
@@ -62,7 +63,7 @@ def test_kimi_k25_shape(tmp_path):
     assert (t["num_layers"], t["hidden_size"], t["vocab_size"]) == (61, 7168, 163840)
     assert t["moe"] == {"routed_experts": 384, "shared_experts": 1, "active_experts": 8}
     assert 1.0e12 < t["parameters"] < 1.1e12 and t["weight_bytes_per_parameter"] == 0.5
-    assert default_aux_layer_ids(61) == [2, 30, 58]
+    assert EAGLE3.default_aux_layer_ids(61) == [2, 30, 58]
     assert (3 + 1) * 7168 * 2 == 57_344
     g = cr.plan_gpus(t["parameters"], 0.5, 96 * 10**9, 8, {"capture": 8, "serve": 8})
     assert g["gpus_needed_per_job"] == 8 and g["status"] == "ok"

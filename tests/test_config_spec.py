@@ -10,6 +10,7 @@ import yaml
 from smk import REPO
 
 from eagle3build.config import spec as cs
+from eagle3build.config.key import ROLES
 from eagle3build.train.trainer import TrainConfig, train_config_class
 from eagle3build.workflow.contract import CONTRACTS, PlanContext, build_contracts, job_settings, param_value
 
@@ -72,7 +73,7 @@ def test_every_key_has_a_doc_a_type_and_a_stage():
     for k in cs.KEYS:
         assert k.doc and ("type" in k.schema or "oneOf" in k.schema), k.path
         assert k.uses, f"{k.path} reaches no stage"
-        assert all(r.split(":")[0] in cs.ROLES for s in k.uses for r in k.roles(s)), k.path
+        assert all(r.split(":")[0] in ROLES for s in k.uses for r in k.roles(s)), k.path
 
 
 def test_train_config_is_the_train_section():

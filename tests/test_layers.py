@@ -27,9 +27,9 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / PACKAGE
 # The modules named after a Snakemake rule (rules/<stage>.smk), by their path.
 STAGES = frozenset(f"{group}.{stage}" for stage, group in STAGE_GROUPS.items())
 # The floor's units in their order (docs/layout.md): each imports only itself and those before it. formats: the
-# file formats; target: the target loader; hooks: hook capture; draft: the draft head; config: the keys;
-# workflow: contracts and staleness; vllm: the engines. The stage subpackages sit above them all.
-FLOOR_ORDER = ("atomic", "formats", "target", "hooks", "draft", "config", "workflow", "vllm")
+# file formats; target: the target loader; hooks: hook capture; draft: the draft head; config: the keys; vllm: the
+# engines; workflow: contracts, planning and staleness. The stage subpackages sit above them all.
+FLOOR_ORDER = ("atomic", "formats", "target", "hooks", "draft", "config", "vllm", "workflow")
 FLAT = frozenset({"atomic", "target", "hooks"})  # modules flat in eagle3build/, besides __init__
 MAX_FLAT = 8
 
@@ -179,16 +179,20 @@ def test_no_module_breaks_the_layers():
     assert layer_violations(package_sources()) == []
 
 
-def test_vllm_imports_nothing_of_workflow():
-    """Issue 66: the engines' package takes nothing from the workflow's, deferred imports included, though the
-    floor's order would let it (the offline switches live in ``formats.target_files``, the KV cache arithmetic in
-    ``target``)."""
+def test_the_floor_order_is_the_one_the_imports_need():
+    """Each unit of ``FLOOR_ORDER`` imports only units before it (``test_no_module_breaks_the_layers``), and the pairs
+    whose order an import decides are those imports: workflow/ sits above vllm/ because planning lays an engine out
+    with ``vllm.engine_args.engine_layout`` and the job sets ``vllm.engine_process.OFFLINE_VARS`` (issue 73), and vllm/
+    imports nothing of workflow/ (issue 66)."""
     sources = package_sources()
     modules = set(sources)
-    found = {m: sorted(d for d in package_imports(s, m, modules) if unit(d, modules) == "workflow")
-             for m, s in sources.items() if unit(m, modules) == "vllm"}
-    assert set(found) >= {"vllm.engine_args", "vllm.engine_process", "vllm.measure", "vllm.capture"}
-    assert {m: d for m, d in found.items() if d} == {}
+    rank = {u: i for i, u in enumerate(FLOOR_ORDER)}
+    needs = {(unit(m, modules), unit(d, modules)) for m, s in sources.items() for d in package_imports(s, m, modules)}
+    needs = {(u, d) for u, d in needs if u != d and u in rank and d in rank}
+    assert all(rank[d] < rank[u] for u, d in needs)
+    assert {("workflow", "vllm"), ("vllm", "config"), ("config", "draft"), ("draft", "target"), ("hooks", "target"),
+            ("target", "formats"), ("formats", "atomic")} <= needs
+    assert not any(u == "vllm" and d == "workflow" for u, d in needs)
 
 
 def test_a_floor_module_serves_several_subpackages():

@@ -20,12 +20,12 @@ from smk import REPO
 
 from eagle3build.draft.head_format import Head
 from eagle3build.formats.artifacts import ArtifactError, ServeCheck, Serving
-from eagle3build.formats.target_files import OFFLINE_VARS
 from eagle3build.serve import openai_server as server
 from eagle3build.serve import serve_check as sc
 from eagle3build.serve import serve_config as cfg
 from eagle3build.serve import serving_files as sf
 from eagle3build.vllm import engine_process
+from eagle3build.vllm.engine_process import OFFLINE_VARS
 
 LLAMA_HEAD = {"speculators_model_type": "eagle3", "draft_vocab_size": 64,
               "speculators_config": {"verifier": {"name_or_path": "org/not-cached-model"},

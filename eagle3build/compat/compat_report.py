@@ -26,11 +26,12 @@ from pathlib import Path
 from ..atomic import write_json, write_text
 from ..config.provenance import COMPAT_PACKAGES, cpu_bf16_support, host, software_versions
 from ..config.settings import config_fields, declared
+from ..draft import methods
 from ..draft.head_format import HEAD_FLAGS, HEAD_VARIANTS
 from ..draft.servable import check_servable
 from ..draft.servable import probe_vllm as probe_serving_vllm
-from ..formats.target_files import aux_layer_ids_rule, content_files
-from ..target import check_aux_layer_ids, default_aux_layer_ids, fingerprint, load_config, text_config
+from ..formats.target_files import content_files
+from ..target import fingerprint, load_config, text_config
 from ..workflow.budgets import hidden_state_bytes_per_token, plan_disk, plan_gpus
 from .compat_render import render_markdown
 from .probes import (
@@ -192,6 +193,7 @@ def decide_backend(requested: str, probes: dict[str, Probe], target: dict | None
     "draft_vocab_size": "vocab.draft_vocab_size", "gpu_memory_gb": "resources.gpu_memory_gb",
     "gpus_per_node": "resources.gpus_per_node",
     "capture_gpus": "resources.capture.gpu", "serve_gpus": "resources.serve.gpu", "train_gpus": "resources.train.gpu",
+    "method": "draft.method",
 })
 class CompatSettings:
     """What one compat report runs (``build_report``): the target of ``target_dir``, its plans against the disk of
@@ -199,10 +201,11 @@ class CompatSettings:
     (``compat_report``), and its config fields (below, made from their keys' declarations: ``config.settings``).
 
     Of the config fields: ``backend`` and ``aux_layer_ids`` as configured (the rule's params carry them as requested:
-    ``workflow.contract.requested``); ``compute_dtype``: the capture's, checked against this host's CPU where capture
-    runs on CPU (probe ``cpu_capture_dtype``: warns where bf16 would be emulated); the sample counts, ``max_seq_len``
-    and the resources are runtime-only (the disk and GPU plans: growing the sample count or changing resources must
-    not re-run this report and, behind it, every shard); ``gpu_memory_gb``: memory per GPU for the plan (None: the
+    ``workflow.contract.requested``), ``aux_layer_ids`` ``auto`` chosen by the draft ``method``'s rule (runtime-only:
+    every registered method reads the same layers); ``compute_dtype``: the capture's, checked against this host's CPU
+    where capture runs on CPU (probe ``cpu_capture_dtype``: warns where bf16 would be emulated); the sample counts,
+    ``max_seq_len`` and the resources are runtime-only (the disk and GPU plans: growing the sample count or changing
+    resources must not re-run this report and, behind it, every shard); ``gpu_memory_gb``: memory per GPU for the plan (None: the
     first visible GPU's); ``mode`` online: no disk plan (no shards) and the train job's GPUs split between target and
     trainer (``online``).
     """
@@ -277,15 +280,16 @@ def build_report(s: CompatSettings) -> dict:
     capture: dict = {"storage_dtype": storage_dtype,
                      "aux_layer_ids_requested": aux_layer_ids if aux_layer_ids == "auto" else list(aux_layer_ids)}
     if target:
-        n = target["num_layers"]
+        n, method = target["num_layers"], methods.get(s.method)
         try:
-            capture["recommended_aux_layer_ids"] = default_aux_layer_ids(n)
-            capture["aux_layer_ids_rule"] = aux_layer_ids_rule(n)  # EAGLE-3's, or a shallow target's spread
+            capture["recommended_aux_layer_ids"] = method.default_aux_layer_ids(n)
+            capture["aux_layer_ids_rule"] = method.aux_layer_ids_rule(n)  # EAGLE-3's, or a shallow target's spread
         except ValueError:  # fewer than 3 layers: only user-given ids can work
             capture["recommended_aux_layer_ids"] = None
         aux_probe = run_probe(
             "aux_layer_ids",
-            lambda: default_aux_layer_ids(n) if aux_layer_ids == "auto" else check_aux_layer_ids(list(aux_layer_ids), n),
+            lambda: (method.default_aux_layer_ids(n) if aux_layer_ids == "auto"
+                     else method.check_aux_layer_ids(list(aux_layer_ids), n)),
             required=True,
         )
         probes["aux_layer_ids"] = aux_probe

@@ -97,7 +97,7 @@ def probe_vllm_head_flags():
 
 def probe_vllm_extract_hidden_states():
     """vLLM's hidden-state extraction (``speculative_config.method = "extract_hidden_states"``) needs CUDA."""
-    from vllm.config.speculative import SpeculativeConfig  # noqa: F401 - import is the probe
+    importlib.import_module("vllm.config.speculative")  # the import is the probe
 
     mod = importlib.util.find_spec("vllm.v1.spec_decode.extract_hidden_states")
     if mod is None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..draft import methods
-from .key import ALL_STAGES, ROLES, TARGET_READERS, Key, each  # noqa: F401 - the key declaration, used from here
+from .key import Key
 from .keys_data import DATA_KEYS
 from .keys_head import HEAD_KEYS
 from .keys_resources import RESOURCE_KEYS
@@ -86,7 +86,7 @@ def draft_keys() -> tuple[Key, ...]:
             methods.DEFAULT_METHOD,
             "the draft head's kind, as speculators and vLLM name it: " + " | ".join(m.summary for m in registered)
             + "; one capture serves all three (docs/design/peagle_dflash.md)",
-            {"train_draft": "trigger:train"},
+            {"train_draft": "trigger:train", "compat_report": "runtime"},
             quiet_default=True,
         ),
         Key(

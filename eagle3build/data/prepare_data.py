@@ -81,6 +81,7 @@ import numpy as np
 from ..atomic import write_json, write_text
 from ..config.settings import config_fields
 from ..config.spec import key as config_key
+from ..draft import methods
 from ..formats import prompt_sets
 from ..formats.conversation_files import DataError, SourceStats, read_records, resolve_source_path
 from ..formats.conversations import (
@@ -91,7 +92,6 @@ from ..formats.conversations import (
     normalise,
     template_messages,
 )
-from ..formats.target_files import num_aux_layers
 from ..formats.tokens import write_tokens
 from .chat_masking import TemplateRaised, answer_start, open_last_turn, reasoning_key, tokenize_batch
 
@@ -301,7 +301,7 @@ class PrepareSettings:
     out_eval: str | os.PathLike
     out_prompts: str | os.PathLike
     out_report: str | os.PathLike
-    num_aux_layers: int = num_aux_layers(config_key("capture.aux_layer_ids").default)
+    num_aux_layers: int = methods.num_aux_layers(config_key("capture.aux_layer_ids").default)
     require_eval: bool = config_key("capture.num_eval_samples").default > 0
     workers: int = 1
 

@@ -11,7 +11,10 @@ What the method changes is behaviour on that object, which the stages call, neve
   (eagle3build/config/spec.py) and the model ``head_model.build_model`` builds;
 - the head flags it keeps (``head_flags``), what its model and a training forward get beside the shared arguments
   (``model_kwargs``, ``trainer_kwargs``) and whether training rows are shifted (``shifted``, handed to the batches);
-- which hidden states of the target it reads (``aux_layer_ids``: the field of its head's config.json naming them);
+- which hidden states of the target it reads, and why: for a target of N decoder layers by default
+  (``default_aux_layer_ids``, ``aux_layer_ids_rule``), a user's ids checked (``check_aux_layer_ids``), how many
+  (``num_aux_layers``) and the field of its head's config.json naming them (``aux_layer_ids``); every registered method
+  reads the same ones, so one capture serves them all (tests/test_draft_methods.py);
 - the tensors its head holds (``expected_shapes``), the config.json its exported head ships (``served_config``) and
   the checks a checkpoint passes before export (``export_problem``, ``load_hint``);
 - the ``speculative_config`` vLLM serves it with (``speculative_config``), the draft positions one forward of it
@@ -87,6 +90,8 @@ class DraftMethod:
     peer_route_type: ClassVar[str | None] = None
     static_shapes: ClassVar[bool] = True
     aux_ids_key: ClassVar[str] = "eagle_aux_hidden_state_layer_ids"  # the head config's field of the aux layer ids
+    # Fewer decoder layers than this and EAGLE-3's default ids [2, N//2, N-3] repeat a layer or leave the stack.
+    eagle3_min_layers: ClassVar[int] = 7
 
     def __repr__(self) -> str:
         return f"<draft method {self.name}>"
@@ -129,8 +134,11 @@ class DraftMethod:
         """speculators' model class of the method (its ``SpeculatorModel`` registry entry; imports speculators).
         A layer other than speculators' own registers itself first (``DraftLayer.register``; ``Draft`` and
         ``Head`` do both)."""
-        import speculators.models  # noqa: F401 - registers the model classes
+        import importlib
+
         from speculators.model import SpeculatorModel
+
+        importlib.import_module("speculators.models")  # registers the model classes
 
         return SpeculatorModel.registry[self.name]
 
@@ -151,6 +159,62 @@ class DraftMethod:
         train_kw, _ = self.speculators_class().get_trainer_kwargs(
             loss_fn="kl_div", loss_implementation=loss_implementation, **self.spec(options)["args"])
         return train_kw
+
+    # --- the target's hidden states it reads ---
+
+    def num_aux_layers(self, aux_layer_ids: str | list[int]) -> int:
+        """How many aux layers a head reads for ``capture.aux_layer_ids``: 3 for ``auto`` (``default_aux_layer_ids``),
+        else the ids' count."""
+        return 3 if aux_layer_ids == "auto" else len(aux_layer_ids)
+
+    def default_aux_layer_ids(self, num_layers: int) -> list[int]:
+        """The aux layers a head reads where ``capture.aux_layer_ids`` is ``auto``: EAGLE-3's ``[2, N//2, N-3]``
+        (vLLM's and speculators' default; EAGLE-3, arXiv 2503.01840) for ``N`` >= ``eagle3_min_layers`` decoder
+        layers; below that, where those would repeat a layer (6 layers: ``[2, 3, 3]``), three distinct layers spread
+        over the stack the same way, low, middle and high: ``[1, N//2, N-2]`` for 5-6 layers, ``[1, 2, 3]`` for 4,
+        ``[0, 1, 2]`` for 3 (issue 67; ``aux_layer_ids_rule`` says which). Layer id ``k`` is the residual stream
+        *entering* decoder layer ``k``.
+
+        Raises:
+            ValueError: fewer than 3 layers (no three distinct ones; give ``capture.aux_layer_ids`` fewer ids).
+        """
+        n = num_layers
+        if n >= self.eagle3_min_layers:
+            return [2, n // 2, n - 3]
+        if n < 3:
+            raise ValueError(f"target has {n} decoder layer(s): no three distinct aux layers; set "
+                             f"capture.aux_layer_ids to ids in [0, {n - 1}]")
+        lo, hi = (1 if n >= 4 else 0), (n - 2 if n >= 5 else n - 1)
+        mid = n // 2 if lo < n // 2 < hi else lo + 1
+        return [lo, mid, hi]
+
+    def aux_layer_ids_rule(self, num_layers: int) -> str:
+        """Why ``default_aux_layer_ids`` chose its ids for a ``num_layers``-layer target, as the compat report says
+        it."""
+        ids, n = self.default_aux_layer_ids(num_layers), num_layers
+        if n >= self.eagle3_min_layers:
+            return f"EAGLE-3's default [2, N//2, N-3] for N = {n} layers: {ids}"
+        return (f"a shallow target ({n} layers, fewer than {self.eagle3_min_layers}): EAGLE-3's [2, N//2, N-3] would "
+                f"be {[2, n // 2, n - 3]}, so three distinct layers spread over the stack: {ids}")
+
+    def check_aux_layer_ids(self, ids: list[int], num_layers: int) -> list[int]:
+        """User-given aux layer ids (``capture.aux_layer_ids``), checked: integers in ``[0, num_layers)``, unique,
+        sorted.
+
+        Raises:
+            ValueError: naming the offending ids and the valid range.
+        """
+        if not ids:
+            raise ValueError("capture.aux_layer_ids is empty")
+        bad = [i for i in ids if not isinstance(i, int) or i < 0 or i >= num_layers]
+        if bad:
+            raise ValueError(f"capture.aux_layer_ids {ids}: {bad} out of range [0, {num_layers - 1}] for a "
+                             f"{num_layers}-layer target")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"capture.aux_layer_ids {ids}: ids must be unique")
+        if list(ids) != sorted(ids):
+            raise ValueError(f"capture.aux_layer_ids {ids}: ids must be sorted ascending")
+        return list(ids)
 
     # --- its head's config.json ---
 

@@ -23,7 +23,7 @@ from typing import Any
 from .dflash import DFLASH
 from .eagle3 import EAGLE3
 from .layer import LLAMA, DraftLayer
-from .method import DraftMethod, Option  # noqa: F401 - the registry's classes, used from here
+from .method import DraftMethod
 from .mla import MLA
 from .peagle import PEAGLE
 
@@ -38,6 +38,19 @@ DEFAULT_LAYER = LLAMA.name
 NAMES: tuple[str, ...] = tuple(METHODS)
 LAYER_NAMES: tuple[str, ...] = tuple(LAYERS)
 assert all(set(m.layer_choices) <= set(LAYERS) and m.layer_choices[0] == DEFAULT_LAYER for m in METHODS.values())
+
+
+def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
+    """The aux layers a capture of ``capture.aux_layer_ids`` holds per token (``DraftMethod.num_aux_layers``): every
+    registered method reads the same ones, so one capture serves the heads of every method (draft.compare_methods).
+
+    Raises:
+        ValueError: two methods would read different counts (one capture could not serve both).
+    """
+    counts = {m.num_aux_layers(aux_layer_ids) for m in METHODS.values()}
+    if len(counts) != 1:
+        raise ValueError(f"the draft methods read different aux layer counts for {aux_layer_ids}: {counts}")
+    return counts.pop()
 
 
 def get(name: str) -> DraftMethod:

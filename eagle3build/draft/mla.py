@@ -41,8 +41,10 @@ class MlaLayer(DraftLayer):
         return mla_layer.draft_layer_config(target_dir, spec["layers"], trust_remote_code=trust_remote_code)
 
     def register(self) -> None:
-        """Its import registers the layer in speculators (``mla_layer.register``)."""
-        from . import mla_layer  # noqa: F401
+        """Register the layer in speculators (``mla_layer.register``, idempotent; its import does it too)."""
+        from . import mla_layer
+
+        mla_layer.register()
 
     def recognises(self, cfg: Mapping[str, Any]) -> bool:
         """``mla_format.is_mla_config``: its layer config has a ``kv_lora_rank``."""

@@ -3,12 +3,9 @@
 materialize_target writes for a bundled target (``MATERIALIZED_FILES``), and what is wrong with a folder that is
 no target (``target_dir_problem``: missing, a hub cache folder, no config.json; ``target_weights_problem``: no
 weights), and its config.json as planning reads it (``planning_config``; ``BUNDLED_CONFIGS`` before a bundled target
-is materialised), and the variables that keep the Hugging Face libraries to the local files (``OFFLINE_VARS``,
-config ``target.offline``); how many aux layers a head reads (``num_aux_layers``) and which by default
-(``default_aux_layer_ids``), and how an engine of the target is laid out over a job's GPUs (``engine_layout``). Read at
-planning (``workflow.plan``: a target's files are the inputs of the rules that read it), by the target loader
-(eagle3build/target.py), the jobs (``job.setup``), the engines (``engine_args``, ``engine_process.child_env``) and the
-serving files (serve.env).
+is materialised) with its decoder layer count (``num_decoder_layers``). Read at planning (``workflow.plan``: a
+target's files are the inputs of the rules that read it), by the target loader (eagle3build/target.py) and the engines
+(``engine_args``).
 """
 
 from __future__ import annotations
@@ -16,10 +13,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-
-# Hugging Face's offline switches (huggingface_hub, transformers, datasets): set to 1 where ``target.offline`` is true,
-# so that the target and its tokenizer are read from their local files and nothing is fetched from the Hub.
-OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 
 # The files materialize_target writes for a bundled target (transformers' save_pretrained of
 # the model and the tokenizer); its rule declares them as outputs.
@@ -176,80 +169,6 @@ def planning_config(path: str | os.PathLike, bundled: str | None = None) -> tupl
         return (cfg if isinstance(cfg, dict) else None), name
     except (OSError, ValueError):
         return (dict(BUNDLED_CONFIGS[bundled]) if bundled in BUNDLED_CONFIGS else None), name
-
-
-# Fewer decoder layers than this and EAGLE-3's default ids [2, N//2, N-3] repeat a layer or leave the stack.
-EAGLE3_MIN_LAYERS = 7
-
-
-def engine_layout(gpus: int, pipeline_parallel_size: int) -> dict[str, int]:
-    """How an engine on a job's ``gpus`` GPUs (0 = CPU) is laid out: ``{"tensor_parallel_size": gpus (1 on
-    CPU), "pipeline_parallel_size": pipeline_parallel_size}`` (``target.pipeline_parallel_size``), vLLM's
-    argument names. ``vllm.engine_args.engine_args`` passes these to vLLM; the planner shows them in each engine job's
-    resources (``workflow.plan.engine_layout_resources``), so the dry-run reads the layout from this one function.
-
-    Raises:
-        ValueError: ``pipeline_parallel_size`` < 1.
-    """
-    if pipeline_parallel_size < 1:
-        raise ValueError(f"target.pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
-    return {"tensor_parallel_size": max(1, gpus), "pipeline_parallel_size": pipeline_parallel_size}
-
-
-def num_aux_layers(aux_layer_ids: str | list[int]) -> int:
-    """How many aux layers a head reads for ``capture.aux_layer_ids``: 3 for ``auto`` (``default_aux_layer_ids``),
-    else the ids' count."""
-    return 3 if aux_layer_ids == "auto" else len(aux_layer_ids)
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """The aux layers a head reads where ``capture.aux_layer_ids`` is ``auto``: EAGLE-3's ``[2, N//2, N-3]`` (vLLM's
-    and speculators' default; EAGLE-3, arXiv 2503.01840) for ``N`` >= 7 decoder layers; below that, where those would
-    repeat a layer (6 layers: ``[2, 3, 3]``), three distinct layers spread over the stack the same way, low, middle and
-    high: ``[1, N//2, N-2]`` for 5-6 layers, ``[1, 2, 3]`` for 4, ``[0, 1, 2]`` for 3 (``aux_layer_ids_rule`` says
-    which). Layer id ``k`` is the residual stream *entering* decoder layer ``k``.
-
-    Raises:
-        ValueError: fewer than 3 layers (no three distinct ones; give ``capture.aux_layer_ids`` fewer ids).
-    """
-    n = num_layers
-    if n >= EAGLE3_MIN_LAYERS:
-        return [2, n // 2, n - 3]
-    if n < 3:
-        raise ValueError(f"target has {n} decoder layer(s): no three distinct aux layers; set capture.aux_layer_ids "
-                         f"to ids in [0, {n - 1}]")
-    lo, hi = (1 if n >= 4 else 0), (n - 2 if n >= 5 else n - 1)
-    mid = n // 2 if lo < n // 2 < hi else lo + 1
-    return [lo, mid, hi]
-
-
-def aux_layer_ids_rule(num_layers: int) -> str:
-    """Why ``default_aux_layer_ids`` chose its ids for a ``num_layers``-layer target, as the compat report says it."""
-    ids = default_aux_layer_ids(num_layers)
-    if num_layers >= EAGLE3_MIN_LAYERS:
-        return f"EAGLE-3's default [2, N//2, N-3] for N = {num_layers} layers: {ids}"
-    n = num_layers
-    return (f"a shallow target ({n} layers, fewer than {EAGLE3_MIN_LAYERS}): EAGLE-3's [2, N//2, N-3] would be "
-            f"{[2, n // 2, n - 3]}, so three distinct layers spread over the stack: {ids}")
-
-
-def check_aux_layer_ids(ids: list[int], num_layers: int) -> list[int]:
-    """Validate user-given aux layer ids: integers in ``[0, num_layers)``, unique, sorted.
-
-    Raises:
-        ValueError: naming the offending ids and the valid range.
-    """
-    if not ids:
-        raise ValueError("capture.aux_layer_ids is empty")
-    bad = [i for i in ids if not isinstance(i, int) or i < 0 or i >= num_layers]
-    if bad:
-        raise ValueError(f"capture.aux_layer_ids {ids}: {bad} out of range [0, {num_layers - 1}] for a {num_layers}-layer "
-                         "target")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"capture.aux_layer_ids {ids}: ids must be unique")
-    if list(ids) != sorted(ids):
-        raise ValueError(f"capture.aux_layer_ids {ids}: ids must be sorted ascending")
-    return list(ids)
 
 
 def num_decoder_layers(config: dict) -> int | None:

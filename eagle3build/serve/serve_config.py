@@ -44,7 +44,6 @@ from ..config.settings import config_fields
 from ..draft.head_format import Head
 from ..formats.artifacts import Serving, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
-from ..formats.target_files import OFFLINE_VARS
 from ..vllm import engine_process
 from ..vllm.engine_args import drafter_config, engine_arg_declared, engine_args, engine_layout
 from . import serving_files
@@ -239,7 +238,7 @@ def serving(s: ServeConfigSettings, bench: Mapping[str, Any]) -> dict:
     head = Head.read(head_dir)
     spec = head.speculative_config(choice["num_speculative_tokens"], choice["bands"] or None)
     spec = drafter_config(engine, spec)  # an MLA head on CPU: the engine's attention backend
-    env = {**({v: "1" for v in OFFLINE_VARS} if s.offline else {}), **engine_process.ENGINE_ENV,
+    env = {**({v: "1" for v in engine_process.OFFLINE_VARS} if s.offline else {}), **engine_process.ENGINE_ENV,
            **(SCHEDULE_ENV if choice["bands"] else {})}
     options = serving_files.server_options(engine, spec, port, s.per_request_metrics)
     return {"options": options, "env": env, "serving": {

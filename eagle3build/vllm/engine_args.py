@@ -34,7 +34,20 @@ from pathlib import Path
 from typing import Any
 
 from ..config.settings import declared
-from ..formats.target_files import engine_layout  # noqa: F401 - the layout engine_args gives vLLM, named here too
+
+
+def engine_layout(gpus: int, pipeline_parallel_size: int) -> dict[str, int]:
+    """How an engine on a job's ``gpus`` GPUs (0 = CPU) is laid out: ``{"tensor_parallel_size": gpus (1 on
+    CPU), "pipeline_parallel_size": pipeline_parallel_size}`` (``target.pipeline_parallel_size``), vLLM's
+    argument names. ``engine_args`` passes these to vLLM; the planner shows them in each engine job's resources
+    (``workflow.plan.engine_layout_resources``), so the dry-run reads the layout from this one function.
+
+    Raises:
+        ValueError: ``pipeline_parallel_size`` < 1.
+    """
+    if pipeline_parallel_size < 1:
+        raise ValueError(f"target.pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
+    return {"tensor_parallel_size": max(1, gpus), "pipeline_parallel_size": pipeline_parallel_size}
 
 
 def config_json(folder: str | os.PathLike) -> dict[str, Any]:

@@ -10,7 +10,7 @@ the engine, decode, read vLLM's counters and timings) and ``capture`` (capture's
   stage's own); the function takes the spec dict (JSON) and returns a JSON-able dict, which the parent reads back, with where the
   engine's start-up time went (``startup_breakdown``, from vLLM's own log lines).
 - The child's environment (``child_env``): the job's (``CUDA_VISIBLE_DEVICES`` from the GPU slot allocator,
-  ``gpu_slots``, included), offline mode (``target_files.OFFLINE_VARS``), no BLAS thread caps, vLLM's settings every
+  ``gpu_slots``, included), offline mode (``OFFLINE_VARS``), no BLAS thread caps, vLLM's settings every
   engine here runs with (``ENGINE_ENV``).
 - No engine outlives its job: the child leads a process group of its own, which vLLM's engine
   core and workers join, and a thread in it polls its parent (``_die_with_parent``); when the job
@@ -49,8 +49,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..formats.target_files import OFFLINE_VARS
-
+# Hugging Face's offline switches (huggingface_hub, transformers, datasets): set to 1 where ``target.offline`` is true
+# (the job, ``workflow.job.setup``; the engine's child, ``child_env``; the serving files' serve.env), so that the target
+# and its tokenizer are read from their local files and nothing is fetched from the Hub.
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 PARENT_ENV = "EAGLE3BUILD_ENGINE_PARENT"  # the job's pid, for the engine child's parent watch
 PARENT_POLL_S = 0.2
 

@@ -48,10 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..config.key import ROLES, Key
 from ..config.settings import declared
-from ..config.spec import KEYS, ROLES, Key
+from ..config.spec import KEYS
 from ..draft import methods
-from ..formats.target_files import num_aux_layers
 from .job_fields import JobEntry, JobField
 from .staleness import canonical_request, package_versions
 
@@ -133,8 +133,8 @@ def prepare_sources(values: Mapping[str, Any], ctx: PlanContext) -> list[dict]:
 
 
 def num_aux_layers_param(values: Mapping[str, Any], ctx: PlanContext) -> int:
-    """``num_aux_layers`` of ``capture.aux_layer_ids``."""
-    return num_aux_layers(values["capture.aux_layer_ids"])
+    """``methods.num_aux_layers`` of ``capture.aux_layer_ids``."""
+    return methods.num_aux_layers(values["capture.aux_layer_ids"])
 
 
 def require_eval_param(values: Mapping[str, Any], ctx: PlanContext) -> bool:

@@ -18,8 +18,8 @@ import os
 import sys
 from typing import Any, Callable
 
-from ..formats.target_files import OFFLINE_VARS
-from .joblog import FORMAT, log_to_fd, log_to_file  # noqa: F401 - the adapter's log, FORMAT and log_to_fd for callers
+from ..vllm.engine_process import OFFLINE_VARS
+from .joblog import log_to_file
 
 _GPU_ALLOCATION = None  # this job's GPU slots, held for the life of the process
 

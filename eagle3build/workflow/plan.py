@@ -34,10 +34,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..draft import choice
+from ..draft import choice, methods
 from ..draft.choice import Draft
 from ..formats import benchmark_runs, target_files
-from ..formats.target_files import check_aux_layer_ids, default_aux_layer_ids, num_decoder_layers
+from ..formats.target_files import num_decoder_layers
+from ..vllm.engine_args import engine_layout
 from .contract import CONTRACTS, RULE_ENTRIES, STAGE_OF_RULE, job_entry, stage_of
 from .job_fields import rule_problems
 
@@ -218,13 +219,13 @@ def gpu_model_resources(config: Mapping[str, Any], job: str | None) -> dict[str,
 
 
 def engine_layout_resources(config: Mapping[str, Any], job: str, starts_engine: bool = True) -> dict[str, int]:
-    """The layout of the vLLM engine a job of resources section ``job`` starts (``target_files.engine_layout`` of its
+    """The layout of the vLLM engine a job of resources section ``job`` starts (``engine_args.engine_layout`` of its
     GPUs and ``target.pipeline_parallel_size``, as ``engine_args`` lays the job's engine out), as resources the dry-run
     shows beside its ``gpu``; nothing where the job starts no engine. No ``--resources`` limit names them and they are
     no params: they replan nothing."""
     if not starts_engine:
         return {}
-    return target_files.engine_layout(job_gpus(config, job), config["target"]["pipeline_parallel_size"])
+    return engine_layout(job_gpus(config, job), config["target"]["pipeline_parallel_size"])
 
 
 # export_head's resources where its vLLM load check is off (export.vllm_load_check: never): a small CPU job.
@@ -278,7 +279,8 @@ class Plan:
         check_compare_heads(config, res)
         bundled = None if config["target"]["path"] else config["target"]["bundled"]
         target_config, name = target_files.planning_config(target, bundled)
-        problem = aux_layer_ids_problem(config["capture"]["aux_layer_ids"], target_config, name)
+        problem = aux_layer_ids_problem(methods.get(config["draft"]["method"]), config["capture"]["aux_layer_ids"],
+                                        target_config, name)
         if problem:
             raise PlanError(problem)
         return cls(target, weights, resolve_drafts(config, res, target_config, name), preflight_enabled(config),
@@ -312,20 +314,20 @@ def benchmark_in_plan(targets: Iterable[str], res: str, until: Iterable[str] = (
     return None
 
 
-def aux_layer_ids_problem(aux_layer_ids: str | list[int], target_config: Mapping[str, Any] | None,
-                          target: str = "the target") -> str | None:
-    """Why the config's ``capture.aux_layer_ids`` (``auto`` or a list) cannot be captured from a target whose
-    config.json is ``target_config`` (a dict; None: not readable at planning, checked by the compat report), as one
-    line naming the key and ``target`` (``target.path /models/x``); None where they can (``auto``: three distinct
-    layers for any target of 3 layers or more, ``target_files.default_aux_layer_ids``)."""
+def aux_layer_ids_problem(method: methods.DraftMethod, aux_layer_ids: str | list[int],
+                          target_config: Mapping[str, Any] | None, target: str = "the target") -> str | None:
+    """Why the config's ``capture.aux_layer_ids`` (``auto`` or a list) cannot be captured for a head of draft
+    ``method`` from a target whose config.json is ``target_config`` (a dict; None: not readable at planning, checked
+    by the compat report), as one line naming the key and ``target`` (``target.path /models/x``); None where they can
+    (``auto``: three distinct layers for any target of 3 layers or more, ``DraftMethod.default_aux_layer_ids``)."""
     n = num_decoder_layers(dict(target_config)) if target_config else None
     if n is None:
         return None
     try:
         if aux_layer_ids == "auto":
-            default_aux_layer_ids(n)
+            method.default_aux_layer_ids(n)
         else:
-            check_aux_layer_ids(list(aux_layer_ids), n)
+            method.check_aux_layer_ids(list(aux_layer_ids), n)
     except ValueError as e:
         return f"config: {e} ({target}: {n} decoder layers in its config.json)"
     return None
