@@ -25,8 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eagle3build import prompt_sets  # noqa: E402
 from eagle3build.config.provenance import BENCHMARK_PACKAGES, hardware, software_versions  # noqa: E402
-from eagle3build.formats import prompt_sets  # noqa: E402
 from eagle3build.vllm import engine_process  # noqa: E402
 from eagle3build.vllm.engine_args import engine_args  # noqa: E402
 from eagle3build.vllm.measure import RUN_ENTRY  # noqa: E402
@@ -56,7 +56,7 @@ def settings_mismatch(reference: dict, k: int, num_prompts: int, max_tokens: int
 def serve(a) -> dict:
     """One engine with the head; τ per set (1 + accepted / drafts, vLLM's counters)."""
     engine_process.require_vllm(needed_by="benchmarks/tau_guard.py")
-    by_set = prompt_sets.load_sets(a.sets, a.num_prompts, chat_path=a.prompts, custom_path=a.custom)
+    by_set = prompt_sets.load_sets(a.sets, a.num_prompts, prompt_sets.Sources(a.prompts, a.custom))
     prompts = [p for ps in by_set.values() for p in ps]
     eng = engine_args(a.target, gpus=a.gpus, served_name=Path(a.target).name, max_model_len=a.max_model_len,
                       seed=0, dtype=a.dtype, max_num_seqs=1, kv_cache_tokens=a.max_model_len + a.k,

@@ -118,8 +118,8 @@ def shard_range(wildcards):
 
 
 def custom_prompts_input(wildcards):
-    """data.prompts_file, an input of the benchmark only (editing it reruns just the benchmark)."""
-    return config["data"]["prompts_file"] if "custom" in config["benchmark"]["sets"] else []
+    """data.prompts_file where a set reads it (plan.prompts_file_input)."""
+    return plan.prompts_file_input(config)
 
 
 METHOD_HEADS = list(PLAN.drafts.method_heads)  # draft.compare_methods' heads, under results/<run>/methods/

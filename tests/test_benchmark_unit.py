@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import fake_engines
 
+from eagle3build import prompt_sets
 from eagle3build.draft.head_format import Head
-from eagle3build.formats import prompt_sets
 from eagle3build.formats.artifacts import ArtifactError
 from eagle3build.serve import benchmark, k_schedule, lossless, plot_benchmark
 from eagle3build.serve.benchmark import BenchmarkSettings

@@ -267,7 +267,7 @@ def test_parquet_struct_nulls_are_absent_keys(tmp_path):
 def test_prompts_file_takes_content_parts_and_developer(tmp_path):
     """Benchmark prompts (data.prompts_file) in the same forms as training data: content parts joined,
     developer = system, a raw U+2028 inside a line; an image part is refused naming the line and type."""
-    from eagle3build.formats import prompt_sets
+    from eagle3build import prompt_sets
 
     f = tmp_path / "p.jsonl"
     lines = [{"id": "a", "messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
@@ -326,7 +326,7 @@ def test_prepare_checks_every_benchmark_prompt_against_the_template(tmp_path, sm
     prompt, a set refused whole stops the stage there."""
     from test_benchmark_unit import refusing_target
 
-    from eagle3build.formats import prompt_sets
+    from eagle3build import prompt_sets
 
     target = refusing_target(smol_target, tmp_path / "refusing")
     pf = tmp_path / "mine.jsonl"
@@ -378,7 +378,7 @@ def test_prepare_refuses_an_empty_chat_set_before_any_gpu_stage(tmp_path, smol_t
         return pd.prepare(prepare_settings([{"path": str(src), "max_samples": None}], smol_target, out, max_seq_len=128,
                                            min_supervised_tokens=1, eval_fraction=0.5, seed=0, benchmark_sets=sets))
 
-    from eagle3build.formats import prompt_sets
+    from eagle3build import prompt_sets
 
     evals = sum(pd.is_eval(f"r{i}", 0, 0.5) for i in range(12))
     assert 0 < evals < 12

@@ -26,10 +26,11 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / PACKAGE
 
 # The modules named after a Snakemake rule (rules/<stage>.smk), by their path.
 STAGES = frozenset(f"{group}.{stage}" for stage, group in STAGE_GROUPS.items())
-# The floor's units in their order (docs/layout.md): each imports only itself and those before it. formats: the
-# file formats; target: the target loader; hooks: hook capture; draft: the draft head; config: the keys; vllm: the
-# engines; workflow: contracts, planning and staleness. The stage subpackages sit above them all.
-FLOOR_ORDER = ("atomic", "formats", "target", "hooks", "draft", "config", "vllm", "workflow")
+# The floor's units in their order (docs/layout.md): each imports only itself and those before it. formats: the file
+# formats; prompt_sets: the benchmark's prompt sets; target: the target loader; hooks: hook capture; draft: the
+# draft head; config: the keys; vllm: the engines; workflow: contracts, planning and staleness. The stage
+# subpackages sit above them all.
+FLOOR_ORDER = ("atomic", "formats", "prompt_sets", "target", "hooks", "draft", "config", "vllm", "workflow")
 FLAT = frozenset({"atomic", "target", "hooks"})  # modules flat in eagle3build/, besides __init__
 MAX_FLAT = 8
 
@@ -191,7 +192,7 @@ def test_the_floor_order_is_the_one_the_imports_need():
     needs = {(u, d) for u, d in needs if u != d and u in rank and d in rank}
     assert all(rank[d] < rank[u] for u, d in needs)
     assert {("workflow", "vllm"), ("vllm", "config"), ("config", "draft"), ("draft", "target"), ("hooks", "target"),
-            ("target", "formats"), ("formats", "atomic")} <= needs
+            ("target", "formats"), ("config", "prompt_sets"), ("prompt_sets", "formats"), ("formats", "atomic")} <= needs
     assert not any(u == "vllm" and d == "workflow" for u, d in needs)
 
 

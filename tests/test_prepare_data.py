@@ -191,9 +191,9 @@ def test_prepare_writes_splits_and_report(tmp_path, smol_target, sharegpt_sample
     prompts = [json.loads(x) for x in out["prompts"].read_text().splitlines()]
     assert prompts and all(p["messages"][-1]["role"] == "user" for p in prompts)
     # Benchmark set `chat`: held-out prompts only, none from a trained sample (record ids).
-    from eagle3build.formats.prompt_sets import load_sets
+    from eagle3build import prompt_sets
 
-    chat = load_sets(["chat"], 1000, chat_path=out["prompts"])["chat"]
+    chat = prompt_sets.load_sets(["chat"], 1000, prompt_sets.Sources(eval_prompts=out["prompts"]))["chat"]
     assert [p["id"] for p in chat] == [p["id"] for p in prompts]
     assert {p["id"] for p in chat} <= set(ev.sample_ids) and not {p["id"] for p in chat} & set(tr.sample_ids)
     assert json.loads(out["report"].read_text())["kept"] == 40

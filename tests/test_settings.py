@@ -44,8 +44,6 @@ ALLOWED = {
     # benchmarks), not a copy of target.trust_remote_code's default; each stage passes the key's value.
     ("eagle3build.target", "load_config", "trust_remote_code"): "safety: no remote code unless asked",
     ("eagle3build.target", "load_model", "trust_remote_code"): "safety: no remote code unless asked",
-    # A HumanEval file (None: the bundled one), not the target's folder: target.path only shares the name.
-    ("eagle3build.formats.prompt_sets", "humaneval_prompts", "path"): "another path: the HumanEval file",
     # A draft section is read key by key, each absent one at its default (choice.resolve: method, layer, options),
     # from draft/, below config: a section without compare_methods compares no other method.
     ("eagle3build.draft.choice", "compared", "compare_methods"): "a partial draft section: none compared",

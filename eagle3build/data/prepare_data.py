@@ -78,11 +78,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .. import prompt_sets
 from ..atomic import write_json, write_text
 from ..config.settings import config_fields
 from ..config.spec import key as config_key
 from ..draft import methods
-from ..formats import prompt_sets
 from ..formats.conversation_files import DataError, SourceStats, read_records, resolve_source_path
 from ..formats.conversations import (
     EXAMPLES_PER_REASON,
@@ -216,9 +216,9 @@ def _count_turns(extra: dict, conv: Conversation, tok, ids: np.ndarray, rendered
 
 def check_benchmark_prompts(tok, chat: list[dict], sets: list[str], prompts_file: str | os.PathLike | None
                             ) -> tuple[list[dict], dict]:
-    """Render every prompt of the benchmark ``sets`` (``chat``: ``chat``, the eval prompts
-    about to be written; ``humaneval``; ``mtbench``: its 80 first turns, the second turns following the target's
-    answers, which the benchmark makes and checks; ``custom``, ``prompts_file``) with ``tok``'s chat template and
+    """Render every prompt of the benchmark ``sets`` (each set's every first turn, ``PromptSet.load``: a set of the
+    eval prompts, ``chat``, about to be written; a set of the prompts file, ``prompts_file``, where it is here; the
+    later turns follow the target's answers, which the benchmark makes and checks) with ``tok``'s chat template and
     the generation prompt, as the benchmark's vLLM will. Returns ``(chat prompts the template renders,
     {set: {"prompts", "refused", "examples": [{"id", "detail"}] (the first three)}})``.
 
@@ -226,17 +226,15 @@ def check_benchmark_prompts(tok, chat: list[dict], sets: list[str], prompts_file
         PromptSetError: a set whose every prompt the template refuses; an unreadable ``prompts_file``.
     """
     by_set: dict[str, list[dict]] = {}
+    sources = prompt_sets.Sources(user_prompts=prompts_file)
     for name in sets:
-        if name == "chat":
+        st = prompt_sets.get(name)
+        if st.needs == "eval":
             by_set[name] = chat
-        elif name == "humaneval":
-            by_set[name] = prompt_sets.humaneval_prompts()
-        elif name == "mtbench":
-            by_set[name] = prompt_sets.mtbench_prompts()
-        elif name == "custom" and prompts_file and os.path.exists(prompts_file):
-            by_set[name] = prompt_sets.read_prompts(prompts_file)
-        elif name == "custom":
-            log.info("benchmark set custom: %s is not here; the benchmark checks its prompts", prompts_file)
+        elif st.needs == "file" and not (prompts_file and os.path.exists(prompts_file)):
+            log.info("benchmark set %s: %s is not here; the benchmark checks its prompts", name, prompts_file)
+        else:
+            by_set[name] = st.load(sources)
     kept, refused = prompt_sets.drop_refused(
         by_set, lambda m: tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False))
     for name, bad in refused.items():
@@ -248,7 +246,7 @@ def check_benchmark_prompts(tok, chat: list[dict], sets: list[str], prompts_file
                         len(by_set[name]))
     report = {name: {"prompts": len(ps), "refused": len(refused[name]), "examples": refused[name][:EXAMPLES_PER_REASON]}
               for name, ps in by_set.items()}
-    return kept.get("chat", chat), report
+    return next((kept[n] for n in kept if prompt_sets.get(n).needs == "eval"), chat), report
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -466,11 +464,13 @@ def prepare(s: PrepareSettings) -> dict:
     opened = len(prompts)
     prompts = [p for o, p in prompts if o not in train_openings]
     prompts, prompt_check = check_benchmark_prompts(tok, prompts, s.benchmark_sets, s.prompts_file)
-    if "chat" in s.benchmark_sets and not prompts:  # the benchmark would stop on it after training
+    held_out = [n for n in s.benchmark_sets if prompt_sets.get(n).needs == "eval"]
+    if held_out and not prompts:  # the benchmark would stop on it after training
         raise prompt_sets.PromptSetError(
-            f"benchmark set 'chat' would be empty: of the {len(evals)} eval-split conversations of {paths}, {opened} "
-            f"open with a user turn and {seen_in_train} of those open a train conversation too "
-            "(benchmark_prompts_seen_in_train); raise data.eval_fraction or add data, or leave chat out of benchmark.sets")
+            f"benchmark set {held_out[0]!r} would be empty: of the {len(evals)} eval-split conversations of {paths}, "
+            f"{opened} open with a user turn and {seen_in_train} of those open a train conversation too "
+            f"(benchmark_prompts_seen_in_train); raise data.eval_fraction or add data, or leave {held_out[0]} out of "
+            "benchmark.sets")
 
     write_tokens(s.out_train, train)
     write_tokens(s.out_eval, evals)

@@ -1,6 +1,5 @@
 """The file formats every stage shares, the floor's lowest package (it imports only ``eagle3build.atomic``): the
 hidden-state shards (``shards``) and their overlapped writes (``shard_pipeline``), the tokens files (``tokens``),
-conversation files (``conversation_files``) and normalised conversations (``conversations``), the benchmark's prompt
-sets (``prompt_sets``), the JSON artifacts with their schemas (``artifacts``), benchmark.json's runs
-(``benchmark_runs``), and a target folder's files (``target_files``). The
-packages' order is tests/test_layers.py's ``FLOOR_ORDER`` (docs/layout.md)."""
+conversation files (``conversation_files``) and normalised conversations (``conversations``), the JSON artifacts with
+their schemas (``artifacts``), benchmark.json's runs (``benchmark_runs``), and a target folder's files
+(``target_files``). The packages' order is tests/test_layers.py's ``FLOOR_ORDER`` (docs/layout.md)."""

@@ -42,13 +42,13 @@ Prompt sets (``benchmark.sets``, see ``prompt_sets``): a prompt whose chat-templ
 after the other; vLLM's spec-decode counters are global per engine, so each set's
 figures are the counter deltas and the wall time around that set's requests. The
 overall figures sum the sets (tokens/s = all output tokens / summed wall time of the sets).
-A set whose prompts carry categories (``mtbench``: ``prompt_sets.categories``) is decoded one category after
-the other in the same way, so each category gets the set's figures (τ, acceptance per position, speed-up against
+A set whose prompts carry categories (``PromptSet.categories``: ``prompt_sets.categories``) is decoded one category
+after the other in the same way, so each category gets the set's figures (τ, acceptance per position, speed-up against
 the baseline's same category, lossless check, draft vocab coverage) under ``sets[name]["categories"]``, and the
-set's are its categories together. With ``benchmark.mtbench.turns`` 2, the target's own greedy answers to the
-MT-Bench first turns are made once, by one engine of the target alone before the baseline
-(``mtbench_answers``), and every run gets the same second-turn prompts after them (``prompt_sets.with_second_turns``;
-the answers in benchmark.json's ``settings.sets.first_turn_answers``, set mtbench's).
+set's are its categories together. A set sent with more than one turn (``PromptSet.turns``) has the target's own
+greedy answers to its first turns made once, by one engine of the target alone before the baseline
+(``target_answers``), and every run gets the same next-turn prompts after them (``PromptSet.next_turns``; the answers
+in benchmark.json's ``settings.sets[name].first_turn_answers``, beside the set's options).
 """
 
 from __future__ import annotations
@@ -60,13 +60,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import field
 from pathlib import Path
 
+from .. import prompt_sets
 from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
 from ..config.settings import config_fields, declared
 from ..draft import vocab_map
 from ..draft.head_format import Head
 from ..draft.step_costs import compare_benchmark, step_cost
-from ..formats import prompt_sets
 from ..formats.benchmark_runs import OWN_HEAD, check_compare_names, run_label
 from ..vllm import engine_process
 from ..vllm.engine_args import SIDE_BY_SIDE, decode_graph_sizes, engine_args, side_by_side
@@ -92,9 +92,9 @@ log = logging.getLogger(__name__)
 # once; the pre-flight draft_cost names the own head's method): that issue asks that no finished build replan, and
 # every reader takes both layouts (benchmark_runs.benchmark_runs), so a finished build keeps its file until its benchmark
 # reruns for another reason.
-# Not bumped for issue 67 item 4 (set mtbench, figures per category under sets.mtbench.categories, and its settings'
-# per_category, turns, first_turn_answers): a benchmark without mtbench writes the same bytes as before; the default
-# build's benchmark reruns once all the same, for its benchmark.sets param (mtbench added to the default).
+# Not bumped for issue 67 item 4 (a set of categories, figures per category under sets.<set>.categories, and the set's
+# options and first_turn_answers in its settings): a benchmark without such a set writes the same bytes as before; the
+# default build's benchmark reruns once all the same, for its benchmark.sets param (mtbench added to the default).
 OUTPUT_VERSION = 7
 
 BenchmarkError = lossless.BenchmarkError  # raised by the lossless check; named here for the stage's callers
@@ -120,9 +120,8 @@ def validate(result: dict) -> None:
     "seed": "benchmark.seed", "concurrency": "benchmark.concurrency",
     "pipeline_parallel_size": "target.pipeline_parallel_size", "sets": "benchmark.sets",
     "near_tie_max_logprob_gap": "benchmark.near_tie_max_logprob_gap", "trust_remote_code": "target.trust_remote_code",
-    "k_schedule_concurrencies": "benchmark.k_schedule_concurrencies",
-    "mtbench_per_category": "benchmark.mtbench.per_category", "mtbench_turns": "benchmark.mtbench.turns",
-    "compare_heads": "benchmark.compare_heads",
+    "k_schedule_concurrencies": "benchmark.k_schedule_concurrencies", "compare_heads": "benchmark.compare_heads",
+    **{f"{st.name}_{o.name}": f"benchmark.{st.name}.{o.name}" for st in prompt_sets.SETS.values() for o in st.options},
 })
 class BenchmarkSettings:
     """What one benchmark job runs (``benchmark``): the files, the config's ``benchmark.*`` and ``target.*``
@@ -138,7 +137,7 @@ class BenchmarkSettings:
     ``target.serve_dtype`` (``auto`` = bf16 on GPUs, float32 on CPU); ``sets``: ``prompt_sets`` names;
     ``near_tie_max_logprob_gap``: nats, or ``auto`` (``lossless.NEAR_TIE_GAP`` of the dtype);
     ``k_schedule_concurrencies``: the k schedule's concurrencies (``serve.k_schedule``; empty: none);
-    ``mtbench_per_category``, ``mtbench_turns``: set ``mtbench``'s questions per category and turns (1 or 2).
+    ``<set>_<option>``: a set's options (``benchmark.<set>.<option>``, ``set_options``).
     """
 
     target_dir: str
@@ -149,6 +148,11 @@ class BenchmarkSettings:
     custom_prompts_path: str | None = None
     preflight_path: str | None = None
     method_heads: list[Mapping[str, str]] = field(default_factory=list)
+
+    def set_options(self, name: str) -> dict:
+        """Set ``name``'s options (``PromptSet.options``) by their names, from the config fields
+        ``<set>_<option>``."""
+        return {o.name: getattr(self, f"{name}_{o.name}") for o in prompt_sets.get(name).options}
 
     @property
     def heads_compared(self) -> list[Mapping[str, str]]:
@@ -181,11 +185,10 @@ def benchmark(s: BenchmarkSettings) -> dict:
     run's own, else its name), its draft ``method``, ``draft_layer`` (``Head.draft_layer``),
     ``trained_positions`` (``Head.trained_positions``; null: one token a forward, any k) and
     ``num_speculative_tokens``; ``heads`` lists each served head once with the same fields. The pre-flight
-    comparison and the k schedule are the own head's. Set ``mtbench`` (``s.mtbench_per_category`` questions of each
-    category) is decoded one category after the other: its figures per category under
-    ``sets.mtbench.categories`` (``per_category``); with ``s.mtbench_turns`` 2 one more engine, of the target
-    alone, first answers its first turns (``mtbench_answers``), and every run decodes each first turn followed by
-    its second after that answer (``second_turns``: a second turn too long or refused is skipped and counted).
+    comparison and the k schedule are the own head's. A set of categories is decoded one category after the other: its
+    figures per category under ``sets.<set>.categories``; for a set of more than one turn one more engine, of the target
+    alone, first answers its first turns (``target_answers``), and every run decodes each first turn followed by
+    its next after that answer (``next_turns``: a next turn too long or refused is skipped and counted).
 
     Raises:
         engine_process.VLLMUnavailable: vLLM cannot be imported (checked first, before any work).
@@ -209,8 +212,9 @@ def benchmark(s: BenchmarkSettings) -> dict:
     engine_process.require_vllm(needed_by=os.fspath(s.out_json))
     check_compare_names(s.heads_compared)
     heads = read_heads(s)
-    loaded = prompt_sets.load_sets(s.sets, s.num_prompts, chat_path=s.prompts_path,
-                                   custom_path=s.custom_prompts_path, mtbench_per_category=s.mtbench_per_category)
+    options = {name: s.set_options(name) for name in s.sets}
+    loaded = prompt_sets.load_sets(s.sets, s.num_prompts, prompt_sets.Sources(s.prompts_path, s.custom_prompts_path),
+                                   options)
     limit = s.max_model_len - s.max_tokens
     if limit < 1:
         raise ValueError(f"benchmark.max_tokens {s.max_tokens} leaves no room for a prompt in benchmark.max_model_len "
@@ -228,9 +232,9 @@ def benchmark(s: BenchmarkSettings) -> dict:
                         "(max_model_len %d - max_tokens %d)", name, n, len(loaded[name]), limit, s.max_model_len,
                         s.max_tokens)
     log.info("prompts per set: %s (skipped as too long: %s)", {k: len(v) for k, v in by_set.items()}, skipped)
-    two_turns = "mtbench" in by_set and s.mtbench_turns == 2
-    # with two MT-Bench turns each first turn is followed by its second (after the answers engine): counted now
-    n_prompts = sum(len(ps) for ps in by_set.values()) + (len(by_set["mtbench"]) if two_turns else 0)
+    turns = [name for name in by_set if prompt_sets.get(name).turns(options[name]) > 1]
+    # a set of two turns: each first turn is followed by its next (after the answers engine): counted now
+    n_prompts = sum(len(ps) for ps in by_set.values()) + sum(len(by_set[name]) for name in turns)
     in_flight = s.concurrency or n_prompts
     sweep_cs = sorted(set(s.k_schedule_concurrencies))
 
@@ -260,20 +264,18 @@ def benchmark(s: BenchmarkSettings) -> dict:
     gap = s.near_tie_max_logprob_gap
     gap = lossless.NEAR_TIE_GAP[engine()["dtype"]] if gap == "auto" else float(gap)
     template_errors = {k: len(v) for k, v in refused.items()}
-    notes: dict[str, dict] = {}
-    if "mtbench" in by_set:
-        notes["mtbench"] = {"per_category": s.mtbench_per_category, "turns": s.mtbench_turns}
+    notes = {name: dict(options[name]) for name in by_set if options[name]}
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmpdir, engine_process.compile_cache(
             engine_cache_dir(s.out_json)) as cache:
         log.info("vLLM's caches (compiled forwards, inspected model classes) under %s", cache)
-        if two_turns:
-            answers = mtbench_answers(Path(tmpdir), engine, by_set["mtbench"], s.max_tokens, s.concurrency)
-            by_set["mtbench"], dropped = second_turns(by_set["mtbench"], answers, count, limit)
-            skipped["mtbench"] += dropped["too_long"]
-            template_errors["mtbench"] = template_errors.get("mtbench", 0) + dropped["template_error"]
-            notes["mtbench"]["first_turn_answers"] = answers
-            log.info("mtbench: %d prompts, both turns (second turns skipped: %s)", len(by_set["mtbench"]), dropped)
-            check_sweep(sum(len(ps) for ps in by_set.values()))  # less the second turns skipped
+        for name in turns:
+            answers = target_answers(Path(tmpdir), engine, name, by_set[name], s.max_tokens, s.concurrency)
+            by_set[name], dropped = next_turns(name, by_set[name], answers, count, limit)
+            skipped[name] += dropped["too_long"]
+            template_errors[name] = template_errors.get(name, 0) + dropped["template_error"]
+            notes[name]["first_turn_answers"] = answers
+            log.info("%s: %d prompts, every turn (next turns skipped: %s)", name, len(by_set[name]), dropped)
+            check_sweep(sum(len(ps) for ps in by_set.values()))  # less the next turns skipped
         return _benchmark(Path(tmpdir), engine, by_set, s, gap, skipped, template_errors, heads, notes)
 
 
@@ -310,44 +312,45 @@ def run_engines(tmp: Path, runs: list[tuple[str, dict]], target_dir: str | os.Pa
     return out
 
 
-def mtbench_answers(tmp: Path, engine: Callable[..., dict], first_turns: list[dict], max_tokens: int,
-                    concurrency: int) -> dict[str, str]:
-    """The target's own greedy answers to MT-Bench's ``first_turns`` (``prompt_sets.mtbench_prompts``), made once
-    by one engine of the target alone (``engine()``, the baseline's arguments; ``max_tokens`` a request,
-    ``concurrency`` in flight, 0 = all): ``{question_id: text}``, the conversation every run's second turn
-    continues (``prompt_sets.with_second_turns``). Engines' files under ``tmp``.
+def target_answers(tmp: Path, engine: Callable[..., dict], name: str, first_turns: list[dict], max_tokens: int,
+                   concurrency: int) -> dict[str, str]:
+    """The target's own greedy answers to set ``name``'s ``first_turns``, made once by one engine of the target alone
+    (``engine()``, the baseline's arguments; ``max_tokens`` a request, ``concurrency`` in flight, 0 = all): ``{its
+    answer_key: text}``, the conversation every run's next turn continues (``PromptSet.next_turns``). Engines' files
+    under ``tmp``.
 
     Raises:
         RuntimeError: the engine run failed.
     """
     r = engine_process.run_child(RUN_ENTRY, {"prompts": first_turns, "max_tokens": max_tokens,
                                              "concurrency": concurrency, "engine": engine()}, tmp,
-                                 "mtbench_first_turn_answers")
-    log.info("mtbench: the target answered %d first turns (%d output tokens) for the second turns", len(first_turns),
+                                 f"{name}_first_turn_answers")
+    log.info("%s: the target answered %d first turns (%d output tokens) for the next turns", name, len(first_turns),
              r["output_tokens"])
-    return {prompt_sets.question_id(p["id"]): text for p, text in zip(first_turns, r["texts"], strict=True)}
+    key = prompt_sets.get(name).answer_key
+    return {key(p["id"]): text for p, text in zip(first_turns, r["texts"], strict=True)}
 
 
-def second_turns(first_turns: list[dict], answers: dict[str, str], count_tokens: Callable[[list[dict]], int],
-                 limit: int) -> tuple[list[dict], dict[str, int]]:
-    """MT-Bench's ``first_turns``, each followed by its second turn after ``answers``
-    (``prompt_sets.with_second_turns``), less the second turns the chat template refuses or whose tokens
-    (``count_tokens``) exceed ``limit``, each logged: ``(prompts, {"template_error": n, "too_long": n})``."""
-    out, dropped = [], {"template_error": 0, "too_long": 0}
-    for p in prompt_sets.with_second_turns(first_turns, answers):
-        if p["id"].endswith("/1"):
+def next_turns(name: str, first_turns: list[dict], answers: dict[str, str], count_tokens: Callable[[list[dict]], int],
+               limit: int) -> tuple[list[dict], dict[str, int]]:
+    """Set ``name``'s ``first_turns``, each followed by its next turn after ``answers`` (``PromptSet.next_turns``),
+    less the next turns the chat template refuses or whose tokens (``count_tokens``) exceed ``limit``, each logged:
+    ``(prompts, {"template_error": n, "too_long": n})``."""
+    out, dropped, first = [], {"template_error": 0, "too_long": 0}, {p["id"] for p in first_turns}
+    for p in prompt_sets.get(name).next_turns(first_turns, answers):
+        if p["id"] in first:
             out.append(p)
             continue
         try:
             n = count_tokens(p["messages"])
         except Exception as e:  # whatever the template raises (jinja2's TemplateError, ValueError, ...)
-            log.warning("benchmark set mtbench: prompt %s skipped, the chat template refuses it (%s: %s)", p["id"],
+            log.warning("benchmark set %s: prompt %s skipped, the chat template refuses it (%s: %s)", name, p["id"],
                         type(e).__name__, e)
             dropped["template_error"] += 1
             continue
         if n > limit:
-            log.warning("benchmark set mtbench: prompt %s skipped, %d tokens with the chat template (over %d)", p["id"],
-                        n, limit)
+            log.warning("benchmark set %s: prompt %s skipped, %d tokens with the chat template (over %d)", name,
+                        p["id"], n, limit)
             dropped["too_long"] += 1
             continue
         out.append(p)
@@ -391,7 +394,7 @@ def _benchmark(tmp: Path, engine: Callable[..., dict], by_set: dict[str, list[di
     ``skipped_template_error`` (prompts skipped per set, written to ``settings.sets``), ``engine`` (k, eager, seqs,
     layers -> ``engine_args``; ``layers``: the served head's KV-cached layers), ``gap`` (near-tie threshold, nats),
     ``heads`` (``read_heads`` of ``s``, read here where not given), ``notes`` (more of a set's ``settings.sets``
-    entry: mtbench's per_category, turns, first_turn_answers); engines' files under ``tmp``."""
+    entry: its options, first_turn_answers); engines' files under ``tmp``."""
     heads = heads or read_heads(s)
     # before any engine starts: a head without d2t fails here
     drafts = {name: draft_vocab_ids(h.path) for name, h in heads}

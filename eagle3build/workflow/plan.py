@@ -7,7 +7,8 @@ functions; every refusal is one line (``PlanError``; the Snakefile raises it as 
   Face cache's ``models--org--name``, an unfinished download) is refused, naming what is missing; one with
   config.json and no weight files plans, with a warning (``Plan.weights_problem``), and a build whose planned jobs
   read the weights (``READS_TARGET_WEIGHTS``) stops before its first job (``check_weights``).
-- The benchmark's sets (``check_sets``): set ``custom`` exactly where ``data.prompts_file`` names a file;
+- The benchmark's sets (``check_sets``, ``prompts_file_input``): a set of the prompts file (``custom``) exactly where
+  ``data.prompts_file`` names a file;
   ``serve.check_set`` among the sets the benchmark runs. The compared heads (``check_compare_heads``): named apart from
   the run's own head and from each other, and not the run's own head folder.
 - ``aux_layer_ids_problem``: ``capture.aux_layer_ids`` against the target's decoder layers (its config.json), refused
@@ -34,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import prompt_sets
 from ..draft import choice, methods
 from ..draft.choice import Draft
 from ..formats import benchmark_runs, target_files
@@ -99,18 +101,30 @@ def check_weights(problem: str | None, rules: Iterable[str]) -> None:
         raise PlanError(f"{problem}; the planned jobs of {', '.join(reading)} read them: nothing was run")
 
 
+def file_sets(config: Mapping[str, Any]) -> list[str]:
+    """The sets of ``benchmark.sets`` that read ``data.prompts_file`` (``PromptSet.needs``: ``custom``)."""
+    return [name for name in config["benchmark"]["sets"] if prompt_sets.get(name).needs == "file"]
+
+
+def prompts_file_input(config: Mapping[str, Any]) -> str | list:
+    """``data.prompts_file`` where a set of the benchmark reads it, an input of the benchmark only (editing it reruns
+    just the benchmark); else nothing."""
+    return config["data"]["prompts_file"] if file_sets(config) else []
+
+
 def check_sets(config: Mapping[str, Any]) -> None:
-    """Refuse benchmark set ``custom`` without ``data.prompts_file``, or the file without the set (the file would be
-    silently ignored, or the set would have no prompts), and a ``serve.check_set`` the benchmark does not run
-    (``auto`` excepted: serve_check sends a set of benchmark.json).
+    """Refuse a benchmark set of the prompts file (``custom``) without ``data.prompts_file``, or the file without such a
+    set (the file would be silently ignored, or the set would have no prompts), and a ``serve.check_set`` the benchmark
+    does not run (``auto`` excepted: serve_check sends a set of benchmark.json).
 
     Raises:
         PlanError: naming both keys and their values.
     """
     sets, prompts_file = config["benchmark"]["sets"], config["data"]["prompts_file"]
     check_set = config["serve"]["check_set"]
-    if ("custom" in sets) != bool(prompts_file):
-        raise PlanError("config: benchmark.sets lists 'custom' exactly when data.prompts_file names a prompts JSONL; "
+    if bool(file_sets(config)) != bool(prompts_file):
+        names = " or ".join(repr(n) for n, st in prompt_sets.SETS.items() if st.needs == "file")
+        raise PlanError(f"config: benchmark.sets lists {names} exactly when data.prompts_file names a prompts JSONL; "
                         f"got benchmark.sets={sets} and data.prompts_file={prompts_file!r}")
     if check_set not in ("auto", *sets):
         raise PlanError(f"config: serve.check_set {check_set!r} is not in benchmark.sets {sets}: serve_check sends a "
