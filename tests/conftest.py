@@ -231,3 +231,22 @@ def fake_engines(monkeypatch, fake_run_child):
 
     monkeypatch.setattr(engine_process, "run_child", fake_run_child)
     monkeypatch.setattr(engine_process, "run_side_by_side", side_by_side)
+
+
+@pytest.fixture
+def edited_stages(tmp_path):
+    """A function ``(stage, old, new)`` -> every stage's declaration (``workflow.stages.declared``) with ``stage``'s
+    module edited (``old`` replaced by ``new`` in a copy under ``tmp_path``): the contracts of that one edit
+    (``contract.build_contracts(edited_stages(...))``)."""
+    from eagle3build.workflow import stages
+
+    def edited(stage: str, old: str, new: str):
+        (path,) = REPO.glob(f"eagle3build/*/{stage}.py")
+        text = path.read_text()
+        assert old in text, f"{old!r} not in {path}"
+        copy = tmp_path / "edited" / path.parent.name / path.name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(text.replace(old, new, 1))
+        return tuple(stages.read(copy) if d.stage == stage else d for d in stages.declared())
+
+    return edited

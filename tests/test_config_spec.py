@@ -10,7 +10,6 @@ import yaml
 from smk import REPO
 
 from eagle3build.config import spec as cs
-from eagle3build.config.key import ROLES
 from eagle3build.train.trainer import TrainConfig, train_config_class
 from eagle3build.workflow.contract import CONTRACTS, PlanContext, build_contracts, job_settings, param_value
 
@@ -70,10 +69,10 @@ def test_the_generator_prints_schema_and_config():
 
 
 def test_every_key_has_a_doc_a_type_and_a_stage():
+    reached = {k for c in CONTRACTS.values() for k in (*c.triggers, *c.runtime, *c.files)}
     for k in cs.KEYS:
         assert k.doc and ("type" in k.schema or "oneOf" in k.schema), k.path
-        assert k.uses, f"{k.path} reaches no stage"
-        assert all(r.split(":")[0] in ROLES for s in k.uses for r in k.roles(s)), k.path
+        assert k.path in reached, f"{k.path} reaches no stage"
 
 
 def test_train_config_is_the_train_section():
@@ -87,16 +86,15 @@ def test_train_config_is_the_train_section():
         TrainConfig(select="first")
 
 
-def test_a_key_added_in_one_place_reaches_schema_contract_and_settings():
-    """One new ``Key`` (a train setting that triggers train_draft's rerun, and a benchmark setting read at run
-    time only): it is in the schema (required, typed, bounded, documented), in the contracts (train_draft's
-    ``train`` param and triggers; the benchmark's runtime keys, in no param) and in the jobs' settings and
-    TrainConfig at its default."""
+def test_a_key_added_reaches_schema_contract_and_settings(edited_stages):
+    """A new ``Key`` (a train setting, which train_draft's ``train.*`` takes into its ``train`` param, and a benchmark
+    setting read at run time only, the benchmark's ``STAGE`` line saying so over its ``benchmark.*`` triggers): it is
+    in the schema (required, typed, bounded, documented), in the contracts (train_draft's ``train`` param and
+    triggers; the benchmark's runtime keys, in no param) and in the jobs' settings and TrainConfig at its default."""
     keys = cs.KEYS + (
         cs.Key("train.label_smoothing", {"type": "number", "minimum": 0, "maximum": 1}, 0.1,
-               "label smoothing of the draft's loss", {"train_draft": "trigger:train"}),
-        cs.Key("benchmark.warmup_prompts", {"type": "integer", "minimum": 0}, 2,
-               "prompts decoded before timing", {"benchmark": "runtime"}),
+               "label smoothing of the draft's loss"),
+        cs.Key("benchmark.warmup_prompts", {"type": "integer", "minimum": 0}, 2, "prompts decoded before timing"),
     )
     schema = cs.json_schema(keys)
     train = schema["properties"]["train"]
@@ -108,7 +106,8 @@ def test_a_key_added_in_one_place_reaches_schema_contract_and_settings():
     with pytest.raises(jsonschema.ValidationError, match="is greater than the maximum"):
         jsonschema.validate({**config, "train": {**config["train"], "label_smoothing": 2}}, schema)
 
-    contracts = build_contracts(keys=keys)
+    edit = ('"benchmark.*": "trigger:benchmark",', '"benchmark.*": "trigger:benchmark", "benchmark.warmup_prompts": "runtime",')
+    contracts = build_contracts(edited_stages("benchmark", *edit), keys)
     c = contracts["train_draft"]
     assert "train.label_smoothing" in c.triggers and "train.label_smoothing" not in CONTRACTS["train_draft"].triggers
     (train_param,) = [p for p in c.params if p.name == "train"]
@@ -124,14 +123,18 @@ def test_a_key_added_in_one_place_reaches_schema_contract_and_settings():
         s: x for s, x in CONTRACTS.items() if s not in ("train_draft", "benchmark")}
 
 
-def test_a_bad_declaration_is_refused():
-    with pytest.raises(ValueError, match="reaches 'trian_draft', which is not a stage"):
-        build_contracts(keys=cs.KEYS + (cs.Key("train.x", {"type": "integer"}, 1, "x", {"trian_draft": "trigger"}),))
+def test_a_bad_declaration_is_refused(edited_stages):
+    edit = '"vocab.draft_vocab_size": "trigger"'
+    with pytest.raises(ValueError, match="stage build_vocab_map: its key 'vocab.draft_vocab_sise' is no config key"):
+        build_contracts(edited_stages("build_vocab_map", edit, '"vocab.draft_vocab_sise": "trigger"'))
     with pytest.raises(ValueError, match=r"roles \['rerun'\]"):
-        build_contracts(keys=cs.KEYS + (cs.Key("train.x", {"type": "integer"}, 1, "x", {"train_draft": "rerun"}),))
+        build_contracts(edited_stages("build_vocab_map", edit, '"vocab.draft_vocab_size": "rerun"'))
     with pytest.raises(ValueError, match="two trigger keys named 'seed'"):
-        build_contracts(keys=cs.KEYS + (cs.Key("capture.seed", {"type": "integer"}, 1, "x",
-                                                {"regenerate_responses": "trigger"}),))
+        build_contracts(edited_stages("regenerate_responses", '"data.seed": "trigger"',
+                                      '"data.seed": "trigger", "capture.seed": "trigger"'),
+                        cs.KEYS + (cs.Key("capture.seed", {"type": "integer"}, 1, "x"),))
+    with pytest.raises(ValueError, match=r"computed params \['onlien'\]"):
+        build_contracts(edited_stages("train_draft", '"online": "online"', '"online": "onlien"'))
     with pytest.raises(ValueError, match="train.lr: declared twice"):
         cs.json_schema(cs.KEYS + (cs.key("train.lr"),))
 

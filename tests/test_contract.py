@@ -106,12 +106,11 @@ def test_a_rule_whose_inputs_differ_from_its_contract_stops_the_parse(tmp_path):
     for part in ("Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "profiles", "eagle3build", "report"):
         src = REPO / part
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp_path / part)
-    contract = tmp_path / "eagle3build/workflow/contract.py"
-    text = contract.read_text()
-    edited = text.replace('Stage("preflight_bound", "compat", inputs=("target", "decisions"),',
-                          'Stage("preflight_bound", "compat", inputs=("decisions",),')
+    stage = tmp_path / "eagle3build/compat/preflight_bound.py"
+    text = stage.read_text()
+    edited = text.replace('"inputs": ("target",), "decisions":', '"inputs": (), "decisions":')
     assert edited != text
-    contract.write_text(edited)
+    stage.write_text(edited)
     snakemake = str(Path(sys.executable).with_name("snakemake"))
     p = subprocess.run([snakemake, "-l"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})
@@ -176,3 +175,44 @@ def test_a_setting_of_a_set_not_run_changes_no_param():
     assert "mtbench_per_category" not in param(["chat", "mtbench"], 1)  # the default: quiet
     assert param(["chat", "mtbench"], 10)["mtbench_per_category"] == 10
     assert param(["chat", "mtbench"], 1, 2)["mtbench_turns"] == 2
+
+
+def test_adding_a_key_to_a_stage_is_one_line_of_its_module(edited_stages):
+    """docs/stage-contracts.md, "Adding a key to a stage": plot_benchmark given target.served_name as a trigger (its
+    line in the stage's STAGE; the field that reads it, its settings class's) has it in its params and its job's
+    settings; no other stage's contract changes."""
+    from eagle3build.workflow import contract
+
+    edit = ('"keys": {"run": "files", "target.offline": "runtime"}',
+            '"keys": {"run": "files", "target.offline": "runtime", "target.served_name": "trigger"}')
+    contracts = contract.build_contracts(edited_stages("plot_benchmark", *edit))
+    c = contracts["plot_benchmark"]
+    assert "target.served_name" in c.triggers and "target.served_name" not in CONTRACTS["plot_benchmark"].triggers
+    (p,) = [p for p in c.params if p.name == "served_name"]
+    assert contract.param_value(p, CONFIG, contract.PlanContext("plot_benchmark")) == CONFIG["target"]["served_name"]
+    assert job_settings("plot_benchmark", CONFIG, contracts)["target.served_name"] == CONFIG["target"]["served_name"]
+    assert {s: x for s, x in contracts.items() if s != "plot_benchmark"} == {
+        s: x for s, x in CONTRACTS.items() if s != "plot_benchmark"}
+
+
+def test_adding_an_input_to_a_stage_is_one_field_of_its_module(edited_stages):
+    """docs/stage-contracts.md: a settings field that reads a new input (``job("inputs.<name>")``) adds it to the
+    stage's inputs, and the rule must then name it (``plan.check_rules``); nothing else changes."""
+    from types import SimpleNamespace
+
+    from eagle3build.workflow import contract, plan
+
+    edit = ('    out_png: str = job("outputs.png")',
+            '    out_png: str = job("outputs.png")\n    style: str = job("inputs.style")')
+    contracts = contract.build_contracts(edited_stages("plot_benchmark", *edit))
+    assert contracts["plot_benchmark"].inputs == ("benchmark", "style")
+    assert contracts["plot_benchmark"].from_job["style"] == contract.JobField("inputs", ("style",))
+
+    def rule(inputs):
+        return SimpleNamespace(input=dict.fromkeys(inputs), output={}, params={})
+    rules = SimpleNamespace(**{r: rule(contracts[contract.stage_of(r)].inputs) for r in [*contracts, *contract.STAGE_OF_RULE]},
+                            **{r: rule(["json", "preflight"]) for r in contract.RULE_ENTRIES})
+    rules.plot_benchmark = rule(["benchmark"])
+    with pytest.raises(ValueError, match=r"the inputs of plot_benchmark, \['benchmark'\], are not its contract's "
+                                         r"\['benchmark', 'style'\]"):
+        plan.check_rules(rules, contracts)

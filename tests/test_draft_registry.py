@@ -18,6 +18,7 @@ from eagle3build.draft.head_format import Head, expected_shapes
 from eagle3build.draft.layer import DraftLayer
 from eagle3build.draft.method import DraftMethod
 from eagle3build.draft.methods import LAYERS, METHODS
+from eagle3build.workflow.contract import CONTRACTS
 
 # the names no module branches on outside the registry: the methods' and the draft layers' (``llama`` | ``mla``)
 NAMES = frozenset(METHODS) | frozenset(LAYERS)
@@ -147,10 +148,11 @@ def test_the_config_draft_section_is_the_registry():
     assert keys["draft.method"].schema["enum"] == list(METHODS) == ["eagle3", "peagle", "dflash"]
     assert keys["draft.method"].default == methods.DEFAULT_METHOD
     assert keys["draft.compare_methods"].schema["items"]["enum"] == list(METHODS)
-    options = {p: (k.default, k.uses["train_draft"]) for p, k in keys.items() if p.count(".") == 2}
-    assert options == {"draft.peagle.num_depths": (8, "trigger:train/peagle_num_depths"),
-                       "draft.dflash.block_size": (8, "trigger:train/dflash_block_size"),
-                       "draft.dflash.num_layers": (5, "trigger:train/dflash_num_layers")}
+    (train,) = [p for p in CONTRACTS["train_draft"].params if p.name == "train"]
+    options = {p: (k.default, dict(train.make.names).get(p)) for p, k in keys.items() if p.count(".") == 2}
+    assert options == {"draft.peagle.num_depths": (8, "peagle_num_depths"),
+                       "draft.dflash.block_size": (8, "dflash_block_size"),
+                       "draft.dflash.num_layers": (5, "dflash_num_layers")}
 
 
 def test_each_method_says_what_it_changes():
@@ -200,8 +202,11 @@ def test_the_config_draft_layer_is_the_layer_registry():
     key = next(k for k in spec.KEYS if k.path == "draft.layer")
     assert key.schema["enum"] == list(LAYERS) == ["llama", "mla"]
     assert key.default == methods.DEFAULT_LAYER == "llama" and key.quiet_default
-    assert key.uses == {"train_draft": "trigger:train", "preflight_bound": "trigger:preflight/draft_layer",
-                        "export_head": "trigger:version"}
+    reached = {s: [p.name for p in c.params if "draft.layer" in p.keys] for s, c in CONTRACTS.items()}
+    assert {s: names for s, names in reached.items() if names} == {
+        "train_draft": ["train"], "preflight_bound": ["preflight"], "export_head": ["version"]}
+    (preflight,) = [p for p in CONTRACTS["preflight_bound"].params if p.name == "preflight"]
+    assert dict(preflight.make.names)["draft.layer"] == "draft_layer"
 
 
 def test_each_layer_says_what_it_changes():

@@ -175,9 +175,9 @@ def test_a_new_set_is_one_module(tmp_path, monkeypatch):
     check, the benchmark's loading, turns and categories and serve_check's choice read it with no other edit."""
     import sys
 
-    from eagle3build.config import keys_head
+    from eagle3build.config import keys_head, spec
     from eagle3build.data.prepare_data import check_benchmark_prompts
-    from eagle3build.workflow import plan
+    from eagle3build.workflow import contract, plan
 
     (tmp_path / "demo.py").write_text(NEW_SET)
     monkeypatch.setattr(prompt_sets, "__path__", [*prompt_sets.__path__, str(tmp_path)])
@@ -187,8 +187,10 @@ def test_a_new_set_is_one_module(tmp_path, monkeypatch):
     assert list(prompt_sets.SETS) == ["chat", "custom", "humaneval", "mtbench", "demo"]
     keys = {k.path: k for k in keys_head.set_keys(prompt_sets.SETS)}
     assert "demo" in keys["benchmark.sets"].schema["items"]["enum"] and "demo" not in keys["benchmark.sets"].default
-    assert keys["benchmark.demo.turns"].uses == {"benchmark": "trigger:benchmark/demo_turns"}
     assert keys["benchmark.demo.turns"].only_with == ("benchmark.sets", "demo")
+    all_keys = tuple(k for k in spec.KEYS if k.path != "benchmark.sets") + tuple(keys.values())
+    (param,) = [p for p in contract.build_contracts(keys=all_keys)["benchmark"].params if p.name == "benchmark"]
+    assert dict(param.make.names)["benchmark.demo.turns"] == "demo_turns"  # in its param where the set runs
     config = {"benchmark": {"sets": ["chat", "demo"]}, "data": {"prompts_file": None}, "serve": {"check_set": "demo"}}
     plan.check_sets(config)
     assert plan.prompts_file_input(config) == []

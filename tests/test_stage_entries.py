@@ -130,16 +130,15 @@ def test_job_field_sources():
             JobField.parse(bad)
 
 
-def test_a_source_the_stage_does_not_declare_is_refused():
-    """When the contracts are made (``JobEntry.problems``) and when the workflow is parsed (``rule_problems``)."""
-    e = JobEntry.of("m:f", "m:C", {"a": "inputs.nope", "b": "decisions.target.vocab_size", "c": "outputs.json",
-                                   "d": "params.x?"})
-    assert e.problems(["tokens"], []) == [
-        "a reads inputs.nope, not an input of the rule ['tokens']",
-        "b reads decisions.target.vocab_size, but the rule has no decisions input",
-        "b reads decisions.target.vocab_size, a field not among the decisions it declares []"]
+def test_a_source_the_rule_does_not_name_is_refused():
+    """When the workflow is parsed (``rule_problems``); an input or decisions.json field a field reads is the stage's by
+    that field (``contract.build_contracts``)."""
+    e = JobEntry.of("m:f", "m:C", {"a": "inputs.tokens", "c": "outputs.json", "d": "params.x?"})
     assert rule_problems("r", e, outputs=["png"], params=[]) == [
         "rule r: its settings field c reads outputs.json, which the rule does not name"]
+    assert CONTRACTS["capture_hidden_states"].inputs == ("tokens", "decisions")
+    assert CONTRACTS["capture_hidden_states"].decisions == ("capture.aux_layer_ids", "target.fingerprint",
+                                                            "capture.backend")
 
 
 # The stage subpackages' modules: no config key read by hand there (the settings objects read them).

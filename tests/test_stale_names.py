@@ -377,7 +377,7 @@ def _files(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
     ("in ``plans.py``", ["``plans.py``: no module plans in the package"]),
     ("``config_key.Key``", ["``config_key.Key``: config_key is the flat name of config.key"]),
     ("``formats.shards.bytes_per_token``, ``shards.ShardMeta``, ``eagle3build.atomic``, ``workflow.contract``", []),
-    ("``config.key.Key.uses``, ``config.settings.settings_class``, ``artifacts.Benchmark.SCHEMA``, ``budgets``", []),
+    ("``config.key.Key.quiet_default``, ``config.settings.settings_class``, ``artifacts.Benchmark.SCHEMA``, ``budgets``", []),
     ("``train.select``, ``capture.online``, ``k_schedule.speculative_config``, ``draft_layer``, ``fc.weight``", []),
     ("``vllm.LLM``, ``torch.compile``, ``benchmark.json``, ``Head.read``, ``speculative_config``, ``trainer.py``", []),
 ])

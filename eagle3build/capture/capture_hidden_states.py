@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..config.provenance import NATIVE_BF16_FLAGS, emulates_bf16
-from ..config.settings import config_fields, declared
+from ..config.settings import config_fields, declared, job
 from ..formats.tokens import read_tokens
 
 if TYPE_CHECKING:
@@ -46,6 +46,20 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 1
+# One shard per job: the sample counts and the shard size decide which shards exist (a shard's range is its param), and
+# the job reads the split's size for its disk check. Aux ids and backend are triggers only: the job reads what the
+# report decided. The job hands its shard to a capture host that keeps the target loaded for the next (workflow/host.py).
+STAGE = {
+    "packages": ("torch", "transformers"), "entry": "capture_shard", "hosted": {"spec": "host_spec", "load": "host_load"},
+    "params": {"aux_layer_ids": "requested", "backend": "requested"},
+    "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.trust_remote_code": "trigger",
+             "target.offline": "runtime", "target.pipeline_parallel_size": "runtime", "data.max_seq_len": "runtime",
+             "capture.mode": "files", "capture.backend": "trigger:backend", "capture.aux_layer_ids": "trigger:aux_layer_ids",
+             "capture.num_train_samples": "runtime files", "capture.num_eval_samples": "runtime files",
+             "capture.samples_per_shard": "runtime files", "capture.tokens_per_batch": "trigger",
+             "capture.compute_dtype": "trigger:compute_dtype", "capture.storage_dtype": "trigger",
+             "resources.gpu_model": "runtime", "resources.capture.*": "runtime"},
+}
 
 # hooks.py's batching and capture, this stage's API (tests, benchmarks), imported when first used (they import torch).
 _HOOKS_API = ("HookCapture", "padded_batch", "plan_batches", "unpad")
@@ -147,17 +161,17 @@ class CaptureSettings:
     so one vllm capture engine of that context serves every shard of a run (``host_spec``).
     """
 
-    target_dir: str | os.PathLike | None
-    tokens_path: str | os.PathLike
-    out_path: str | os.PathLike
-    start: int
-    count: int
-    aux_layer_ids: list[int]
-    target_fingerprint: str
-    split: str
-    backend: str = "hooks"
+    target_dir: str | os.PathLike | None = job("params.target_dir")
+    tokens_path: str | os.PathLike = job("inputs.tokens")
+    out_path: str | os.PathLike = job("outputs.shard")
+    start: int = job("params.shard.start")
+    count: int = job("params.shard.num_samples")
+    aux_layer_ids: list[int] = job("decisions.capture.aux_layer_ids")
+    target_fingerprint: str = job("decisions.target.fingerprint")
+    split: str = job("wildcards.split")
+    backend: str = job("decisions.capture.backend", default="hooks")
     device: str | None = None
-    gpus: int | None = None
+    gpus: int | None = job("resources.gpu?", default=None)
     writer_threads: int = 4
     fsync: bool = True
 

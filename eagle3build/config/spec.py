@@ -1,26 +1,19 @@
-"""The config's keys, each declared once: its JSON schema (type and bounds), default, doc line and the stages
-it reaches, with their role there. The only source of
+"""The config's keys, each declared once: its JSON schema (type and bounds), default and doc line. The only source of
 
 - the config schema, schemas/config.schema.yaml (``json_schema``; generated: ``python -m eagle3build.config.spec
   > schemas/config.schema.yaml``, tests/test_config_spec.py checks the file), which the Snakefile validates the
   config against;
 - config.yaml, the shipped default config the Snakefile reads (``config_yaml``: every key at its default, its doc
   as the comment; generated: ``python -m eagle3build.config.spec --config-yaml > config.yaml``, checked the same way);
-- the stage contracts' trigger, runtime and file keys and their rerun-trigger params (eagle3build.workflow.contract,
-  ``build_contracts``), hence the jobs' settings (``contract.StageSettings``);
 - the config fields of the stages' settings objects, their types, defaults (config.yaml's values) and choices
-  (eagle3build.config.settings: ``train.trainer.TrainConfig``, the capture's, the data stages' and the
-  benchmark's settings).
+  (eagle3build.config.settings).
 
-A key's ``uses`` maps each stage it reaches to its roles there, space-separated: ``trigger`` (a rerun-trigger
-param of its own, named by the key's last part), ``trigger:<param>`` (part of the param ``<param>``: a section
-of several keys, or a param the contract computes from its keys, such as ``version`` or ``online``;
-``trigger:<param>/<name>``: named ``<name>`` in the section, not by its last part),
-``runtime`` (read by the job at run time only: a change plans nothing) and ``files`` (decides which files the
-stage reads or writes). Adding a config key is one ``Key`` (``key.Key``) in its section's module,
-``keys_data`` (run, target, data, capture, vocab), ``keys_head`` (train, export, benchmark,
-preflight, staleness) or ``keys_resources``, config.yaml regenerated, and its use; the ``draft`` section is
-made from the method registry (``draft_keys``, eagle3build.draft.methods).
+Which stages a key reaches, and how (a rerun trigger, read at run time only, or deciding files), each stage declares
+in its own module (``workflow.stages``); the contracts are made from both (``workflow.contract``). Adding a config key
+is one ``Key`` (``key.Key``) in its section's module, ``keys_data`` (run, target, data, capture, vocab), ``keys_head``
+(train, export, benchmark, preflight, staleness) or ``keys_resources``, config.yaml regenerated, and its line in the
+``STAGE`` of each stage that reads it; the ``draft`` section is made from the method registry (``draft_keys``,
+eagle3build.draft.methods), ``benchmark.sets`` and its sets' knobs from the prompt sets' (``keys_head.set_keys``).
 
 Planning imports this module: no torch.
 """
@@ -74,10 +67,8 @@ DRAFT_METHODS = list(methods.NAMES)
 
 def draft_keys() -> tuple[Key, ...]:
     """The config's ``draft`` section, from the method registry (``methods.METHODS``): ``draft.method``,
-    ``draft.layer`` (the layer registry, ``methods.LAYERS``; in train_draft's ``train`` param as ``layer``
-    and the pre-flight's ``preflight`` param as ``draft_layer``), ``draft.compare_methods`` and each method's
-    options (``draft.<method>.<option>``, in train_draft's ``train`` param as ``<method>_<option>``). All were added
-    after builds existed (``quiet_default``)."""
+    ``draft.layer`` (the layer registry, ``methods.LAYERS``), ``draft.compare_methods`` and each method's options
+    (``draft.<method>.<option>``). All were added after builds existed (``quiet_default``)."""
     registered = methods.METHODS.values()
     return (
         Key(
@@ -86,7 +77,6 @@ def draft_keys() -> tuple[Key, ...]:
             methods.DEFAULT_METHOD,
             "the draft head's kind, as speculators and vLLM name it: " + " | ".join(m.summary for m in registered)
             + "; one capture serves all three (docs/design/peagle_dflash.md)",
-            {"train_draft": "trigger:train", "compat_report": "runtime"},
             quiet_default=True,
         ),
         Key(
@@ -95,8 +85,6 @@ def draft_keys() -> tuple[Key, ...]:
             methods.DEFAULT_LAYER,
             "the draft's decoder layer, where draft.method is built with it (other methods keep theirs): "
             + " | ".join(x.summary for x in methods.LAYERS.values()),
-            {"train_draft": "trigger:train", "preflight_bound": "trigger:preflight/draft_layer",
-             "export_head": "trigger:version"},  # its version param: the layer's format_version (contract.version)
             quiet_default=True,
         ),
         Key(
@@ -108,11 +96,9 @@ def draft_keys() -> tuple[Key, ...]:
                 "head, each with this config's settings and its own draft.method) and served beside the run's head in "
                 "its benchmark, one baseline, each named by its method: e.g. [peagle, dflash]; [] = none"
             ),
-            {"benchmark": "trigger:benchmark"},
             quiet_default=True,
         ),
-        *(Key(f"draft.{m.name}.{o.name}", dict(o.schema), o.default, o.doc,
-              {"train_draft": f"trigger:train/{m.name}_{o.name}"}, quiet_default=True)
+        *(Key(f"draft.{m.name}.{o.name}", dict(o.schema), o.default, o.doc, quiet_default=True)
           for m in registered for o in m.options),
     )
 

@@ -80,7 +80,7 @@ import numpy as np
 
 from .. import prompt_sets
 from ..atomic import write_json, write_text
-from ..config.settings import config_fields
+from ..config.settings import config_fields, job
 from ..config.spec import key as config_key
 from ..draft import methods
 from ..formats.conversation_files import DataError, SourceStats, read_records, resolve_source_path
@@ -100,6 +100,17 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 3  # 2: repeated conversations dropped, content ids for records without one; 3: tokens/2 (ids a tensor)
+# Tokenization and chat-template rendering; the regenerated answers replace data.sources when enabled.
+STAGE = {
+    "inputs": ("target", "regenerated", "sources"), "packages": ("tokenizers", "transformers"), "entry": "prepare",
+    "params": {"sources": "sources", "num_aux_layers": "num_aux_layers", "require_eval": "require_eval"},
+    "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.trust_remote_code": "trigger",
+             "target.offline": "runtime", "data.sources": "trigger:sources", "data.regenerate.enabled": "trigger:sources",
+             "data.max_seq_len": "trigger", "data.min_supervised_tokens": "trigger", "data.eval_fraction": "trigger",
+             "data.seed": "trigger", "data.reasoning": "trigger", "data.prompts_file": "runtime",
+             "capture.aux_layer_ids": "trigger:num_aux_layers", "capture.num_eval_samples": "trigger:require_eval",
+             "benchmark.sets": "runtime", "resources.cpu.*": "runtime"},
+}
 
 
 # ---------------------------------------------------------------- split + files
@@ -293,15 +304,16 @@ class PrepareSettings:
     prompt of those sets is checked against the target's chat template here (``prepare``).
     """
 
-    sources: list[dict]
-    target_dir: str | os.PathLike
-    out_train: str | os.PathLike
-    out_eval: str | os.PathLike
-    out_prompts: str | os.PathLike
-    out_report: str | os.PathLike
-    num_aux_layers: int = methods.num_aux_layers(config_key("capture.aux_layer_ids").default)
-    require_eval: bool = config_key("capture.num_eval_samples").default > 0
-    workers: int = 1
+    sources: list[dict] = job("params.sources")
+    target_dir: str | os.PathLike = job("params.target_dir")
+    out_train: str | os.PathLike = job("outputs.train")
+    out_eval: str | os.PathLike = job("outputs.eval")
+    out_prompts: str | os.PathLike = job("outputs.prompts")
+    out_report: str | os.PathLike = job("outputs.report")
+    num_aux_layers: int = job("params.num_aux_layers",
+                              default=methods.num_aux_layers(config_key("capture.aux_layer_ids").default))
+    require_eval: bool = job("params.require_eval", default=config_key("capture.num_eval_samples").default > 0)
+    workers: int = job("resources.threads?", default=1)
 
 
 def prepare(s: PrepareSettings) -> dict:

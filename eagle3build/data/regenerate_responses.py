@@ -73,7 +73,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..atomic import atomic_path, write_json, write_text
-from ..config.settings import config_fields, declared
+from ..config.settings import config_fields, declared, job
 from ..config.spec import key as config_key
 from ..formats.conversation_files import DataError, SourceStats, read_records, resolve_source_path
 from ..formats.conversations import UNFINISHED_KEY, Conversation, Counters, normalise, template_messages
@@ -87,6 +87,15 @@ log = logging.getLogger(__name__)
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 3  # 2: token_ids of each regenerated answer; tool conversations kept. 3: data.regenerate.unfinished,
 #                    answers_at_max_tokens_looping in the report
+STAGE = {
+    "inputs": ("target", "sources"), "packages": ("vllm",), "entry": "regenerate",
+    "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.served_name": "trigger",
+             "target.serve_dtype": "trigger:dtype", "target.trust_remote_code": "trigger", "target.offline": "runtime",
+             "target.pipeline_parallel_size": "trigger", "data.sources": "trigger", "data.max_seq_len": "trigger",
+             "data.seed": "trigger", "data.regenerate.*": "trigger", "data.regenerate.enabled": "files",
+             "data.regenerate.checkpoint_every": "runtime", "resources.gpu_model": "runtime",
+             "resources.serve.*": "runtime"},
+}
 
 # the choices of data.regenerate.unfinished and .backend, as declared
 UNFINISHED = tuple(config_key("data.regenerate.unfinished").schema["enum"])
@@ -175,10 +184,10 @@ class RegenerateSettings:
     ``batch_size``: conversations per ``generate`` call of the transformers backend.
     """
 
-    target_dir: str
-    out_jsonl: str | os.PathLike
-    out_report: str | os.PathLike
-    gpus: int = 0
+    target_dir: str = job("params.target_dir")
+    out_jsonl: str | os.PathLike = job("outputs.jsonl")
+    out_report: str | os.PathLike = job("outputs.report")
+    gpus: int = job("resources.gpu?", default=0)
 
 
 def regenerate(s: RegenerateSettings) -> dict:

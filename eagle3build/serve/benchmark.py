@@ -57,13 +57,12 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import field
 from pathlib import Path
 
 from .. import prompt_sets
 from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from ..config.settings import config_fields, declared
+from ..config.settings import config_fields, declared, job
 from ..draft import vocab_map
 from ..draft.head_format import Head
 from ..draft.step_costs import compare_benchmark, step_cost
@@ -96,6 +95,15 @@ log = logging.getLogger(__name__)
 # options and first_turn_answers in its settings): a benchmark without such a set writes the same bytes as before; the
 # default build's benchmark reruns once all the same, for its benchmark.sets param (mtbench added to the default).
 OUTPUT_VERSION = 7
+STAGE = {
+    "inputs": ("head", "head_config", "compare_heads", "target"), "packages": ("vllm",), "entry": "benchmark",
+    "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.served_name": "trigger",
+             "target.serve_dtype": "trigger:benchmark/dtype", "target.trust_remote_code": "trigger",
+             "target.offline": "runtime", "target.pipeline_parallel_size": "trigger", "data.prompts_file": "files",
+             "draft.compare_methods": "trigger:benchmark", "benchmark.*": "trigger:benchmark",
+             "benchmark.*.*": "trigger:benchmark/*", "preflight.enabled": "files", "resources.gpu_model": "runtime",
+             "resources.serve.*": "runtime"},
+}
 
 BenchmarkError = lossless.BenchmarkError  # raised by the lossless check; named here for the stage's callers
 
@@ -140,14 +148,14 @@ class BenchmarkSettings:
     ``<set>_<option>``: a set's options (``benchmark.<set>.<option>``, ``set_options``).
     """
 
-    target_dir: str
-    head_dir: str
-    prompts_path: str
-    out_json: str
-    gpus: int = 0
-    custom_prompts_path: str | None = None
-    preflight_path: str | None = None
-    method_heads: list[Mapping[str, str]] = field(default_factory=list)
+    target_dir: str = job("params.target_dir")
+    head_dir: str = job("params.head_dir")
+    prompts_path: str = job("inputs.prompts")
+    out_json: str = job("outputs.json")
+    gpus: int = job("resources.gpu?", default=0)
+    custom_prompts_path: str | None = job("inputs.custom_prompts?", default=None)
+    preflight_path: str | None = job("inputs.preflight?", default=None)
+    method_heads: list[Mapping[str, str]] = job("params.method_heads?", default_factory=list)
 
     def set_options(self, name: str) -> dict:
         """Set ``name``'s options (``PromptSet.options``) by their names, from the config fields

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_path, write_json
-from ..config.settings import config_fields, declared
+from ..config.settings import config_fields, declared, job
 from ..draft import vocab_map
 from ..draft.head_format import Head, HeadError
 from ..draft.head_model import TORCH_DTYPES
@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 2  # 2: transformer_layer_config.num_aux_hidden_states (eagle3build.draft.servable)
+STAGE = {
+    "inputs": ("checkpoint", "target"), "packages": ("speculators", "torch"), "entry": "export",
+    "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.served_name": "trigger",
+             "target.trust_remote_code": "trigger", "target.offline": "runtime",
+             "target.pipeline_parallel_size": "trigger", "draft.layer": "trigger:version",
+             "export.weights_dtype": "trigger:dtype", "export.vllm_load_check": "trigger",
+             "resources.gpu_model": "runtime", "resources.serve.*": "runtime"},
+}
 
 
 class ExportError(ValueError):
@@ -72,14 +80,14 @@ class ExportSettings:
     (``config.settings``): ``served_name`` names the verifier in the head's config; ``weights_dtype`` the head's
     tensors; ``vllm_load_check``: auto | always | never."""
 
-    checkpoint_dir: str | os.PathLike
-    d2t_path: str
-    t2d_path: str
-    vocab_json: str
-    out_dir: str | os.PathLike
-    target_dir: str
-    gpus: int = 0
-    benchmarked_by: str | None = None
+    checkpoint_dir: str | os.PathLike = job("params.checkpoint_dir")
+    d2t_path: str = job("inputs.d2t")
+    t2d_path: str = job("inputs.t2d")
+    vocab_json: str = job("inputs.vocab")
+    out_dir: str | os.PathLike = job("params.out_dir")
+    target_dir: str = job("params.target_dir")
+    gpus: int = job("resources.gpu?", default=0)
+    benchmarked_by: str | None = job("params.benchmarked_by?", default=None)
 
 
 def export(s: ExportSettings) -> dict:

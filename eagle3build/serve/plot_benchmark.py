@@ -15,13 +15,15 @@ import logging
 import os
 
 from ..atomic import atomic_path
-from ..config.settings import config_fields
+from ..config.settings import config_fields, job
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs, category_figures, head_description, run_label
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
 # Not bumped for issue 55 item 4 (each bar and line names its head's method, draft layer, k and trained positions,
 # head_description): no finished build replans for it; the plot is redrawn with the names when the benchmark reruns.
 OUTPUT_VERSION = 1
+STAGE = {"packages": ("matplotlib",), "entry": "plot_benchmark",
+         "keys": {"run": "files", "target.offline": "runtime"}}
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +145,8 @@ class PlotSettings:
     """One plot_benchmark job: the figure of ``benchmark_json`` (benchmark.json) into ``out_png``. No config field:
     the figure shows what benchmark.json holds."""
 
-    benchmark_json: str
-    out_png: str
+    benchmark_json: str = job("inputs.benchmark")
+    out_png: str = job("outputs.png")
 
 
 def plot_benchmark(s: PlotSettings) -> dict:

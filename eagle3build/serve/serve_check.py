@@ -50,7 +50,7 @@ from typing import Any
 from .. import prompt_sets
 from ..atomic import write_json
 from ..config.provenance import BENCHMARK_PACKAGES, hardware, software_versions
-from ..config.settings import config_fields, declared
+from ..config.settings import config_fields, declared, job
 from ..formats.artifacts import ServeCheck, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
 from ..vllm import engine_process
@@ -61,6 +61,15 @@ log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
 OUTPUT_VERSION = 1
+# The server started from the serving files, the benchmark's prompts sent through it with the openai client.
+STAGE = {
+    "inputs": ("serve_yaml", "serve_env", "serving", "target"),
+    "packages": ("vllm", "openai"), "entry": "serve_check",
+    "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.trust_remote_code": "trigger",
+             "target.offline": "runtime", "serve.tau_tolerance": "trigger:check", "serve.start_timeout_s": "runtime",
+             "serve.load_concurrencies": "trigger:check", "serve.check_set": "trigger:check",
+             "resources.gpu_model": "runtime", "resources.serve.*": "runtime"},
+}
 
 DRAFTS, ACCEPTED = "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens"
 NEUTRAL = {"temperature": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
@@ -241,12 +250,12 @@ class CheckSettings:
     ``start_timeout_s`` (seconds), ``load_concurrencies`` (vllm bench serve's requests in flight; empty: none),
     ``check_set`` (the benchmark set sent; ``auto``: chat where it ran, else the benchmark's first)."""
 
-    serve_dir: str
-    benchmark_path: str
-    prompts_path: str
-    out_json: str
-    server_log: str
-    custom_prompts_path: str | None = None
+    serve_dir: str = job("params.serve_dir")
+    benchmark_path: str = job("inputs.benchmark")
+    prompts_path: str = job("inputs.prompts")
+    out_json: str = job("outputs.json")
+    server_log: str = job("params.server_log")
+    custom_prompts_path: str | None = job("inputs.custom_prompts?", default=None)
     # what ``python -m`` runs with ``--config serve.yaml`` (a stand-in in tests)
     server_module: str = serving_files.SERVER_MODULE
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_path, write_json, write_text
-from ..config.settings import config_fields
+from ..config.settings import config_fields, job
 from ..draft.head_format import Head
 from ..formats.artifacts import Serving, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
@@ -53,6 +53,16 @@ log = logging.getLogger(__name__)
 
 # Version of what this stage writes: bump it when a change alters the output bytes.
 OUTPUT_VERSION = 2  # 2: serving.json's sampling
+# The serving files (results/<run>/serve/): the head behind vLLM's OpenAI-compatible server at the benchmark's choice
+# of k, on the serve section's layout. vLLM's version decides which server options the file may name.
+STAGE = {
+    "inputs": ("head", "head_config", "target"), "packages": ("vllm",), "entry": "serve_config",
+    "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.served_name": "trigger:serve",
+             "target.serve_dtype": "trigger:serve/dtype", "target.trust_remote_code": "trigger",
+             "target.offline": "trigger:serve", "target.pipeline_parallel_size": "trigger:serve",
+             "benchmark.max_model_len": "trigger:serve", "benchmark.seed": "trigger:serve", "serve.port": "trigger:serve",
+             "resources.serve.gpu": "trigger:serve/gpus"},
+}
 
 ROUTE = "speculative-config"
 ROUTE_WHY = (
@@ -209,10 +219,10 @@ class ServeConfigSettings:
     ``max_model_len`` tokens, ``seed``, ``dtype`` as ``target.serve_dtype``); ``port``; ``offline``: the Hugging Face
     offline variables in the environment."""
 
-    head_dir: str
-    target_dir: str
-    benchmark_json: str | None = None
-    out_dir: str | None = None
+    head_dir: str = job("params.head_dir")
+    target_dir: str = job("params.target_dir")
+    benchmark_json: str | None = job("inputs.benchmark", default=None)
+    out_dir: str | None = job("params.out_dir", default=None)
     per_request_metrics: bool | None = None
 
     def __post_init__(self) -> None:

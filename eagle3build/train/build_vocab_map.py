@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from ..config.settings import config_fields
+from ..config.settings import config_fields, job
 from ..draft.vocab_map import coverage, draft_target_ids, write_map
 from ..formats.tokens import read_tokens
 
@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 1
+STAGE = {
+    "packages": ("speculators", "torch"),  # speculators' build_vocab_mappings_from_distribution runs on torch
+    "entry": "build_vocab_map",
+    "keys": {"run": "files", "target.offline": "runtime", "capture.num_train_samples": "trigger:num_samples",
+             "vocab.draft_vocab_size": "trigger", "resources.cpu.*": "runtime"},
+}
 
 
 def count_assistant_tokens(tokens_path: str | os.PathLike, num_samples: int | None = None) -> dict[int, int]:
@@ -55,11 +61,11 @@ class VocabSettings:
     ``out_d2t``, ``out_t2d`` and ``out_json``; its config fields (below, from their keys' declarations): a map of
     ``draft_vocab_size`` tokens counted over the first ``num_samples`` samples (the ones the shards capture)."""
 
-    tokens_path: str
-    target_vocab_size: int
-    out_d2t: str
-    out_t2d: str
-    out_json: str
+    tokens_path: str = job("inputs.tokens")
+    target_vocab_size: int = job("decisions.target.vocab_size")
+    out_d2t: str = job("outputs.d2t")
+    out_t2d: str = job("outputs.t2d")
+    out_json: str = job("outputs.info")
 
 
 def build_vocab_map(s: VocabSettings) -> dict:

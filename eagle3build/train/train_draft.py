@@ -36,13 +36,13 @@ import math
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, field, fields, replace
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 import torch
 
 from ..atomic import atomic_path
-from ..config.settings import config_fields, declared
+from ..config.settings import config_fields, declared, job
 from ..draft.choice import Draft, resolve
 from ..draft.head_format import HEAD_VARIANTS
 from ..draft.head_model import build_model
@@ -71,6 +71,22 @@ log = logging.getLogger(__name__)
 # Version of what this stage writes: bump it when a change alters the output bytes (the
 # rule's params carry it; tests/test_e2e.py's digest test fails on changed bytes without it).
 OUTPUT_VERSION = 3  # 2: train.select (the best epoch's weights by simulated tau); 3: train_meta.capture_mode
+# Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage and compute dtypes,
+# batching) becomes its trigger; offline the shards carry them. Its inputs are then the tokens files instead of the
+# shards (rules/common.smk, states_input).
+STAGE = {
+    "inputs": ("target",), "packages": ("speculators", "torch"), "entry": "train_draft",
+    "decisions": ("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
+    "params": {"aux_layer_ids": "requested", "online": "online"},
+    "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.trust_remote_code": "trigger",
+             "target.offline": "runtime", "capture.mode": "trigger:online files", "capture.online.*": "runtime",
+             "capture.aux_layer_ids": "trigger:aux_layer_ids", "capture.num_train_samples": "trigger:online",
+             "capture.num_eval_samples": "trigger:online", "capture.tokens_per_batch": "trigger:online",
+             "capture.compute_dtype": "trigger:online", "capture.storage_dtype": "trigger:online",
+             "draft.method": "trigger:train", "draft.layer": "trigger:train", "draft.*.*": "trigger:train/*",
+             "train.*": "trigger:train", "train.compile": "runtime", "train.compile_breaks": "runtime",
+             "resources.gpu_model": "runtime", "resources.train.*": "runtime"},
+}
 
 
 
@@ -372,16 +388,16 @@ class TrainSettings:
     ``out_dir``; ``draft``, the head's kind as planning resolved it (a ``choice.Draft``; its section, the job's
     ``draft`` param, becomes one; a draft.compare_methods job's: its method with its layer); the job's ``gpus``."""
 
-    target_dir: str
-    out_dir: str
-    train_files: list[str]
-    eval_files: list[str]
-    d2t_path: str
-    t2d_path: str
-    vocab_json: str
-    decisions_json: str
-    draft: Draft = field(default_factory=resolve)
-    gpus: int = 0
+    target_dir: str = job("params.target_dir")
+    out_dir: str = job("params.out_dir")
+    train_files: list[str] = job("inputs.train")
+    eval_files: list[str] = job("inputs.eval")
+    d2t_path: str = job("inputs.d2t")
+    t2d_path: str = job("inputs.t2d")
+    vocab_json: str = job("inputs.vocab")
+    decisions_json: str = job("inputs.decisions")
+    draft: Draft = job("params.draft", default_factory=resolve)
+    gpus: int = job("resources.gpu?", default=0)
 
     def __post_init__(self) -> None:
         if isinstance(self.draft, Mapping):

@@ -1,57 +1,28 @@
-"""One contract per stage: what reaches it, through which channel, and what it makes.
+"""One contract per stage: what reaches it, through which channel, and what replans it (staleness).
 
-``CONTRACTS[stage]`` (a ``Contract``) declares, for each workflow stage (one Snakemake rule,
-``rules/<stage>.smk`` and ``eagle3build/<group>/<stage>.py``; every rule's ``script:`` is the one adapter,
-scripts/run_stage.py):
-
-- ``inputs``: the names of the rule's input files (``plan.check_rules`` checks each rule against them
-  when the workflow is parsed);
-- ``params``: the rule's rerun-trigger params (``Param``: a name, the config keys its value is made
-  from, the function that makes it), which rules/common.smk builds (``stage_params``, ``param_value``);
-  their keys are the stage's
-  ``triggers``: a change to one plans the stage again;
-- ``runtime``: the config keys the job reads at run time only (threads, memory, GPUs, the offline
-  switch, sizes for a disk check): never params, so a change plans nothing;
-- ``files``: the config keys that decide which files the stage reads or writes (the run's folder,
-  the target's path, the data files, the number of shards): a change plans it through its files
-  (a key may be a file key and runtime too: capture reads its split's size for a disk check);
-- ``decisions``: the fields of decisions.json it reads (dotted), ``packages``: the libraries whose
-  versions shape its output (the rule's ``version`` param, with ``output_version``);
-- ``entry``: the library function the adapter calls (``module:function``, of the stage's module), with one object of
-  ``settings``, the stage's settings class (``module:Class``, beside it: its config fields made from the key table,
-  ``config.settings``), whose own fields (files, GPUs, what planning or the report decided) come from the job as
-  ``from_job`` says (``workflow.job_fields``: ``{"out_json": "outputs.json", "gpus": "resources.gpu?"}``);
-  ``eagle3build.workflow.job.run_stage`` makes the object and calls the entry.
-
-The config keys of ``params``, ``runtime`` and ``files`` are not listed here: each key's declaration in
-eagle3build.config.spec names the stages it reaches and its role there, and ``build_contracts`` makes the
-contracts from them and the ``STAGES`` (inputs, computed params, decisions, packages, entry).
-
-Config keys are dotted paths into config.yaml (``data.regenerate.max_tokens``). A key may be a
-trigger of one stage and read at run time by another (``data.max_seq_len``: prepare_data tokenizes
-to it, the compat report's disk plan multiplies by it), never both for one stage
-(tests/test_contract.py: every key of schemas/config.schema.yaml is in some stage's contract, and
-no stage has a key as trigger and runtime-only).
-
-The job gets its settings as one ``StageSettings`` (``job_settings``): the values, from the workflow's
-config, of its trigger and runtime keys and no others (the adapters read no ``snakemake.config``);
-the trigger params only decide staleness. The jobs that build a draft head (train_draft, preflight_bound) also get
-the draft planning resolved from the ``draft`` keys (eagle3build.draft.choice), as a derived ``draft`` param. Planning
-imports this module (no torch).
+``CONTRACTS[stage]`` (a ``Contract``) is made from what the stage's module declares beside its code
+(``workflow.stages``: inputs, decisions read, packages, the config keys that reach it with their roles, computed
+params, entry, its settings class's own fields) and the key table (eagle3build.config.spec): its ``params``, the
+rule's rerun triggers (``Param``: a name, the keys its value is made from, the function that makes it; rules/common.smk
+builds them, ``stage_params``), whose keys are its ``triggers``: a change replans the stage; ``runtime``, the keys the
+job reads at run time only: a change plans nothing; ``files``, the keys that decide its files; and ``job``, what the
+one adapter calls (``job_fields.JobEntry``). A key may be a trigger of one stage and runtime-only for another
+(``data.max_seq_len``), never both for one (tests/test_contract.py). A job's settings are one ``StageSettings``
+(``job_settings``): its trigger and runtime keys' values and no others. The jobs that build a draft head also get the
+draft resolved at planning (eagle3build.draft.choice) as a derived ``draft`` param. Planning imports this module (no
+torch).
 """
 
 from __future__ import annotations
 
-import functools
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..config.key import ROLES, Key
+from ..config.key import Key
 from ..config.settings import declared
 from ..config.spec import KEYS
 from ..draft import methods
+from . import stages
 from .job_fields import JobEntry, JobField
 from .staleness import canonical_request, package_versions
 
@@ -138,16 +109,18 @@ def num_aux_layers_param(values: Mapping[str, Any], ctx: PlanContext) -> int:
 
 
 def require_eval_param(values: Mapping[str, Any], ctx: PlanContext) -> bool:
-    """``require_eval`` of ``capture.num_eval_samples``."""
-    return require_eval(values["capture.num_eval_samples"])
+    """Whether prepare_data must produce eval samples: ``capture.num_eval_samples`` > 0."""
+    return values["capture.num_eval_samples"] > 0
 
 
 def online_param(values: Mapping[str, Any], ctx: PlanContext) -> dict | None:
-    """``online_capture`` of ``capture.mode``, the sample counts, ``capture.storage_dtype``,
-    ``capture.tokens_per_batch`` and ``capture.compute_dtype``."""
-    return online_capture(values["capture.mode"], values["capture.num_train_samples"],
-                          values["capture.num_eval_samples"], values["capture.storage_dtype"],
-                          values["capture.tokens_per_batch"], values["capture.compute_dtype"])
+    """train_draft's ``online`` param: None offline (``capture.mode``; the shards carry these settings), else the
+    settings that shape the states it computes: the sample counts, ``capture.storage_dtype``,
+    ``capture.tokens_per_batch`` and ``capture.compute_dtype``, by their last part."""
+    if values["capture.mode"] != "online":
+        return None
+    return {k.rsplit(".", 1)[-1]: values[f"capture.{k}"] for k in ("num_train_samples", "num_eval_samples",
+                                                                    "storage_dtype", "tokens_per_batch", "compute_dtype")}
 
 
 @dataclass(frozen=True)
@@ -155,9 +128,8 @@ class Param:
     """One rerun-trigger param of a rule: ``name``, made from config ``keys`` by ``make``.
 
     ``make(values, ctx)``: ``values`` maps each of ``keys`` to its config value (``config_value``), ``ctx``
-    is the ``PlanContext``; returns the param's value (``value``, ``section``, ``requested``, ``version``,
-    ``prepare_sources``, ``num_aux_layers_param``, ``require_eval_param``, ``online_param``). Snakemake
-    compares the values: a change plans the stage again.
+    is the ``PlanContext``; returns the param's value (``value``, ``section``, ``version``, one of ``MAKERS``).
+    Snakemake compares the values: a change plans the stage again.
     """
 
     name: str
@@ -175,6 +147,17 @@ def param_value(param: Param, config: Mapping[str, Any], ctx: PlanContext) -> An
 
 
 @dataclass(frozen=True)
+class Hosted:
+    """How a stage's jobs run in a host (eagle3build/workflow/host.py): functions of the stage's module, by name.
+    ``spec(settings) -> dict``: what the host's state depends on (JSON; its ``env``, where given, is the host process's
+    environment); ``load(spec) -> dict``: that state, loaded once in the host, the entry's keywords for each job
+    (``entry(settings, alive=..., **state)``; ``alive()`` says False once the job that asked is gone)."""
+
+    spec: str
+    load: str
+
+
+@dataclass(frozen=True)
 class Contract:
     """A stage's contract (see the module docstring); the tuples of strings are config keys."""
 
@@ -189,6 +172,8 @@ class Contract:
     entry: str
     settings: str = ""
     from_job: Mapping[str, JobField] = field(default_factory=dict)
+    output_version: int = 1
+    hosted: Hosted | None = None
 
     @property
     def job(self) -> JobEntry:
@@ -201,158 +186,35 @@ class Contract:
         return tuple(dict.fromkeys(k for p in self.params for k in p.keys))
 
 
-@dataclass(frozen=True)
-class Stage:
-    """What a stage's contract declares beside its config keys (which eagle3build.config.spec declares, with the
-    stages each reaches): ``computed``, its params whose value a function makes from their keys (``version``,
-    ``requested``, ...; a param's keys are the config keys of role ``trigger:<name>`` for the stage, none for
-    ``version`` of a stage without packages); ``entry`` and ``settings``: a function and a class of the stage's
-    module, by name; ``from_job``: field name -> source (``job_fields.JobField.parse``); the rest as ``Contract``."""
-
-    stage: str
-    group: str
-    inputs: tuple[str, ...]
-    computed: Mapping[str, Callable[[Mapping[str, Any], PlanContext], Any]]
-    decisions: tuple[str, ...]
-    packages: tuple[str, ...]
-    entry: str
-    settings: str
-    from_job: Mapping[str, str]
-
-    @property
-    def module(self) -> str:
-        """The stage's module, ``eagle3build.<group>.<stage>``."""
-        return f"eagle3build.{self.group}.{self.stage}"
+# The makers of computed params a stage names in its ``STAGE["params"]`` (``version``: every stage's).
+MAKERS: dict[str, Callable[[Mapping[str, Any], PlanContext], Any]] = {
+    "requested": requested, "sources": prepare_sources, "num_aux_layers": num_aux_layers_param,
+    "require_eval": require_eval_param, "online": online_param}
 
 
-# Where the settings objects' own fields come from, shared by several stages (job_fields.JobField).
-TARGET_DIR = {"target_dir": "params.target_dir"}
-GPUS = {"gpus": "resources.gpu?"}
-
-STAGES: tuple[Stage, ...] = (
-    # The bundled target, dequantised once: a build made from it stays consistent with it after an
-    # upgrade, and re-materialising would rewrite 270 MB of weights and replan every stage (no packages).
-    Stage("materialize_target", "compat", inputs=(), computed={"version": version}, decisions=(), packages=(),
-          entry="materialize_target", settings="MaterializeSettings",
-          from_job={"name": "wildcards.name", "out_dir": "params.out_dir"}),
-    # The disk and GPU plans are read at run time: growing the sample count or changing resources must
-    # not re-run the report and, behind it, every shard. Backend and aux ids reach the params as
-    # requested (staleness.canonical_request); the job reads them as configured.
-    Stage("compat_report", "compat", inputs=("target",),
-          computed={"backend": requested, "aux_layer_ids": requested, "version": version}, decisions=(), packages=(),
-          entry="compat_report", settings="CompatSettings",
-          from_job={**TARGET_DIR, "results_dir": "params.results_dir", "out_json": "outputs.json",
-                    "out_decisions": "outputs.decisions"}),
-    Stage("regenerate_responses", "data", inputs=("target", "sources"), computed={"version": version},
-          decisions=(), packages=("vllm",), entry="regenerate", settings="RegenerateSettings",
-          from_job={**TARGET_DIR, "out_jsonl": "outputs.jsonl", "out_report": "outputs.report", **GPUS}),
-    # Tokenization and chat-template rendering; the regenerated answers replace data.sources when enabled.
-    Stage("prepare_data", "data", inputs=("target", "regenerated", "sources"),
-          computed={"version": version, "sources": prepare_sources, "num_aux_layers": num_aux_layers_param,
-                    "require_eval": require_eval_param},
-          decisions=(), packages=("tokenizers", "transformers"), entry="prepare", settings="PrepareSettings",
-          from_job={**TARGET_DIR, "sources": "params.sources", "out_train": "outputs.train", "out_eval": "outputs.eval",
-                    "out_prompts": "outputs.prompts", "out_report": "outputs.report",
-                    "num_aux_layers": "params.num_aux_layers", "require_eval": "params.require_eval",
-                    "workers": "resources.threads?"}),
-    # One shard per job: the sample counts and the shard size decide which shards exist (a shard's
-    # range is its param), and the job reads the split's size for its disk check. Aux ids and backend
-    # are triggers only: the job reads what the report decided.
-    # The job hands its shard to a capture host that keeps the target loaded for the next (HOSTED, workflow/host.py).
-    Stage("capture_hidden_states", "capture", inputs=("decisions", "tokens"),
-          computed={"aux_layer_ids": requested, "backend": requested, "version": version},
-          decisions=("target.fingerprint", "capture.aux_layer_ids", "capture.backend"),
-          packages=("torch", "transformers"), entry="capture_shard", settings="CaptureSettings",
-          from_job={**TARGET_DIR, "tokens_path": "inputs.tokens", "out_path": "outputs.shard",
-                    "start": "params.shard.start", "count": "params.shard.num_samples", "split": "wildcards.split",
-                    "aux_layer_ids": "decisions.capture.aux_layer_ids",
-                    "target_fingerprint": "decisions.target.fingerprint", "backend": "decisions.capture.backend",
-                    **GPUS}),
-    # speculators' build_vocab_mappings_from_distribution runs on torch
-    Stage("build_vocab_map", "train", inputs=("tokens", "decisions"), computed={"version": version},
-          decisions=("target.vocab_size",), packages=("speculators", "torch"), entry="build_vocab_map",
-          settings="VocabSettings",
-          from_job={"tokens_path": "inputs.tokens", "target_vocab_size": "decisions.target.vocab_size",
-                    "out_d2t": "outputs.d2t", "out_t2d": "outputs.t2d", "out_json": "outputs.info"}),
-    # Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage
-    # and compute dtypes, batching) becomes its trigger; offline the shards carry them. Its inputs are
-    # then the tokens files instead of the shards (rules/common.smk, states_input).
-    Stage("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
-          computed={"aux_layer_ids": requested, "version": version, "online": online_param},
-          decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
-          packages=("speculators", "torch"), entry="train_draft", settings="TrainSettings",
-          from_job={**TARGET_DIR, "out_dir": "params.out_dir", "train_files": "inputs.train",
-                    "eval_files": "inputs.eval", "d2t_path": "inputs.d2t", "t2d_path": "inputs.t2d",
-                    "vocab_json": "inputs.vocab", "decisions_json": "inputs.decisions", "draft": "params.draft",
-                    **GPUS}),
-    Stage("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
-          computed={"version": version}, decisions=(), packages=("speculators", "torch"), entry="export",
-          settings="ExportSettings",
-          from_job={**TARGET_DIR, "checkpoint_dir": "params.checkpoint_dir", "d2t_path": "inputs.d2t",
-                    "t2d_path": "inputs.t2d", "vocab_json": "inputs.vocab", "out_dir": "params.out_dir", **GPUS,
-                    "benchmarked_by": "params.benchmarked_by?"}),
-    Stage("benchmark", "serve",
-          inputs=("head", "head_config", "prompts", "custom_prompts", "compare_heads", "preflight", "target"),
-          computed={"version": version}, decisions=(), packages=("vllm",), entry="benchmark",
-          settings="BenchmarkSettings",
-          from_job={**TARGET_DIR, "head_dir": "params.head_dir", "prompts_path": "inputs.prompts",
-                    "out_json": "outputs.json", **GPUS, "custom_prompts_path": "inputs.custom_prompts?",
-                    "preflight_path": "inputs.preflight?", "method_heads": "params.method_heads?"}),
-    # Before training: vLLM engines on the serve job's GPUs time the target's verification steps alone and with an
-    # untrained head (decisions.json: its aux layer ids and variant).
-    Stage("preflight_bound", "compat", inputs=("target", "decisions"), computed={"version": version},
-          decisions=("capture.aux_layer_ids", "head.recommended_variant"), packages=("vllm", "torch", "speculators"),
-          entry="preflight", settings="PreflightSettings",
-          from_job={**TARGET_DIR, "out_json": "outputs.json", "decisions_json": "inputs.decisions", **GPUS,
-                    "draft": "params.draft"}),
-    Stage("plot_benchmark", "serve", inputs=("benchmark",), computed={"version": version}, decisions=(),
-          packages=("matplotlib",), entry="plot_benchmark", settings="PlotSettings",
-          from_job={"benchmark_json": "inputs.benchmark", "out_png": "outputs.png"}),
-    # The serving files (results/<run>/serve/): the head behind vLLM's OpenAI-compatible server at the benchmark's
-    # choice of k, on the serve section's layout. vLLM's version decides which server options the file may name.
-    Stage("serve_config", "serve", inputs=("head", "head_config", "benchmark", "target"), computed={"version": version},
-          decisions=(), packages=("vllm",), entry="serve_config", settings="ServeConfigSettings",
-          from_job={**TARGET_DIR, "head_dir": "params.head_dir", "benchmark_json": "inputs.benchmark",
-                    "out_dir": "params.out_dir"}),
-    # The server started from those files, the benchmark's prompts sent through it with the openai client.
-    Stage("serve_check", "serve",
-          inputs=("serve_yaml", "serve_env", "serving", "benchmark", "prompts", "custom_prompts", "target"),
-          computed={"version": version}, decisions=(), packages=("vllm", "openai"), entry="serve_check",
-          settings="CheckSettings",
-          from_job={"serve_dir": "params.serve_dir", "benchmark_path": "inputs.benchmark",
-                    "prompts_path": "inputs.prompts",
-                    "custom_prompts_path": "inputs.custom_prompts?", "out_json": "outputs.json",
-                    "server_log": "params.server_log"}),
-)
-
-
-def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = KEYS) -> dict[str, Contract]:
-    """Each stage's ``Contract`` from its ``Stage`` and the config keys' declarations (``spec.Key.uses``):
-    a computed param per ``Stage.computed`` entry, with the keys of role ``trigger:<its name>``; a ``value``
+def build_contracts(declared_stages: tuple[stages.Declared, ...] | None = None,
+                    keys: tuple[Key, ...] = KEYS) -> dict[str, Contract]:
+    """Each stage's ``Contract`` from its declaration (``stages.declared()`` where None) and the keys' (``stages.key_roles``):
+    a computed param per ``params`` entry and ``version``, with the keys of role ``trigger:<its name>``; a ``value``
     param per other key of role ``trigger`` (named by its last part) or alone in a ``trigger:<name>``; a
     ``section`` param per ``trigger:<name>`` of several keys; ``runtime`` and ``files`` the keys of those roles.
 
     Raises:
-        ValueError: a key reaches a stage that is not one, has a role that is not one, or two keys of role
-            ``trigger`` of one stage share their last part; a ``from_job`` source is malformed, or names an input
-            the stage lacks or a decisions field it does not declare (``job_fields.JobEntry.problems``).
+        ValueError: what ``stages.key_roles`` raises; a computed param's maker is not one of ``MAKERS``; two keys of
+            role ``trigger`` of one stage share their last part; a ``from_job`` source is malformed.
     """
-    names = {st.stage for st in stages}
-    for k in keys:
-        for stage in k.uses:
-            if stage not in names:
-                raise ValueError(f"config key {k.path} reaches {stage!r}, which is not a stage")
-            bad = [r for r in k.roles(stage) if r.split(":", 1)[0] not in ROLES]
-            if bad:
-                raise ValueError(f"config key {k.path}: roles {bad} for {stage} are not among {list(ROLES)}")
     out = {}
-    for st in stages:
+    for st in stages.declared() if declared_stages is None else declared_stages:
+        roles = stages.key_roles(st, keys)
+        unknown = sorted(set(st.params.values()) - set(MAKERS))
+        if unknown:
+            raise ValueError(f"{st.stage}: computed params {unknown} are not among {sorted(MAKERS)}")
         groups: dict[str, list[str]] = {}
         renamed: dict[str, list[tuple[str, str]]] = {}
         quiet: dict[str, list[tuple[str, Any]]] = {}
         cond: dict[str, list[tuple[str, tuple[str, Any]]]] = {}
         for k in keys:
-            found = k.trigger_param(st.stage)
+            found = stages.trigger_param(roles.get(k.path, ()), k.name)
             if found is None:
                 continue
             name, given, key_name = found
@@ -365,7 +227,8 @@ def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = 
                 quiet.setdefault(name, []).append((k.path, k.default))
             if k.only_with:
                 cond.setdefault(name, []).append((k.path, k.only_with))
-        params = [Param(name, tuple(groups.pop(name, ())), make) for name, make in st.computed.items()]
+        computed = {"version": version, **{name: MAKERS[m] for name, m in st.params.items()}}
+        params = [Param(name, tuple(groups.pop(name, ())), make) for name, make in computed.items()]
         for name, ks in groups.items():
             if len(ks) == 1 and name not in quiet and name not in cond:
                 make = value
@@ -375,53 +238,40 @@ def build_contracts(stages: tuple[Stage, ...] = STAGES, keys: tuple[Key, ...] = 
                 make = section
             params.append(Param(name, tuple(ks), make))
         job = JobEntry.of(f"{st.module}:{st.entry}", f"{st.module}:{st.settings}", st.from_job)
-        bad = job.problems(st.inputs, st.decisions)
-        if bad:
-            raise ValueError(f"{st.stage}'s from_job: " + "; ".join(bad))
+        decisions = tuple(dict.fromkeys([*(".".join(f.path) for f in job.fields_of("decisions").values()),
+                                         *st.decisions]))
+        inputs = tuple(dict.fromkeys([*(f.path[0] for f in job.fields_of("inputs").values()),
+                                      *(["decisions"] if decisions else []), *st.inputs]))
         out[st.stage] = Contract(
-            st.stage, st.group, st.inputs, tuple(params),
-            runtime=tuple(k.path for k in keys if "runtime" in k.roles(st.stage)),
-            files=tuple(k.path for k in keys if "files" in k.roles(st.stage)),
-            decisions=st.decisions, packages=st.packages, entry=job.entry, settings=job.settings,
-            from_job=job.from_job)
+            st.stage, st.group, inputs, tuple(params),
+            runtime=tuple(p for p, r in roles.items() if "runtime" in r),
+            files=tuple(p for p, r in roles.items() if "files" in r),
+            decisions=decisions, packages=st.packages, entry=job.entry, settings=job.settings,
+            from_job=job.from_job, output_version=st.output_version,
+            hosted=Hosted(**st.hosted) if st.hosted else None)
     return out
 
 
 CONTRACTS: dict[str, Contract] = build_contracts()
 
-# Each stage's subpackage: the stage module is eagle3build/<group>/<stage>.py, beside its
-# private modules (docs/layout.md); the rule is rules/<stage>.smk; its entry, a function of the module taking its
-# settings object.
+# Each stage's subpackage: its module is eagle3build/<group>/<stage>.py, beside its private modules (docs/layout.md).
 STAGE_GROUPS: dict[str, str] = {s: c.group for s, c in CONTRACTS.items()}
 
 # The libraries whose versions shape each stage's output bytes (rules' `version` param). A stage's OUTPUT_VERSION
-# covers the modules it uses too, shared (tokens.py, conversations.py, shards.py, head_format.py, vocab_map.py, ...)
-# and private (data/chat_masking.py, train/trainer.py, ...; tests/test_layers.py keeps stages from importing each
-# other): a change to a module that alters a stage's output bytes bumps that stage's OUTPUT_VERSION (and that of
-# every other stage whose bytes it alters); tests/test_e2e.py's digest test catches a forgotten bump.
+# covers the modules it uses too, shared and private: a change to one that alters a stage's output bytes bumps that
+# stage's OUTPUT_VERSION (and every other stage's whose bytes it alters); tests/test_e2e.py's digest test catches it.
 STAGE_PACKAGES: dict[str, tuple[str, ...]] = {s: c.packages for s, c in CONTRACTS.items()}
 
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # eagle3build/
-_VERSION_LINE = re.compile(r"^OUTPUT_VERSION\s*=\s*(\d+)\s*(?:#.*)?$", re.M)
 
-
-@functools.cache
 def output_version(stage: str) -> int:
-    """``OUTPUT_VERSION`` of stage module ``eagle3build/<group>/<stage>.py`` (group: ``STAGE_GROUPS``). A change
-    to a stage, or to a shared module it uses, that alters its output bytes bumps it; a refactor that changes no
-    bytes does not, and rebuilds nothing (tests/test_e2e.py's digest test holds this). Read from the module's source
-    text, not by importing it: planning must not import torch (seconds, and once per Snakemake process).
+    """``OUTPUT_VERSION`` of stage module ``eagle3build/<group>/<stage>.py``, read from its source (``stages.read``:
+    planning imports no torch). A change to a stage, or to a shared module it uses, that alters its output bytes bumps
+    it; a refactor that changes no bytes does not, and rebuilds nothing (tests/test_e2e.py's digest test).
 
     Raises:
         KeyError: ``stage`` is not a stage.
-        FileNotFoundError: the stage module is missing.
-        ValueError: the module has no ``OUTPUT_VERSION = <int>`` line at top level.
     """
-    path = _PACKAGE_DIR / STAGE_GROUPS[stage] / f"{stage}.py"
-    m = _VERSION_LINE.search(path.read_text())
-    if m is None:
-        raise ValueError(f"{path}: no top-level 'OUTPUT_VERSION = <int>' line (every stage module has one)")
-    return int(m.group(1))
+    return CONTRACTS[stage].output_version
 
 
 def stage_version(stage: str, track_packages: bool = True, job_env: dict | None = None) -> dict:
@@ -439,31 +289,15 @@ def stage_version(stage: str, track_packages: bool = True, job_env: dict | None 
     return {"output": output_version(stage), "packages": package_versions(packages, track_packages)}
 
 
-@dataclass(frozen=True)
-class Hosted:
-    """How a stage's jobs run in a host (eagle3build/workflow/host.py): functions of the stage's module, by name.
-    ``spec(settings) -> dict``: what the host's state depends on (JSON; its ``env``, where given, is the host process's
-    environment); ``load(spec) -> dict``: that state, loaded once in the host, the entry's keywords for each job
-    (``entry(settings, alive=..., **state)``; ``alive()`` says False once the job that asked is gone)."""
+# Stages whose jobs hand their work to a host process of their Snakemake run that outlives each job (their STAGE's
+# ``hosted``): a capture job's shard is captured by a capture host, which keeps the target loaded for the next shard
+# (issue 70). The adapter's set-up (job.setup) takes no GPUs for such a job (the host holds it) and imports no torch.
+HOSTED: dict[str, Hosted] = {s: c.hosted for s, c in CONTRACTS.items() if c.hosted is not None}
 
-    spec: str
-    load: str
-
-
-# Stages whose jobs hand their work to a host process of their Snakemake run that outlives each job: a capture job's
-# shard is captured by a capture host, which keeps the target loaded for the next shard (issue 70). The adapter's
-# set-up (job.setup) takes no GPUs for such a job (the host holds them) and imports no torch (the job only asks).
-HOSTED: dict[str, Hosted] = {"capture_hidden_states": Hosted(spec="host_spec", load="host_load")}
-
-
-# Rules that are no stage (no contract) but run an entry of a stage's module through the one adapter.
-RULE_ENTRIES: dict[str, JobEntry] = {
-    # compat.md from compat.json, its own job: a missing compat.md comes back without re-running the report
-    "compat_markdown": JobEntry.of("eagle3build.compat.compat_report:markdown_job",
-                                   "eagle3build.compat.compat_report:MarkdownSettings",
-                                   {"compat_json": "inputs.json", "out_md": "outputs.md",
-                                    "preflight_json": "inputs.preflight?"}),
-}
+# Rules that are no stage (no contract) but run a function of a stage's module through the one adapter: compat.md from
+# compat.json, its own job (a missing compat.md comes back without re-running the report).
+RULE_ENTRIES: dict[str, JobEntry] = {"compat_markdown": JobEntry.of(*stages.module_entry("compat.compat_report",
+                                                                                          "markdown_job"))}
 
 
 # Rules that run a stage's job on other paths (rules/*.smk ``use rule STAGE as RULE``): draft.compare_methods' heads
@@ -493,21 +327,6 @@ def job_entry(rule: str) -> JobEntry:
 def entry(rule: str) -> str:
     """The entry (``module:function``) the adapter calls for ``rule`` (``job_entry``; raises what it raises)."""
     return job_entry(rule).entry
-
-
-def online_capture(mode: str, num_train: int, num_eval: int, storage_dtype: str, tokens_per_batch: int,
-                   compute_dtype: str) -> dict | None:
-    """train_draft's ``online`` param: None offline (the shards carry these settings), else the settings that
-    shape the states it computes (``_ONLINE_KEYS`` by their last part; ``capture.compute_dtype`` as ``compute_dtype``)."""
-    if mode != "online":
-        return None
-    return {"num_train_samples": num_train, "num_eval_samples": num_eval, "storage_dtype": storage_dtype,
-            "tokens_per_batch": tokens_per_batch, "compute_dtype": compute_dtype}
-
-
-def require_eval(num_eval_samples: int) -> bool:
-    """Whether prepare_data must produce eval samples (capture.num_eval_samples > 0)."""
-    return num_eval_samples > 0
 
 
 def canonical(obj: Any) -> Any:

@@ -17,9 +17,10 @@ by its source in the job, a ``JobField``, written ``<channel>.<name>[.<key>...]`
   contract lists the field among its ``decisions``.
 
 ``?``: optional: where the job lacks it, or it is None or an empty list (an input function that gave nothing), the
-field keeps its class's default. ``workflow.job.stage_settings`` reads them; ``workflow.contract`` checks a stage's
-against its inputs and decisions when the contracts are made, ``rule_problems`` a rule's against its outputs and
-params when the workflow is parsed.
+field keeps its class's default. A stage's settings class names each own field's source
+(``config.settings.job``: ``out_json: str = job("outputs.json")``), and its contract's inputs and decisions.json
+fields include those its fields read (``workflow.contract``). ``workflow.job.stage_settings`` reads them;
+``rule_problems`` checks a rule against its outputs and params when the workflow is parsed.
 """
 
 from __future__ import annotations
@@ -95,19 +96,6 @@ class JobEntry:
     def fields_of(self, channel: str) -> dict[str, JobField]:
         """The fields whose source is in ``channel``, by field name."""
         return {name: f for name, f in self.from_job.items() if f.channel == channel}
-
-    def problems(self, inputs: Iterable[str], decisions: Iterable[str]) -> list[str]:
-        """Each source that names an input not among ``inputs`` (the rule's input names) or a decisions.json field not
-        among ``decisions`` (those the stage declares it reads), or reads decisions without a ``decisions`` input."""
-        inputs, decisions = set(inputs), set(decisions)
-        out = [f"{name} reads {f}, not an input of the rule {sorted(inputs)}"
-               for name, f in self.fields_of("inputs").items() if f.path[0] not in inputs]
-        for name, f in self.fields_of("decisions").items():
-            if "decisions" not in inputs:
-                out.append(f"{name} reads {f}, but the rule has no decisions input")
-            if ".".join(f.path) not in decisions:
-                out.append(f"{name} reads {f}, a field not among the decisions it declares {sorted(decisions)}")
-        return out
 
 
 def rule_problems(rule: str, job: JobEntry, outputs: Iterable[str], params: Iterable[str]) -> list[str]:

@@ -41,7 +41,7 @@ from ..draft.choice import Draft
 from ..formats import benchmark_runs, target_files
 from ..formats.target_files import num_decoder_layers
 from ..vllm.engine_args import engine_layout
-from .contract import CONTRACTS, RULE_ENTRIES, STAGE_OF_RULE, job_entry, stage_of
+from .contract import CONTRACTS, RULE_ENTRIES, STAGE_OF_RULE, Contract, job_entry, stage_of
 from .job_fields import rule_problems
 
 
@@ -348,17 +348,18 @@ def aux_layer_ids_problem(method: methods.DraftMethod, aux_layer_ids: str | list
 
 
 
-def check_rules(rules: Any) -> None:
+def check_rules(rules: Any, contracts: Mapping[str, Contract] = CONTRACTS) -> None:
     """Each stage rule's named inputs, and each derived rule's (``contract.STAGE_OF_RULE``: a derived rule restates its
-    stage's), are those of its stage's contract; each rule with an entry names the outputs and params its settings
-    object's fields read (``job_fields.rule_problems``). ``rules``: Snakemake's ``rules`` namespace, duck-typed
-    (``getattr(rules, name).input``, ``.output``, ``.params``: named lists); the Snakefile calls it at every parse.
+    stage's), are those of its stage's contract (in ``contracts``); each rule with an entry names the outputs and params
+    its settings object's fields read (``job_fields.rule_problems``). ``rules``: Snakemake's ``rules`` namespace,
+    duck-typed (``getattr(rules, name).input``, ``.output``, ``.params``: named lists); the Snakefile calls it at every
+    parse.
 
     Raises:
         ValueError: a rule's inputs differ from its contract's, or it lacks what its settings object reads (named).
     """
-    for name in [*CONTRACTS, *STAGE_OF_RULE]:
-        expected = CONTRACTS[stage_of(name)].inputs
+    for name in [*contracts, *STAGE_OF_RULE]:
+        expected = contracts[stage_of(name)].inputs
         names = set(getattr(rules, name).input.keys())
         if names != set(expected):
             raise ValueError(f"the inputs of {name}, {sorted(names)}, are not its contract's {sorted(expected)}")
