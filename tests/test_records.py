@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -27,6 +28,29 @@ def test_the_readme_cites_the_gpu_range_and_prints_its_command():
     for stem in ("recipe_h100", "recipe_h200"):
         assert f"benchmarks/records/{stem}.json#k3.speedup.all" in text
     assert "python benchmarks/gpu/record.py recipe --seconds" in text
+
+
+# A number on the README's first screen: digits, with a decimal part, not inside a word (H100, bf16: names)
+FIRST_SCREEN_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
+
+
+def first_screen_numbers(readme: str) -> list[str]:
+    """The numbers of a README's first screen, before its first ``## `` heading: link text counts, link targets do
+    not (``[1.27x](benchmarks/records/...)``, ``[1.27x][recipe H100]``; definitions), code does."""
+    text = re.split(r"^## ", readme, maxsplit=1, flags=re.M)[0]
+    text = re.sub(r"\]\([^)]*\)|\]\[[^\]]*\]", "]", text)
+    text = re.sub(r"^ {0,3}\[[^\]]+\]:.*$", "", text, flags=re.M)
+    return FIRST_SCREEN_NUMBER.findall(text)
+
+
+def test_the_readmes_first_screen_quotes_one_figure_a_claim():
+    """Issue 73: at most 30 numbers before the first ``##`` (20 now, 30 by this count before: make run's time three
+    ways, the GPU speed-up seven); every other figure is in the records table (docs/figures.md), which it links."""
+    readme = (REPO / "README.md").read_text()
+    assert len(first_screen_numbers(readme)) <= 30, first_screen_numbers(readme)
+    assert "(docs/figures.md)" in re.split(r"^## ", readme, maxsplit=1, flags=re.M)[0]
+    assert first_screen_numbers("# eagle3build\nIn [9.8][a] to [12.0](x/y_2.json#k) minutes on an H100, bf16 `k = 3`\n\n"
+                                "[a]: records/r_1.json#m\n## Two\n4 5") == ["9.8", "12.0", "3"]
 
 
 def test_check_text_catches_each_kind_of_problem():
