@@ -24,105 +24,35 @@ def set_keys(sets: dict[str, prompt_sets.PromptSet] = prompt_sets.SETS) -> tuple
           for st in sets.values() for o in st.options),
     )
 
+
 HEAD_KEYS: tuple[Key, ...] = (
-    Key(
-        "train.head_variant",
-        {"type": "string", "enum": ["auto", "eagle3", "eagle3.1"]},
-        "auto",
-        "auto (what the installed vLLM reads: compat report) | eagle3.1 | eagle3",
-    ),
-    Key(
-        "train.epochs",
-        {"type": "integer", "minimum": 1},
-        2,
-        "passes over the training samples",
-    ),
-    Key(
-        "train.lr",
-        {"type": "number", "exclusiveMinimum": 0},
-        0.001,
-        "1e-3: +20 % simulated tau over 3e-4 at the same data and steps (docs/figures.md)",
-    ),
-    Key(
-        "train.weight_decay",
-        {"type": "number", "minimum": 0},
-        0.0,
-        "AdamW weight decay",
-    ),
-    Key(
-        "train.schedule",
-        {"type": "string", "enum": ["cosine", "constant"]},
-        "cosine",
-        "cosine | constant (both with linear warm-up)",
-    ),
-    Key(
-        "train.warmup_ratio",
-        {"type": "number", "minimum": 0, "maximum": 1},
-        0.05,
-        "share of the run's steps spent warming the learning rate up",
-    ),
-    Key(
-        "train.ttt_steps",
-        {"type": "integer", "minimum": 1},
-        1,
-        (
-            "1 for this default served at k = 1 (only the first draft position counts): first-position acceptance "
-            "0.198 against 0.172 with 3, in 54 % of the training time (record benchmarks/records/cpu-ttt-steps_cpu.json); 3 or"
-            " more for heads served at k > 1"
-        ),
-    ),
-    Key(
-        "train.ttt_step_loss_decay",
-        {"type": "number", "exclusiveMinimum": 0},
-        1.0,
-        "weight decay ** k of the k-th training-time-test step's loss",
-    ),
-    Key(
-        "train.total_seq_len",
-        {"type": "integer", "minimum": 8},
-        1024,
-        "tokens packed per step",
-    ),
-    Key(
-        "train.grad_clip",
-        {"type": "number", "exclusiveMinimum": 0},
-        1.0,
-        "max global L2 norm of the gradients",
-    ),
-    Key(
-        "train.noise_std",
-        {"type": "number", "minimum": 0},
-        0.0,
-        "std of the N(0, sigma^2) noise on the aux hidden states (their units)",
-    ),
-    Key(
-        "train.seed",
-        {"type": "integer"},
-        0,
-        "seed of the draft's initial weights, sampling and noise",
-    ),
-    Key(
-        "train.max_steps",
-        {"type": ["integer", "null"], "minimum": 1},
-        None,
-        "stop after that many optimizer steps (null = all epochs)",
-    ),
-    Key(
-        "train.checkpoint_every",
-        {"type": "integer", "minimum": 0},
-        20,
-        "steps between resumable training states (0 = none); resumed on the same GPU count or fewer",
-    ),
-    Key(
-        "train.loss_implementation",
-        {"type": "string", "enum": ["eager", "fused", "auto"]},
-        "eager",
-        "eager (any device) | fused (speculators' Triton kernel, CUDA) | auto (fused on CUDA, eager elsewhere)",
-    ),
-    # train.compile and train.compile_breaks choose how the same step is computed (which kernels, fused how, in
-    # which graphs), not what: the weights differ from eager ones at float rounding only, as with another thread
-    # count or GPU, so they are runtime-only (a change replans nothing, docs/staleness.md) and left out of the
-    # settings a saved training state must match (trainer.TrainConfig.settings): a run may resume under another.
+    Key("train.head_variant", {"type": "string", "enum": ["auto", "eagle3", "eagle3.1"]}, "auto",
+        "auto (what the installed vLLM reads: compat report) | eagle3.1 | eagle3"),
+    Key("train.epochs", {"type": "integer", "minimum": 1}, 2, "passes over the training samples"),
+    Key("train.lr", {"type": "number", "exclusiveMinimum": 0}, 0.001,
+        "1e-3: +20 % simulated tau over 3e-4 at the same data and steps (docs/figures.md)"),
+    Key("train.weight_decay", {"type": "number", "minimum": 0}, 0.0, "AdamW weight decay"),
+    Key("train.schedule", {"type": "string", "enum": ["cosine", "constant"]}, "cosine",
+        "cosine | constant (both with linear warm-up)"),
+    Key("train.warmup_ratio", {"type": "number", "minimum": 0, "maximum": 1}, 0.05,
+        "share of the run's steps spent warming the learning rate up"),
+    Key("train.ttt_steps", {"type": "integer", "minimum": 1}, 1,
+        "1 for this default served at k = 1 (only the first draft position counts): first-position acceptance 0.198 "
+        "against 0.172 with 3, in 54 % of the training time (record benchmarks/records/cpu-ttt-steps_cpu.json); 3 or "
+        "more for heads served at k > 1"),
+    Key("train.ttt_step_loss_decay", {"type": "number", "exclusiveMinimum": 0}, 1.0,
+        "weight decay ** k of the k-th training-time-test step's loss"),
+    Key("train.total_seq_len", {"type": "integer", "minimum": 8}, 1024, "tokens packed per step"),
+    Key("train.grad_clip", {"type": "number", "exclusiveMinimum": 0}, 1.0, "max global L2 norm of the gradients"),
+    Key("train.noise_std", {"type": "number", "minimum": 0}, 0.0,
+        "std of the N(0, sigma^2) noise on the aux hidden states (their units)"),
+    Key("train.seed", {"type": "integer"}, 0, "seed of the draft's initial weights, sampling and noise"),
+    Key("train.max_steps", {"type": ["integer", "null"], "minimum": 1}, None,
+        "stop after that many optimizer steps (null = all epochs)"),
+    Key("train.checkpoint_every", {"type": "integer", "minimum": 0}, 20,
+        "steps between resumable training states (0 = none); resumed on the same GPU count or fewer"),
+    Key("train.loss_implementation", {"type": "string", "enum": ["eager", "fused", "auto"]}, "eager",
+        "eager (any device) | fused (speculators' Triton kernel, CUDA) | auto (fused on CUDA, eager elsewhere)"),
     Key(
         "train.compile",
         {"type": "string", "enum": ["auto", "off", "speculators", "default", "reduce-overhead", "max-autotune",
@@ -135,71 +65,31 @@ HEAD_KEYS: tuple[Key, ...] = (
             "forward, loss and backward as one graph (eagle3build/train/compiled.py)"
         ),
     ),
-    Key(
-        "train.compile_breaks",
-        {"type": "string", "enum": ["auto", "keep", "remove", "first_layer", "mask_extension"]},
+    Key("train.compile_breaks", {"type": "string", "enum": ["auto", "keep", "remove", "first_layer", "mask_extension"]},
         "auto",
-        (
-            "graph breaks speculators forces, with train.compile a mode: auto (CUDA: keep, pytorch #175250; "
-            "elsewhere: remove) | keep | remove (both) | first_layer | mask_extension (only that one removed)"
-        ),
-    ),
-    Key(
-        "train.select",
-        {"type": "string", "enum": ["best_simulated_tau", "last"]},
-        "best_simulated_tau",
-        "the epoch whose weights the checkpoint holds: best_simulated_tau (the eval's simulated tau, per epoch) | last",
-    ),
-    Key(
-        "export.weights_dtype",
-        {"type": "string", "enum": ["bfloat16", "float16", "float32"]},
-        "bfloat16",
-        "dtype of the exported head's weights (export.dtype before issue 52)",
-    ),
-    Key(
-        "export.vllm_load_check",
-        {"type": "string", "enum": ["auto", "always", "never"]},
-        "auto",
-        "load the head in vLLM (a child process) before accepting it: auto (where vLLM is installed) | always | never",
-    ),
-    Key(
-        "benchmark.ks",
-        {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1}},
-        [1],
-        (
-            "num_speculative_tokens values, one vLLM engine each (over all sets); 1 suits the CPU default's weak "
-            "head (tau ~1.2: k=3 wastes 2 drafts a step); 3 for a GPU head"
-        ),
-    ),
+        "graph breaks speculators forces, with train.compile a mode: auto (CUDA: keep, pytorch #175250; elsewhere: "
+        "remove) | keep | remove (both) | first_layer | mask_extension (only that one removed)"),
+    Key("train.select", {"type": "string", "enum": ["best_simulated_tau", "last"]}, "best_simulated_tau",
+        "the epoch whose weights the checkpoint holds: best_simulated_tau (the eval's simulated tau, per epoch) | "
+        "last"),
+    Key("export.weights_dtype", {"type": "string", "enum": ["bfloat16", "float16", "float32"]}, "bfloat16",
+        "dtype of the exported head's weights (export.dtype before issue 52)"),
+    Key("export.vllm_load_check", {"type": "string", "enum": ["auto", "always", "never"]}, "auto",
+        "load the head in vLLM (a child process) before accepting it: auto (where vLLM is installed) | always | never"),
+    Key("benchmark.ks", {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1}}, [1],
+        "num_speculative_tokens values, one vLLM engine each (over all sets); 1 suits the CPU default's weak head "
+        "(tau ~1.2: k=3 wastes 2 drafts a step); 3 for a GPU head"),
     *set_keys(),
-    Key(
-        "benchmark.num_prompts",
-        {"type": "integer", "minimum": 1},
-        8,
-        "prompts per set (the first N; set mtbench: benchmark.mtbench.per_category)",
-    ),
-    Key(
-        "benchmark.max_tokens",
-        {"type": "integer", "minimum": 1},
-        64,
-        (
-            "output tokens per request (a cap); also the pre-flight's decode length; the CPU default keeps the "
-            "benchmark to a few minutes"
-        ),
-    ),
-    Key(
-        "benchmark.max_model_len",
-        {"type": "integer", "minimum": 16},
-        2048,
-        "the engine's context length (the serving file's too); longer prompts are skipped",
-    ),
+    Key("benchmark.num_prompts", {"type": "integer", "minimum": 1}, 8,
+        "prompts per set (the first N; set mtbench: benchmark.mtbench.per_category)"),
+    Key("benchmark.max_tokens", {"type": "integer", "minimum": 1}, 64,
+        "output tokens per request (a cap); also the pre-flight's decode length; the CPU default keeps the benchmark "
+        "to a few minutes"),
+    Key("benchmark.max_model_len", {"type": "integer", "minimum": 16}, 2048,
+        "the engine's context length (the serving file's too); longer prompts are skipped"),
     Key("benchmark.seed", {"type": "integer"}, 0, "the engine's seed (the serving file's too)"),
-    Key(
-        "benchmark.concurrency",
-        {"type": "integer", "minimum": 0},
-        1,
-        "requests in flight at a time: 1 = one after another (latency-bound), 0 = all at once",
-    ),
+    Key("benchmark.concurrency", {"type": "integer", "minimum": 0}, 1,
+        "requests in flight at a time: 1 = one after another (latency-bound), 0 = all at once"),
     Key(
         "benchmark.k_schedule_concurrencies",
         {"type": "array", "items": {"type": "integer", "minimum": 1}},
@@ -219,96 +109,42 @@ HEAD_KEYS: tuple[Key, ...] = (
         "every k, the same prompts, one baseline; [] = none",
         quiet_default=True,
     ),
-    Key(
-        "benchmark.near_tie_max_logprob_gap",
-        {"oneOf": [{"const": "auto"}, {"type": "number", "minimum": 0}]},
-        "auto",
-        (
-            "nats; a prompt whose greedy output with the head differs from the baseline's is a numerical near-tie "
-            "(counted) when the head's token at the first difference is this close to the target's most likely "
-            "token there (an eager reference engine's log-probabilities), else the benchmark fails; auto = 0.25 for "
-            "16-bit engines, 0.001 for float32 (eagle3build/serve/benchmark.py)"
-        ),
-    ),
-    Key(
-        "preflight.enabled",
-        {"type": "string", "enum": ["auto", "always", "never"]},
-        "auto",
-        "auto (where resources.serve.gpu > 0) | always | never",
-    ),
-    Key(
-        "preflight.max_k",
-        {"oneOf": [{"const": "auto"}, {"type": "integer", "minimum": 1}]},
-        "auto",
-        "the largest k tabulated (auto = the largest of benchmark.ks)",
-    ),
+    Key("benchmark.near_tie_max_logprob_gap", {"oneOf": [{"const": "auto"}, {"type": "number", "minimum": 0}]}, "auto",
+        "nats; a prompt whose greedy output with the head differs from the baseline's is a numerical near-tie "
+        "(counted) when the head's token at the first difference is this close to the target's most likely token "
+        "there (an eager reference engine's log-probabilities), else the benchmark fails; auto = 0.25 for 16-bit "
+        "engines, 0.001 for float32 (eagle3build/serve/benchmark.py)"),
+    Key("preflight.enabled", {"type": "string", "enum": ["auto", "always", "never"]}, "auto",
+        "auto (where resources.serve.gpu > 0) | always | never"),
+    Key("preflight.max_k", {"oneOf": [{"const": "auto"}, {"type": "integer", "minimum": 1}]}, "auto",
+        "the largest k tabulated (auto = the largest of benchmark.ks)"),
     Key(
         "preflight.concurrencies",
         {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "integer", "minimum": 1}},
         [1, 16],
         "sequences in flight, one table each",
     ),
-    Key(
-        "preflight.context_tokens",
-        {"type": "integer", "minimum": 1},
-        256,
-        "cached context per sequence (rounded up to a multiple of 256)",
-    ),
-    Key(
-        "preflight.repeats",
-        {"type": "integer", "minimum": 1},
-        5,
-        "engine calls per step shape (medians over their requests)",
-    ),
-    Key(
-        "serve.port",
-        {"type": "integer", "minimum": 1, "maximum": 65535},
-        8000,
+    Key("preflight.context_tokens", {"type": "integer", "minimum": 1}, 256,
+        "cached context per sequence (rounded up to a multiple of 256)"),
+    Key("preflight.repeats", {"type": "integer", "minimum": 1}, 5,
+        "engine calls per step shape (medians over their requests)"),
+    Key("serve.port", {"type": "integer", "minimum": 1, "maximum": 65535}, 8000,
         "the port of vLLM's OpenAI-compatible server in results/<run>/serve/serve.yaml (vLLM's default); serve_check "
-        "starts the server there",
-    ),
-    Key(
-        "serve.tau_tolerance",
-        {"type": "number", "minimum": 0},
-        0.05,
-        (
-            "tokens; serve_check fails where tau through the server (vLLM's /metrics counters) is further than this "
-            "from benchmark.json's tau at the same k and prompts (eagle3build/serve/serve_check.py)"
-        ),
-    ),
-    Key(
-        "serve.start_timeout_s",
-        {"type": "integer", "minimum": 1},
-        900,
-        "seconds serve_check waits for the server's /health (a CPU start took 40-150 s on 2 cores)",
-    ),
-    Key(
-        "serve.load_concurrencies",
-        {"type": "array", "uniqueItems": True, "items": {"type": "integer", "minimum": 1}},
+        "starts the server there"),
+    Key("serve.tau_tolerance", {"type": "number", "minimum": 0}, 0.05,
+        "tokens; serve_check fails where tau through the server (vLLM's /metrics counters) is further than this from "
+        "benchmark.json's tau at the same k and prompts (eagle3build/serve/serve_check.py)"),
+    Key("serve.start_timeout_s", {"type": "integer", "minimum": 1}, 900,
+        "seconds serve_check waits for the server's /health (a CPU start took 40-150 s on 2 cores)"),
+    Key("serve.load_concurrencies", {"type": "array", "uniqueItems": True, "items": {"type": "integer", "minimum": 1}},
         [],
-        (
-            "e.g. [1, 16]: serve_check also runs vLLM's load generator (vllm bench serve) over the checked prompts at "
-            "these requests in flight; [] = none"
-        ),
-    ),
-    Key(
-        "serve.check_set",
-        {"type": "string", "enum": ["auto", *prompt_sets.SETS]},
-        "auto",
-        (
-            "the benchmark set whose prompts serve_check sends through the server, and vllm bench serve loads "
-            "(serve.load_concurrencies): auto = chat where benchmark.sets lists it, else its first set; else one "
-            "benchmark.sets lists"
-        ),
-        quiet_default=True,
-    ),
-    Key(
-        "staleness.track_package_versions",
-        {"type": "boolean"},
-        True,
-        (
-            "installed versions of the libraries that shape a stage's output (torch, transformers, speculators, "
-            "vLLM) are rule params: an upgrade replans that stage and what follows; false = upgrades replan nothing"
-        ),
-    ),
+        "e.g. [1, 16]: serve_check also runs vLLM's load generator (vllm bench serve) over the checked prompts at "
+        "these requests in flight; [] = none"),
+    Key("serve.check_set", {"type": "string", "enum": ["auto", *prompt_sets.SETS]}, "auto",
+        "the benchmark set whose prompts serve_check sends through the server, and vllm bench serve loads "
+        "(serve.load_concurrencies): auto = chat where benchmark.sets lists it, else its first set; else one "
+        "benchmark.sets lists", quiet_default=True),
+    Key("staleness.track_package_versions", {"type": "boolean"}, True,
+        "installed versions of the libraries that shape a stage's output (torch, transformers, speculators, vLLM) "
+        "are rule params: an upgrade replans that stage and what follows; false = upgrades replan nothing"),
 )

@@ -98,7 +98,8 @@ OUTPUT_VERSION = 7
 STAGE = {
     "inputs": ("head", "head_config", "compare_heads", "target"), "packages": ("vllm",), "entry": "benchmark",
     "keys": {"run": "files", "target.bundled": "files", "target.path": "files", "target.served_name": "trigger",
-             "target.serve_dtype": "trigger:benchmark/dtype", "target.trust_remote_code": "trigger",
+             "target.serve_dtype": "trigger:benchmark/dtype",  # its name there before issue 39: no build replans
+             "target.trust_remote_code": "trigger",
              "target.offline": "runtime", "target.pipeline_parallel_size": "trigger", "data.prompts_file": "files",
              "draft.compare_methods": "trigger:benchmark", "benchmark.*": "trigger:benchmark",
              "benchmark.*.*": "trigger:benchmark/*", "preflight.enabled": "files", "resources.gpu_model": "runtime",

@@ -73,7 +73,10 @@ log = logging.getLogger(__name__)
 OUTPUT_VERSION = 3  # 2: train.select (the best epoch's weights by simulated tau); 3: train_meta.capture_mode
 # Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage and compute dtypes,
 # batching) becomes its trigger; offline the shards carry them. Its inputs are then the tokens files instead of the
-# shards (rules/common.smk, states_input).
+# shards (rules/common.smk, states_input). train.compile and train.compile_breaks choose how the same step is computed
+# (which kernels, fused how, in which graphs), not what: the weights differ from eager ones at float rounding only, as
+# with another thread count or GPU, so they are runtime-only, and left out of the settings a saved training state must
+# match (trainer.TrainConfig.settings): a run may resume under another.
 STAGE = {
     "inputs": ("target",), "packages": ("speculators", "torch"), "entry": "train_draft",
     "decisions": ("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
