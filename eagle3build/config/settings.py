@@ -14,7 +14,7 @@ a mapping given for it becomes one). ``settings_class`` makes such a class with 
 - ``from_settings(settings, **fields)``: the object of one job, each config field read from ``settings`` (the
   stage's ``workflow.contract.StageSettings``, which raises KeyError for a key outside the stage's contract, or
   any mapping of key paths), each section field made from them too, the class's own fields given (a stage's job:
-  ``workflow.job.stage_settings``, by its contract's ``from_job``);
+  ``workflow.job.stage_settings``, each as its ``job(...)`` source says);
 - a check at construction: a config field's value outside its key's ``enum`` raises ValueError naming the key;
 - a docstring that lists the config fields, each with its key, default and doc.
 

@@ -2,7 +2,7 @@
 held-out conversations), ``custom`` (``data.prompts_file``), ``humaneval``, ``mtbench``. A set is a ``PromptSet``
 subclass decorated with ``register`` in a module of this package: it says how it loads (``load``: its every prompt,
 first turns), what it needs (``needs``: prepare_data's prompts, the user's file or a package's), its turns (``turns``,
-``next_turns``: a turn after the target's own answer to the one before), its categories (``categories``: figures per
+``next_turns``: a second turn after the target's own answer to the first), its categories (``categories``: figures per
 category) and its knobs (``options``: config ``benchmark.<set>.<option>``). The package imports every module in it, so
 a set is one module and its test: the config's enums and knobs (``config.keys_head``), prepare_data's template check,
 the benchmark, serve_check and the plan read the registry (``SETS``), and no module outside it names a set
@@ -86,7 +86,7 @@ class PromptSet:
         return prompts[:num_prompts]
 
     def turns(self, options: Mapping[str, Any]) -> int:
-        """The turns each prompt is sent with: 1, or more where each next turn follows the target's own answer."""
+        """The turns each prompt is sent with: 1, or 2 where a second follows the target's own answer to the first."""
         return 1
 
     def next_turns(self, first_turns: list[dict], answers: Mapping[str, str]) -> list[dict]:
