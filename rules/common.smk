@@ -40,6 +40,34 @@ onstart:
     plan.check_weights(PLAN.weights_problem, (job.rule.name for job in workflow.dag.needrun_jobs()))
 
 
+# A head the user brings (plan.check_given_head, check_init_from): draft.head, the run's head (its config.json an input
+# of the compat report, its files of export in place of the checkpoint and vocab map; capture, vocab map and training
+# then unplanned: nothing asks for them), and train.init_from, where training starts (its files inputs of the vocab
+# map, which takes its d2t/t2d, and of training). None: none given.
+GIVEN_HEAD = PLAN.given_head
+INIT_HEAD = PLAN.init_head
+
+
+def given_head_config(wildcards):
+    """The compat report's ``given_head`` input: draft.head's config.json, or nothing."""
+    return GIVEN_HEAD.files[:1] if GIVEN_HEAD else []
+
+
+def given_head_files(wildcards):
+    """export_head's ``given`` input: draft.head's config.json and weight file, or nothing."""
+    return GIVEN_HEAD.files if GIVEN_HEAD else []
+
+
+def trained(path):
+    """An input of export_head from training (``path``), or nothing where draft.head gives the head."""
+    return signature_once(lambda wildcards: [] if GIVEN_HEAD else path)
+
+
+def init_head_files(wildcards):
+    """train.init_from's config.json and weight file (inputs of build_vocab_map and train_draft), or nothing."""
+    return INIT_HEAD.files if INIT_HEAD else []
+
+
 # The target: a user's HF directory, or a bundled GGUF materialised under resources/; its files are the rules' input.
 TARGET = PLAN.target
 TARGET_FILES = plan.target_inputs(config, TARGET)

@@ -1,6 +1,7 @@
 rule compat_report:
     input:
         target=TARGET_FILES,
+        given_head=given_head_config,
     output:
         decisions=DECISIONS,
         json=f"{RES}/compat.json",
