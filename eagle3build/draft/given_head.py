@@ -160,13 +160,21 @@ def _check_tensors(where: str, weights: Path, shapes: Mapping[str, tuple[int, ..
         raise GivenHeadError(f"{where}/{weights.name}: {'; '.join(bad)}")
 
 
+def shape_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A head's config.json as its tensor shapes are read (``Head.expected_shapes``): one that names no aux layer ids
+    (speculators' converter writes none unless told; vLLM then reads the target's three default layers) with three
+    placeholder ids in their field, so that its ``fc`` is sized for three layers as vLLM sizes it."""
+    key = methods.of_config(cfg).aux_ids_key
+    return cfg if key in cfg else {**cfg, key: [0, 1, 2]}
+
+
 def _read_speculators(path: Path, key: str, cfg: dict, weights: Path) -> GivenHead:
     where = f"{key} {os.fspath(path)}"
     if weights.suffix != ".safetensors":
         raise GivenHeadError(f"{where} is no head: speculators' format keeps its weights in model.safetensors")
     try:
         head = Head.of(path, cfg)
-        expected = head.expected_shapes()
+        expected = Head.of(path, shape_config(cfg)).expected_shapes()
         tl = cfg["transformer_layer_config"]
         vocab, draft_vocab = int(tl["vocab_size"]), int(cfg["draft_vocab_size"])
     except (HeadError, KeyError) as e:

@@ -290,7 +290,7 @@ def check_given(head: Head, state: dict[str, torch.Tensor], target_dir: str) -> 
     tc = json.loads((Path(target_dir) / "config.json").read_text())
     tc = tc.get("text_config", tc)
     where = f"{head.path}/model.safetensors"
-    for name, shape in head.expected_shapes().items():
+    for name, shape in Head.of(head.path, given_head.shape_config(head.config)).expected_shapes().items():
         if name not in state:
             if name in given_head.OPTIONAL_TENSORS:
                 continue
