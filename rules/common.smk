@@ -58,6 +58,12 @@ def given_head_files(wildcards):
     return GIVEN_HEAD.files if GIVEN_HEAD else []
 
 
+def given_head_decisions(wildcards):
+    """export_head's ``decisions`` input where draft.head gives the head: the compat report that checked it against the
+    target comes first (nothing else of such a plan reads it); nothing for a trained head (its checkpoint did)."""
+    return DECISIONS if GIVEN_HEAD else []
+
+
 def trained(path):
     """An input of export_head from training (``path``), or nothing where draft.head gives the head."""
     return signature_once(lambda wildcards: [] if GIVEN_HEAD else path)

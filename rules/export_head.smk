@@ -8,6 +8,7 @@ rule export_head:
         vocab=trained(f"{RES}/vocab/vocab.json"),
         target=TARGET_FILES,
         given=given_head_files,
+        decisions=given_head_decisions,
     output:
         config=f"{RES}/head/config.json",
         weights=f"{RES}/head/model.safetensors",
@@ -45,6 +46,7 @@ use rule export_head as export_head_method with:
         vocab=f"{RES}/vocab/vocab.json",
         target=TARGET_FILES,
         given=[],
+        decisions=[],
     output:
         config=f"{RES}/methods/{{method}}/head/config.json",
         weights=f"{RES}/methods/{{method}}/head/model.safetensors",

@@ -209,3 +209,17 @@ def test_a_run_with_draft_head_plans_no_capture_vocab_map_or_training(tmp_path):
     assert jobs["train_draft"] == 1 and jobs["build_vocab_map"] == 1 and jobs["capture_hidden_states"] == 3
     p = run(["-n", "results/default/checkpoint/config.json", "--configfile", str(init)], tmp_path)
     assert f"{h}/config.json, {h}/model.safetensors" in p.stdout.split("rule train_draft:", 1)[1].split("\n\n")[0]
+
+
+@pytest.mark.parametrize("route", ["speculators", "eagle"])
+def test_a_head_for_another_target_stops_the_plan_in_one_line(tmp_path, target, route):
+    """A head of hidden size 64 beside a target of 96 (``target.path``): `snakemake -n` stops before any job, naming
+    both hidden sizes and the file each came from."""
+    (target / "config.json").write_text(json.dumps({**TARGET, "hidden_size": 96}))
+    h = speculators_head(tmp_path / "h") if route == "speculators" else eagle_head(tmp_path / "h")
+    cfg = write_config(tmp_path / "c.yaml", target={"path": str(target)}, draft={"head": str(h)})
+    p = run(["-n", "--configfile", str(cfg)], tmp_path)
+    field = "transformer_layer_config.hidden_size" if route == "speculators" else "hidden_size"
+    assert p.returncode != 0 and (f"draft.head {h} is a head for another target: its hidden size 64 ({h}/config.json "
+                                  f"{field}) is not the target's 96 (target.path {target}: config.json hidden_size)"
+                                  ) in p.stdout + p.stderr

@@ -291,8 +291,9 @@ STAGES: tuple[Stage, ...] = (
                     "vocab_json": "inputs.vocab", "decisions_json": "inputs.decisions", "draft": "params.draft",
                     **GPUS}),
     # A given head (draft.head): its files are the inputs in place of the checkpoint and vocab map (taken as it is, or
-    # converted by speculators' converter); a changed weight replans it and what follows.
-    Stage("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target", "given"),
+    # converted by speculators' converter), and the decisions of the compat report that checked it; a changed weight
+    # replans it and what follows.
+    Stage("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target", "given", "decisions"),
           computed={"version": version}, decisions=(), packages=("speculators", "torch"), entry="export",
           settings="ExportSettings",
           from_job={**TARGET_DIR, "checkpoint_dir": "params.checkpoint_dir?", "d2t_path": "inputs.d2t?",
