@@ -39,6 +39,7 @@ from .probes import (
     check_known_good,
     inspect_target,
     installed_versions,
+    probe_given_head,
     probe_hook_capture,
     probe_speculators,
     probe_speculators_datagen,
@@ -48,7 +49,6 @@ from .probes import (
     probe_vllm_capture,
     probe_vllm_eagle3,
     probe_vllm_extract_hidden_states,
-    probe_given_head,
     probe_vllm_head_flags,
     run_probe,
 )

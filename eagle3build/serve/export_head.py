@@ -141,7 +141,7 @@ def export(s: ExportSettings) -> dict:
     if s.given_files:
         return export_given(s)
     checkpoint_dir, d2t_path, t2d_path, out_dir = s.checkpoint_dir, s.d2t_path, s.t2d_path, s.out_dir
-    served_name, target_dir, dtype = s.served_name, s.target_dir, s.weights_dtype
+    served_name, dtype = s.served_name, s.weights_dtype
     vllm_check, skipped = vllm_check_plan(s)
     ck = Path(checkpoint_dir)
     try:  # its train_meta.json checked against eagle3build/schemas/train_meta.schema.json

@@ -63,7 +63,7 @@ class VocabSettings:
     out_d2t: str
     out_t2d: str
     out_json: str
-    init_from: list[str] | str | None = None  # train.init_from's files (config.json first): the map is its own
+    init_head: list[str] | str | None = None  # train.init_from's files (config.json first): the map is its own
 
 
 def from_head(files: list[str] | str, tokens_path: str | os.PathLike, target_vocab_size: int, out_d2t: str | os.PathLike,
@@ -110,13 +110,13 @@ def build_vocab_map(s: VocabSettings) -> dict:
     """Rule ``build_vocab_map``'s entry (``eagle3build.workflow.job.run_stage``): ``build`` the map of ``s``. Returns
     ``build``'s summary.
 
-    With ``s.init_from`` (config ``train.init_from``'s files): ``from_head``, the head's own map.
+    With ``s.init_head`` (config ``train.init_from``'s files): ``from_head``, the head's own map.
 
     Raises:
         ValueError: ``draft_vocab_size`` exceeds the target vocabulary; as ``from_head``.
     """
-    if s.init_from:
-        return from_head(s.init_from, s.tokens_path, s.target_vocab_size, s.out_d2t, s.out_t2d, s.out_json,
+    if s.init_head:
+        return from_head(s.init_head, s.tokens_path, s.target_vocab_size, s.out_d2t, s.out_t2d, s.out_json,
                          s.num_samples)
     return build(s.tokens_path, s.target_vocab_size, s.draft_vocab_size, s.out_d2t, s.out_t2d, s.out_json,
                  s.num_samples)

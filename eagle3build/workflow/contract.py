@@ -277,7 +277,7 @@ STAGES: tuple[Stage, ...] = (
           settings="VocabSettings",
           from_job={"tokens_path": "inputs.tokens", "target_vocab_size": "decisions.target.vocab_size",
                     "out_d2t": "outputs.d2t", "out_t2d": "outputs.t2d", "out_json": "outputs.info",
-                    "init_from": "inputs.init_from?"}),
+                    "init_head": "inputs.init_from?"}),
     # Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage
     # and compute dtypes, batching) becomes its trigger; offline the shards carry them. Its inputs are
     # then the tokens files instead of the shards (rules/common.smk, states_input).

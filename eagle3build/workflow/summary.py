@@ -50,10 +50,10 @@ def _run_lines(r: dict) -> list[str]:
 
 def result_screen(res: str | os.PathLike) -> str | None:
     """The result of the run whose results folder is ``res`` (``results/<run>``), one screen: the head (method, draft
-    layer; a given head's folder and format, config ``draft.head``) and the k it is served at, τ (tokens per target forward) and speed-up per set and overall for each head
-    and k benchmarked (per category too where a set has them), whether each was lossless, where the report is and the
-    command that serves the head. None where the run has no benchmark.json yet (a build asked for an earlier artifact
-    alone)."""
+    layer; a given head's folder and format, config ``draft.head``) and the k it is served at, τ (tokens per target
+    forward) and speed-up per set and overall for each head and k benchmarked (per category too where a set has them),
+    whether each was lossless, where the report is and the command that serves the head. None where the run has no
+    benchmark.json yet (a build asked for an earlier artifact alone)."""
     res = Path(res)
     bench = _read(res / "benchmark.json")
     if bench is None:
