@@ -183,6 +183,10 @@ def test_init_from_is_checked_against_what_training_makes(tmp_path, target):
         with pytest.raises(plan.PlanError) as e:
             plan.check_init_from(bad, TARGET)
         assert why in str(e.value)
+    with pytest.raises(plan.PlanError, match=r"^config: train.init_from results/default/head is inside the run's results "
+                                             r"folder results/default, which this training makes"):
+        plan.check_init_from(config(target, train={"init_from": "results/default/head"}, vocab=vocab), TARGET,
+                             res="results/default")
     other = str(eagle_head(tmp_path / "e", hidden_size=128))
     with pytest.raises(plan.PlanError, match=r"train.init_from .* is no head|is a head for another target"):
         plan.check_init_from(config(target, train={"init_from": other}, vocab=vocab), TARGET)

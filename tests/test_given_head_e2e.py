@@ -1,7 +1,8 @@
 """A head the user brings, built for real over copies of the reduced build (issue 72 ask 5): its exported head given as
 ``draft.head`` to a new run over the same target and prompts (README's "Bring your own head" block, run as written)
 gives the original run's τ and benchmark outputs; the same weights in the EAGLE repo's EAGLE-3 format, converted by
-speculators' converter, give the same τ; a fine-tune from that head (``train.init_from``, one epoch) starts at its eval
+speculators' converter, give the same τ (served in the same benchmark job, as a compared head); a fine-tune from that
+head (``train.init_from``, one epoch) starts at its eval
 loss, not at an untrained head's.
 
 The reduced head is the reduced build's (4 training steps): its benchmark τ is 1.0 (no draft accepted), so τ alone
@@ -72,16 +73,39 @@ def base_config(path: Path) -> Path:
 
 
 def test_a_given_head_gives_the_original_runs_tau_and_outputs_in_both_formats(reduced_build, tmp_path):
-    """README's block over a copy of the reduced build (only the head's folder, the reduced build's, and the reduced
-    base config before ``given.yaml`` differ): the plan has no capture, vocab map or training; the new run's head is the
-    original's bytes and its benchmark the original's token for token; compat.md names the format. Then the same
-    weights in the EAGLE repo's format as ``draft.head``: export converts them (the same tensors), the run's τ and
-    outputs are the original's again, and compat.md and head_meta.json name the converter's route."""
+    """Over a copy of the reduced build: the same weights in the EAGLE repo's format as ``draft.head`` of a run of its
+    own, built up to its head (the compat report and export: speculators' converter writes the original's tensors);
+    then README's block (only the head's folder, the reduced build's, and a base config before ``given.yaml`` differ:
+    the reduced build's data and benchmark, with the converted head as a compared head, so that one benchmark job
+    serves both): the plan has no capture, vocab map or training, the new run's head is the original's bytes, and the
+    benchmark's figures, for the head taken as it is and for the converted one, are the original run's token for
+    token; compat.md and head_meta.json name each format and route."""
     wd = copy_build(reduced_build[0], tmp_path / "wd")
     original = reduced_build[1]
     head = tmp_path / "heads/reduced"  # the test's own copy: test_e2e.py rebuilds the reduced build in place
     shutil.copytree(original / "head", head)
     base = base_config(tmp_path / "base.yaml")
+
+    eagle = eagle_format(head, tmp_path / "heads/eagle")
+    cfg = tmp_path / "eagle.yaml"
+    cfg.write_text(yaml.safe_dump({"run": "eagle", "draft": {"head": str(eagle)}}))
+    target = ["results/eagle/head/config.json", "--configfile", str(base), str(cfg)]
+    assert planned_jobs(target, wd) == {"compat_report": 1, "export_head": 1}
+    p = run(target, wd, timeout=1200)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    converted = wd / "results/eagle/head"
+    got, exported = load_file(str(converted / "model.safetensors")), load_file(str(head / "model.safetensors"))
+    assert got.keys() == exported.keys() and all(torch.equal(got[k], exported[k]) for k in got)
+    meta = json.loads((converted / "head_meta.json").read_text())
+    assert meta["source"]["format"] == "eagle" and meta["source"]["path"] == str(eagle)
+    from eagle3build.compat.compat_render import render_markdown
+
+    md = render_markdown(json.loads((wd / "results/eagle/compat.json").read_text()))  # compat.md, not asked for here
+    assert f"given (draft.head): {eagle}, **eagle** format: the EAGLE repo's EAGLE-3 format, converted by " in md
+
+    with_eagle = yaml.safe_load(base.read_text())
+    with_eagle["benchmark"]["compare_heads"] = [{"name": "eagle", "path": str(converted)}]
+    base.write_text(yaml.safe_dump(with_eagle))
     block = re.search(r"^## Bring your own head\n.*?^```\n(.*?)^```", (REPO / "README.md").read_text(),
                       re.M | re.S).group(1)
     assert "draft: {head: results/default/head}" in block and block.count("--configfile given.yaml") == 2
@@ -91,34 +115,19 @@ def test_a_given_head_gives_the_original_runs_tau_and_outputs_in_both_formats(re
                         .replace("snakemake ", f"snakemake -s {REPO}/Snakefile ")], cwd=wd, capture_output=True,
                        text=True, timeout=2400)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
-    plan = p.stdout.split("Job stats:", 1)[1].split("Reasons:", 1)[0]
-    assert not NO_TRAINING & set(re.findall(r"^(\w+)\s+\d+$", plan, re.M)), plan
-    assert {"compat_report", "prepare_data", "export_head", "benchmark", "serve_config"} <= set(
-        re.findall(r"^(\w+)\s+\d+$", plan, re.M))
+    plan = set(re.findall(r"^(\w+)\s+\d+$", p.stdout.split("Job stats:", 1)[1].split("Reasons:", 1)[0], re.M))
+    assert {"compat_report", "prepare_data", "export_head", "benchmark", "serve_config"} <= plan
+    assert not NO_TRAINING & plan, plan
     res = wd / "results/given"
     assert (res / "head/model.safetensors").read_bytes() == (head / "model.safetensors").read_bytes()
     assert (res / "head/config.json").read_bytes() == (head / "config.json").read_bytes()
     want = token_figures(json.loads((original / "benchmark.json").read_text()))
-    assert token_figures(json.loads((res / "benchmark.json").read_text())) == want
+    got = token_figures(json.loads((res / "benchmark.json").read_text()))
+    assert got["baseline"] == want["baseline"]
+    assert got["runs"][("head", 2)] == got["runs"][("eagle", 2)] == want["runs"][("head", 2)]
     assert f"given (draft.head): {head}, **speculators** format: speculators' format, taken as it is" in (
         res / "compat.md").read_text()
     assert not (res / "checkpoint").exists() and not (res / "hidden_states").exists()
-
-    eagle = eagle_format(head, tmp_path / "heads/eagle")
-    cfg = tmp_path / "eagle.yaml"
-    cfg.write_text(yaml.safe_dump({"run": "given", "draft": {"head": str(eagle)}}))
-    jobs = planned_jobs(["--configfile", str(base), str(cfg)], wd)
-    assert jobs.keys() == {"compat_report", "compat_markdown", "export_head", "benchmark", "plot_benchmark",
-                           "serve_config", "all"}, jobs  # the data are up to date: the same run, the same prompts
-    p = run(["--configfile", str(base), str(cfg)], wd, timeout=2400)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
-    got, exported = load_file(str(res / "head/model.safetensors")), load_file(str(head / "model.safetensors"))
-    assert got.keys() == exported.keys() and all(torch.equal(got[k], exported[k]) for k in got)
-    assert token_figures(json.loads((res / "benchmark.json").read_text())) == want
-    meta = json.loads((res / "head/head_meta.json").read_text())
-    assert meta["source"]["format"] == "eagle" and meta["source"]["path"] == str(eagle)
-    assert "**eagle** format: the EAGLE repo's EAGLE-3 format, converted by speculators' converter" in (
-        res / "compat.md").read_text()
 
 
 def test_a_fine_tune_from_a_given_head_starts_at_its_eval_loss(reduced_build, tmp_path):

@@ -254,11 +254,12 @@ def head_flags(head: GivenHead) -> dict[str, bool]:
 
 
 def check_init_from(config: Mapping[str, Any], target_config: Mapping[str, Any] | None,
-                    target: str = "the target") -> GivenHead | None:
+                    target: str = "the target", res: str | None = None) -> GivenHead | None:
     """The head training starts from (config ``train.init_from``), read and checked as ``draft.head`` is, and against
     what training makes of the run's shards: the same aux layer ids (``capture.aux_layer_ids``, ``auto``: EAGLE-3's
     default of the target's layers), draft vocabulary size (``vocab.draft_vocab_size``; the run trains on the head's
-    own d2t/t2d) and head flags (a forced ``train.head_variant``'s); not beside ``draft.compare_methods``. None where
+    own d2t/t2d) and head flags (a forced ``train.head_variant``'s); not beside ``draft.compare_methods``, nor inside
+    the run's results folder ``res`` (its head and checkpoint are made from this training: a cycle). None where
     training starts from an untrained head.
 
     Raises:
@@ -267,6 +268,9 @@ def check_init_from(config: Mapping[str, Any], target_config: Mapping[str, Any] 
     folder = config["train"]["init_from"]
     if not folder:
         return None
+    if res and os.path.commonpath([os.path.abspath(folder), os.path.abspath(res)]) == os.path.abspath(res):
+        raise PlanError(f"config: train.init_from {folder} is inside the run's results folder {res}, which this training "
+                        "makes: copy the head elsewhere, or give it to a run of another name")
     if config["draft"]["compare_methods"]:
         raise PlanError(f"config: train.init_from {folder} beside draft.compare_methods "
                         f"{config['draft']['compare_methods']}: their heads would start from it too; leave one out")
@@ -389,7 +393,7 @@ class Plan:
             raise PlanError(problem)
         drafts = resolve_drafts(config, res, target_config, name)
         given = check_given_head(config, res, target_config, name)
-        init = check_init_from(config, target_config, name)
+        init = check_init_from(config, target_config, name, res)
         return cls(target, weights, drafts, preflight_enabled(config), capture_may_use_vllm(config, decisions),
                    export_loads_in_vllm(config), export_resources(config), given, init)
 
