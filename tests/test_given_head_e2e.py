@@ -128,6 +128,10 @@ def test_a_given_head_gives_the_original_runs_tau_and_outputs_in_both_formats(re
     assert f"given (draft.head): {head}, **speculators** format: speculators' format, taken as it is" in (
         res / "compat.md").read_text()
     assert not (res / "checkpoint").exists() and not (res / "hidden_states").exists()
+    # staleness follows the head's files: a rewritten weight replans export and what follows, not the compat report
+    (head / "model.safetensors").write_bytes((head / "model.safetensors").read_bytes())
+    assert planned_jobs(["--configfile", str(base), str(wd / "given.yaml")], wd) == {
+        "export_head": 1, "benchmark": 1, "plot_benchmark": 1, "serve_config": 1, "all": 1}
 
 
 def test_a_fine_tune_from_a_given_head_starts_at_its_eval_loss(reduced_build, tmp_path):
@@ -167,3 +171,6 @@ def test_a_fine_tune_from_a_given_head_starts_at_its_eval_loss(reduced_build, tm
     assert abs(start - original) < 0.1 < abs(untrained - original), (start, original, untrained)
     assert abs(untrained - original) > 10 * abs(start - original)
     assert metrics["steps"] > 0 and metrics["final_eval"]["loss"] != start
+    # the head's weights rewritten: the vocab map and training replan (and what reads them), never the capture
+    (eagle / "model.safetensors").write_bytes((eagle / "model.safetensors").read_bytes())
+    assert planned_jobs(target, wd) == {"build_vocab_map": 1, "train_draft": 1}
