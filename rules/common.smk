@@ -41,37 +41,21 @@ onstart:
 
 
 # A head the user brings (plan.check_given_head, check_init_from): draft.head, the run's head (its config.json an input
-# of the compat report, its files of export in place of the checkpoint and vocab map; capture, vocab map and training
-# then unplanned: nothing asks for them), and train.init_from, where training starts (its files inputs of the vocab
-# map, which takes its d2t/t2d, and of training). None: none given.
+# of the compat report; its files and the report's decisions of export, in place of the checkpoint and vocab map;
+# capture, vocab map and training then unplanned: nothing asks for them), and train.init_from, where training starts
+# (its files inputs of the vocab map, which takes its d2t/t2d, and of training). None: none given. Inputs as plain
+# paths, known when parsing (not input functions): the deleted-intermediate check reads the rules' plain paths.
 GIVEN_HEAD = PLAN.given_head
 INIT_HEAD = PLAN.init_head
-
-
-def given_head_config(wildcards):
-    """The compat report's ``given_head`` input: draft.head's config.json, or nothing."""
-    return GIVEN_HEAD.files[:1] if GIVEN_HEAD else []
-
-
-def given_head_files(wildcards):
-    """export_head's ``given`` input: draft.head's config.json and weight file, or nothing."""
-    return GIVEN_HEAD.files if GIVEN_HEAD else []
-
-
-def given_head_decisions(wildcards):
-    """export_head's ``decisions`` input where draft.head gives the head: the compat report that checked it against the
-    target comes first (nothing else of such a plan reads it); nothing for a trained head (its checkpoint did)."""
-    return DECISIONS if GIVEN_HEAD else []
+GIVEN_HEAD_CONFIG = GIVEN_HEAD.files[:1] if GIVEN_HEAD else []  # the compat report's given_head input
+GIVEN_HEAD_FILES = GIVEN_HEAD.files if GIVEN_HEAD else []  # export_head's given input
+GIVEN_HEAD_DECISIONS = DECISIONS if GIVEN_HEAD else []  # export_head's: the report that checked the head comes first
+INIT_HEAD_FILES = INIT_HEAD.files if INIT_HEAD else []  # build_vocab_map's and train_draft's init_from input
 
 
 def trained(path):
     """An input of export_head from training (``path``), or nothing where draft.head gives the head."""
-    return signature_once(lambda wildcards: [] if GIVEN_HEAD else path)
-
-
-def init_head_files(wildcards):
-    """train.init_from's config.json and weight file (inputs of build_vocab_map and train_draft), or nothing."""
-    return INIT_HEAD.files if INIT_HEAD else []
+    return [] if GIVEN_HEAD else path
 
 
 # The target: a user's HF directory, or a bundled GGUF materialised under resources/; its files are the rules' input.

@@ -7,8 +7,8 @@ rule export_head:
         t2d=trained(f"{RES}/vocab/t2d.npy"),
         vocab=trained(f"{RES}/vocab/vocab.json"),
         target=TARGET_FILES,
-        given=given_head_files,
-        decisions=given_head_decisions,
+        given=GIVEN_HEAD_FILES,
+        decisions=GIVEN_HEAD_DECISIONS,
     output:
         config=f"{RES}/head/config.json",
         weights=f"{RES}/head/model.safetensors",
