@@ -69,6 +69,10 @@ HEAD_KEYS: tuple[Key, ...] = (
         "auto",
         "graph breaks speculators forces, with train.compile a mode: auto (CUDA: keep, pytorch #175250; elsewhere: "
         "remove) | keep | remove (both) | first_layer | mask_extension (only that one removed)"),
+    Key("train.init_from", {"type": ["string", "null"], "minLength": 1}, None,
+        "a head folder training starts from (speculators' or the EAGLE repo's EAGLE-3 format, checked as draft.head "
+        "is; its d2t/t2d become the run's vocab map): fine-tune it on this run's data; null = an untrained head",
+        quiet_default=True),
     Key("train.select", {"type": "string", "enum": ["best_simulated_tau", "last"]}, "best_simulated_tau",
         "the epoch whose weights the checkpoint holds: best_simulated_tau (the eval's simulated tau, per epoch) | "
         "last"),

@@ -68,7 +68,8 @@ DRAFT_METHODS = list(methods.NAMES)
 def draft_keys() -> tuple[Key, ...]:
     """The config's ``draft`` section, from the method registry (``methods.METHODS``): ``draft.method``,
     ``draft.layer`` (the layer registry, ``methods.LAYERS``), ``draft.compare_methods`` and each method's options
-    (``draft.<method>.<option>``). All were added after builds existed (``quiet_default``)."""
+    (``draft.<method>.<option>``). All were added after builds existed (``quiet_default``); ``draft.head`` (a given
+    head, issue 72) chooses files only."""
     registered = methods.METHODS.values()
     return (
         Key(
@@ -98,6 +99,11 @@ def draft_keys() -> tuple[Key, ...]:
             ),
             quiet_default=True,
         ),
+        Key("draft.head", {"type": ["string", "null"], "minLength": 1}, None,
+            "a head folder to benchmark and serve as the run's head, none trained (no capture, vocab map or training "
+            "planned): speculators' format (what export writes, vLLM loads; taken as it is) or the EAGLE repo's EAGLE-3 "
+            "format (converted by speculators' converter); checked against the target at planning and in the compat "
+            "report; null = train the run's head"),
         *(Key(f"draft.{m.name}.{o.name}", dict(o.schema), o.default, o.doc, quiet_default=True)
           for m in registered for o in m.options),
     )
