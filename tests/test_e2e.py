@@ -4,11 +4,13 @@ The tests on the reduced build are marked e2e and vllm by tests/conftest.py (the
 the checks of this file's own helpers (the contract check, the digest sketch) run in ``make check`` too."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 import torch
@@ -565,7 +567,6 @@ def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
     before the shards). (Until issue 39 it built on to the head, and until issue 59 every shard and the vocab map,
     ~30 s more on 2 cores: the rerun of one shard is the same code path as the others'.)"""
     import signal
-    import time
 
     wd0, res0 = built
     before = _file_digest(res0.parents[1] / KILLED_SHARD)
@@ -598,6 +599,97 @@ def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert not list(res.glob("hidden_states/*/.shard-*.tmp-*"))  # the killed job's temporary is gone too
     assert _file_digest(wd / KILLED_SHARD) == before
+
+
+# A stop from outside (issue 71, eagle3build/workflow/stop.py): the reduced build's training made long enough to be
+# stopped mid-run (6 epochs of 4 steps, a state every 2 steps), then its head (train_draft and export_head).
+STOP_CHANGE = {"train": {"epochs": 6, "checkpoint_every": 2}}
+STOP_TARGET = "results/reduced/head/config.json"
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "train_meta.json", "metrics.json", "curves.png")
+
+
+def _processes_in(wd) -> list[int]:
+    """The processes working in ``wd`` (their working directory in it): a build's Snakemake and jobs."""
+    out = []
+    for e in os.scandir("/proc"):
+        if e.name.isdigit():
+            try:
+                if os.readlink(f"/proc/{e.name}/cwd").startswith(str(wd)):
+                    out.append(int(e.name))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_head(reduced_build, tmp_path_factory):
+    """The head of STOP_CHANGE built without a stop, on a copy of the reduced build: ``(its weights, seconds)``."""
+    wd0, _ = reduced_build
+    d = tmp_path_factory.mktemp("uninterrupted")
+    wd = copy_build(wd0, d / "wd")
+    cfg = _changed_config(wd, d, STOP_CHANGE)
+    t0 = time.monotonic()
+    p = run([STOP_TARGET, "--configfile", str(cfg)], wd)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return load_file(str(wd / "results/reduced/head/model.safetensors")), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_from_outside_loses_no_training_step(built, uninterrupted_head, tmp_path, sig):
+    """Issue 71: SIGINT or SIGTERM sent to the Snakemake process alone (`kill PID`) mid-training reaches the training
+    job as SIGTERM: it saves its state after the step in flight and stops, Snakemake exits 1 with the job's own line
+    (TrainingStopped), leaving no lock and no process; the head it had planned to export again is marked incomplete
+    (the copy's head, made from the checkpoint the training removed at its start). The next run resumes at that step
+    (it trains none of the steps done again: at most checkpoint_every), its head equals the uninterrupted run's, and a
+    dry-run then plans nothing."""
+    import signal
+
+    wd0, _ = built
+    wd = copy_build(wd0, tmp_path / "wd")
+    cfg = _changed_config(wd, tmp_path, STOP_CHANGE)
+    state = wd / "results/reduced/checkpoint.state/state.pt"
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "2", "-d", str(wd), STOP_TARGET, "--configfile", str(cfg)]
+    with open(tmp_path / "stopped.log", "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    saved, deadline = 0, time.monotonic() + 900
+    while saved < 4:  # two states saved: the training is well under way
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stopped.log").read_text()[-3000:]
+        try:
+            saved = torch.load(state, weights_only=True)["step"]
+        except Exception:  # noqa: BLE001 - not there yet, or racing its atomic rename
+            pass
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    proc.send_signal(getattr(signal, sig))
+    assert proc.wait(timeout=300) == 1
+    stop_s = time.monotonic() - t0
+    out = (tmp_path / "stopped.log").read_text()
+    m = re.search(r"train_draft failed: TrainingStopped: SIGTERM: the training state after step (\d+) of (\d+)", out)
+    assert m, out[-3000:]
+    stopped_at, total = int(m.group(1)), int(m.group(2))
+    assert saved <= stopped_at < total and torch.load(state, weights_only=True)["step"] == stopped_at
+    assert not [f for f in CHECKPOINT_FILES if (wd / "results/reduced/checkpoint" / f).exists()]  # removed at its start
+    # the copy's head, made from the checkpoint this run removed at the training's start: marked to be made again
+    marked = {base64.urlsafe_b64decode(f.name).decode() for f in wd.glob(".snakemake/incomplete/*")}
+    assert STOP_TARGET in marked and all(f.startswith("results/reduced/head/") for f in marked), marked
+    assert not list(wd.glob(".snakemake/locks/*")) and _processes_in(wd) == []
+
+    t0 = time.monotonic()
+    p = run([STOP_TARGET, "--configfile", str(cfg)], wd)
+    rerun_s = time.monotonic() - t0
+    assert p.returncode == 0, p.stderr[-3000:]
+    metrics = json.loads((wd / "results/reduced/checkpoint/metrics.json").read_text())
+    assert metrics["resumed_from_step"] == stopped_at and metrics["steps"] == total  # no step done trained again
+    assert stopped_at - metrics["resumed_from_step"] <= STOP_CHANGE["train"]["checkpoint_every"]
+    ref, _ = uninterrupted_head
+    head = load_file(str(wd / "results/reduced/head/model.safetensors"))
+    assert head.keys() == ref.keys() and all(torch.equal(head[k], ref[k]) for k in ref)
+    assert not state.parent.exists()  # a finished training's state is removed
+    assert planned_jobs([STOP_TARGET, "--configfile", str(cfg)], wd) == {}
+    assert not list(wd.glob(".snakemake/locks/*")) and not list(wd.glob(".snakemake/incomplete/*"))
+    assert _processes_in(wd) == []
+    print(f"{sig}: stopped at step {stopped_at} of {total}, Snakemake gone {stop_s:.1f} s after the signal; the rerun "
+          f"took {rerun_s:.1f} s (the uninterrupted build {uninterrupted_head[1]:.1f} s)")
 
 
 # The digest test: every artifact of the reduced build, by the stage that writes it, with the
