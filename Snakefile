@@ -81,11 +81,11 @@ rule all:
         preflight_input,
 
 
-# Every build ends with its result (the head, k, tau and speed-up per set, lossless, the report, the serve command),
-# also where there was nothing to do; a failed one with each failed job's own error line and log (issue 67); a stopped
-# one marks what it planned and did not run incomplete (eagle3build.workflow.stop).
+# Every build ends with its result (the head, k, tau and speed-up per set, lossless, the report, the serve command,
+# what the data lost: issue 71), also where there was nothing to do; a failed one with each failed job's own error line
+# and log (issue 67); a stopped one marks what it planned and did not run incomplete (eagle3build.workflow.stop).
 onsuccess:
-    logger.info(summary.result_screen(RES) or f"{RES}/benchmark.json is not built yet")
+    logger.info(summary.build_end(RES))
 
 
 onerror:

@@ -213,6 +213,12 @@ def test_a_build_with_nothing_to_do_still_ends_with_its_result(built):
     for name, v in r["sets"].items():
         assert re.search(rf"^\s+{name}\s+tau {v['mean_acceptance_length']:.3f}, {v['speedup']:.2f}x$", screen, re.M)
     assert "report: results/reduced/report/benchmark.png" in screen and "serve it: results/reduced/serve/serve.sh" in screen
+    # what the bundled data lost (issue 71): the records prepare_data skipped, the conversations it cut
+    rep = json.loads((res / "data/data_report.json").read_text())
+    (data,) = [x for x in screen.splitlines() if x.startswith("  data lost: ")]
+    assert f"{rep['skipped_total']} record(s) skipped (too_few_supervised_tokens " in data
+    assert f"{rep['truncated_to_max_seq_len']} kept conversation(s) cut to data.max_seq_len 128 tokens" in data
+    assert data.endswith("; see results/reduced/data/data_report.json")
 
 
 def test_more_samples_add_only_new_shards(built, tmp_path):
@@ -347,12 +353,13 @@ def _changed_config(wd, tmp_path, change):
 
 def test_a_local_data_file_is_an_input(built, tmp_path):
     """Your data file, edited or grown, replans prepare_data and what reads it (it is an input); left alone,
-    nothing. A run of its own in the shared workdir, built up to prepare_data only."""
+    nothing. A run of its own in the shared workdir, built up to prepare_data only. The file ends cut mid-line, as a
+    broken download leaves it: the build's last lines say so (issue 71), naming the file and data_report.json."""
     wd, _ = built
     data = wd / "my-chats.jsonl"
     line = '{{"id": "m{i}", "messages": [{{"role": "user", "content": "Question {i}?"}}, ' \
            '{{"role": "assistant", "content": "Here is a longer answer to question {i}."}}]}}\n'
-    data.write_text("".join(line.format(i=i) for i in range(12)))
+    data.write_text("".join(line.format(i=i) for i in range(12)) + line.format(i=12)[:40] + "\n")
     cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
     cfg["run"] = "localdata"
     cfg["data"]["sources"] = [{"path": "my-chats.jsonl", "max_samples": None}]
@@ -360,6 +367,9 @@ def test_a_local_data_file_is_an_input(built, tmp_path):
     args = ["--configfile", str(tmp_path / "local.yaml"), "--until", "prepare_data"]
     p = run(args, wd)
     assert p.returncode == 0, p.stderr[-3000:]
+    end = (p.stdout + p.stderr).split("results/localdata/benchmark.json is not built yet\n", 1)[1].splitlines()
+    assert end[0] == ("  data lost: my-chats.jsonl: 1 line(s) not JSON; see "
+                      "results/localdata/data/data_report.json"), end[:2]
     assert planned_jobs(args, wd) == {}
     with data.open("a") as f:  # the file grows by one conversation
         f.write(line.format(i=12))
