@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -126,25 +129,36 @@ def test_snakemakes_own_sigint_marks_a_job_finished_after_it_incomplete(tmp_path
     assert p.returncode != 0 and "IncompleteFilesException" in p.stdout + p.stderr
 
 
-def test_job_processes_are_what_a_terminal_reaches_without_the_shells():
-    """A shell's job is one (the shell is not: it would end at once and leave the job), a process that leads a group
+def _children(pid: int) -> list[int]:
+    return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and (stop._stat(int(e.name)) or ("", 0))[1] == pid]
+
+
+def test_job_processes_are_each_jobs_own_process_without_the_shells():
+    """A shell's job is one (the shell is not: it would end at once and leave the job), and a job's own process is,
+    without what it started (a training's torchrun: the job tells it, train.ddp.launch); a process that leads a group
     of its own (a job host, an engine) is not, nor what runs under it."""
     shell = subprocess.Popen(["bash", "-c", "sleep 30; true"])
+    job = subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '30'])"])
     own_group = subprocess.Popen(["bash", "-c", "sleep 30; true"], process_group=0)
+    kids, started = [], []
     try:
         deadline = time.monotonic() + 10
-        while not (kids := [p for p in stop.job_processes() if stop._stat(p)[1] == shell.pid]):
+        while not ((kids := _children(shell.pid)) and (started := _children(job.pid))
+                   and _children(own_group.pid)):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         procs = stop.job_processes()
-        assert stop._stat(kids[0])[0] == "sleep" and shell.pid not in procs and own_group.pid not in procs
-        assert not [p for p in procs if stop._stat(p) and stop._stat(p)[1] == own_group.pid]
+        assert stop._stat(kids[0])[0] == "sleep" and kids[0] in procs and shell.pid not in procs
+        assert job.pid in procs and stop._stat(started[0])[0] == "sleep" and started[0] not in procs
+        assert own_group.pid not in procs and not set(_children(own_group.pid)) & set(procs)
     finally:
+        for pid in kids + started:
+            os.kill(pid, signal.SIGKILL)  # the shell's sleep, the job's
         shell.kill()
+        job.kill()
         os.killpg(own_group.pid, signal.SIGKILL)
-        for p in (shell, own_group):
+        for p in (shell, job, own_group):
             p.wait()
-        subprocess.run(["pkill", "-KILL", "-P", str(shell.pid)], check=False)  # the shell's sleep, by its parent
 
 
 class StandInHost:
@@ -190,17 +204,23 @@ class StandInHost:
 def test_sigterm_to_a_hosted_job_asks_its_host_and_keeps_a_finished_shard(tmp_path, monkeypatch, finished):
     """SIGTERM while the job waits for its host half-closes the connection: a host that had renamed the shard answers
     and the job succeeds (Snakemake keeps the shard), one that dropped it answers nothing and the job fails with
-    JobStopped. The previous SIGTERM handler is put back."""
+    JobStopped. The SIGTERM handler before it is put back."""
     from eagle3build.capture import capture_hidden_states as cap
 
-    monkeypatch.setenv("EAGLE3BUILD_GPU_LOCK_DIR", str(tmp_path))
+    lock_dir = tempfile.mkdtemp(prefix="e3s-", dir="/tmp")  # short: a Unix socket's path holds 107 bytes
+    monkeypatch.setenv("EAGLE3BUILD_GPU_LOCK_DIR", lock_dir)
     me = (os.getpid(), host._proc_stat(os.getpid())[2])
     monkeypatch.setattr(host, "owner_process", lambda: me)
     s = cap.CaptureSettings(target_dir=tmp_path, tokens_path=tmp_path / "t.safetensors", out_path=tmp_path / "s",
                             start=0, count=4, aux_layer_ids=[1], target_fingerprint="fp", split="train",
                             compute_dtype="auto")
+    got = []
+
+    def ours(*a):  # where run_job took no SIGTERM itself: the test fails, and no more
+        got.append(a)
+
+    before = signal.signal(signal.SIGTERM, ours)
     standin = StandInHost(host.host_spec("capture_hidden_states", s, 2, 0, me)["key"], finished)
-    before = signal.getsignal(signal.SIGTERM)
     try:
         if finished:
             assert host.run_job("capture_hidden_states", s, 2, 0) == {"samples": 4}
@@ -209,7 +229,9 @@ def test_sigterm_to_a_hosted_job_asks_its_host_and_keeps_a_finished_shard(tmp_pa
                 host.run_job("capture_hidden_states", s, 2, 0)
     finally:
         standin.close()
-    assert standin.saw_half_close and signal.getsignal(signal.SIGTERM) is before
+        after = signal.signal(signal.SIGTERM, before)
+        shutil.rmtree(lock_dir)
+    assert standin.saw_half_close and not got and after is ours  # run_job's handler took it, then put ours back
 
 
 def test_a_host_sees_a_half_closed_job_as_gone():
@@ -222,3 +244,73 @@ def test_a_host_sees_a_half_closed_job_as_gone():
         assert not host._peer_open(served)
         served.sendall(b"ok")
         assert job.recv(2) == b"ok"
+
+
+FINISHING = """
+import os, signal, sys
+from eagle3build.workflow.job import finish_or_end
+signal.signal(signal.SIGTERM, finish_or_end(sys.argv[1:]))
+os.kill(os.getpid(), signal.SIGTERM)
+print("went on")
+"""
+
+
+def test_a_job_whose_outputs_are_in_place_ignores_sigterm(tmp_path):
+    """job.finish_or_end, every job's SIGTERM handler: a job with each output in place (renamed there: it is about to
+    exit 0) goes on, so that Snakemake keeps them; one with an output missing ends at once, as by default."""
+    done, missing = tmp_path / "a", tmp_path / "b"
+    done.write_text("x")
+    p = subprocess.run([sys.executable, "-c", FINISHING, str(done)], capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (0, "went on\n"), p.stderr
+    p = subprocess.run([sys.executable, "-c", FINISHING, str(done), str(missing)], capture_output=True, text=True,
+                       timeout=60)
+    assert (p.returncode, p.stdout) == (-signal.SIGTERM, "")
+
+
+MAIN = """
+import logging, os, signal, sys, types
+from eagle3build.workflow import job
+out, when = sys.argv[1], sys.argv[2]
+
+
+class Named(list):  # a Snakemake Namedlist's shape: a list with named items
+    def __init__(self, items):
+        super().__init__(v for _, v in items)
+        self._items = items
+
+    def items(self):
+        return iter(self._items)
+
+
+def entry(settings):
+    if when == "written":  # as every writer: a temporary, renamed into place last
+        open(out + ".tmp", "w").write("x")
+        os.replace(out + ".tmp", out)
+    os.kill(os.getpid(), signal.SIGTERM)  # a stop from outside as the job ends, or before it wrote its output
+    return "returned"
+
+
+job.entry_function = lambda rule: entry
+job.setup = lambda smk: logging.getLogger("job")
+smk = types.SimpleNamespace(rule="plot_benchmark", input=Named([("benchmark", "b.json")]), output=Named([("png", out)]),
+                            wildcards=Named([]), params=Named([("settings", {}), ("version", 1)]),
+                            resources=Named([]), threads=1, log=[])
+print(job.main(smk), flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # after main: ignored to the exit
+print("exits", flush=True)
+"""
+
+
+def test_job_main_ends_at_sigterm_until_its_outputs_are_in_place(tmp_path):
+    """job.main's SIGTERM handling (finish_or_end, then ignored once the entry returned): SIGTERM to a job whose entry
+    has renamed its output into place does not end it (Snakemake keeps a job that exits 0; one ended by a signal is a
+    failed one, its outputs removed); SIGTERM to one whose output is missing ends it at once, as by default."""
+    out = tmp_path / "b.png"
+    p = subprocess.run([sys.executable, "-c", MAIN, str(out), "written"], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert (p.returncode, p.stdout) == (0, "returned\nexits\n"), p.stderr
+    assert out.read_text() == "x"
+    out.unlink()
+    p = subprocess.run([sys.executable, "-c", MAIN, str(out), "missing"], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert (p.returncode, p.stdout, out.exists()) == (-signal.SIGTERM, "", False), p.stderr

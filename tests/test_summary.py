@@ -51,6 +51,7 @@ def test_the_failure_screen_names_each_jobs_own_line_and_log(tmp_path):
         "What failed:", "  capture_hidden_states: capture failed: ValueError: x (set capture.aux_layer_ids)",
         f"    log: {log}", "  benchmark: (its log cannot be read: No such file or directory)",
         f"    log: {tmp_path / 'gone.log'}"]
+    assert summary.failure_screen([]).startswith("No job failed: the build was stopped before its end")
 
 
 def test_the_result_follows_snakemakes_nothing_to_be_done_line():

@@ -14,15 +14,16 @@ What Snakemake 9.27.1 does by itself (snakemake/scheduling/job_scheduler.py; tes
 
 Neither reaches the jobs, which a terminal's Ctrl-C does (SIGINT to the foreground process group). ``forward_signals``
 (called from the ``onstart`` of rules/common.smk, where the jobs run in this process's executor) handles both signals
-alike: it sends SIGTERM to the running jobs (``job_processes``: Snakemake's descendants in its own process group, what
-a terminal reaches, without the shells that run them) and takes Snakemake's own graceful path
-(``JobScheduler.exit_gracefully``). Each job stops as SIGTERM tells it to: a training saves its state after the step in
-flight and fails with ``TrainingStopped`` (the rerun resumes there), a hosted capture job asks its host to drop its
-shard (``host.run_job``: a shard finished by then is kept, and the job succeeds), any other job ends at once (its
-outputs are written to a temporary and renamed, so none is half-written). A job that finishes anyway is accepted as any
-finished job: the next run plans it no more. SIGTERM is what a job is told: the signal a cluster's time limit sends
-each job too, which training answers by saving its state (``train.trainer.save_on_term``). After the stop
-(``onerror``), ``mark_unrun`` marks the present outputs of the jobs planned and not started incomplete.
+alike: it sends SIGTERM to the running jobs (``job_processes``: each job's own process, below the shell that runs it)
+and takes Snakemake's own graceful path (``JobScheduler.exit_gracefully``). Each job stops as SIGTERM tells it to: a
+training saves its state after the step in flight and fails with ``TrainingStopped`` (the rerun resumes there), a
+hosted capture job asks its host to drop its shard (``host.run_job``: a shard finished by then is kept, and the job
+succeeds), a training on several ranks passes it to them (``train.ddp.launch``), any other job ends at once (its
+outputs are written to a temporary and renamed, so none is half-written), and a job whose outputs are all in place
+ignores it (``job.finish_or_end``: it is about to exit 0). A job that finishes anyway is accepted as any finished job:
+the next run plans it no more. SIGTERM is what a job is told: the signal a cluster's time limit sends each job too,
+which training answers by saving its state (``train.trainer.save_on_term``). After the stop (``onerror``),
+``mark_unrun`` marks the present outputs of the jobs planned and not started incomplete.
 
 Not chosen (issue 71's other candidates):
 
@@ -64,10 +65,11 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
 
 
 def job_processes(root: int | None = None) -> list[int]:
-    """The pids a terminal's Ctrl-C reaches beside ``root`` (default: this process, Snakemake's): its descendants in its
-    own process group, without shells (a shell waiting on its job would end at once and leave the job behind). A
-    process that leads a group of its own and what runs under it (a job host, a vLLM engine: they watch their job)
-    is not one. Empty where ``/proc`` cannot tell (not Linux)."""
+    """The running jobs' own processes under ``root`` (default: this process, Snakemake's): each first process below it
+    that is not a shell (a script job's ``sh -c``: a shell waiting on its job would end at once and leave the job
+    behind), in its process group (what a terminal's Ctrl-C reaches; a job host, a vLLM engine lead groups of their own
+    and watch their job). What a job started is the job's to tell (a training's torchrun: ``train.ddp.launch``).
+    Empty where ``/proc`` cannot tell (not Linux)."""
     root = os.getpid() if root is None else root
     me = _stat(root)
     if me is None:
@@ -87,7 +89,8 @@ def job_processes(root: int | None = None) -> list[int]:
             continue
         if stats[pid][0] not in SHELLS:
             out.append(pid)
-        todo.extend(children.get(pid, []))
+        else:
+            todo.extend(children.get(pid, []))
     return sorted(out)
 
 

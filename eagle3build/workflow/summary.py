@@ -141,7 +141,11 @@ def error_line(log: str | os.PathLike) -> str:
 
 def failure_screen(failed: Iterable[tuple[str, Iterable[str]]]) -> str:
     """Each failed job (``(rule, its log files)``) on two lines: the rule and its own error line, then its log's path;
-    what Snakemake's generic "At least one job did not complete successfully" leaves out."""
+    what Snakemake's generic "At least one job did not complete successfully" leaves out. None failed (a build stopped
+    from outside, whose jobs all finished: workflow/stop.py): a line that says so."""
+    failed = list(failed)
+    if not failed:
+        return "No job failed: the build was stopped before its end; the next run goes on from what it finished"
     out = ["What failed:"]
     for rule, logs in failed:
         logs = [str(x) for x in logs]
