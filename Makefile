@@ -5,8 +5,8 @@
 #   cluster, no container (CHECK_MARKERS: the markers of pyproject.toml; tests/conftest.py marks every test that
 #   uses the reduced build e2e); tests/run_suite.sh check, two pytest processes side by side (test files a-n; o-z).
 # `make rehearse`: the recipe-based GPU records (benchmarks/gpu/record.py recipe-set) rehearsed on this CPU as one
-#   sequence, and the Kimi MLA record, before a card lease (tests marked lease; 22.8 min here with the
-#   reduced build, 2026-12-07, beside another job; not in make test).
+#   sequence, and the Kimi MLA record, before a card lease (tests marked lease; 14.6 min here with the
+#   reduced build, 2026-12-07, beside other jobs; not in make test).
 # `make lint`: snakemake --lint, ruff check, snakefmt --check (pyproject.toml has their settings).
 # `make install-gpu`: the CUDA route (vLLM 0.33.0, torch 2.14.0+cu130) into .venv-gpu; docs/gpus.md.
 CORES ?= 2

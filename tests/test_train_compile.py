@@ -202,10 +202,11 @@ def test_the_fused_loss_is_one_op_of_the_graph(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,max_breaks", [("eagle3", 0), ("dflash", 2), ("peagle", 3)])
+@pytest.mark.parametrize("method,max_breaks", [("dflash", 2), ("peagle", 3)])
 def test_each_method_compiles_with_inductor(tiny_shards, tiny_target, method, max_breaks):
     """Inductor's kernels on the CPU: the compiled step's loss and gradients within float32 rounding of eager ones
-    (reductions fused and reordered: 1e-4 relative), the graph breaks within each method's own: none for EAGLE-3;
+    (reductions fused and reordered: 1e-4 relative), the graph breaks within each method's own (EAGLE-3's step under
+    inductor, with none, is test_training_compiled_ends_near_training_eager's and test_train_throughput_tiny's);
     DFlash's anchor and mask builder, compiler.disable'd upstream, met in forward's trace and again in
     _backbone_forward's (the frame it is called from, compiled on its own); P-EAGLE's data-dependent COD sampling."""
     model, batch, call = _model(tiny_shards, tiny_target, method=method)
