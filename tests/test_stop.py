@@ -129,8 +129,10 @@ def test_snakemakes_own_sigint_marks_a_job_finished_after_it_incomplete(tmp_path
     assert p.returncode != 0 and "IncompleteFilesException" in p.stdout + p.stderr
 
 
-def _children(pid: int) -> list[int]:
-    return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and (stop._stat(int(e.name)) or ("", 0))[1] == pid]
+def _sleeping_children(pid: int) -> list[int]:
+    """The children of ``pid`` that run ``sleep`` (forked and exec'd: a child not yet exec'd has its parent's name)."""
+    return [int(e.name) for e in os.scandir("/proc")
+            if e.name.isdigit() and (stop._stat(int(e.name)) or ("", 0))[:2] == ("sleep", pid)]
 
 
 def test_job_processes_are_each_jobs_own_process_without_the_shells():
@@ -143,14 +145,14 @@ def test_job_processes_are_each_jobs_own_process_without_the_shells():
     kids, started = [], []
     try:
         deadline = time.monotonic() + 10
-        while not ((kids := _children(shell.pid)) and (started := _children(job.pid))
-                   and _children(own_group.pid)):
+        while not ((kids := _sleeping_children(shell.pid)) and (started := _sleeping_children(job.pid))
+                   and _sleeping_children(own_group.pid)):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         procs = stop.job_processes()
-        assert stop._stat(kids[0])[0] == "sleep" and kids[0] in procs and shell.pid not in procs
-        assert job.pid in procs and stop._stat(started[0])[0] == "sleep" and started[0] not in procs
-        assert own_group.pid not in procs and not set(_children(own_group.pid)) & set(procs)
+        assert kids[0] in procs and shell.pid not in procs
+        assert job.pid in procs and started[0] not in procs
+        assert own_group.pid not in procs and not set(_sleeping_children(own_group.pid)) & set(procs)
     finally:
         for pid in kids + started:
             os.kill(pid, signal.SIGKILL)  # the shell's sleep, the job's
