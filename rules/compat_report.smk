@@ -1,6 +1,7 @@
 rule compat_report:
     input:
         target=TARGET_FILES,
+        given_head=GIVEN_HEAD_CONFIG,
     output:
         decisions=DECISIONS,
         json=f"{RES}/compat.json",

@@ -1,10 +1,14 @@
+# draft.head: the given head's files in place of the checkpoint and vocab map (trained(): nothing then), taken as they
+# are or converted by speculators' converter (eagle3build/serve/export_head.py, export_given).
 rule export_head:
     input:
-        checkpoint=f"{RES}/checkpoint/model.safetensors",
-        d2t=f"{RES}/vocab/d2t.npy",
-        t2d=f"{RES}/vocab/t2d.npy",
-        vocab=f"{RES}/vocab/vocab.json",
+        checkpoint=trained(f"{RES}/checkpoint/model.safetensors"),
+        d2t=trained(f"{RES}/vocab/d2t.npy"),
+        t2d=trained(f"{RES}/vocab/t2d.npy"),
+        vocab=trained(f"{RES}/vocab/vocab.json"),
         target=TARGET_FILES,
+        given=GIVEN_HEAD_FILES,
+        decisions=GIVEN_HEAD_DECISIONS,
     output:
         config=f"{RES}/head/config.json",
         weights=f"{RES}/head/model.safetensors",
@@ -24,7 +28,7 @@ rule export_head:
         runtime=PLAN.export_resources["runtime"],
     params:
         **stage_params("export_head"),
-        checkpoint_dir=lambda w, input: os.path.dirname(input.checkpoint),
+        checkpoint_dir=lambda w, input: os.path.dirname(input.checkpoint) if input.checkpoint else None,
         out_dir=lambda w, output: os.path.dirname(output.config),
         target_dir=target_dir,
         benchmarked_by=benchmarked_by,
@@ -41,6 +45,8 @@ use rule export_head as export_head_method with:
         t2d=f"{RES}/vocab/t2d.npy",
         vocab=f"{RES}/vocab/vocab.json",
         target=TARGET_FILES,
+        given=[],
+        decisions=[],
     output:
         config=f"{RES}/methods/{{method}}/head/config.json",
         weights=f"{RES}/methods/{{method}}/head/model.safetensors",

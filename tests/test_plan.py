@@ -204,9 +204,10 @@ def test_the_rules_are_checked_against_their_contracts():
     plan.check_rules(rules_namespace())
     with pytest.raises(ValueError, match=r"the inputs of benchmark, \[.*\], are not its contract's"):
         plan.check_rules(rules_namespace(drop_input="benchmark"))
-    with pytest.raises(ValueError, match=r"rule export_head: its settings field checkpoint_dir reads "
-                                         r"params.checkpoint_dir, which the rule does not name"):
-        plan.check_rules(rules_namespace(drop_param=("export_head", "checkpoint_dir")))
+    with pytest.raises(ValueError, match=r"rule export_head: its settings field out_dir reads "
+                                         r"params.out_dir, which the rule does not name"):
+        plan.check_rules(rules_namespace(drop_param=("export_head", "out_dir")))
+    plan.check_rules(rules_namespace(drop_param=("export_head", "checkpoint_dir")))  # a given head's export has none
     plan.check_rules(rules_namespace(drop_param=("export_head", "benchmarked_by")))  # optional: the job goes without
 
 

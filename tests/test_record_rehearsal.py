@@ -28,6 +28,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 from smk import REPO, copy_build
 
 RECORD = REPO / "benchmarks/gpu/record.py"
@@ -395,3 +396,88 @@ def test_a_record_set_runs_in_order_and_resumes_past_made_records(tmp_path, monk
     assert re.findall(r"^estimate on cpu: (\S+): ", capsys.readouterr().out, re.M) == ["recipe-serve", "peer"]
     assert made == ["recipe", "methods", "kschedule", "recipe-serve", "peer"]
     assert all(any(Path(f).name == "cpu.yaml" for f in record.RECORDS[n].configfiles) for n in made)
+
+
+def _head_archive(head: Path, out: Path, run: str = "smollm2-8k") -> Path:
+    """A record's archive (``OUT/<name>.tgz``) carrying the head of ``head`` as results/<run>/head/."""
+    with tarfile.open(out, "w:gz") as tar:
+        for f in ("config.json", "model.safetensors", "head_meta.json"):
+            if (head / f).exists():
+                tar.add(head / f, arcname=f"results/{run}/head/{f}")
+    return out
+
+
+@pytest.mark.slow
+def test_records_with_a_given_head_plan_no_capture_or_training(tmp_path):
+    """Issue 72 ask 4, planned here as a card would run it: ``kschedule recipe-serve --head ARCHIVE --dry-run``: the
+    head unpacked from a record's archive under the work directory, each record's plan and its card estimate without
+    capture, vocab map or training (the recipe's build is not needed), the given-head overlay last (draft.head, the
+    train section at its defaults); an archive without the head's weights, and a record that takes no head, refused
+    in one line."""
+    from test_given_head import speculators_head
+
+    sys.path.insert(0, str(REPO / "benchmarks/gpu"))
+    import record
+
+    head = speculators_head(tmp_path / "h", drop=("embed_tokens.weight",), draft_vocab_size=32,
+                            transformer_layer_config={"hidden_size": 576, "vocab_size": 49152})
+    wd = tmp_path / "wd"
+    p, out = _record(["kschedule", "recipe-serve"], tmp_path, wd, extra=(
+        "--dry-run", "--card", "h100", "--head", str(_head_archive(head, tmp_path / "recipe.tgz"))), seconds=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    unpacked = wd / record.HEADS / "recipe"
+    assert (unpacked / "model.safetensors").read_bytes() == (head / "model.safetensors").read_bytes()
+    for name in ("kschedule", "recipe-serve"):
+        plan = p.stdout.split(f"{name} (plan in", 1)[1].split("\n\n", 1)[0]
+        jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", plan, re.M))
+        assert {"compat_report", "export_head", "benchmark"} <= jobs.keys(), plan
+        assert not {"capture_hidden_states", "build_vocab_map", "train_draft"} & jobs.keys(), plan
+        line = next(x for x in p.stdout.splitlines() if x.strip().startswith(f"{name}: ~"))
+        assert "train_draft" not in line and "capture_hidden_states" not in line and "benchmark" in line
+        assert ("export_head" in line) == (name == "kschedule")  # then made: recipe-serve's runs no export again
+    overlay = yaml.safe_load((wd / record.HEAD_OVERLAY).read_text())
+    assert overlay["draft"] == {"head": str(unpacked)} and overlay["train"]["epochs"] == 2
+    assert overlay["train"]["init_from"] is None
+    with tarfile.open(tmp_path / "old.tgz", "w:gz") as tar:
+        tar.add(head / "config.json", arcname="results/smollm2-8k/head/config.json")
+    p, _ = _record(["kschedule"], tmp_path / "old", wd, extra=("--dry-run", "--head", str(tmp_path / "old.tgz")))
+    assert p.returncode == 1 and p.stdout.strip().endswith(
+        "the archive holds no results/<run>/head/ with config.json and model.safetensors (archives made before issue 72"
+        " keep the head's JSON files alone)")
+    p, _ = _record(["recipe"], tmp_path / "recipe", wd, extra=("--dry-run", "--head", str(head)))
+    assert p.returncode == 1 and p.stdout.strip() == "--head: recipe cannot take a given head (only kschedule, " \
+                                                     "recipe-serve)"
+
+
+@pytest.mark.vllm
+@pytest.mark.lease
+def test_the_head_records_rehearse_on_a_fresh_work_directory(reduced_build, tmp_path):
+    """``record.py kschedule recipe-serve --head ARCHIVE`` (issue 72) for real on this CPU, on a work directory where
+    nothing was built: the reduced build's head from an archive as the recipe's would come from the recipe record's,
+    the target materialised, the compat report, the data and export, then the k schedule's benchmark and the served
+    benchmark with the server check; no capture, vocab map or training job runs. Marked ``lease`` (make rehearse), as
+    the recipe-set rehearsal is: minutes of engines."""
+    wd = tmp_path / "wd"
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    overlay = tmp_path / "port.yaml"
+    overlay.write_text(f"serve: {{port: {port}}}\n")
+    archive = _head_archive(reduced_build[1] / "head", tmp_path / "recipe.tgz", "reduced")
+    ks = f"kschedule={REPO / 'tests/rehearsal/kschedule_cpu.yaml'}"
+    p, out = _record(["kschedule", "recipe-serve"], tmp_path, wd, REDUCED, CPU, REPO / "tests/rehearsal/recipe_set.yaml",
+                     overlay, ks, extra=("--head", str(archive)), seconds=1700)
+    logs = "".join(f.read_text()[-3000:] for f in sorted((out / "logs").glob("*.log")))
+    assert p.returncode == 0, p.stdout + p.stderr + logs
+    ran = "".join((out / "logs" / f"{n}.log").read_text() for n in ("kschedule", "recipe-serve"))
+    rules = set(re.findall(r"^(?:local)?rule (\w+):$", ran, re.M))
+    assert {"materialize_target", "compat_report", "export_head", "benchmark", "serve_check"} <= rules
+    assert not {"capture_hidden_states", "build_vocab_map", "train_draft"} & rules
+    rec = {n: json.loads((out / f"records/{n}_cpu.json").read_text())["results"] for n in ("kschedule", "recipe-serve")}
+    assert isinstance(rec["kschedule"]["schedule.never_slower"], bool) and "schedule.c2.best_k" in rec["kschedule"]
+    assert rec["recipe-serve"]["serve.lossless"] is True and rec["recipe-serve"]["load.c1.tokens_per_s"] > 0
+    res = wd / "results/reduced"
+    assert (res / "head/model.safetensors").read_bytes() == (reduced_build[1] / "head/model.safetensors").read_bytes()
+    assert json.loads((res / "head/head_meta.json").read_text())["source"]["format"] == "speculators"
+    with tarfile.open(out / "kschedule.tgz") as tar:  # the record's own archive carries the head for the next
+        assert "results/reduced/head/model.safetensors" in tar.getnames()

@@ -46,6 +46,13 @@ head behind vLLM's OpenAI-compatible server, started from the build's serving fi
 ``openai`` client against the benchmark, then vLLM's load generator, ``vllm bench serve``, at 1 and 16 requests in
 flight, beside the benchmark's own figures at 16 in flight, 64 prompts a set).
 
+A given head (``--head``, issue 72): ``kschedule`` and ``recipe-serve`` measure the recipe's head without building
+it. ``--head`` names a head folder, or a record's archive (``OUT/<name>.tgz``, which carries ``results/<run>/head/``,
+its weights included) whose head is unpacked under the work directory; the record then runs with config
+``draft.head`` set to it (``HEAD_OVERLAY``, after the record's own files and ``--overlay``s, the train section at its
+defaults: no head is trained), so its plan holds no capture, vocab map or training (the estimates are of that plan),
+and a fresh machine needs the head's ~20 MB, not the recipe's build.
+
 The commit is read from ``COMMIT`` beside this file: ``git archive`` writes HEAD's hash into it
 (``.gitattributes``: export-subst), which is how the project travels to a lent machine; in a checkout it is
 ``git rev-parse HEAD``.
@@ -296,13 +303,20 @@ class Call:
         return self.run([*SNAKEMAKE, *args, *cfg], label)
 
 
+HEAD_MAX_BYTES = 200e6  # an archive carries the run's head weights up to this size (the recipe's: 20 MB)
+
+
 def result_files(workdir: Path, run: str) -> list[Path]:
     """The run's small result files (JSON, the compat report, Snakemake's job benchmarks) under ``workdir``: what a
-    record reads and what its archive keeps."""
+    record reads and what its archive keeps; and the run's head weights (``head/model.safetensors``) where they are at
+    most ``HEAD_MAX_BYTES``, so that a later record can take the head from the archive (``--head``)."""
     r = workdir / "results" / run
     pats = ["*.json", "*.md", "checkpoint/*.json", "head/*.json", "data/data_report.json", "vocab/vocab.json",
             "methods/*/checkpoint/*.json", "methods/*/head/*.json", "serve/*"]
     files = [p for pat in pats for p in sorted(r.glob(pat))]
+    weights = r / "head" / "model.safetensors"
+    if weights.exists() and weights.stat().st_size <= HEAD_MAX_BYTES:
+        files.append(weights)
     return (files + sorted((workdir / "benchmarks" / run).glob("**/*.tsv"))
             + sorted((workdir / "logs" / run).glob("**/*.log")))
 
@@ -555,6 +569,57 @@ def estimate(seq: card_time.Sequence, name: str) -> card_time.Estimate:
     return seq.add(name, rec.configfiles, plan_targets(rec), rec.prepare_label)
 
 
+# The records that run with a given head (``--head``): each measures one head that its recipe would train.
+HEAD_RECORDS = ("kschedule", "recipe-serve")
+HEAD_OVERLAY = "results/records/head.yaml"  # under the work directory: config draft.head, the train section's defaults
+HEADS = "results/heads/given"  # where a head taken from an archive is unpacked, under the work directory
+
+
+def given_head(path: Path, workdir: Path) -> Path:
+    """The head folder of ``--head`` ``path``: the folder itself, or (a ``.tgz`` record archive) the run's head it
+    carries (``results/<run>/head/config.json`` and ``model.safetensors``) unpacked into ``HEADS/<archive name>``
+    under ``workdir``, once.
+
+    Raises:
+        ValueError: the archive carries no head with its weights (named), or the path is neither.
+    """
+    if path.is_dir():
+        return path.resolve()
+    if not (path.is_file() and path.name.endswith((".tgz", ".tar.gz"))):
+        raise ValueError(f"--head {path}: neither a head folder nor a record archive (.tgz)")
+    out = workdir / HEADS / path.name.split(".")[0]
+    if (out / "model.safetensors").exists():
+        return out
+    with tarfile.open(path) as tar:
+        names = tar.getnames()
+        heads = sorted({n.rsplit("/", 1)[0] for n in names if n.endswith("/head/model.safetensors")
+                        and n.startswith("results/") and n.count("/") == 3})
+        if not heads or f"{heads[0]}/config.json" not in names:
+            raise ValueError(f"--head {path}: the archive holds no results/<run>/head/ with config.json and "
+                             "model.safetensors (archives made before issue 72 keep the head's JSON files alone)")
+        out.mkdir(parents=True, exist_ok=True)
+        for f in ("config.json", "model.safetensors"):
+            src = tar.extractfile(f"{heads[0]}/{f}")
+            (out / f).write_bytes(src.read())
+    print(f"--head: {heads[0]} of {path} unpacked into {out}", flush=True)
+    return out
+
+
+def head_overlay(head: Path, workdir: Path) -> Path:
+    """The config a record with a given head runs with last (``HEAD_OVERLAY`` under ``workdir``): ``draft.head``
+    ``head`` and each ``train`` key at its declared default (the recipe's training settings would not apply, and the
+    plan refuses them beside ``draft.head``: eagle3build.workflow.plan.check_given_head)."""
+    import yaml
+
+    from eagle3build.config.spec import section_keys
+
+    out = workdir / HEAD_OVERLAY
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump({"draft": {"head": str(head)},
+                                   "train": {k.name: k.default for k in section_keys("train")}}))
+    return out
+
+
 def this_card(default: str) -> str:
     """This machine's card as records name it (``records.card_slug`` of torch's first CUDA device), else
     ``default``."""
@@ -587,16 +652,29 @@ def main(argv: list[str] | None = None) -> int:
                     help="before each record, delete the hidden states of records already written here of another run")
     ap.add_argument("--card", default=None, help="the card the estimates are for (card_seconds.yaml: h100, h200; "
                     "default: this machine's, h100 for --dry-run on a machine without one)")
+    ap.add_argument("--head", type=Path, default=None,
+                    help=f"a head folder, or a record archive carrying one, measured as the run's head (config "
+                         f"draft.head; records {', '.join(HEAD_RECORDS)}): no capture, vocab map or training")
     ap.add_argument("--lease-seconds", type=float, default=card_time.LEASE_S,
                     help="Snakemake's seconds in one lease, for the estimates (default %(default)s)")
     a = ap.parse_args(argv)
     a.names = expand(a.names)
     a.workdir.mkdir(parents=True, exist_ok=True)
     call = Call(a.seconds, a.out, a.workdir, a.kimi_preset)
-    for n in a.names:  # overlays given from where the command runs; NAME=YAML for one record
+    others = [n for n in a.names if n not in HEAD_RECORDS]
+    if a.head is not None and others:
+        print(f"--head: {', '.join(others)} cannot take a given head (only {', '.join(HEAD_RECORDS)})", flush=True)
+        return 1
+    try:
+        head = (head_overlay(given_head(a.head, call.workdir), call.workdir),) if a.head is not None else ()
+    except ValueError as e:
+        print(e, flush=True)
+        return 1
+    for n in a.names:  # overlays given from where the command runs; NAME=YAML for one record; the given head's last
         mine = tuple(str(Path(o.split("=", 1)[-1]).resolve()) for o in a.overlay
                      if "=" not in o or o.split("=", 1)[0] == n)
-        RECORDS[n] = dataclasses.replace(RECORDS[n], configfiles=(*RECORDS[n].configfiles, *mine))
+        RECORDS[n] = dataclasses.replace(RECORDS[n], configfiles=(*RECORDS[n].configfiles, *mine,
+                                                                  *(str(h) for h in head)))
     card = a.card or this_card(default="h100" if a.dry_run else "cpu")
     if a.dry_run:
         probe = card_time.host_probe()

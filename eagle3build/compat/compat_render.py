@@ -61,9 +61,19 @@ def render_markdown(r: dict, preflight: dict | None = None) -> str:
                   + (f" (vllm {v['version']})" if v.get("version") else "")]
         if v.get("warning"):
             lines.append(f"- WARNING: {v['warning']}")
-    h = r.get("head")
-    if h:
-        lines += ["", "## Head", "", f"- recommended variant: **{h['recommended_variant']}** ({h['reason']})"]
+    h, g = r.get("head"), r.get("given_head")
+    if h or g:  # the run's head: trained here, or given (draft.head), its route named (issue 72)
+        lines += ["", "## Head", ""]
+        if g:
+            lines += [f"- given (draft.head): {g['path']}, **{g['format']}** format: {g['route']}",
+                      f"- {g['method']} head, {g['draft_layer']} draft layer, hidden size {g['hidden_size']}, target "
+                      f"vocabulary {g['target_vocab_size']}, draft vocabulary {g['draft_vocab_size']}, aux layers "
+                      f"{g['aux_layer_ids']}" + ("" if g["aux_layer_ids_named"] else " (none named: EAGLE-3's default)")
+                      + ("" if g["has_embedding"] else "; no embedding of its own (vLLM shares the target's)")]
+        else:
+            lines.append("- trained by this build (train_draft), exported in speculators' format (export_head)")
+        if h:
+            lines.append(f"- recommended variant: **{h['recommended_variant']}** ({h['reason']})")
     if r.get("plans"):
         lines += ["", "## Plans", ""]
         d = r["plans"].get("disk")

@@ -39,6 +39,7 @@ from .probes import (
     check_known_good,
     inspect_target,
     installed_versions,
+    probe_given_head,
     probe_hook_capture,
     probe_speculators,
     probe_speculators_datagen,
@@ -204,13 +205,16 @@ class CompatSettings:
     and the resources are runtime-only (the disk and GPU plans: growing the sample count or changing resources must
     not re-run this report and, behind it, every shard); ``gpu_memory_gb``: memory per GPU for the plan (None: the
     first visible GPU's); ``mode`` online: no disk plan (no shards) and the train job's GPUs split between target and
-    trainer (``online``).
+    trainer (``online``). ``given_head``: a given head's config.json (config ``draft.head``; the rule's input), checked
+    against the target (probe ``given_head``, required; compat.json's ``given_head``): no shards are captured then, so
+    no disk plan.
     """
 
     target_dir: str
     results_dir: str
     out_json: str | None = None
     out_decisions: str | None = None
+    given_head: list[str] | str | None = None
 
     @property
     def planned_tokens(self) -> int:
@@ -263,6 +267,9 @@ def build_report(s: CompatSettings) -> dict:
         probes[name] = run_probe(name, fn, required)
         log.info("probe %-28s %-4s %6.2fs %s", name, probes[name].status, probes[name].seconds, probes[name].error or "")
 
+    if s.given_head:  # draft.head: the run's head, against the target (a head for another target is a hard failure)
+        probes["given_head"] = run_probe("given_head", lambda: probe_given_head(s.given_head, target_dir,
+                                                                               trust_remote_code), required=True)
     target_probe = run_probe("target_inspection", lambda: inspect_target(target_dir, trust_remote_code), required=True)
     probes["target_inspection"] = target_probe
     target = dict(target_probe.value or {})
@@ -317,7 +324,7 @@ def build_report(s: CompatSettings) -> dict:
     usage = shutil.disk_usage(s.results_dir)
     plans = {}
     if target and "bytes_per_token" in capture:
-        if not online:  # online training writes no shards
+        if not online and not s.given_head:  # online training writes no shards, nor does a run with draft.head
             plans["disk"] = plan_disk(capture["bytes_per_token"], s.planned_tokens, usage.free, upper_bound=True)
         devices = (probes["torch"].value or {}).get("devices") or []
         mem = int(s.gpu_memory_gb * 1e9) if s.gpu_memory_gb else (devices[0]["total_bytes"] if devices else None)
@@ -342,6 +349,7 @@ def build_report(s: CompatSettings) -> dict:
         "head": head,
         "vllm": vllm_summary(probes),
         "plans": plans,
+        **({"given_head": probes["given_head"].value} if s.given_head and probes["given_head"].value else {}),
         "hard_failures": [k for k, v in probes.items() if v.required and v.status == "fail"]
         + [f"plan_{k}" for k, v in plans.items() if v["status"] == "fail"],
     }

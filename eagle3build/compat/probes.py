@@ -397,3 +397,49 @@ def weight_bytes_per_parameter(cfg) -> float:
             return int(bits) / 8
     dt = getattr(cfg, "dtype", None) or getattr(text_config(cfg), "dtype", None) or getattr(cfg, "torch_dtype", None)
     return {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0}.get(str(dt).replace("torch.", ""), 2.0)
+
+
+def probe_given_head(files: list[str] | str, target_dir: str,
+                     trust_remote_code: bool = declared("target.trust_remote_code")) -> dict:
+    """The given head (config ``draft.head``; ``files``: its config.json first) against the target of ``target_dir``
+    (``draft.given_head``): its format and route, method and draft layer, the hidden size and vocabulary it was made
+    for against the target's, its verifier's architectures, its aux layer ids (against the target's layers; where
+    its config names none, EAGLE-3's default for them, as vLLM reads it) and, read from its weights, ``d2t`` int64
+    [draft] and ``t2d`` bool [target] consistent with each other and over the target's vocabulary
+    (``vocab_map.check_consistent``). Returns compat.json's ``given_head``.
+
+    Raises:
+        ValueError: the folder is no head, or the head is not of the target (one line each, both values named).
+    """
+    import os
+
+    from ..draft import given_head, vocab_map
+    from ..formats.target_files import num_decoder_layers
+
+    folder = os.path.dirname(files if isinstance(files, str) else files[0])
+    head = given_head.read(folder)
+    target_cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    problem = given_head.target_problem(head, target_cfg, f"the target {target_dir}")
+    if problem:
+        raise ValueError(problem)
+    if head.weights.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(head.weights))
+    else:
+        state = torch.load(head.weights, map_location="cpu", weights_only=True)
+    d2t, t2d = state["d2t"], state["t2d"]
+    vocab = text_config(load_config(target_dir, trust_remote_code)).vocab_size
+    if d2t.dtype != torch.int64 or t2d.dtype != torch.bool:
+        raise ValueError(f"{head.weights}: d2t must be int64 and t2d bool, got {d2t.dtype} / {t2d.dtype}")
+    if t2d.shape[0] != vocab:
+        raise ValueError(f"{head.weights}: t2d covers {t2d.shape[0]} tokens, the target's vocabulary is {vocab} "
+                         f"({target_dir})")
+    vocab_map.check_consistent(d2t, t2d)
+    n = num_decoder_layers(target_cfg)
+    return {"path": os.path.abspath(folder), "format": head.format, "route": head.described,
+            "method": head.method, "draft_layer": head.layer, "hidden_size": head.hidden_size,
+            "target_vocab_size": head.vocab_size, "draft_vocab_size": int(d2t.shape[0]),
+            "aux_layer_ids": head.aux_ids_for(n), "aux_layer_ids_named": head.aux_layer_ids is not None,
+            "verifier_architectures": list(head.verifier_architectures or []),
+            "has_embedding": "embed_tokens.weight" in state}

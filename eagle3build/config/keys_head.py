@@ -146,6 +146,18 @@ HEAD_KEYS: tuple[Key, ...] = (
         {"train_draft": "runtime"},
     ),
     Key(
+        "train.init_from",
+        {"type": ["string", "null"], "minLength": 1},
+        None,
+        (
+            "a head folder training starts from (speculators' or the EAGLE repo's EAGLE-3 format, checked as "
+            "draft.head is; its d2t/t2d become the run's vocab map): fine-tune it on this run's data; null = an "
+            "untrained head"
+        ),
+        {"build_vocab_map": "files", "train_draft": "trigger:train files"},
+        quiet_default=True,
+    ),
+    Key(
         "train.select",
         {"type": "string", "enum": ["best_simulated_tau", "last"]},
         "best_simulated_tau",

@@ -77,7 +77,8 @@ def draft_keys() -> tuple[Key, ...]:
     ``draft.layer`` (the layer registry, ``methods.LAYERS``; in train_draft's ``train`` param as ``layer``
     and the pre-flight's ``preflight`` param as ``draft_layer``), ``draft.compare_methods`` and each method's
     options (``draft.<method>.<option>``, in train_draft's ``train`` param as ``<method>_<option>``). All were added
-    after builds existed (``quiet_default``)."""
+    after builds existed (``quiet_default``); ``draft.head`` (a given head, issue 72) chooses files only: the inputs
+    of compat_report and export_head."""
     registered = methods.METHODS.values()
     return (
         Key(
@@ -110,6 +111,18 @@ def draft_keys() -> tuple[Key, ...]:
             ),
             {"benchmark": "trigger:benchmark"},
             quiet_default=True,
+        ),
+        Key(
+            "draft.head",
+            {"type": ["string", "null"], "minLength": 1},
+            None,
+            (
+                "a head folder to benchmark and serve as the run's head, none trained (no capture, vocab map or "
+                "training planned): speculators' format (what export writes, vLLM loads; taken as it is) or the EAGLE "
+                "repo's EAGLE-3 format (converted by speculators' converter); checked against the target at planning "
+                "and in the compat report; null = train the run's head"
+            ),
+            {"compat_report": "files", "export_head": "files"},
         ),
         *(Key(f"draft.{m.name}.{o.name}", dict(o.schema), o.default, o.doc,
               {"train_draft": f"trigger:train/{m.name}_{o.name}"}, quiet_default=True)

@@ -17,6 +17,12 @@ once.
 The verifier is named by ``served_name`` (e.g. the hub id), never by a local path,
 so the directory is portable. ``head_meta.json`` beside them records the target and
 vocab-map fingerprints and the aux ids the head was trained with.
+
+A given head (config ``draft.head``, ``export_given``) is the run's head in place of a trained one: in speculators'
+format it is taken as it is (its config.json and model.safetensors copied byte for byte); in the EAGLE repo's EAGLE-3
+format it is converted by speculators' converter (``given_head.as_speculators``) and written as a trained head is
+(served config, ``export.weights_dtype``). Either is checked against the target (vocabulary, d2t/t2d, the ``fc``
+width of its aux layers) and loaded as a trained head is; ``head_meta.json`` names its source and format.
 """
 
 from __future__ import annotations
@@ -31,8 +37,8 @@ import torch
 
 from ..atomic import atomic_path, write_json
 from ..config.settings import config_fields, declared
-from ..draft import vocab_map
-from ..draft.head_format import Head, HeadError
+from ..draft import given_head, vocab_map
+from ..draft.head_format import HEAD_FLAGS, HEAD_VARIANTS, Head, HeadError
 from ..draft.head_model import TORCH_DTYPES
 from ..formats.artifacts import TrainMeta
 from ..vllm import engine_process
@@ -70,16 +76,43 @@ class ExportSettings:
     ``benchmarked_by``: the file of the same plan's benchmark (``workflow.plan.benchmark_in_plan``), None where the
     plan does not benchmark the head. The config fields (below) are made from their keys' declarations
     (``config.settings``): ``served_name`` names the verifier in the head's config; ``weights_dtype`` the head's
-    tensors; ``vllm_load_check``: auto | always | never."""
+    tensors; ``vllm_load_check``: auto | always | never. ``given_files``: a given head's files (config
+    ``draft.head``: its config.json first, then its weights; ``export_given``), in place of the checkpoint and vocab
+    map (then None)."""
 
-    checkpoint_dir: str | os.PathLike
-    d2t_path: str
-    t2d_path: str
-    vocab_json: str
     out_dir: str | os.PathLike
     target_dir: str
+    checkpoint_dir: str | os.PathLike | None = None
+    d2t_path: str | None = None
+    t2d_path: str | None = None
+    vocab_json: str | None = None
     gpus: int = 0
     benchmarked_by: str | None = None
+    given_files: list[str] | None = None
+
+
+def vllm_check_plan(s: ExportSettings) -> tuple[bool, str | None]:
+    """Whether export's vLLM load check runs (``s.vllm_load_check``, ``s.benchmarked_by``, vLLM importable: see
+    ``export``) and, where ``auto`` leaves it out, why.
+
+    Raises:
+        engine_process.VLLMUnavailable: ``always`` and vLLM cannot be imported.
+    """
+    if s.vllm_load_check == "always":
+        engine_process.require_vllm(needed_by=f"{os.fspath(s.out_dir)} (export.vllm_load_check: always)")
+        return True, None
+    if s.vllm_load_check == "auto" and s.benchmarked_by:
+        skipped = f"the same plan's benchmark ({s.benchmarked_by}) loads this head in vLLM"
+        log.info("vLLM load check left out: %s", skipped)
+        return False, skipped
+    if s.vllm_load_check == "auto":
+        try:
+            engine_process.require_vllm(needed_by=f"the vLLM load check of {os.fspath(s.out_dir)}")
+            return True, None
+        except engine_process.VLLMUnavailable as e:
+            log.warning("vLLM load check skipped: %s", e)
+            return False, str(e)
+    return False, None
 
 
 def export(s: ExportSettings) -> dict:
@@ -92,7 +125,8 @@ def export(s: ExportSettings) -> dict:
     ``head_meta.json`` (``vllm_load_check.skipped``); ``always`` then fails before any work. ``auto`` also skips it
     where the same plan benchmarks the head (``s.benchmarked_by``: that benchmark's file, ``workflow.plan
     .benchmark_in_plan``): the benchmark's engines load it minutes later, and a head that does not load fails there,
-    naming vLLM's error; ``head_meta.json`` says so.
+    naming vLLM's error; ``head_meta.json`` says so. With ``s.given_files`` (config ``draft.head``):
+    ``export_given``.
 
     Raises:
         artifacts.ArtifactError: the checkpoint's ``train_meta.json`` is missing or does not match its schema.
@@ -104,22 +138,11 @@ def export(s: ExportSettings) -> dict:
     """
     from safetensors.torch import load_file, save_file
 
+    if s.given_files:
+        return export_given(s)
     checkpoint_dir, d2t_path, t2d_path, out_dir = s.checkpoint_dir, s.d2t_path, s.t2d_path, s.out_dir
-    served_name, target_dir, dtype, vllm_load_check = s.served_name, s.target_dir, s.weights_dtype, s.vllm_load_check
-    benchmarked_by = s.benchmarked_by
-    vllm_check = vllm_load_check == "always"
-    if vllm_load_check == "always":
-        engine_process.require_vllm(needed_by=f"{os.fspath(out_dir)} (export.vllm_load_check: always)")
-    elif vllm_load_check == "auto" and benchmarked_by:
-        skipped = f"the same plan's benchmark ({benchmarked_by}) loads this head in vLLM"
-        log.info("vLLM load check left out: %s", skipped)
-    elif vllm_load_check == "auto":
-        try:
-            engine_process.require_vllm(needed_by=f"the vLLM load check of {os.fspath(out_dir)}")
-            vllm_check = True
-        except engine_process.VLLMUnavailable as e:
-            log.warning("vLLM load check skipped: %s", e)
-            skipped = str(e)
+    served_name, dtype = s.served_name, s.weights_dtype
+    vllm_check, skipped = vllm_check_plan(s)
     ck = Path(checkpoint_dir)
     try:  # its train_meta.json checked against eagle3build/schemas/train_meta.schema.json
         trained = Head.read(ck, meta=TrainMeta)
@@ -166,21 +189,129 @@ def export(s: ExportSettings) -> dict:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         save_file(out_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "head_meta.json").write_text(json.dumps(head_meta, indent=2) + "\n")
-    try:
-        head = Head.of(out_dir, cfg)  # the exported head, of the config just written
-        check_loads_with_speculators(head, target_dir, out_state, trained)
-        if vllm_check:
-            head_meta["vllm_load_check"] = check_loads_with_vllm(head, target_dir, served_name, gpus=s.gpus,
-                                                                 pipeline_parallel_size=s.pipeline_parallel_size,
-                                                                 trust_remote_code=s.trust_remote_code)
-        elif vllm_load_check == "auto":
-            head_meta["vllm_load_check"] = {"skipped": skipped}
-        write_json(Path(out_dir) / "head_meta.json", head_meta)
-    except BaseException:
-        shutil.rmtree(out_dir, ignore_errors=True)  # a head that does not load is no artifact
-        raise
+    _check_written(s, Head.of(out_dir, cfg), out_state, head_meta, vllm_check, skipped, trained)
     log.info("exported head to %s (%d tensors, %s)", out_dir, len(out_state), dtype)
     return head_meta
+
+
+def _check_written(s: ExportSettings, head: Head, state: dict, head_meta: dict, vllm_check: bool,
+                   skipped: str | None, checkpoint: Head | None = None) -> None:
+    """The head just written to ``s.out_dir`` (``head``, its tensors ``state``) loaded with speculators and, where
+    ``vllm_check``, in vLLM (else ``skipped``, auto's reason, is recorded); ``head_meta.json`` rewritten with the
+    outcome. A head that does not load is removed.
+
+    Raises:
+        ExportError: as ``check_loads_with_speculators`` and ``check_loads_with_vllm``.
+    """
+    try:
+        check_loads_with_speculators(head, s.target_dir, state, checkpoint)
+        if vllm_check:
+            head_meta["vllm_load_check"] = check_loads_with_vllm(head, s.target_dir, s.served_name, gpus=s.gpus,
+                                                                 pipeline_parallel_size=s.pipeline_parallel_size,
+                                                                 trust_remote_code=s.trust_remote_code)
+        elif skipped is not None:
+            head_meta["vllm_load_check"] = {"skipped": skipped}
+        write_json(Path(s.out_dir) / "head_meta.json", head_meta)
+    except BaseException:
+        shutil.rmtree(s.out_dir, ignore_errors=True)  # a head that does not load is no artifact
+        raise
+
+
+def export_given(s: ExportSettings) -> dict:
+    """The given head of ``s.given_files`` (config ``draft.head``: its config.json, then its weight file) as the run's
+    head folder ``s.out_dir``: in speculators' format its config.json and model.safetensors copied as they are; in
+    the EAGLE repo's EAGLE-3 format converted by speculators' converter (``given_head.as_speculators``) and written as
+    ``export`` writes a trained head (served config naming ``s.served_name``, tensors in ``s.weights_dtype``). Checked
+    against the target of ``s.target_dir`` (``check_given``), loaded with speculators and, as ``export`` says, in
+    vLLM. Returns ``head_meta.json``'s content: the head's aux ids, draft vocabulary, flags (its ``head_variant`` where
+    they are one of ``head_format.HEAD_VARIANTS``), method and layer where not the defaults, ``source`` (its folder,
+    format and route), served name, dtype, tensor shapes and the vLLM load check.
+
+    Raises:
+        ExportError: the folder is no head (``given_head.read``: what is missing), the converter fails, or the head
+            is not of the target (``check_given``), or it does not load.
+        engine_process.VLLMUnavailable: ``vllm_load_check="always"`` and vLLM cannot be imported.
+    """
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    folder = Path(s.given_files[0]).parent
+    vllm_check, skipped = vllm_check_plan(s)
+    try:
+        given = given_head.read(folder)
+        with tempfile.TemporaryDirectory(prefix="eagle3-given-") as work:
+            src = given_head.as_speculators(given, s.target_dir, Path(work) / "converted")
+            cfg = json.loads((src / "config.json").read_text())
+            head = Head.of(src, cfg)
+            state = load_file(str(src / "model.safetensors"))
+            if given.format != "speculators":  # converted: written as export writes a trained head
+                tdt = TORCH_DTYPES[s.weights_dtype]
+                state = {k: (v.to(tdt) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+                cfg = head.served_config(s.served_name, s.weights_dtype)
+            check_given(head, state, s.target_dir)
+            dtype = next(str(v.dtype).removeprefix("torch.") for k, v in state.items() if v.is_floating_point())
+            with atomic_path(s.out_dir) as tmp:
+                tmp.mkdir()
+                if given.format == "speculators":  # taken as it is
+                    shutil.copyfile(src / "config.json", tmp / "config.json")
+                    shutil.copyfile(src / "model.safetensors", tmp / "model.safetensors")
+                else:
+                    (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+                    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    except (given_head.GivenHeadError, HeadError) as e:
+        raise ExportError(str(e)) from None
+    head = Head.of(s.out_dir, cfg)
+    flags = {k: bool(cfg.get(k, False)) for k in HEAD_FLAGS}
+    variant = next((v for v, f in HEAD_VARIANTS.items() if f == flags), None)
+    head_meta = {"aux_layer_ids": list(head.aux_layer_ids or []), "draft_vocab_size": int(state["d2t"].shape[0]),
+                 **({"head_variant": variant} if variant else {}), "head_flags": flags,
+                 **({"method": head.method.name} if head.method.recorded else {}),
+                 **({"layer": head.layer.name} if head.layer.recorded else {}),
+                 "source": {"path": os.path.abspath(folder), "format": given.format, "route": given.described},
+                 "served_name": s.served_name, "dtype": dtype,
+                 "tensors": {k: list(v.shape) for k, v in state.items()}}
+    write_json(Path(s.out_dir) / "head_meta.json", head_meta)
+    _check_written(s, head, state, head_meta, vllm_check, skipped)
+    log.info("the given head %s (%s) is the run's head %s (%d tensors, %s)", folder, given.described, s.out_dir,
+             len(state), dtype)
+    return head_meta
+
+
+def check_given(head: Head, state: dict[str, torch.Tensor], target_dir: str) -> None:
+    """A given head (``head``, its tensors ``state``) against the target of ``target_dir`` (its config.json): every
+    tensor its layout requires (``Head.expected_shapes``; the embedding optional, vLLM then shares the target's) of
+    its shape, ``d2t`` int64 and ``t2d`` bool consistent with each other (``vocab_map.check_consistent``) and ``t2d``
+    over the target's vocabulary, and the ``fc`` over its aux layers' states of the target's hidden size.
+
+    Raises:
+        ExportError: naming the tensor or field, its value and the target's.
+    """
+    tc = json.loads((Path(target_dir) / "config.json").read_text())
+    tc = tc.get("text_config", tc)
+    where = f"{head.path}/model.safetensors"
+    for name, shape in Head.of(head.path, given_head.shape_config(head.config)).expected_shapes().items():
+        if name not in state:
+            if name in given_head.OPTIONAL_TENSORS:
+                continue
+            raise ExportError(f"{where}: required tensor {name} is missing")
+        if tuple(state[name].shape) != shape:
+            raise ExportError(f"{where}: {name} has shape {tuple(state[name].shape)}, expected {shape}")
+    d2t, t2d = state["d2t"], state["t2d"]
+    if d2t.dtype != torch.int64 or t2d.dtype != torch.bool:
+        raise ExportError(f"{where}: d2t must be int64 and t2d bool, got {d2t.dtype} / {t2d.dtype}")
+    if t2d.shape[0] != tc.get("vocab_size", t2d.shape[0]):
+        raise ExportError(f"{where}: t2d covers {t2d.shape[0]} target tokens, the target's vocabulary is "
+                          f"{tc['vocab_size']} ({target_dir}/config.json)")
+    try:
+        vocab_map.check_consistent(d2t, t2d)
+    except ValueError as e:
+        raise ExportError(f"{where}: {e}") from None
+    fc = state.get("fc.weight")
+    n_aux = len(head.aux_layer_ids or [0, 0, 0])
+    if fc is not None and tc.get("hidden_size") and fc.shape[1] != n_aux * tc["hidden_size"]:
+        raise ExportError(f"{where}: fc.weight takes {fc.shape[1]} inputs, {n_aux} aux layers of the target's hidden "
+                          f"size {tc['hidden_size']} ({target_dir}/config.json) are {n_aux * tc['hidden_size']}")
 
 
 LOAD_CHECK_MAX_MODEL_LEN = 256  # tokens: the check's one prompt and its 8 answer tokens

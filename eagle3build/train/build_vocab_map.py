@@ -10,6 +10,9 @@ with the checkpoint and the exported head, so a head can never be exported with 
 was not trained with (a misaligned draft ``lm_head`` that training accuracy does not show).
 
 The files' format, reading and consistency check are the shared ``vocab_map.py``.
+
+Training from a given head (config ``train.init_from``, ``from_head``): the map is the head's own ``d2t``/``t2d``
+(its ``lm_head`` rows are those tokens), its fingerprint that of the tensors, its coverage counted over the same tokens.
 """
 
 from __future__ import annotations
@@ -60,15 +63,61 @@ class VocabSettings:
     out_d2t: str
     out_t2d: str
     out_json: str
+    init_head: list[str] | str | None = None  # train.init_from's files (config.json first): the map is its own
+
+
+def from_head(files: list[str] | str, tokens_path: str | os.PathLike, target_vocab_size: int, out_d2t: str | os.PathLike,
+              out_t2d: str | os.PathLike, out_json: str | os.PathLike, num_samples: int | None = None) -> dict:
+    """The map of the head whose files are ``files`` (``train.init_from``'s: its config.json, then its weight file,
+    speculators' or the EAGLE repo's format: both name them ``d2t`` and ``t2d``): its ``d2t`` (int64 [draft]) and
+    ``t2d`` (bool [target]) written as ``build`` writes a map, ``vocab.json`` naming the head (``from_head``), the
+    fingerprint of the tensors and the coverage of the tokens of ``tokens_path``.
+
+    Raises:
+        ValueError: the head has no d2t/t2d, they disagree, or ``t2d`` is not over ``target_vocab_size`` tokens.
+    """
+    import torch
+
+    from ..draft import given_head, vocab_map
+
+    folder = os.path.dirname(files if isinstance(files, str) else files[0])
+    head = given_head.read(folder, "train.init_from")
+    if head.weights.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(os.fspath(head.weights))
+    else:
+        state = torch.load(head.weights, map_location="cpu", weights_only=True)
+    if "d2t" not in state or "t2d" not in state:
+        raise ValueError(f"train.init_from {folder}: {head.weights.name} has no d2t/t2d")
+    d2t, t2d = state["d2t"].to(torch.int64), state["t2d"].to(torch.bool)
+    if t2d.shape[0] != target_vocab_size:
+        raise ValueError(f"train.init_from {folder}: t2d covers {t2d.shape[0]} tokens, the target's vocabulary "
+                         f"{target_vocab_size}")
+    vocab_map.check_consistent(d2t, t2d)
+    freq = count_assistant_tokens(tokens_path, num_samples)
+    digest = hashlib.sha256(d2t.numpy().tobytes() + t2d.numpy().tobytes()).hexdigest()[:16]
+    info = {"fingerprint": digest, "draft_vocab_size": int(d2t.shape[0]), "target_vocab_size": target_vocab_size,
+            "distinct_tokens_seen": len(freq), "tokens_counted": sum(freq.values()),
+            "coverage": coverage(freq, set(draft_target_ids(d2t).tolist())) or 0.0, "num_samples": num_samples,
+            "from_head": folder}
+    write_map(d2t, t2d, info, out_d2t, out_t2d, out_json)
+    log.info("vocab map of the head %s: %s", folder, info)
+    return info
 
 
 def build_vocab_map(s: VocabSettings) -> dict:
     """Rule ``build_vocab_map``'s entry (``eagle3build.workflow.job.run_stage``): ``build`` the map of ``s``. Returns
     ``build``'s summary.
 
+    With ``s.init_head`` (config ``train.init_from``'s files): ``from_head``, the head's own map.
+
     Raises:
-        ValueError: ``draft_vocab_size`` exceeds the target vocabulary.
+        ValueError: ``draft_vocab_size`` exceeds the target vocabulary; as ``from_head``.
     """
+    if s.init_head:
+        return from_head(s.init_head, s.tokens_path, s.target_vocab_size, s.out_d2t, s.out_t2d, s.out_json,
+                         s.num_samples)
     return build(s.tokens_path, s.target_vocab_size, s.draft_vocab_size, s.out_d2t, s.out_t2d, s.out_json,
                  s.num_samples)
 

@@ -24,6 +24,11 @@ eager ``kl_div`` loss (the fused one needs Triton); on CUDA ``simple_flex_attent
 (``compiled``): by default on CUDA the model's call (forward, loss, backward) compiled whole in
 ``reduce-overhead`` (CUDA graphs), eager on CPU.
 
+Fine-tuning (config ``train.init_from``, :func:`start_from`): the model starts from a given head's weights (speculators'
+format, or the EAGLE repo's converted by speculators' converter), trained on the head's own d2t/t2d (build_vocab_map
+takes them) with its head flags; ``metrics.json`` gets ``initial_eval``, the eval before the first step, and
+``train_meta.json`` ``init_from``, the head's folder and format.
+
 Simulated chain acceptance length: τ_sim = 1 + Σ_k full_acc_k (see ``train_metrics``;
 EAGLE-3 paper, arXiv:2503.01840, τ = tokens emitted per target forward).
 """
@@ -43,8 +48,9 @@ import torch
 
 from ..atomic import atomic_path
 from ..config.settings import config_fields, declared
+from ..draft import given_head
 from ..draft.choice import Draft, resolve
-from ..draft.head_format import HEAD_VARIANTS
+from ..draft.head_format import HEAD_FLAGS, HEAD_VARIANTS
 from ..draft.head_model import build_model
 from ..formats.artifacts import Decisions
 from ..formats.shards import ShardReader, check_meta
@@ -103,8 +109,9 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     distributed, rank, processes = ddp.dist_info()
     decisions = Decisions.load(inputs.decisions_json)
     fp, aux = decisions.target_fingerprint, decisions.aux_layer_ids
-    if cfg.head_variant == "auto":
-        cfg = replace(cfg, head_variant=decisions.head_variant)
+    init = given_head.read(cfg.init_from, "train.init_from") if cfg.init_from else None
+    if cfg.head_variant == "auto":  # a given head's flags are its weights': its variant
+        cfg = replace(cfg, head_variant=head_variant_of(init) if init else decisions.head_variant)
     if cfg.head_variant not in HEAD_VARIANTS:
         raise ValueError(f"train.head_variant {cfg.head_variant!r} is not one of {['auto', *HEAD_VARIANTS]}")
     if inputs.online and distributed:
@@ -146,6 +153,8 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
     torch.manual_seed(cfg.seed)
     model = build_model(inputs.target_dir, aux, d2t, t2d, cfg.ttt_steps, cfg.head_variant, device,
                         trust_remote_code=trust_remote_code, draft=draft)
+    if init is not None:
+        start_from(model, init, inputs.target_dir, aux, d2t, t2d)
     hidden = model.config.transformer_layer_config.hidden_size
     ranks = [r for r in range(world) if r % processes == rank]  # all in one process; its own under torchrun
     # the eval batches: no noise, one rank's rows, whatever the world size
@@ -183,12 +192,58 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
             "head_flags": draft.head_flags(HEAD_VARIANTS[cfg.head_variant]), "ttt_steps": cfg.ttt_steps,
             "world_size": world,
             "capture_mode": inputs.mode, "capture_backend": decisions.backend,
-            **draft.meta_fields()}  # an EAGLE-3 llama checkpoint's train_meta.json stays as it was
+            **draft.meta_fields(),  # an EAGLE-3 llama checkpoint's train_meta.json stays as it was
+            **({"init_from": {"path": cfg.init_from, "format": init.format}} if init else {})}
     place = Placement(device, distributed, rank, ranks, world, processes)
     return Trainer(cfg=cfg, inputs=inputs, place=place, model=model, net=net, params=params, opt=opt, sched=sched,
                    call_kwargs=call_kwargs, train_b=train_b, eval_b=eval_b, total_steps=total_steps,
                    key=state_key(settings), meta=meta, plan=plan, target=target,
                    key_any_world=state_key({**settings, "world": None}))
+
+
+def head_variant_of(head: given_head.GivenHead) -> str:
+    """The head variant (``head_format.HEAD_VARIANTS``) whose flags are those of a given head's config.json.
+
+    Raises:
+        ValueError: its flags are no variant's (named).
+    """
+    flags = {f: bool(head.config.get(f, False)) for f in HEAD_FLAGS}
+    for name, want in HEAD_VARIANTS.items():
+        if want == flags:
+            return name
+    raise ValueError(f"train.init_from {head.path}: its head flags {flags} are none of the variants {HEAD_VARIANTS}")
+
+
+def start_from(model, head: given_head.GivenHead, target_dir: str, aux: list[int], d2t: torch.Tensor,
+               t2d: torch.Tensor) -> None:
+    """Put the weights of the given ``head`` (config ``train.init_from``; the EAGLE format converted by speculators'
+    converter, ``given_head.as_speculators``) into speculators' ``model`` (fp32, as ``build_model`` made it), in
+    place: every tensor of the head, cast to the model's dtype. The head's aux layers must be ``aux`` (the
+    decisions'), its ``d2t`` (int64 [draft]) and ``t2d`` (bool [target]) the run's map (build_vocab_map takes them
+    from the head).
+
+    Raises:
+        ValueError: other aux layers or another map than the run's, or a tensor the model lacks or holds in another
+            shape (each named).
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="eagle3-init-") as work:
+        folder = given_head.as_speculators(head, target_dir, os.path.join(work, "converted"))
+        ids = json.loads((folder / "config.json").read_text()).get("eagle_aux_hidden_state_layer_ids")
+        state = given_head.load_state(folder)
+    if ids is not None and list(ids) != list(aux):
+        raise ValueError(f"train.init_from {head.path} reads aux layers {list(ids)}, the run's shards hold {list(aux)}")
+    if not torch.equal(state["d2t"], d2t) or not torch.equal(state["t2d"].to(torch.bool), t2d):
+        raise ValueError(f"train.init_from {head.path}: its d2t/t2d are not the run's vocab map (build_vocab_map "
+                         "writes the head's)")
+    own = model.state_dict()
+    bad = [f"{k} {tuple(v.shape)}" + (f" (the model's {tuple(own[k].shape)})" if k in own else " (not in the model)")
+           for k, v in state.items() if k not in own or own[k].shape != v.shape]
+    if bad:
+        raise ValueError(f"train.init_from {head.path}: {'; '.join(bad)}")
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
+    log.info("training starts from %s (%s): %d tensors", head.path, head.described, len(state))
 
 
 def _optimizer(model, cfg: TrainConfig, total_steps: int, device: str):
@@ -238,6 +293,7 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
              "world size %d, ttt_steps=%d, %s", sum(p.numel() for p in t.params), t.device, len(t.train_b.dataset),
              len(t.eval_b.dataset) if t.eval_b else 0, t.train_b.steps_per_epoch(), t.cfg.epochs, t.total_steps,
              t.world, t.cfg.ttt_steps, t.cfg.head_variant)
+    initial = initial_eval(t, state)
     speed = Throughput()
     t.model.train()
     with save_on_term(t, t.cfg.checkpoint_every > 0):  # SIGTERM: the state after the step in flight, then stop
@@ -257,6 +313,8 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
                 if t.cfg.checkpoint_every > 0:
                     state.save(t.inputs.state_dir, t.key)
     metrics = run_metrics(t, state, speed)
+    if initial is not None:
+        metrics["initial_eval"] = initial
     metrics["selection"] = select_epoch(t.cfg.select, state)
     metrics["capture_mode"] = t.inputs.mode
     metrics["prefetch"] = t.train_b.waits.summary(metrics["seconds"])
@@ -270,6 +328,27 @@ def fit(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_size:
     if t.rank == 0:
         write_outputs(t, state, metrics)
     return metrics
+
+
+INITIAL_EVAL = "initial_eval.json"  # beside a saved state: the eval before the first step, for a run that resumes
+
+
+def initial_eval(t: Trainer, state: TrainState) -> dict | None:
+    """The eval of a run that starts from a given head (``train.init_from``) before its first step (``evaluate``:
+    its loss, accuracy per TTT step and simulated τ), computed where the run starts and kept beside its saved state
+    (``INITIAL_EVAL``) for a run that resumes; None without ``train.init_from`` or an eval split."""
+    if not t.cfg.init_from or t.eval_b is None:
+        return None
+    kept = os.path.join(t.inputs.state_dir, INITIAL_EVAL)
+    if state.step > 0:
+        return json.loads(open(kept).read()) if os.path.exists(kept) else None
+    ev = evaluate(t.model, t.eval_b, t.device, t.call_kwargs, t.cfg.ttt_steps, t.target, t.plan.cudagraphs)
+    log.info("eval before the first step (from %s): %s", t.cfg.init_from, json.dumps(ev))
+    if t.cfg.checkpoint_every > 0 and t.rank == 0:
+        os.makedirs(t.inputs.state_dir, exist_ok=True)
+        with open(kept, "w") as f:
+            json.dump(ev, f)
+    return ev
 
 
 def select_epoch(rule: str, state: TrainState) -> dict:

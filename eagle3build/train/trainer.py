@@ -39,8 +39,10 @@ class _TrainConfigChecks:
 
     def settings(self) -> dict:
         """The fields a saved state must match to be resumed: all but ``checkpoint_every``, ``compile`` and
-        ``compile_breaks`` (how often it saves, how its steps are computed: config.keys_head says why)."""
-        return {k: v for k, v in asdict(self).items() if k not in RESUMABLE_ACROSS}
+        ``compile_breaks`` (how often it saves, how its steps are computed: config.keys_head says why), and
+        ``init_from`` while it is None (a state saved before the key existed keeps its key)."""
+        return {k: v for k, v in asdict(self).items()
+                if k not in RESUMABLE_ACROSS and not (k == "init_from" and v is None)}
 
 
 def train_config_class(keys: tuple[Key, ...] = KEYS) -> type:

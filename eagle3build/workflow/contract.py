@@ -238,11 +238,13 @@ STAGES: tuple[Stage, ...] = (
     # The disk and GPU plans are read at run time: growing the sample count or changing resources must
     # not re-run the report and, behind it, every shard. Backend and aux ids reach the params as
     # requested (staleness.canonical_request); the job reads them as configured.
-    Stage("compat_report", "compat", inputs=("target",),
+    # A given head (draft.head): its config.json is an input (checked against the target; a changed weight replans
+    # export, not this report: export checks the tensors).
+    Stage("compat_report", "compat", inputs=("target", "given_head"),
           computed={"backend": requested, "aux_layer_ids": requested, "version": version}, decisions=(), packages=(),
           entry="compat_report", settings="CompatSettings",
           from_job={**TARGET_DIR, "results_dir": "params.results_dir", "out_json": "outputs.json",
-                    "out_decisions": "outputs.decisions"}),
+                    "out_decisions": "outputs.decisions", "given_head": "inputs.given_head?"}),
     Stage("regenerate_responses", "data", inputs=("target", "sources"), computed={"version": version},
           decisions=(), packages=("vllm",), entry="regenerate", settings="RegenerateSettings",
           from_job={**TARGET_DIR, "out_jsonl": "outputs.jsonl", "out_report": "outputs.report", **GPUS}),
@@ -269,15 +271,18 @@ STAGES: tuple[Stage, ...] = (
                     "target_fingerprint": "decisions.target.fingerprint", "backend": "decisions.capture.backend",
                     **GPUS}),
     # speculators' build_vocab_mappings_from_distribution runs on torch
-    Stage("build_vocab_map", "train", inputs=("tokens", "decisions"), computed={"version": version},
+    # train.init_from: the head's own d2t/t2d, its files the stage's inputs.
+    Stage("build_vocab_map", "train", inputs=("tokens", "decisions", "init_from"), computed={"version": version},
           decisions=("target.vocab_size",), packages=("speculators", "torch"), entry="build_vocab_map",
           settings="VocabSettings",
           from_job={"tokens_path": "inputs.tokens", "target_vocab_size": "decisions.target.vocab_size",
-                    "out_d2t": "outputs.d2t", "out_t2d": "outputs.t2d", "out_json": "outputs.info"}),
+                    "out_d2t": "outputs.d2t", "out_t2d": "outputs.t2d", "out_json": "outputs.info",
+                    "init_head": "inputs.init_from?"}),
     # Online (capture.mode), the states are made in this stage: what shapes them (sample counts, storage
     # and compute dtypes, batching) becomes its trigger; offline the shards carry them. Its inputs are
     # then the tokens files instead of the shards (rules/common.smk, states_input).
-    Stage("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target"),
+    # train.init_from: the head's files are inputs (a changed weight retrains); the path is in the train param.
+    Stage("train_draft", "train", inputs=("decisions", "train", "eval", "d2t", "t2d", "vocab", "target", "init_from"),
           computed={"aux_layer_ids": requested, "version": version, "online": online_param},
           decisions=("target.fingerprint", "capture.aux_layer_ids", "head.recommended_variant", "capture.backend"),
           packages=("speculators", "torch"), entry="train_draft", settings="TrainSettings",
@@ -285,12 +290,15 @@ STAGES: tuple[Stage, ...] = (
                     "eval_files": "inputs.eval", "d2t_path": "inputs.d2t", "t2d_path": "inputs.t2d",
                     "vocab_json": "inputs.vocab", "decisions_json": "inputs.decisions", "draft": "params.draft",
                     **GPUS}),
-    Stage("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target"),
+    # A given head (draft.head): its files are the inputs in place of the checkpoint and vocab map (taken as it is, or
+    # converted by speculators' converter), and the decisions of the compat report that checked it; a changed weight
+    # replans it and what follows.
+    Stage("export_head", "serve", inputs=("checkpoint", "d2t", "t2d", "vocab", "target", "given", "decisions"),
           computed={"version": version}, decisions=(), packages=("speculators", "torch"), entry="export",
           settings="ExportSettings",
-          from_job={**TARGET_DIR, "checkpoint_dir": "params.checkpoint_dir", "d2t_path": "inputs.d2t",
-                    "t2d_path": "inputs.t2d", "vocab_json": "inputs.vocab", "out_dir": "params.out_dir", **GPUS,
-                    "benchmarked_by": "params.benchmarked_by?"}),
+          from_job={**TARGET_DIR, "checkpoint_dir": "params.checkpoint_dir?", "d2t_path": "inputs.d2t?",
+                    "t2d_path": "inputs.t2d?", "vocab_json": "inputs.vocab?", "out_dir": "params.out_dir", **GPUS,
+                    "benchmarked_by": "params.benchmarked_by?", "given_files": "inputs.given?"}),
     Stage("benchmark", "serve",
           inputs=("head", "head_config", "prompts", "custom_prompts", "compare_heads", "preflight", "target"),
           computed={"version": version}, decisions=(), packages=("vllm",), entry="benchmark",

@@ -20,6 +20,13 @@ functions; every refusal is one line (``PlanError``; the Snakefile raises it as 
   export's vLLM load check and its resources (``export_loads_in_vllm``, ``export_resources``); a job's GPUs, its GPU
   model and its engine's layout as the resources the dry-run shows (``job_gpus``, ``gpu_model_resources``,
   ``engine_layout_resources``).
+- A head the user brings (``check_given_head``, ``check_init_from``; ``draft.given_head`` reads it without torch):
+  ``draft.head``, the run's head, and ``train.init_from``, where training starts, each refused in one line where the
+  folder is no head (naming what is missing), a head for another target (its hidden size, vocabulary, verifier or
+  aux layers against the target's config.json, both values and their files named) or of another ``draft.method`` /
+  ``draft.layer``; ``draft.head`` beside ``draft.compare_methods`` or ``train.*`` keys it makes meaningless (named);
+  ``train.init_from`` beside ``draft.compare_methods``, or with other aux layers, draft vocabulary or a forced head
+  variant than the head's.
 - ``check_rules``: each rule against its stage's contract (its inputs; the outputs and params its settings object's
   fields read), at every parse.
 - ``benchmark_in_plan``: whether this plan builds the run's benchmark, which serves the run's heads in vLLM engines;
@@ -34,8 +41,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..draft import choice
+from ..config.spec import section_keys
+from ..draft import choice, given_head
 from ..draft.choice import Draft
+from ..draft.given_head import GivenHead, GivenHeadError
+from ..draft.head_format import HEAD_FLAGS, HEAD_VARIANTS
 from ..formats import benchmark_runs, target_files
 from ..formats.target_files import check_aux_layer_ids, default_aux_layer_ids, num_decoder_layers
 from .contract import CONTRACTS, RULE_ENTRIES, STAGE_OF_RULE, job_entry, stage_of
@@ -187,6 +197,103 @@ def resolve_drafts(config: Mapping[str, Any], res: str, target_config: Mapping[s
     return Drafts(section, own, compared, tuple(heads))
 
 
+def _read_head(folder: str, key: str, config: Mapping[str, Any], target_config: Mapping[str, Any] | None,
+               target: str) -> GivenHead:
+    """The head ``folder`` named by config ``key``, checked against the target (``given_head.target_problem``) and the
+    run's ``draft.method`` and ``draft.layer`` (``given_head.draft_problem``).
+
+    Raises:
+        PlanError: its one line.
+    """
+    try:
+        head = given_head.read(folder, key)
+    except GivenHeadError as e:
+        raise PlanError(str(e)) from None
+    draft = config["draft"]
+    problem = (given_head.target_problem(head, target_config, target)
+               or given_head.draft_problem(head, draft["method"], draft["layer"]))
+    if problem:
+        raise PlanError(problem)
+    return head
+
+
+def meaningless_with_head(config: Mapping[str, Any]) -> list[str]:
+    """The keys a given ``draft.head`` makes meaningless that ``config`` sets: ``draft.compare_methods`` (not empty:
+    other heads trained from shards that are not captured) and each ``train.*`` key off its default (no head is
+    trained), as ``key=value``."""
+    out = [f"draft.compare_methods={config['draft']['compare_methods']}"] if config["draft"]["compare_methods"] else []
+    return out + [f"{k.path}={config['train'][k.name]!r}" for k in section_keys("train")
+                  if config["train"].get(k.name, k.default) != k.default]
+
+
+def check_given_head(config: Mapping[str, Any], res: str, target_config: Mapping[str, Any] | None,
+                     target: str = "the target") -> GivenHead | None:
+    """The run's given head (config ``draft.head``), read and checked; None where the run trains its own. Its
+    folder is not the run's own head folder ``<res>/head`` (export writes there), and no key it makes meaningless is
+    set (``meaningless_with_head``).
+
+    Raises:
+        PlanError: one line: the keys named, or as ``_read_head``.
+    """
+    folder = config["draft"]["head"]
+    if not folder:
+        return None
+    if os.path.normpath(folder) == os.path.normpath(f"{res}/head"):
+        raise PlanError(f"config: draft.head {folder} is the run's own head folder, which export writes: give the "
+                        "head's own folder")
+    bad = meaningless_with_head(config)
+    if bad:
+        raise PlanError(f"config: draft.head {folder} is benchmarked and served as it is, no head is trained: "
+                        f"{', '.join(bad)} would not apply; leave them out")
+    return _read_head(folder, "draft.head", config, target_config, target)
+
+
+def head_flags(head: GivenHead) -> dict[str, bool]:
+    """The head flags (``head_format.HEAD_FLAGS``) of a given head's config.json (absent: False)."""
+    return {f: bool(head.config.get(f, False)) for f in HEAD_FLAGS}
+
+
+def check_init_from(config: Mapping[str, Any], target_config: Mapping[str, Any] | None,
+                    target: str = "the target", res: str | None = None) -> GivenHead | None:
+    """The head training starts from (config ``train.init_from``), read and checked as ``draft.head`` is, and against
+    what training makes of the run's shards: the same aux layer ids (``capture.aux_layer_ids``, ``auto``: EAGLE-3's
+    default of the target's layers), draft vocabulary size (``vocab.draft_vocab_size``; the run trains on the head's
+    own d2t/t2d) and head flags (a forced ``train.head_variant``'s); not beside ``draft.compare_methods``, nor inside
+    the run's results folder ``res`` (its head and checkpoint are made from this training: a cycle). None where
+    training starts from an untrained head.
+
+    Raises:
+        PlanError: one line naming both values and where each came from.
+    """
+    folder = config["train"]["init_from"]
+    if not folder:
+        return None
+    if res and os.path.commonpath([os.path.abspath(folder), os.path.abspath(res)]) == os.path.abspath(res):
+        raise PlanError(f"config: train.init_from {folder} is inside the run's results folder {res}, which this training "
+                        "makes: copy the head elsewhere, or give it to a run of another name")
+    if config["draft"]["compare_methods"]:
+        raise PlanError(f"config: train.init_from {folder} beside draft.compare_methods "
+                        f"{config['draft']['compare_methods']}: their heads would start from it too; leave one out")
+    head = _read_head(folder, "train.init_from", config, target_config, target)
+    where = f"train.init_from {folder}"
+    n = num_decoder_layers(dict(target_config)) if target_config else None
+    requested = config["capture"]["aux_layer_ids"]
+    ours = (default_aux_layer_ids(n) if n and n >= 3 else None) if requested == "auto" else list(requested)
+    theirs = head.aux_ids_for(n)
+    if ours is not None and theirs is not None and ours != theirs:
+        raise PlanError(f"{where} reads aux layers {theirs} ({folder}/config.json) but capture.aux_layer_ids "
+                        f"{requested} captures {ours}: set capture.aux_layer_ids: {theirs}")
+    if head.draft_vocab_size != config["vocab"]["draft_vocab_size"]:
+        raise PlanError(f"{where} has a draft vocabulary of {head.draft_vocab_size} tokens ({folder}/config.json "
+                        f"draft_vocab_size) but vocab.draft_vocab_size is {config['vocab']['draft_vocab_size']}: set it "
+                        f"to {head.draft_vocab_size} (training keeps the head's d2t/t2d)")
+    variant = config["train"]["head_variant"]
+    if variant != "auto" and HEAD_VARIANTS[variant] != head_flags(head):
+        raise PlanError(f"{where} has the head flags {head_flags(head)} ({folder}/config.json) but train.head_variant "
+                        f"{variant} sets {HEAD_VARIANTS[variant]}: use auto (the head's)")
+    return head
+
+
 def preflight_enabled(config: Mapping[str, Any]) -> bool:
     """Whether the plan has the pre-flight bound (``preflight.enabled``): ``always``, or ``auto`` where the serve jobs
     get GPUs (``resources.serve.gpu`` > 0: the bound is a GPU job, and the benchmark then checks its measured steps
@@ -251,7 +358,8 @@ class Plan:
     """What rules/common.smk reads of the planning policy, made once a parse (``Plan.of``): ``target``, the target's
     folder; ``weights_problem``, what a build misses in it (``check_target``; the plan warns, ``check_weights``
     refuses a build that reads them); ``drafts`` (``Drafts``); ``preflight``, ``capture_vllm``, ``export_vllm``: the
-    switches above; ``export_resources``."""
+    switches above; ``export_resources``; ``given_head``, the run's head where config ``draft.head`` gives one (None:
+    trained here); ``init_head``, where ``train.init_from`` names one."""
 
     target: str
     weights_problem: str | None
@@ -260,6 +368,8 @@ class Plan:
     capture_vllm: bool
     export_vllm: bool
     export_resources: Mapping[str, int]
+    given_head: GivenHead | None = None
+    init_head: GivenHead | None = None
 
     @classmethod
     def of(cls, config: Mapping[str, Any], res: str, decisions: Mapping[str, Any] | None = None) -> Plan:
@@ -267,7 +377,7 @@ class Plan:
         (``results/<run>``), ``decisions`` the compat report's as recorded (None before the first). Checks, in this
         order: the target folder, the benchmark's sets, the compared heads, the aux layer ids against the target's
         config.json (a bundled target's known fields before it is materialised: ``target_files.planning_config``),
-        the drafts.
+        the drafts, the given head (``check_given_head``), the head training starts from (``check_init_from``).
 
         Raises:
             PlanError: the first check that fails (its one line).
@@ -281,8 +391,11 @@ class Plan:
         problem = aux_layer_ids_problem(config["capture"]["aux_layer_ids"], target_config, name)
         if problem:
             raise PlanError(problem)
-        return cls(target, weights, resolve_drafts(config, res, target_config, name), preflight_enabled(config),
-                   capture_may_use_vllm(config, decisions), export_loads_in_vllm(config), export_resources(config))
+        drafts = resolve_drafts(config, res, target_config, name)
+        given = check_given_head(config, res, target_config, name)
+        init = check_init_from(config, target_config, name, res)
+        return cls(target, weights, drafts, preflight_enabled(config), capture_may_use_vllm(config, decisions),
+                   export_loads_in_vllm(config), export_resources(config), given, init)
 
 # The rules whose jobs need the run's benchmark.json (rules/benchmark.smk and the rules below it): asking for one of
 # them, or for one of their files, plans the benchmark.

@@ -51,10 +51,10 @@ def _run_lines(r: dict) -> list[str]:
 
 def result_screen(res: str | os.PathLike) -> str | None:
     """The result of the run whose results folder is ``res`` (``results/<run>``), one screen: the head (method, draft
-    layer) and the k it is served at, τ (tokens per target forward) and speed-up per set and overall for each head
-    and k benchmarked (per category too where a set has them), whether each was lossless, where the report is and the
-    command that serves the head, and what the data lost (``data_line``). None where the run has no benchmark.json yet
-    (a build asked for an earlier artifact alone)."""
+    layer; a given head's folder and format, config ``draft.head``) and the k it is served at, τ (tokens per target
+    forward) and speed-up per set and overall for each head and k benchmarked (per category too where a set has them),
+    whether each was lossless, where the report is and the command that serves the head, and what the data lost
+    (``data_line``). None where the run has no benchmark.json yet (a build asked for an earlier artifact alone)."""
     res = Path(res)
     bench = _read(res / "benchmark.json")
     if bench is None:
@@ -67,8 +67,10 @@ def result_screen(res: str | os.PathLike) -> str | None:
     # a benchmark.json written before its heads named their method and layer: the defaults, the only ones then
     head = f"{own.get('method', DEFAULT_METHOD)} head, {own.get('draft_layer', DEFAULT_LAYER)} draft layer"
     served = f"served at k {k}" if k is not None else "serving files not written yet"
+    source = (_read(res / "head" / "head_meta.json") or {}).get("source")  # draft.head: a given head
+    given = f", given: {source['path']}, {source['format']} format" if source else ""
     lines = [f"Result of run {res.name} ({res}/):",
-             f"  {head} ({res / 'head'}), {served}",
+             f"  {head} ({res / 'head'}{given}), {served}",
              f"  the target alone: {base.get('output_tokens_per_s', 0):.2f} output tokens/s; "
              f"{s.get('concurrency', '?')} request(s) in flight, {s.get('num_prompts', '?')} prompts a set, greedy"]
     for r in benchmark_runs(bench):
