@@ -17,7 +17,7 @@ configfile: f"{workflow.basedir}/config.yaml"
 
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
 from eagle3build.config import errors, spec
-from eagle3build.workflow import missing, plan, summary
+from eagle3build.workflow import missing, plan, stop, summary
 
 # A config written before a key was renamed still runs: its old key moves to the new path (spec.RENAMED).
 for old, new in spec.upgrade(config):
@@ -81,14 +81,16 @@ rule all:
         preflight_input,
 
 
-# Every build ends with its result (the head, k, tau and speed-up per set, lossless, the report, the serve command),
-# also where there was nothing to do; a failed one with each failed job's own error line and log (issue 67).
+# Every build ends with its result (the head, k, tau and speed-up per set, lossless, the report, the serve command,
+# what the data lost: issue 71), also where there was nothing to do; a failed one with each failed job's own error line
+# and log (issue 67); a stopped one marks what it planned and did not run incomplete (eagle3build.workflow.stop).
 onsuccess:
-    logger.info(summary.result_screen(RES) or f"{RES}/benchmark.json is not built yet")
+    logger.info(summary.build_end(RES))
 
 
 onerror:
     logger.error(summary.failure_screen(summary.failed_jobs(workflow.scheduler.failed)))
+    stop.mark_unrun(workflow, logger.warning)
 
 
 if workflow.is_main_process:

@@ -9,7 +9,7 @@ from snakemake.common import get_function_params, overwrite_function_params
 sys.path.insert(0, workflow.basedir)  # this checkout's eagle3build, whatever is installed
 from eagle3build.config import spec
 from eagle3build.formats import target_files
-from eagle3build.workflow import contract, plan, staleness
+from eagle3build.workflow import contract, plan, staleness, stop
 
 RUN = config["run"]
 RES = f"results/{RUN}"
@@ -35,9 +35,12 @@ if workflow.is_main_process and PLAN.drafts.note:
     logger.warning(PLAN.drafts.note)
 
 
-# Before the first job of a build (never in a dry-run: Snakemake calls onstart only when it executes).
+# Before the first job of a build (never in a dry-run: Snakemake calls onstart only when it executes). SIGINT or SIGTERM
+# to this process from then on stops the running jobs as a terminal's Ctrl-C does and keeps each finished one
+# (eagle3build.workflow.stop; docs/staleness.md).
 onstart:
     plan.check_weights(PLAN.weights_problem, (job.rule.name for job in workflow.dag.needrun_jobs()))
+    stop.forward_signals(workflow, logger.warning)
 
 
 # A head the user brings (plan.check_given_head, check_init_from): draft.head, the run's head (its config.json an input

@@ -4,11 +4,13 @@ The tests on the reduced build are marked e2e and vllm by tests/conftest.py (the
 the checks of this file's own helpers (the contract check, the digest sketch) run in ``make check`` too."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 import torch
@@ -211,6 +213,12 @@ def test_a_build_with_nothing_to_do_still_ends_with_its_result(built):
     for name, v in r["sets"].items():
         assert re.search(rf"^\s+{name}\s+tau {v['mean_acceptance_length']:.3f}, {v['speedup']:.2f}x$", screen, re.M)
     assert "report: results/reduced/report/benchmark.png" in screen and "serve it: results/reduced/serve/serve.sh" in screen
+    # what the bundled data lost (issue 71): the records prepare_data skipped, the conversations it cut
+    rep = json.loads((res / "data/data_report.json").read_text())
+    (data,) = [x for x in screen.splitlines() if x.startswith("  data lost: ")]
+    assert f"{rep['skipped_total']} record(s) skipped (too_few_supervised_tokens " in data
+    assert f"{rep['truncated_to_max_seq_len']} kept conversation(s) cut to data.max_seq_len 128 tokens" in data
+    assert data.endswith("; see results/reduced/data/data_report.json")
 
 
 def test_more_samples_add_only_new_shards(built, tmp_path):
@@ -345,12 +353,13 @@ def _changed_config(wd, tmp_path, change):
 
 def test_a_local_data_file_is_an_input(built, tmp_path):
     """Your data file, edited or grown, replans prepare_data and what reads it (it is an input); left alone,
-    nothing. A run of its own in the shared workdir, built up to prepare_data only."""
+    nothing. A run of its own in the shared workdir, built up to prepare_data only. The file ends cut mid-line, as a
+    broken download leaves it: the build's last lines say so (issue 71), naming the file and data_report.json."""
     wd, _ = built
     data = wd / "my-chats.jsonl"
     line = '{{"id": "m{i}", "messages": [{{"role": "user", "content": "Question {i}?"}}, ' \
            '{{"role": "assistant", "content": "Here is a longer answer to question {i}."}}]}}\n'
-    data.write_text("".join(line.format(i=i) for i in range(12)))
+    data.write_text("".join(line.format(i=i) for i in range(12)) + line.format(i=12)[:40] + "\n")
     cfg = yaml.safe_load((REPO / "tests/reduced.yaml").read_text())
     cfg["run"] = "localdata"
     cfg["data"]["sources"] = [{"path": "my-chats.jsonl", "max_samples": None}]
@@ -358,6 +367,9 @@ def test_a_local_data_file_is_an_input(built, tmp_path):
     args = ["--configfile", str(tmp_path / "local.yaml"), "--until", "prepare_data"]
     p = run(args, wd)
     assert p.returncode == 0, p.stderr[-3000:]
+    end = (p.stdout + p.stderr).split("results/localdata/benchmark.json is not built yet\n", 1)[1].splitlines()
+    assert end[0] == ("  data lost: my-chats.jsonl: 1 line(s) not JSON; see "
+                      "results/localdata/data/data_report.json"), end[:2]
     assert planned_jobs(args, wd) == {}
     with data.open("a") as f:  # the file grows by one conversation
         f.write(line.format(i=12))
@@ -565,7 +577,6 @@ def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
     before the shards). (Until issue 39 it built on to the head, and until issue 59 every shard and the vocab map,
     ~30 s more on 2 cores: the rerun of one shard is the same code path as the others'.)"""
     import signal
-    import time
 
     wd0, res0 = built
     before = _file_digest(res0.parents[1] / KILLED_SHARD)
@@ -598,6 +609,142 @@ def test_killed_mid_write_then_rerun_incomplete(built, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert not list(res.glob("hidden_states/*/.shard-*.tmp-*"))  # the killed job's temporary is gone too
     assert _file_digest(wd / KILLED_SHARD) == before
+
+
+# A stop from outside (issue 71, eagle3build/workflow/stop.py): the reduced build's training made long enough to be
+# stopped mid-run (4 epochs of 4 steps, a state every 2 steps), then its head (train_draft and export_head).
+STOP_CHANGE = {"train": {"epochs": 4, "checkpoint_every": 2}}
+STOP_TARGET = "results/reduced/head/config.json"
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "train_meta.json", "metrics.json", "curves.png")
+
+
+def _processes_in(wd) -> list[int]:
+    """The processes working in ``wd`` (their working directory in it): a build's Snakemake and jobs."""
+    out = []
+    for e in os.scandir("/proc"):
+        if e.name.isdigit():
+            try:
+                if os.readlink(f"/proc/{e.name}/cwd").startswith(str(wd)):
+                    out.append(int(e.name))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_head(reduced_build, tmp_path_factory):
+    """The head of STOP_CHANGE built without a stop, on a copy of the reduced build: ``(its weights, seconds)``."""
+    wd0, _ = reduced_build
+    d = tmp_path_factory.mktemp("uninterrupted")
+    wd = copy_build(wd0, d / "wd")
+    cfg = _changed_config(wd, d, STOP_CHANGE)
+    t0 = time.monotonic()
+    p = run([STOP_TARGET, "--configfile", str(cfg)], wd)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return load_file(str(wd / "results/reduced/head/model.safetensors")), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_from_outside_loses_no_training_step(built, uninterrupted_head, tmp_path, sig):
+    """Issue 71: SIGINT or SIGTERM sent to the Snakemake process alone (`kill PID`) mid-training reaches the training
+    job as SIGTERM: it saves its state after the step in flight and stops, Snakemake exits 1 with the job's own line
+    (TrainingStopped), leaving no lock and no process; the head it had planned to export again is marked incomplete
+    (the copy's head, made from the checkpoint the training removed at its start). The next run resumes at that step
+    (it trains none of the steps done again: at most checkpoint_every), its head equals the uninterrupted run's, and a
+    dry-run then plans nothing."""
+    import signal
+
+    wd0, _ = built
+    wd = copy_build(wd0, tmp_path / "wd")
+    cfg = _changed_config(wd, tmp_path, STOP_CHANGE)
+    state = wd / "results/reduced/checkpoint.state/state.pt"
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "2", "-d", str(wd), STOP_TARGET, "--configfile", str(cfg)]
+    with open(tmp_path / "stopped.log", "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    saved, deadline = 0, time.monotonic() + 900
+    while saved < 2:  # a state saved: the training is under way
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stopped.log").read_text()[-3000:]
+        try:
+            saved = torch.load(state, weights_only=True)["step"]
+        except Exception:  # noqa: BLE001 - not there yet, or racing its atomic rename
+            pass
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    proc.send_signal(getattr(signal, sig))
+    assert proc.wait(timeout=300) == 1
+    stop_s = time.monotonic() - t0
+    out = (tmp_path / "stopped.log").read_text()
+    m = re.search(r"train_draft failed: TrainingStopped: SIGTERM: the training state after step (\d+) of (\d+)", out)
+    assert m, out[-3000:]
+    stopped_at, total = int(m.group(1)), int(m.group(2))
+    assert saved <= stopped_at < total and torch.load(state, weights_only=True)["step"] == stopped_at
+    assert not [f for f in CHECKPOINT_FILES if (wd / "results/reduced/checkpoint" / f).exists()]  # removed at its start
+    # the copy's head, made from the checkpoint this run removed at the training's start: marked to be made again
+    marked = {base64.urlsafe_b64decode(f.name).decode() for f in wd.glob(".snakemake/incomplete/*")}
+    assert STOP_TARGET in marked and all(f.startswith("results/reduced/head/") for f in marked), marked
+    assert not list(wd.glob(".snakemake/locks/*")) and _processes_in(wd) == []
+
+    t0 = time.monotonic()
+    p = run([STOP_TARGET, "--configfile", str(cfg)], wd)
+    rerun_s = time.monotonic() - t0
+    assert p.returncode == 0, p.stderr[-3000:]
+    metrics = json.loads((wd / "results/reduced/checkpoint/metrics.json").read_text())
+    assert metrics["resumed_from_step"] == stopped_at and metrics["steps"] == total  # no step done trained again
+    assert stopped_at - metrics["resumed_from_step"] <= STOP_CHANGE["train"]["checkpoint_every"]
+    ref, _ = uninterrupted_head
+    head = load_file(str(wd / "results/reduced/head/model.safetensors"))
+    assert head.keys() == ref.keys() and all(torch.equal(head[k], ref[k]) for k in ref)
+    assert not state.parent.exists()  # a finished training's state is removed
+    assert planned_jobs([STOP_TARGET, "--configfile", str(cfg)], wd) == {}
+    assert not list(wd.glob(".snakemake/locks/*")) and not list(wd.glob(".snakemake/incomplete/*"))
+    assert _processes_in(wd) == []
+    print(f"{sig}: stopped at step {stopped_at} of {total}, Snakemake gone {stop_s:.1f} s after the signal; the rerun "
+          f"took {rerun_s:.1f} s (the uninterrupted build {uninterrupted_head[1]:.1f} s)")
+
+
+def test_a_shard_finished_after_a_stop_is_not_captured_again(built, tmp_path):
+    """Issue 71: SIGINT to the Snakemake process alone once the first shard of a capture is in place: the job that
+    made it, told SIGTERM as it ends, ends well (its shard kept, no incomplete mark; a job still capturing would have
+    its host drop its temporary: tests/test_stop.py); the next run captures only the shards not made, and the first
+    keeps its bytes. No lock and no process (the job host included) is left. From the shared build's target, compat
+    report and token files, as the test above."""
+    import signal
+
+    wd0, res0 = built
+    wd = tmp_path / "wd"
+    res = wd / "results/reduced"
+    res.mkdir(parents=True)
+    (wd / "resources").symlink_to(wd0 / "resources", target_is_directory=True)
+    for f in ("compat.json", "decisions.json", "data"):
+        (shutil.copytree if (res0 / f).is_dir() else shutil.copy2)(res0 / f, res / f)
+    shutil.copytree(wd0 / ".snakemake/metadata", wd / ".snakemake/metadata")
+    shards = sorted(str(p.relative_to(wd0)) for p in (res0 / "hidden_states").rglob("shard-*.safetensors"))
+    cfg = str(REPO / "tests/reduced.yaml")
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", "-d", str(wd), *shards, "--configfile", cfg]
+    with open(tmp_path / "stopped.log", "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 900
+    while not (done := [s for s in shards if (wd / s).exists()]):
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stopped.log").read_text()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=300) == 1
+    out = (tmp_path / "stopped.log").read_text()
+    assert "SIGINT: SIGTERM sent to the running jobs" in out, out[-3000:]
+    kept = [s for s in shards if (wd / s).exists()]  # the first, and any a running job finished after the signal
+    assert set(done) <= set(kept) and len(kept) < len(shards), out[-3000:]
+    first = {s: (wd / s).stat().st_mtime_ns for s in kept}
+    assert not list(wd.glob(".snakemake/incomplete/*")) and not list(wd.glob(".snakemake/locks/*"))
+    assert not list(res.glob("hidden_states/*/.shard-*.tmp-*"))
+    deadline = time.monotonic() + 30  # the job host ends once it sees its Snakemake process gone
+    while _processes_in(wd) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_in(wd) == []
+    assert planned_jobs([*shards, "--configfile", cfg], wd) == {"capture_hidden_states": len(shards) - len(kept)}
+    p = run([*shards, "--configfile", cfg], wd)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert {s: (wd / s).stat().st_mtime_ns for s in kept} == first
+    assert all(_file_digest(wd / s) == _file_digest(wd0 / s) for s in shards)
 
 
 # The digest test: every artifact of the reduced build, by the stage that writes it, with the

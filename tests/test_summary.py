@@ -51,6 +51,7 @@ def test_the_failure_screen_names_each_jobs_own_line_and_log(tmp_path):
         "What failed:", "  capture_hidden_states: capture failed: ValueError: x (set capture.aux_layer_ids)",
         f"    log: {log}", "  benchmark: (its log cannot be read: No such file or directory)",
         f"    log: {tmp_path / 'gone.log'}"]
+    assert summary.failure_screen([]).startswith("No job failed: the build was stopped before its end")
 
 
 def test_the_result_follows_snakemakes_nothing_to_be_done_line():
@@ -68,3 +69,47 @@ def test_the_result_follows_snakemakes_nothing_to_be_done_line():
     lg.info("Nothing to be done.")
     assert seen == ["Building DAG of jobs...", "Nothing to be done.", "the result"]
     lg.handlers = []
+
+
+def _report(res, **over):
+    """A data_report.json (data/prepare_data.py) with nothing lost, ``over`` put in (``sources``: one source's fields)."""
+    src = {"path": "chats.jsonl", "bad_lines": 0, "truncated_at_byte": None, "bytes_lost": 0, "compressed_stream_cut": False,
+           "records_lost": 0, "bad_utf8_bytes": 0, **over.pop("sources", {})}
+    rep = {"sources": [src], "records_read": 50, "kept": 50, "skipped": {}, "skipped_total": 0,
+           "truncated_to_max_seq_len": 0, "max_seq_len": 512, **over}
+    (res / "data").mkdir(parents=True, exist_ok=True)
+    (res / "data/data_report.json").write_text(json.dumps(rep))
+
+
+def test_the_data_line_says_what_prepare_data_dropped_or_cut(tmp_path):
+    """Issue 71: one line where prepare_data lost anything (lines that do not parse, a file cut mid-record, records
+    skipped by reason, most first, conversations cut to data.max_seq_len), naming data_report.json; none where it lost
+    nothing, nor where there is no report."""
+    res = tmp_path / "results/r"
+    assert summary.data_line(res) is None
+    _report(res)
+    assert summary.data_line(res) is None
+    _report(res, sources={"bad_lines": 1, "truncated_at_byte": 1200, "bytes_lost": 37}, kept=40,
+            skipped={"empty_text": 2, "too_few_supervised_tokens": 20, "unknown_role": 2, "bad_unicode": 0},
+            skipped_total=24, truncated_to_max_seq_len=39, max_seq_len=128)
+    assert summary.data_line(res) == (
+        "  data lost: chats.jsonl: 1 line(s) not JSON, cut off at byte 1200 (37 bytes lost); 24 record(s) skipped "
+        "(too_few_supervised_tokens 20, empty_text 2, unknown_role 2), 40 kept; 39 kept conversation(s) cut to "
+        f"data.max_seq_len 128 tokens; see {res / 'data/data_report.json'}")
+    _report(res, sources={"compressed_stream_cut": True, "records_lost": 3, "bad_utf8_bytes": 2})
+    assert summary.data_line(res) == ("  data lost: chats.jsonl: its compressed stream cut short, 3 row(s) unreadable, "
+                                      f"2 byte(s) not UTF-8; see {res / 'data/data_report.json'}")
+
+
+def test_the_data_line_is_on_the_result_screen_and_on_a_build_without_benchmark(tmp_path):
+    res = tmp_path / "results/r"
+    _report(res, sources={"bad_lines": 2})
+    line = f"  data lost: chats.jsonl: 2 line(s) not JSON; see {res / 'data/data_report.json'}"
+    assert summary.build_end(res).splitlines() == [f"{res}/benchmark.json is not built yet", line]
+    (res / "benchmark.json").write_text(json.dumps({"runs": []}))
+    lines = summary.result_screen(res).splitlines()
+    assert lines[-2:] == [line, f"  report: {res / 'report/benchmark.png'}; figures: {res / 'benchmark.json'}"]
+    assert summary.build_end(res) == summary.result_screen(res)
+    _report(res)  # nothing lost: no line
+    assert not [x for x in summary.result_screen(res).splitlines() if "data lost" in x]
+    assert summary.build_end(tmp_path / "results/none") == f"{tmp_path / 'results/none'}/benchmark.json is not built yet"

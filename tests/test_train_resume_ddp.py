@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -257,3 +258,55 @@ def test_run_saved_on_three_ranks_resumes_on_two_gloo_processes(tiny_shards, tin
     a, b = weights(ref), weights(out)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+LAUNCH = ("import json, sys; from eagle3build.train.train_draft import launch; "
+          "launch(json.loads(sys.argv[1]), nproc=2)")
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_launching_job_reaches_its_ranks_and_leaves_no_process(tiny_shards, tiny_target, tmp_path):
+    """Issue 71: SIGTERM to the process that launched a run on two gloo ranks (what a stop from outside sends a training
+    job's own process: workflow/stop.py) is passed to torchrun and its ranks; they stop, the launch fails saying so, no
+    rank outlives it, and the run resumes from a saved state to its full step count."""
+    d, _, _ = tiny_shards
+    out, state = tmp_path / "ck", tmp_path / "ck.state" / "state.pt"
+    kw = kwargs(d, tiny_target, out, epochs=30, checkpoint_every=2, select="last")
+    mark = f"i71-{os.getpid()}-{time.monotonic_ns()}"  # in every process of the launch: torchrun's ranks, in
+    env = dict(os.environ, OMP_NUM_THREADS="1", EAGLE3BUILD_TEST_LAUNCH=mark)  # sessions of their own, inherit it
+    p = subprocess.Popen([sys.executable, "-c", LAUNCH, json.dumps(kw)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.time() + 600
+    while True:
+        assert p.poll() is None and time.time() < deadline, p.stdout.read()[-3000:]
+        try:
+            if torch.load(state, weights_only=True)["step"] >= 2:
+                break
+        except Exception:  # noqa: BLE001 - not there yet, or racing its atomic rename
+            pass
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    text = p.communicate(timeout=300)[0]
+    assert p.returncode == 1 and "RuntimeError: SIGTERM, passed to the ranks: distributed training stopped" in text, \
+        text[-3000:]
+    assert not out.exists()
+    assert _marked(mark) == [], "a rank or torchrun outlived the launch"
+    saved = torch.load(state, weights_only=True)["step"]
+    assert saved >= 2
+    td.launch(kwargs(d, tiny_target, out, epochs=30, checkpoint_every=2, select="last"), nproc=2)
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["resumed_from_step"] == saved and m["steps"] == 60  # 2 steps an epoch on 2 ranks, 30 epochs
+
+
+def _marked(mark: str) -> list[int]:
+    """The processes whose environment holds ``EAGLE3BUILD_TEST_LAUNCH=mark``."""
+    out = []
+    for e in os.scandir("/proc"):
+        if e.name.isdigit():
+            try:
+                environ = Path(f"/proc/{e.name}/environ").read_bytes().split(b"\0")
+            except OSError:  # gone, or not ours
+                continue
+            if f"EAGLE3BUILD_TEST_LAUNCH={mark}".encode() in environ:
+                out.append(int(e.name))
+    return out

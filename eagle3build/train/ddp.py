@@ -10,13 +10,16 @@ gloo on CPU, as speculators' ``train/distributed.py`` sets up a process group fo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -62,8 +65,14 @@ def launch(module: str, kwargs: dict, nproc: int) -> None:
 
     ``kwargs`` must be JSON-serialisable; it travels through a temporary file, removed afterwards.
 
+    SIGTERM to this process while the ranks run (a stop from outside: eagle3build/workflow/stop.py tells each job's own
+    process) is passed to torchrun, which passes it to the ranks (``torch.distributed.elastic``: its workers get the
+    signal it got), and the ranks are waited for: each stops after the step in flight, rank 0 saving the state
+    (``trainer.save_on_term``; a rank whose peer stopped a step earlier fails in the next all-reduce, and the last
+    periodic state stands), and no rank outlives the job.
+
     Raises:
-        RuntimeError: a rank failed (its traceback is in the log above).
+        RuntimeError: a rank failed (its traceback is in the log above), or SIGTERM stopped them (said so).
     """
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(kwargs, f)
@@ -71,11 +80,39 @@ def launch(module: str, kwargs: dict, nproc: int) -> None:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", module, f.name]
         log.info("launching %s", " ".join(cmd))
-        rc = subprocess.run(cmd, check=False).returncode
+        with subprocess.Popen(cmd) as proc, _term_passed_to(proc) as told:
+            try:
+                rc = proc.wait()
+            except BaseException:  # as subprocess.run does (Ctrl-C, an error here)
+                proc.kill()
+                raise
     finally:
         os.unlink(f.name)
+    if rc != 0 and told:
+        raise RuntimeError(f"SIGTERM, passed to the ranks: distributed training stopped (exit {rc}); the ranks' output "
+                           "above says where its state was saved, and the same job run again resumes from it")
     if rc != 0:
         raise RuntimeError(f"distributed training failed (exit {rc}); see the ranks' output above")
+
+
+@contextlib.contextmanager
+def _term_passed_to(proc: subprocess.Popen) -> Iterator[list[int]]:
+    """While the block runs (on the main thread), SIGTERM to this process is sent on to ``proc``; yields the signals
+    passed (empty: none). The handler before it is put back."""
+    told: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield told
+        return
+
+    def on_term(signum: int, frame: object) -> None:
+        told.append(signum)
+        proc.send_signal(signal.SIGTERM)
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield told
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def run_rank(fn: Callable[..., object], kwargs: dict) -> None:

@@ -447,10 +447,11 @@ def train(**run: Any) -> dict:
 
 
 def launch(kwargs: dict, nproc: int) -> None:
-    """Run ``train(**kwargs)`` on ``nproc`` processes with torchrun (DDP; NCCL on GPUs, gloo on CPU).
+    """Run ``train(**kwargs)`` on ``nproc`` processes with torchrun (DDP; NCCL on GPUs, gloo on CPU). SIGTERM to this
+    process reaches the ranks (``ddp.launch``): rank 0 saves the state after the step in flight.
 
     Raises:
-        RuntimeError: a rank failed (its traceback is in the log above).
+        RuntimeError: a rank failed (its traceback is in the log above), or SIGTERM stopped the ranks.
     """
     ddp.launch("eagle3build.train.train_draft", kwargs, nproc)
 

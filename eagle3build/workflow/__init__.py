@@ -5,5 +5,5 @@ stage's entry with the settings object made from the job (``job``; where that ob
 ``job_fields``; a job's log: ``joblog``), job hosts that load what a hosted stage's jobs share once, a run's capture
 target (``host``), GPU cards per job (``gpu_slots``), the disk and memory budgets of a plan (``budgets``), the venv
 against its lock (``lockcheck``), the planning policy read from the plan itself (``plan``: what the plan refuses,
-whether it benchmarks the head) and what a build ends with (``summary``: its result, or each failed job's own error
-line)."""
+whether it benchmarks the head), what a build ends with (``summary``: its result, or each failed job's own error
+line) and a stop from outside (``stop``: SIGINT or SIGTERM to Snakemake passed to its jobs, each finished one kept)."""

@@ -41,12 +41,15 @@ A host ends (removing its files; its process group, a vLLM engine's processes in
 - a job failed in it (the next job starts a fresh one: a CUDA error can leave a process unusable).
 
 A job killed while it is served is seen by the entry (``alive``: the connection closed) between batches and before
-its rename: its temporary is dropped, and the host serves the next. ``EAGLE3BUILD_JOB_HOST=0`` runs each job in its
+its rename: its temporary is dropped, and the host serves the next. A job told to stop (SIGTERM: a stop from outside,
+workflow/stop.py) half-closes its connection, which the host sees the same way; it keeps waiting for the answer, so a
+shard renamed into place by then is answered and kept, not captured again. ``EAGLE3BUILD_JOB_HOST=0`` runs each job in its
 own process instead (the route before issue 70), as does a machine whose ``/proc`` cannot name the Snakemake process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -60,7 +63,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,9 +184,14 @@ def run_job(stage: str, settings: Any, threads: int, gpus: int) -> Any:
     idle one, else ``start`` one on ``gpus`` GPUs taken for it); return the entry's result (a mapping gets ``host``:
     the host's pid, its load seconds and the jobs it has served).
 
+    SIGTERM while the host works (a stop from outside: workflow/stop.py) asks it to drop the job's output
+    (``_term_drops_the_job``): the job then fails with ``JobStopped``, or, where the output was renamed into place
+    already, gets its answer and succeeds (its Snakemake keeps the output).
+
     Raises:
         the entry's error (as its type where that is a built-in exception, else a RuntimeError naming it);
-        RuntimeError where the host ends before it answers (its log named).
+        RuntimeError where the host ends before it answers (its log named);
+        JobStopped: SIGTERM came, and the host dropped the output.
     """
     spec = host_spec(stage, settings, threads, gpus, owner_process())
     conn, lease_fd, info = _lease_or_start(spec)
@@ -190,12 +200,16 @@ def run_job(stage: str, settings: Any, threads: int, gpus: int) -> Any:
                  "started by this job" if info["started"] else "already loaded", info["log"])
         fields = {k: (os.fspath(v) if isinstance(v, os.PathLike) else v)
                   for k, v in dataclasses.asdict(settings).items()}
-        gpu_slots.send_message(conn, {"op": "run", "settings": fields}, fds=[2])
-        try:
-            reply, _ = gpu_slots.recv_message(conn)
-        except (EOFError, OSError) as e:
-            raise RuntimeError(f"job host pid {info['pid']} ended before it answered ({e}); its log: "
-                               f"{info['log']}") from None
+        with _term_drops_the_job(conn) as stopped:
+            try:
+                gpu_slots.send_message(conn, {"op": "run", "settings": fields}, fds=[2])
+                reply, _ = gpu_slots.recv_message(conn)
+            except (EOFError, OSError) as e:
+                if stopped:
+                    raise JobStopped(f"SIGTERM: job host pid {info['pid']} dropped this job's output before its "
+                                     "rename; the next run makes it") from None
+                raise RuntimeError(f"job host pid {info['pid']} ended before it answered ({e}); its log: "
+                                   f"{info['log']}") from None
     finally:
         conn.close()
         os.close(lease_fd)
@@ -207,6 +221,40 @@ def run_job(stage: str, settings: Any, threads: int, gpus: int) -> Any:
             raise kind(reply["message"])
         raise RuntimeError(f"{reply['error']}: {reply['message']}")
     return reply["ok"]
+
+
+class JobStopped(RuntimeError):
+    """A hosted job told to stop (SIGTERM) before its output was renamed into place: the host dropped its temporary."""
+
+
+@contextlib.contextmanager
+def _term_drops_the_job(conn: socket.socket) -> Iterator[list[int]]:
+    """While the job waits for its host's answer on ``conn``, SIGTERM half-closes the connection (the job's side):
+    the entry sees the job gone (``alive``, ``_peer_open``) between batches and before its rename, drops the
+    temporary and answers nothing; an entry done by then answers as always, on the side still open. Yields the
+    signals seen (empty: none). A second SIGTERM ends the job at once. Only on the main thread (signal handlers
+    live there); the previous handler is put back."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        if seen:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        seen.append(signum)
+        try:
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the host closed it first
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _lease_or_start(spec: dict) -> tuple[socket.socket, int, dict]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
 from typing import Any, Callable
 
@@ -149,15 +150,34 @@ def one_line(rule: str, error: BaseException) -> str:
     return f"{rule} failed: {type(error).__name__}: {' '.join(str(error).split())}"
 
 
+def finish_or_end(outputs: list[str]) -> Callable[[int, Any], None]:
+    """A job's SIGTERM handler (``main``; a stop from outside, workflow/stop.py): ignored once each of the job's
+    ``outputs`` is in place (every writer renames its output into place last, and Snakemake removed them before the job
+    started), so that a job done with its work exits 0 and Snakemake keeps them: a job ended by a signal is a failed
+    one, whose outputs it removes (a finished training's, whose state is gone by then, would train again from step 0).
+    Before that, the default: the job ends at once. A stage's own handler (training's ``save_on_term``, a hosted job's
+    wait, ``host.run_job``) takes over while it runs, and puts this one back."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        if outputs and all(os.path.exists(p) for p in outputs):
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    return on_term
+
+
 def main(smk) -> Any:
     """The adapter's whole job (scripts/run_stage.py): ``setup`` the job's log, then ``run_stage`` of its rule with its
     named inputs, outputs, params, wildcards and resources (with ``threads``, the job's threads); for a job that runs in
     a job host (``host.routed``), its settings object goes to a host of its Snakemake run (``host.run_job``) instead of
     the entry here. An error is logged with its traceback and then as one line (``one_line``), the log's last, before
-    the job exits 1: what Snakemake's ``onerror`` prints for it (workflow/summary.py)."""
+    the job exits 1: what Snakemake's ``onerror`` prints for it (workflow/summary.py). SIGTERM: ``finish_or_end``, then,
+    once the route returned, ignored until the job exits."""
     from . import host
     from .contract import stage_of
 
+    signal.signal(signal.SIGTERM, finish_or_end([str(f) for f in smk.output]))
     log = setup(smk)
     try:
         stage = stage_of(smk.rule)
@@ -166,12 +186,16 @@ def main(smk) -> Any:
             params = _mapping(smk.params)
             s = stage_settings(smk.rule, inputs=smk.input, outputs=smk.output, params=params,
                                wildcards=smk.wildcards, resources=resources, settings=params.pop("settings"))
-            return host.run_job(stage, s, int(smk.threads), int(resources.get("gpu") or 0))
-        return run_stage(smk.rule, inputs=smk.input, outputs=smk.output, params=smk.params, wildcards=smk.wildcards,
-                         resources=resources)
+            out = host.run_job(stage, s, int(smk.threads), int(resources.get("gpu") or 0))
+        else:
+            out = run_stage(smk.rule, inputs=smk.input, outputs=smk.output, params=smk.params,
+                            wildcards=smk.wildcards, resources=resources)
     except Exception as e:  # noqa: BLE001 - every stage error ends the log as one line
         log.exception("the traceback of the error below")
         logging.shutdown()
         print(one_line(smk.rule, e), file=sys.stderr, flush=True)  # bare, the log's last line
         raise SystemExit(1) from None
+    # done: ignored from here to the exit (Python puts its own handlers back to the default while it shuts down)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return out
 

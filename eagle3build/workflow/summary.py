@@ -3,7 +3,8 @@
 The Snakefile prints ``result_screen`` when a build succeeds (Snakemake's ``onsuccess``) and when Snakemake has nothing
 to do (its "Nothing to be done" line: ``onsuccess`` is not called then), and ``failure_screen`` when a job failed
 (``onerror``), after Snakemake's own lines. Both read only files: the run's ``benchmark.json`` (serve/benchmark.py),
-``head/head_meta.json``, ``serve/serving.json`` and each failed job's log.
+``head/head_meta.json``, ``serve/serving.json``, ``data/data_report.json`` (a line where prepare_data dropped or cut
+anything: issue 71) and each failed job's log.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def result_screen(res: str | os.PathLike) -> str | None:
     """The result of the run whose results folder is ``res`` (``results/<run>``), one screen: the head (method, draft
     layer; a given head's folder and format, config ``draft.head``) and the k it is served at, τ (tokens per target
     forward) and speed-up per set and overall for each head and k benchmarked (per category too where a set has them),
-    whether each was lossless, where the report is and the command that serves the head. None where the run has no
-    benchmark.json yet (a build asked for an earlier artifact alone)."""
+    whether each was lossless, where the report is and the command that serves the head, and what the data lost
+    (``data_line``). None where the run has no benchmark.json yet (a build asked for an earlier artifact alone)."""
     res = Path(res)
     bench = _read(res / "benchmark.json")
     if bench is None:
@@ -74,10 +75,60 @@ def result_screen(res: str | os.PathLike) -> str | None:
              f"{s.get('concurrency', '?')} request(s) in flight, {s.get('num_prompts', '?')} prompts a set, greedy"]
     for r in benchmark_runs(bench):
         lines += _run_lines(r)
+    data = data_line(res)
+    if data:
+        lines.append(data)
     lines.append(f"  report: {res / 'report' / 'benchmark.png'}; figures: {res / 'benchmark.json'}")
     if (res / "serve" / "serve.sh").exists():
         lines.append(f"  serve it: {res / 'serve' / 'serve.sh'}   (README.md, 'Serve it': requests at temperature 0)")
     return "\n".join(lines)
+
+
+def data_line(res: str | os.PathLike) -> str | None:
+    """What prepare_data left out of the data of the run whose results folder is ``res``, one line that points to its
+    ``data/data_report.json`` (data/prepare_data.py): per source, lines that do not parse, a file cut mid-record (the
+    byte it ends at, the bytes lost), a compressed stream cut short, Parquet rows unread and bytes not UTF-8; the
+    records skipped, by reason (``skipped``: the rules of prepare_data's docstring, duplicates included); and the kept
+    conversations cut to ``data.max_seq_len`` tokens. None where nothing was lost, or the report is not there."""
+    path = Path(res) / "data" / "data_report.json"
+    rep = _read(path)
+    if rep is None:
+        return None
+    parts = []
+    for src in rep.get("sources") or []:
+        lost = []
+        if src.get("bad_lines"):
+            lost.append(f"{src['bad_lines']} line(s) not JSON")
+        if src.get("truncated_at_byte") is not None:
+            lost.append(f"cut off at byte {src['truncated_at_byte']} ({src.get('bytes_lost', 0)} bytes lost)")
+        if src.get("compressed_stream_cut"):
+            lost.append("its compressed stream cut short")
+        if src.get("records_lost"):
+            lost.append(f"{src['records_lost']} row(s) unreadable")
+        if src.get("bad_utf8_bytes"):
+            lost.append(f"{src['bad_utf8_bytes']} byte(s) not UTF-8")
+        if lost:
+            parts.append(f"{src.get('path', '?')}: {', '.join(lost)}")
+    skipped = {k: v for k, v in (rep.get("skipped") or {}).items() if v}
+    if skipped:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0])))
+        parts.append(f"{sum(skipped.values())} record(s) skipped ({reasons}), {rep.get('kept', '?')} kept")
+    if rep.get("truncated_to_max_seq_len"):
+        parts.append(f"{rep['truncated_to_max_seq_len']} kept conversation(s) cut to data.max_seq_len "
+                     f"{rep.get('max_seq_len', '?')} tokens")
+    if not parts:
+        return None
+    return f"  data lost: {'; '.join(parts)}; see {path}"
+
+
+def build_end(res: str | os.PathLike) -> str:
+    """What a successful build ends with (the Snakefile's ``onsuccess``): ``result_screen``, or, where the run has no
+    benchmark.json yet (a build asked for an earlier artifact), a line that says so and ``data_line``."""
+    screen = result_screen(res)
+    if screen is not None:
+        return screen
+    data = data_line(res)
+    return f"{Path(res)}/benchmark.json is not built yet" + (f"\n{data}" if data else "")
 
 
 def error_line(log: str | os.PathLike) -> str:
@@ -92,7 +143,11 @@ def error_line(log: str | os.PathLike) -> str:
 
 def failure_screen(failed: Iterable[tuple[str, Iterable[str]]]) -> str:
     """Each failed job (``(rule, its log files)``) on two lines: the rule and its own error line, then its log's path;
-    what Snakemake's generic "At least one job did not complete successfully" leaves out."""
+    what Snakemake's generic "At least one job did not complete successfully" leaves out. None failed (a build stopped
+    from outside, whose jobs all finished: workflow/stop.py): a line that says so."""
+    failed = list(failed)
+    if not failed:
+        return "No job failed: the build was stopped before its end; the next run goes on from what it finished"
     out = ["What failed:"]
     for rule, logs in failed:
         logs = [str(x) for x in logs]
