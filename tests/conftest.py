@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -27,6 +28,16 @@ BUNDLED_NAME = "smollm2-135m-instruct"  # tests/reduced.yaml's target
 BUNDLED_TARGET = f"resources/targets/{BUNDLED_NAME}"  # where the reduced build's materialize_target job writes it
 # Fixtures that run snakemake jobs: a test using one is marked e2e (and vllm: the build serves the head).
 BUILD_FIXTURES = {"reduced_workdir": ("e2e",), "reduced_build": ("e2e", "vllm")}
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_disposition_restored():
+    """Each test leaves SIGTERM as it found it: job.main, called in this process by some tests, ignores SIGTERM once its
+    entry returned (until the job exits), and a child started later inherits an ignored signal across exec (a test
+    that stops a subprocess with SIGTERM then waits forever)."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection

@@ -418,7 +418,7 @@ def test_no_engine_outlives_its_job(tmp_path, sig):
     started = json.loads(pids.read_text())
     assert all(_alive(p) for p in started.values())
     job.send_signal(getattr(signal, sig))
-    job.wait()
+    job.wait(timeout=60)
     deadline = time.monotonic() + 5
     while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
