@@ -13,31 +13,34 @@ import pytest
 from eagle3build.workflow import gpu_slots
 
 WORKER = """
-import json, os, sys, time
+import glob, json, os, sys, time
 from eagle3build.workflow import gpu_slots
 lock_dir, out, n, hold, crash = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
+barrier = int(sys.argv[6])
 a = gpu_slots.acquire(n, num_gpus=8, lock_dir=lock_dir, poll=0.05)
 t0 = time.time()
 with open(out, "w") as f:
     json.dump({"pid": os.getpid(), "gpus": a.gpus, "start": t0}, f)
 if crash:
     os.kill(os.getpid(), 9)
+while len(glob.glob(os.path.join(os.path.dirname(out), "job*.json"))) < barrier and time.time() - t0 < 60:
+    time.sleep(0.02)  # held until `barrier` jobs hold theirs: Python's start-up on a loaded machine outlasts a hold
 time.sleep(hold)
 with open(out, "w") as f:
     json.dump({"pid": os.getpid(), "gpus": a.gpus, "start": t0, "end": time.time()}, f)
 """
 
 
-def spawn(tmp_path, name, n=2, hold=1.5, crash=False):
+def spawn(tmp_path, name, n=2, hold=1.5, crash=False, barrier=0):
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path / "locks"), str(tmp_path / f"{name}.json"),
-                             str(n), str(hold), "1" if crash else "0"], env=env)
+                             str(n), str(hold), "1" if crash else "0", str(barrier)], env=env)
 
 
 def test_four_jobs_of_two_gpus_are_disjoint_and_concurrent(tmp_path):
-    procs = [spawn(tmp_path, f"job{i}") for i in range(4)]
-    assert all(p.wait(timeout=60) == 0 for p in procs)
+    procs = [spawn(tmp_path, f"job{i}", hold=0.5, barrier=4) for i in range(4)]
+    assert all(p.wait(timeout=90) == 0 for p in procs)
     jobs = [json.loads((tmp_path / f"job{i}.json").read_text()) for i in range(4)]
     sets = [set(j["gpus"]) for j in jobs]
     assert all(len(s) == 2 for s in sets)
