@@ -81,8 +81,12 @@ def stopped_run(wd: Path, sig: int, forward: bool) -> tuple[int, float, str]:
         (wd / name).write_text(text)
     log = wd / "log"
     with open(log, "w") as out:
+        # SIGINT at its default in Snakemake's process: a test run in the background of a non-interactive shell (the
+        # first process of tests/run_suite.sh, `nohup make test &`) ignores it, and a child inherits that, where Python
+        # then raises no KeyboardInterrupt for Snakemake's own handling to see
         p = subprocess.Popen([SNAKEMAKE, "--cores", "2", "-d", str(wd), "-s", str(wd / "Snakefile")], stdout=out,
-                             stderr=subprocess.STDOUT, start_new_session=True, cwd=wd)
+                             stderr=subprocess.STDOUT, start_new_session=True, cwd=wd,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not ((wd / "started-f").exists() and (wd / "started-s").exists()):
         assert p.poll() is None and time.monotonic() < deadline, log.read_text()
