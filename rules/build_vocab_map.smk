@@ -2,7 +2,7 @@ rule build_vocab_map:
     input:
         tokens=f"{RES}/data/train.safetensors",
         decisions=DECISIONS,
-        init_from=INIT_HEAD_FILES,
+        init_from=HEAD_INPUTS.init_from,
     output:
         d2t=f"{RES}/vocab/d2t.npy",
         t2d=f"{RES}/vocab/t2d.npy",

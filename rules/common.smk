@@ -43,22 +43,8 @@ onstart:
     stop.forward_signals(workflow, logger.warning)
 
 
-# A head the user brings (plan.check_given_head, check_init_from): draft.head, the run's head (its config.json an input
-# of the compat report; its files and the report's decisions of export, in place of the checkpoint and vocab map;
-# capture, vocab map and training then unplanned: nothing asks for them), and train.init_from, where training starts
-# (its files inputs of the vocab map, which takes its d2t/t2d, and of training). None: none given. Inputs as plain
-# paths, known when parsing (not input functions): the deleted-intermediate check reads the rules' plain paths.
-GIVEN_HEAD = PLAN.given_head
-INIT_HEAD = PLAN.init_head
-GIVEN_HEAD_CONFIG = GIVEN_HEAD.files[:1] if GIVEN_HEAD else []  # the compat report's given_head input
-GIVEN_HEAD_FILES = GIVEN_HEAD.files if GIVEN_HEAD else []  # export_head's given input
-GIVEN_HEAD_DECISIONS = DECISIONS if GIVEN_HEAD else []  # export_head's: the report that checked the head comes first
-INIT_HEAD_FILES = INIT_HEAD.files if INIT_HEAD else []  # build_vocab_map's and train_draft's init_from input
-
-
-def trained(path):
-    """An input of export_head from training (``path``), or nothing where draft.head gives the head."""
-    return [] if GIVEN_HEAD else path
+# A head the user brings (config draft.head, train.init_from): its files as the rules' inputs (plan.HeadInputs).
+HEAD_INPUTS = PLAN.head_inputs(DECISIONS)
 
 
 # The target: a user's HF directory, or a bundled GGUF materialised under resources/; its files are the rules' input.

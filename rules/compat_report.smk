@@ -1,7 +1,7 @@
 rule compat_report:
     input:
         target=TARGET_FILES,
-        given_head=GIVEN_HEAD_CONFIG,
+        given_head=HEAD_INPUTS.compat_config,
     output:
         decisions=DECISIONS,
         json=f"{RES}/compat.json",

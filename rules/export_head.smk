@@ -1,14 +1,14 @@
-# draft.head: the given head's files in place of the checkpoint and vocab map (trained(): nothing then), taken as they
+# draft.head: the given head's files in place of the checkpoint and vocab map (HEAD_INPUTS.trained: nothing then), taken as they
 # are or converted by speculators' converter (eagle3build/serve/export_head.py, export_given).
 rule export_head:
     input:
-        checkpoint=trained(f"{RES}/checkpoint/model.safetensors"),
-        d2t=trained(f"{RES}/vocab/d2t.npy"),
-        t2d=trained(f"{RES}/vocab/t2d.npy"),
-        vocab=trained(f"{RES}/vocab/vocab.json"),
+        checkpoint=HEAD_INPUTS.trained(f"{RES}/checkpoint/model.safetensors"),
+        d2t=HEAD_INPUTS.trained(f"{RES}/vocab/d2t.npy"),
+        t2d=HEAD_INPUTS.trained(f"{RES}/vocab/t2d.npy"),
+        vocab=HEAD_INPUTS.trained(f"{RES}/vocab/vocab.json"),
         target=TARGET_FILES,
-        given=GIVEN_HEAD_FILES,
-        decisions=GIVEN_HEAD_DECISIONS,
+        given=HEAD_INPUTS.given,
+        decisions=HEAD_INPUTS.given_decisions,
     output:
         config=f"{RES}/head/config.json",
         weights=f"{RES}/head/model.safetensors",

@@ -7,7 +7,7 @@ rule train_draft:
         t2d=f"{RES}/vocab/t2d.npy",
         vocab=f"{RES}/vocab/vocab.json",
         target=TARGET_FILES,
-        init_from=INIT_HEAD_FILES,
+        init_from=HEAD_INPUTS.init_from,
     output:
         config=f"{RES}/checkpoint/config.json",
         weights=f"{RES}/checkpoint/model.safetensors",

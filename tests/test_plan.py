@@ -215,3 +215,26 @@ def test_record_py_reads_the_preflight_switch_from_the_plan():
     """benchmarks/gpu/record.py's plan_targets calls the package's switch rather than restating it."""
     text = (REPO / "benchmarks/gpu/record.py").read_text()
     assert "plan.preflight_enabled(" in text and '== "always" or' not in text
+
+
+def test_head_inputs_are_the_given_heads_files_in_place_of_trainings():
+    """Plan.head_inputs: with draft.head, the compat report reads its config.json and export its files and the report's
+    decisions, nothing of training; with train.init_from, the vocab map and training read that head's files; with
+    neither, every list is empty and export reads training's files."""
+    from types import SimpleNamespace
+
+    from eagle3build.workflow.plan import Plan
+
+    base = dict(target="t", weights_problem=None, drafts=None, preflight=False, capture_vllm=False, export_vllm=False,
+                export_resources={})
+    head = SimpleNamespace(files=["h/config.json", "h/model.safetensors"])
+    given = Plan(**base, given_head=head).head_inputs("results/r/decisions.json")
+    assert (given.compat_config, given.given, given.given_decisions, given.init_from) == (
+        ["h/config.json"], ["h/config.json", "h/model.safetensors"], ["results/r/decisions.json"], [])
+    assert given.trained("results/r/vocab/d2t.npy") == []
+    init = Plan(**base, init_head=head).head_inputs("results/r/decisions.json")
+    assert (init.compat_config, init.given, init.given_decisions, init.init_from) == (
+        [], [], [], ["h/config.json", "h/model.safetensors"])
+    assert init.trained("results/r/vocab/d2t.npy") == "results/r/vocab/d2t.npy"
+    none = Plan(**base).head_inputs("results/r/decisions.json")
+    assert (none.compat_config, none.given, none.given_decisions, none.init_from) == ([], [], [], [])

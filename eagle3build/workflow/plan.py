@@ -414,6 +414,33 @@ class Plan:
         return cls(target, weights, drafts, preflight_enabled(config), capture_may_use_vllm(config, decisions),
                    export_loads_in_vllm(config), export_resources(config), given, init)
 
+    def head_inputs(self, decisions_json: str) -> HeadInputs:
+        """The rules' inputs that a given head decides (``HeadInputs``), the compat report's ``decisions_json``
+        (``results/<run>/decisions.json``) among them. Plain paths, known when parsing, not input functions: the
+        deleted-intermediate check (workflow.missing) reads the rules' plain paths."""
+        g, i = self.given_head, self.init_head
+        return HeadInputs(compat_config=g.files[:1] if g else [], given=g.files if g else [],
+                          given_decisions=[decisions_json] if g else [], init_from=i.files if i else [])
+
+
+@dataclass(frozen=True)
+class HeadInputs:
+    """What a head the user brings adds to the rules' inputs (``Plan.head_inputs``; empty lists where none is given):
+    ``compat_config``, the given head's config.json (compat_report's ``given_head``: the report checks it);
+    ``given``, its files, and ``given_decisions``, the report that checked it (export_head's ``given`` and
+    ``decisions``, in place of the checkpoint and vocab map: ``trained``); ``init_from``, the files of the head
+    training starts from (build_vocab_map's and train_draft's ``init_from``)."""
+
+    compat_config: list[str]
+    given: list[str]
+    given_decisions: list[str]
+    init_from: list[str]
+
+    def trained(self, path: str) -> str | list[str]:
+        """An input of export_head made by training (``path``), or nothing where draft.head gives the head (then
+        capture, the vocab map and training are unplanned: nothing asks for them)."""
+        return [] if self.given else path
+
 # The rules whose jobs need the run's benchmark.json (rules/benchmark.smk and the rules below it): asking for one of
 # them, or for one of their files, plans the benchmark.
 BENCHMARK_RULES = ("all", "benchmark", "plot_benchmark", "serve_config", "serve_check")
