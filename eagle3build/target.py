@@ -220,7 +220,8 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str = "cpu",
 
     ``device="cuda"`` with several visible GPUs spreads the layers over all of them
     (accelerate's ``device_map="auto"``): a target larger than one GPU still loads.
-    Multimodal wrappers load through ``AutoModelForImageTextToText``.
+    Multimodal wrappers load through ``AutoModelForImageTextToText``. A compressed-tensors checkpoint comes back
+    decompressed (below).
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -237,4 +238,13 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str = "cpu",
         if "Unrecognized configuration class" not in str(e):
             raise
         model = AutoModelForImageTextToText.from_pretrained(os.fspath(path), **kw)
+    quantizer = getattr(model, "hf_quantizer", None)
+    compressor = getattr(quantizer, "compressor", None)
+    qcfg = getattr(quantizer, "quantization_config", None)
+    if compressor is not None and getattr(qcfg, "is_quantization_compressed", False) and not qcfg.dequantize:
+        # A compressed-tensors target (issue 74): transformers leaves its weights packed and decompresses them in a
+        # hook on the whole model's first forward (transformers/quantizers/quantizer_compressed_tensors.py); hook
+        # capture runs the decoder stack itself, past that hook, so they are decompressed here: the checkpoint's
+        # quantized values, dequantized; compressed-tensors' forward still quantizes a W8A8 scheme's activations.
+        compressor.decompress_model(model=model)
     return model.eval()

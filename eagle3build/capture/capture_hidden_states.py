@@ -170,6 +170,8 @@ class CaptureSettings:
     target_fingerprint: str = job("decisions.target.fingerprint")
     split: str = job("wildcards.split")
     backend: str = job("decisions.capture.backend", default="hooks")
+    # a quantized target's scheme, which its shards record (issue 74); None for a dense target
+    target_quantization: str | None = job("decisions.target.quantization.scheme?", default=None)
     device: str | None = None
     gpus: int | None = job("resources.gpu?", default=None)
     writer_threads: int = 4
@@ -255,7 +257,8 @@ def capture_shard(s: CaptureSettings, model: torch.nn.Module | None = None, engi
     samples = [toks.sample(i) for i in idx]
     lengths = [len(s[0]) for s in samples]
     meta = ShardMeta(target_fingerprint=s.target_fingerprint, aux_layer_ids=list(aux_layer_ids), dtype=s.storage_dtype,
-                     hidden_size=hidden, sample_ids=[toks.sample_ids[i] for i in idx], split=split)
+                     hidden_size=hidden, sample_ids=[toks.sample_ids[i] for i in idx], split=split,
+                     target_quantization=s.target_quantization)
     writer = ShardFileWriter(out_path, meta, lengths, fsync=s.fsync)
     from tqdm import tqdm
 
@@ -302,7 +305,7 @@ def _capture_vllm(s: CaptureSettings, idx: list[int], toks, engine=None, alive=N
     hidden = text_config(load_config(s.target_dir, s.trust_remote_code)).hidden_size
     meta = ShardMeta(target_fingerprint=s.target_fingerprint, aux_layer_ids=list(s.aux_layer_ids),
                      dtype=s.storage_dtype, hidden_size=hidden, sample_ids=[toks.sample_ids[i] for i in idx],
-                     split=s.split)
+                     split=s.split, target_quantization=s.target_quantization)
     if engine is not None:
         Path(s.out_path).parent.mkdir(parents=True, exist_ok=True)
         res = capture_in_engine(engine, os.path.abspath(s.out_path), meta.to_strings(), [toks.sample(i) for i in idx],

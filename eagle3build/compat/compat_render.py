@@ -42,7 +42,22 @@ def render_markdown(r: dict, preflight: dict | None = None) -> str:
     t = r["target"]
     if t:
         lines += ["", "## Target", ""]
-        lines += [f"- {k}: {v}" for k, v in t.items()]
+        lines += [f"- {k}: {v}" for k, v in t.items() if k != "quantization"]
+    q = (t or {}).get("quantization")
+    if q:  # issue 74: the scheme, its bytes and which routes load it
+        lines += ["", "## Quantization", "", f"- scheme: **{q['scheme']}**",
+                  f"- weights: {q['weight_bytes'] / 1e9:.3f} GB ("
+                  + ("the weight files" if q["weight_bytes_source"] == "files" else "counted from the scheme: no weight "
+                     "files") + f"), {8 * t['weight_bytes_per_parameter']:.2f} bits a parameter"]
+        for g in q["groups"]:
+            lines.append(f"- {g['name']}: {g['label']}; {g['type']} {g['bits']}-bit weights, {g['strategy']}"
+                         + (f" of {g['group_size']}" if g.get("group_size") else "")
+                         + f", symmetric {g['symmetric']}; targets {g['targets']}")
+        lines.append(f"- left dense (ignore): {q['ignore']}")
+        if q.get("quantized_modules") is not None:
+            lines.append(f"- quantized layers in the files: {q['quantized_modules']}")
+        for route, v in (r["capture"].get("quantized_routes") or {}).items():
+            lines.append(f"- {route} route: **{v['status']}**" + (f": {v['error']}" if v.get("error") else ""))
     c = r["capture"]
     lines += ["", "## Capture", "", f"- backend: **{c['backend']}** (requested {c['requested']})"]
     lines += [f"- reason: {x}" for x in c["reasons"]]
@@ -70,6 +85,10 @@ def render_markdown(r: dict, preflight: dict | None = None) -> str:
                       f"vocabulary {g['target_vocab_size']}, draft vocabulary {g['draft_vocab_size']}, aux layers "
                       f"{g['aux_layer_ids']}" + ("" if g["aux_layer_ids_named"] else " (none named: EAGLE-3's default)")
                       + ("" if g["has_embedding"] else "; no embedding of its own (vLLM shares the target's)")]
+            if g.get("served_on"):
+                lines.append(f"- trained on the target's {g.get('trained_on') or 'unrecorded'} form, served on its "
+                             f"{g['served_on']} form" + (" (**differ**: measure τ on this form)"
+                                                         if g.get("trained_on") not in (None, g["served_on"]) else ""))
         else:
             lines.append("- trained by this build (train_draft), exported in speculators' format (export_head)")
         if h:

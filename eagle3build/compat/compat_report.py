@@ -42,6 +42,7 @@ from .probes import (
     installed_versions,
     probe_given_head,
     probe_hook_capture,
+    probe_hooks_load,
     probe_speculators,
     probe_speculators_datagen,
     probe_speculators_eagle3,
@@ -187,8 +188,19 @@ def decide_backend(requested: str, probes: dict[str, Probe], target: dict | None
         reasons.append("vLLM's own extract_hidden_states is not used: "
                        + ((ext.value or {}).get("reason") or ext.error or "")
                        + " (the vllm backend hooks the layers itself)")
-    auto = "vllm" if vllm_ok and prefer else "hooks"
+    hooks_load = probes.get("hooks_quantized_load")  # a quantized target's own load through transformers
+    hooks_ok = hooks_load is None or hooks_load.status != "fail"
+    if hooks_load is not None:
+        reasons.append("transformers loaded the quantized target (hooks route)" if hooks_ok
+                       else f"transformers cannot load the quantized target (hooks route): {hooks_load.error}")
+    auto = "vllm" if vllm_ok and (prefer or not hooks_ok) else "hooks"
     chosen = auto if requested == "auto" else requested
+    if chosen == "hooks" and not hooks_ok:
+        scheme = ((target or {}).get("quantization") or {}).get("scheme")
+        raise CompatError(f"target quantized as {scheme!r}: no capture route loads it here (hooks: {hooks_load.error}; "
+                          f"vllm: {smoke.error if smoke is not None else 'probe not run'})" if requested == "auto" or
+                          not vllm_ok else f"capture.backend hooks, but transformers cannot load the target quantized "
+                          f"as {scheme!r}: {hooks_load.error}; use vllm or auto")
     if chosen not in IMPLEMENTED_BACKENDS:
         raise CompatError(f"capture backend {chosen!r} is not implemented in this version (available: {IMPLEMENTED_BACKENDS})")
     if chosen == "vllm" and not vllm_ok:
@@ -328,18 +340,34 @@ def build_report(s: CompatSettings) -> dict:
             capture["serving"] = probes["vllm_serving"].value
         capture["bytes_per_token"] = hidden_state_bytes_per_token(len(aux_probe.value or []), target["hidden_size"],
                                                                   storage_dtype)
-    # The engine smoke capture costs an engine start: run it only where its answer decides something.
+    quant = target.get("quantization")
+    if quant:  # issue 74: which capture routes load the scheme, from evidence (quantized_routes)
+        probes.update(quantized_load_probes(s, target, capture.get("aux_layer_ids")))
+    # The engine smoke capture costs an engine start: run it only where its answer decides something (a quantized
+    # target's: whether this vLLM serves the scheme at all, which the benchmark needs).
     prefer, why_target = engine_capture_preferred(target)
-    if backend == "vllm" or (backend == "auto" and prefer):
-        probes["vllm_capture_smoke"] = run_probe("vllm_capture_smoke", probe_vllm_capture, required=False)
+    # The serving platform is this host's where the serve jobs take no GPU or this host has one: a CPU planning the
+    # 8-card Kimi run says nothing of the cards' kernels.
+    serves_here = job_gpus["serve"] == 0 or bool((probes["torch"].value or {}).get("cuda_available"))
+    if backend == "vllm" or (backend == "auto" and prefer) or (quant and serves_here and probes["vllm"].status != "fail"):
+        qcfg = quantization_config(target_dir, trust_remote_code) if quant else None
+        probes["vllm_capture_smoke"] = run_probe("vllm_capture_smoke", lambda: probe_vllm_capture(quantization=qcfg),
+                                                 required=False)
         p = probes["vllm_capture_smoke"]
         log.info("probe %-28s %-4s %6.2fs %s", p.name, p.status, p.seconds, p.error or "")
         why = f"backend {backend}" + (f"; {why_target}" if backend == "auto" else "")
+        if quant:
+            why += f"; quantized target ({quant['scheme']}): the probe's model is quantized the same way"
         capture["vllm_capture_probe"] = {"run": True, "why": why}
     else:
         capture["vllm_capture_probe"] = {"run": False, "why": f"backend {backend}" + (
             f"; {why_target}, so auto takes hooks whatever the probe says" if backend == "auto" else "")}
     capture.update(decide_backend(backend, probes, target))
+    if quant:
+        probes["quantized_serving"] = run_probe("quantized_serving", lambda: check_quantized_serving(
+            quant, probes, None if serves_here else f"serving on {job_gpus['serve']} GPU(s); this host has none"),
+            required=True)
+        capture["quantized_routes"] = quantized_routes(probes)
 
     Path(s.results_dir).mkdir(parents=True, exist_ok=True)
     usage = shutil.disk_usage(s.results_dir)
@@ -375,6 +403,62 @@ def build_report(s: CompatSettings) -> dict:
         + [f"plan_{k}" for k, v in plans.items() if v["status"] == "fail"],
     }
     return report
+
+
+def quantization_config(target_dir: str, trust_remote_code: bool = declared("target.trust_remote_code")) -> dict:
+    """The target's ``quantization_config`` as its config.json has it (``formats.quantization``)."""
+    import json
+
+    from ..formats.quantization import quantization_config as of
+
+    return of(json.loads((Path(target_dir) / "config.json").read_text())) or {}
+
+
+def quantized_load_probes(s: CompatSettings, target: dict, aux_layer_ids: list[int] | None) -> dict[str, Probe]:
+    """The hooks route's evidence for a quantized target (issue 74): probe ``hooks_quantized_load`` loads the target
+    itself through transformers, as a capture would, where its weight files exist and it is not large (a large one
+    is captured by vLLM whatever this says: ``engine_capture_preferred``); otherwise it is not run, and the reason is
+    in compat.json's ``capture.quantized_routes``."""
+    q = target["quantization"]
+    weight = target["parameters"] * target["weight_bytes_per_parameter"]
+    if q["weight_bytes_source"] != "files" or weight > LARGE_TARGET_WEIGHT_BYTES:
+        return {}
+    p = run_probe("hooks_quantized_load", lambda: probe_hooks_load(s.target_dir, s.compute_dtype, s.trust_remote_code,
+                                                                   aux_layer_ids), required=False)
+    log.info("probe %-28s %-4s %6.2fs %s", p.name, p.status, p.seconds, p.error or "")
+    return {"hooks_quantized_load": p}
+
+
+def quantized_routes(probes: dict[str, Probe]) -> dict:
+    """What each route said of a quantized target: ``{"hooks": {"status", "error"}, "vllm": {...}}`` (``not run``
+    with the reason where its probe was not run)."""
+    out = {}
+    for route, name, why in (("hooks", "hooks_quantized_load", "no weight files (config only) or a large target"),
+                             ("vllm", "vllm_capture_smoke", "vLLM not importable here")):
+        p = probes.get(name)
+        out[route] = ({"status": "not run", "error": why} if p is None
+                      else {"status": p.status, "error": p.error, "probe": name})
+    return out
+
+
+def check_quantized_serving(quant: dict, probes: dict[str, Probe], elsewhere: str | None = None) -> dict:
+    """Whether the vLLM here serves a quantized target's scheme, as the benchmark and serve_config need: the smoke
+    capture on a model quantized the same way (``probe_vllm_capture``). Without an importable vLLM (a training node)
+    it passes with a note, as a dense target's build does, and so it does where the serving platform is not this host
+    (``elsewhere``: why).
+
+    Raises:
+        ValueError: vLLM is importable but cannot load the scheme (one line: the scheme and vLLM's error).
+    """
+    smoke = probes.get("vllm_capture_smoke")
+    if elsewhere:
+        return {"scheme": quant["scheme"], "vllm": f"not probed: {elsewhere}"}
+    if probes["vllm"].status == "fail" or smoke is None:
+        return {"scheme": quant["scheme"], "vllm": "not importable here: the benchmark and serving run elsewhere"}
+    if smoke.status == "fail":
+        raise ValueError(f"target quantized as {quant['scheme']!r}: this vLLM cannot serve it "
+                         f"({(smoke.error or '').splitlines()[0][:400]}); the benchmark and serving need vLLM")
+    return {"scheme": quant["scheme"], "vllm": "loads it (vllm_capture_smoke on a model quantized the same way)"}
 
 
 def plan_online(target_dir: str, target: dict, capture: dict, online: dict, gpu_memory_bytes: int | None,

@@ -26,6 +26,7 @@ import torch
 from ..config.provenance import NATIVE_BF16_FLAGS, base_version, emulates_bf16, installed_version, safe_version
 from ..config.settings import declared
 from ..draft.head_format import HEAD_FLAGS
+from ..formats.target_files import content_files
 from ..target import find_decoder_layers, load_config, text_config
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ def probe_hook_capture():
 _VLLM_CAPTURE_PROBES: dict = {}  # (expected layer params, gpus) -> result: one engine per process
 
 
-def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
+def probe_vllm_capture(expected_params: tuple[str, ...] | None = None, quantization: dict | None = None) -> dict:
     """Smoke capture through the installed vLLM with our hooks (``vllm.capture``), checked against transformers.
 
     A 6-layer random Llama (hidden 128, head_dim 64, fp32, no tokenizer) is written to a temporary
@@ -249,7 +250,12 @@ def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
     the 37-token sample and several requests share steps), then through the ``hooks``
     backend; aux and last states must agree to ``1e-4`` relative (fp32 on CPU) or
     ``5e-2`` (bf16 on GPU) per sample. ``expected_params``: the decoder-layer call the
-    hooks require (default ``capture.LAYER_PARAMS``). The result (or the failure) is
+    hooks require (default ``capture.LAYER_PARAMS``). ``quantization``: a quantized target's
+    ``quantization_config`` (issue 74): the tiny model is then quantized with its ``config_groups``
+    (``formats.quantization.quantize_with``, ``lm_head`` left dense), so the engine must load the scheme with this
+    vLLM's kernels on this platform and dtype, and both sides read the same quantized checkpoint (tolerance ``5e-2``:
+    vLLM's kernels against compressed-tensors' dequantized weights). Its dense Linear layers only: a MoE target's
+    expert kernels are met at its capture engine's start. The result (or the failure) is
     kept for the life of the process: one engine start, 30-90 s on 2 CPU cores. On a GPU
     machine the engine takes the first visible GPU with 10 % of its memory.
 
@@ -264,14 +270,14 @@ def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
     require_vllm("the vllm capture probe")
     expected = tuple(expected_params or capture.LAYER_PARAMS)
     gpus = 1 if torch.cuda.is_available() else 0
-    key = (expected, gpus)
+    key = (expected, gpus, json.dumps((quantization or {}).get("config_groups"), sort_keys=True))
     if key in _VLLM_CAPTURE_PROBES:
         cached = _VLLM_CAPTURE_PROBES[key]
         if isinstance(cached, BaseException):
             raise cached
         return cached
     try:
-        out = _vllm_capture_smoke(expected, gpus)
+        out = _vllm_capture_smoke(expected, gpus, quantization)
     except (RuntimeError, AssertionError) as e:
         _VLLM_CAPTURE_PROBES[key] = e
         raise
@@ -279,7 +285,7 @@ def probe_vllm_capture(expected_params: tuple[str, ...] | None = None) -> dict:
     return out
 
 
-def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int) -> dict:
+def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int, quantization: dict | None = None) -> dict:
     import tempfile
 
     import numpy as np
@@ -288,6 +294,7 @@ def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int) -> dict:
     from ..formats.shards import ShardMeta, ShardReader
     from ..formats.tokens import write_tokens
     from ..hooks import HookCapture
+    from ..target import load_model
     from ..vllm import capture
 
     aux = [1, 2, 4]
@@ -297,7 +304,14 @@ def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int) -> dict:
         cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_layers=6,
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
         model = LlamaForCausalLM(cfg).eval()
-        model.save_pretrained(f"{d}/tiny")
+        if quantization:
+            from ..formats.quantization import quantize_with
+
+            model.save_pretrained(f"{d}/dense")
+            quantize_with(f"{d}/dense", f"{d}/tiny", quantization.get("config_groups") or {}, ["lm_head"])
+            model = load_model(f"{d}/tiny", torch.float32)  # decompressed, as the hooks route loads a target
+        else:
+            model.save_pretrained(f"{d}/tiny")
         rng = np.random.default_rng(0)
         samples = [(f"p{i}", rng.integers(0, 256, n).astype(np.int32), np.ones(n, np.uint8)) for i, n in enumerate((12, 37, 5))]
         write_tokens(f"{d}/tokens.safetensors", samples)
@@ -314,12 +328,53 @@ def _vllm_capture_smoke(expected: tuple[str, ...], gpus: int) -> dict:
             errs.append(max(((got["hidden_states"].float() - a[0]).norm() / a[0].norm()).item(),
                             ((got["verifier_last_hidden_states"].float() - last[0]).norm() / last[0].norm()).item()))
         cap.remove()
-    tol = 1e-4 if gpus == 0 else 5e-2
+    tol = 1e-4 if gpus == 0 and not quantization else 5e-2
     if max(errs) > tol:
         raise AssertionError(f"vLLM capture differs from transformers: relative errors per sample {errs} > {tol}")
     return {"max_rel_err": max(errs), "tolerance": tol, "gpus": gpus, "install": res["install"],
             "engine_steps": res["engine_steps"], "samples_over_several_steps": res["samples_over_several_steps"],
-            "engine_start_s": res["engine_start_s"]}
+            "engine_start_s": res["engine_start_s"],
+            **({"quantized_with": [g["label"] for g in _groups(quantization)]} if quantization else {})}
+
+
+def _groups(quantization: dict) -> list[dict]:
+    from ..formats.quantization import describe
+
+    return (describe({"quantization_config": quantization}) or {}).get("groups", [])
+
+
+def probe_hooks_load(target_dir: str, compute_dtype: str, trust_remote_code: bool = declared("target.trust_remote_code"),
+                     aux_layer_ids: list[int] | None = None) -> dict:
+    """The hooks route on a quantized target (issue 74): the target itself loaded by transformers as the capture
+    loads it (``target.load_model``: transformers' compressed-tensors quantizer; on the first GPU where one is
+    visible, else the CPU, in ``compute_dtype``), then 8 tokens through ``HookCapture`` at ``aux_layer_ids``
+    (default: the first, middle and last layers). Returns the load and capture seconds, the dtype and class of the
+    first decoder layer's first Linear-like module, and the aux states' shape.
+
+    Raises:
+        whatever transformers or compressed-tensors raise loading or running it (the probe records it).
+    """
+    from ..hooks import HookCapture
+    from ..target import load_model, resolve_dtype
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    model = load_model(target_dir, resolve_dtype(compute_dtype, device), device, trust_remote_code)
+    load_s = time.perf_counter() - t0
+    stack = find_decoder_layers(model)
+    n = len(stack.layers)
+    aux = list(aux_layer_ids or [0, n // 2, n - 1])
+    layer0 = next((m for m in stack.layers[0].modules() if type(m).__name__.endswith("Linear")), None)
+    cap = HookCapture(model, aux)
+    ids = torch.arange(1, 9, device=device)[None]
+    t1 = time.perf_counter()
+    states, last = cap.capture(ids, torch.ones_like(ids))
+    cap.remove()
+    if not torch.isfinite(states).all() or not torch.isfinite(last).all():
+        raise AssertionError("the quantized target's hidden states are not finite")
+    return {"load_s": round(load_s, 2), "capture_s": round(time.perf_counter() - t1, 3), "device": device,
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "linear_class": type(layer0).__name__ if layer0 is not None else None, "aux_shape": list(states.shape)}
 
 
 # ---------------------------------------------------------------- target
@@ -365,7 +420,7 @@ def inspect_target(target_dir: str, trust_remote_code: bool = declared("target.t
         "shared_experts": getattr(tc, "n_shared_experts", None),
         "active_experts": getattr(tc, "num_experts_per_tok", None),
     }
-    return {
+    out = {
         "architecture": (cfg.architectures or [type(model).__name__])[0],
         "model_type": cfg.model_type,
         "text_config_unwrapped": tc is not cfg,
@@ -379,6 +434,49 @@ def inspect_target(target_dir: str, trust_remote_code: bool = declared("target.t
         "weight_bytes_per_parameter": weight_bytes_per_parameter(cfg),
         "chat_template": bool(chat_template),
     }
+    # A quantized target (issue 74): its scheme and the bytes its weights take, which the plans count with. A dense
+    # target's entry is as it was (decisions.json, which holds it, keeps its bytes: nothing below it replans).
+    quant = target_quantization(target_dir, model)
+    if quant is not None:
+        out["quantization"] = quant
+        out["weight_bytes_per_parameter"] = quant["weight_bytes"] / max(1, n_params)
+    return out
+
+
+def target_quantization(target_dir: str, model: torch.nn.Module) -> dict | None:
+    """A quantized target's scheme (``formats.quantization.describe``) with ``weight_bytes``: its weight files' bytes,
+    or, for a folder with no weights (config only), counted from the scheme over ``model``'s parameters (``model``:
+    the target on the meta device; ``formats.quantization.weight_bytes``), ``weight_bytes_source`` (``files`` or
+    ``config``) and ``quantized_modules``: the layers whose weights carry a ``weight_scale`` in the files (None
+    without files). None for a dense target."""
+    from ..formats import quantization
+
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    d = quantization.describe(cfg)
+    if d is None:
+        return None
+    files = content_files(target_dir)
+    on_disk = quantization.on_disk_bytes(files)
+    if on_disk is not None:
+        d.update(weight_bytes=on_disk, weight_bytes_source="files",
+                 quantized_modules=_scaled_modules([f for f in files if str(f).endswith(".safetensors")]))
+        return d
+    linear = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    params = [(n, tuple(p.shape), n.rsplit(".", 1)[0] in linear or (p.dim() == 3 and "expert" in n))
+              for n, p in model.named_parameters()]
+    d.update(weight_bytes=quantization.weight_bytes(cfg, params), weight_bytes_source="config", quantized_modules=None)
+    return d
+
+
+def _scaled_modules(files: list) -> int:
+    """Modules of safetensors ``files`` with a ``weight_scale`` tensor (headers only)."""
+    from safetensors import safe_open
+
+    n = 0
+    for f in files:
+        with safe_open(str(f), "pt") as fh:
+            n += sum(1 for k in fh.keys() if k.endswith(".weight_scale"))
+    return n
 
 
 def weight_bytes_per_parameter(cfg) -> float:
@@ -397,6 +495,31 @@ def weight_bytes_per_parameter(cfg) -> float:
             return int(bits) / 8
     dt = getattr(cfg, "dtype", None) or getattr(text_config(cfg), "dtype", None) or getattr(cfg, "torch_dtype", None)
     return {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0}.get(str(dt).replace("torch.", ""), 2.0)
+
+
+class ServedFormWarning(UserWarning):
+    """A head trained on one form of its target (bf16, say) is served on another (INT4)."""
+
+
+def served_forms(head_folder: str, target_cfg: dict) -> dict:
+    """The form of the target a given head was trained on against the one it is served on (issue 74):
+    ``{"trained_on": ..., "served_on": ...}``, each a quantization scheme (``formats.quantization.describe``) or
+    ``dense``; ``trained_on`` is None where the head does not say (its folder has no head_meta.json, as a head from
+    elsewhere has none). Warns (``ServedFormWarning``, which the compat report records on probe ``given_head``) where
+    both are known and differ: the head's states were another form's, and its acceptance on this one is to be measured,
+    not assumed."""
+    from ..formats.quantization import describe
+
+    served = (describe(target_cfg) or {}).get("scheme") or "dense"
+    meta = Path(head_folder) / "head_meta.json"
+    trained = None
+    if meta.is_file():
+        trained = json.loads(meta.read_text()).get("target_quantization") or "dense"
+    if trained is not None and trained != served:
+        warnings.warn(f"the head was trained on the target's {trained} form and is served on its {served} form: "
+                      "measure its acceptance on this form (benchmark.json), do not assume it", ServedFormWarning,
+                      stacklevel=2)
+    return {"trained_on": trained, "served_on": served}
 
 
 def probe_given_head(files: list[str] | str, target_dir: str,
@@ -437,7 +560,8 @@ def probe_given_head(files: list[str] | str, target_dir: str,
                          f"({target_dir})")
     vocab_map.check_consistent(d2t, t2d)
     n = num_decoder_layers(target_cfg)
-    return {"path": os.path.abspath(folder), "format": head.format, "route": head.described,
+    forms = served_forms(folder, target_cfg)
+    return {**forms, "path": os.path.abspath(folder), "format": head.format, "route": head.described,
             "method": head.method, "draft_layer": head.layer, "hidden_size": head.hidden_size,
             "target_vocab_size": head.vocab_size, "draft_vocab_size": int(d2t.shape[0]),
             "aux_layer_ids": head.aux_ids_for(n), "aux_layer_ids_named": head.aux_layer_ids is not None,

@@ -130,6 +130,11 @@ class Decisions(Artifact):
         return self.data["target"]["fingerprint"]
 
     @property
+    def target_quantization(self) -> str | None:
+        """A quantized target's scheme (``target.quantization.scheme``), None for a dense one."""
+        return (self.data["target"].get("quantization") or {}).get("scheme")
+
+    @property
     def target_vocab_size(self) -> int:
         """The target's vocabulary size (tokens)."""
         return self.data["target"]["vocab_size"]

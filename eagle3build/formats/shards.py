@@ -65,9 +65,12 @@ class ShardMeta:
     sample_ids: list[str]
     split: str
     schema: str = SCHEMA
+    # The scheme of a quantized target (issue 74; decisions.json's target.quantization.scheme): the states are the
+    # served form's. None (and no such key in the file: a dense target's shard keeps its bytes) for a dense target.
+    target_quantization: str | None = None
 
     def to_strings(self) -> dict[str, str]:
-        return {
+        out = {
             "schema": self.schema,
             "target_fingerprint": self.target_fingerprint,
             "aux_layer_ids": json.dumps(self.aux_layer_ids),
@@ -76,6 +79,9 @@ class ShardMeta:
             "sample_ids": json.dumps(self.sample_ids),
             "split": self.split,
         }
+        if self.target_quantization:
+            out["target_quantization"] = self.target_quantization
+        return out
 
     @classmethod
     def from_strings(cls, path: str, m: dict[str, str] | None) -> ShardMeta:
@@ -90,6 +96,7 @@ class ShardMeta:
             sample_ids=json.loads(m["sample_ids"]),
             split=m["split"],
             schema=m["schema"],
+            target_quantization=m.get("target_quantization"),
         )
 
     @property

@@ -213,7 +213,9 @@ def setup(cfg: TrainConfig, inputs: TrainInputs, device: str = "auto", world_siz
             "world_size": world,
             "capture_mode": inputs.mode, "capture_backend": decisions.backend,
             **draft.meta_fields(),  # an EAGLE-3 llama checkpoint's train_meta.json stays as it was
-            **({"init_from": {"path": cfg.init_from, "format": init.format}} if init else {})}
+            **({"init_from": {"path": cfg.init_from, "format": init.format}} if init else {}),
+            # the served form the states came from (issue 74); a dense target's train_meta.json stays as it was
+            **({"target_quantization": decisions.target_quantization} if decisions.target_quantization else {})}
     place = Placement(device, distributed, rank, ranks, world, processes)
     return Trainer(cfg=cfg, inputs=inputs, place=place, model=model, net=net, params=params, opt=opt, sched=sched,
                    call_kwargs=call_kwargs, train_b=train_b, eval_b=eval_b, total_steps=total_steps,

@@ -48,7 +48,7 @@ from ..draft import choice, given_head, methods
 from ..draft.choice import Draft
 from ..draft.given_head import GivenHead, GivenHeadError
 from ..draft.head_format import HEAD_FLAGS, HEAD_VARIANTS
-from ..formats import benchmark_runs, target_files
+from ..formats import benchmark_runs, quantization, target_files
 from ..formats.target_files import num_decoder_layers
 from ..vllm.engine_args import engine_layout
 from .contract import CONTRACTS, RULE_ENTRIES, STAGE_OF_RULE, Contract, job_entry, stage_of
@@ -391,7 +391,8 @@ class Plan:
     def of(cls, config: Mapping[str, Any], res: str, decisions: Mapping[str, Any] | None = None) -> Plan:
         """The plan of the workflow's ``config`` (validated against its schema) for the run's results folder ``res``
         (``results/<run>``), ``decisions`` the compat report's as recorded (None before the first). Checks, in this
-        order: the target folder, the benchmark's sets, the compared heads, the aux layer ids against the target's
+        order: the target folder, the benchmark's sets, the compared heads, the target's quantization method
+        (``formats.quantization.refusal``), the aux layer ids against the target's
         config.json (a bundled target's known fields before it is materialised: ``target_files.planning_config``),
         the drafts, the given head (``check_given_head``), the head training starts from (``check_init_from``).
 
@@ -404,6 +405,9 @@ class Plan:
         check_compare_heads(config, res)
         bundled = None if config["target"]["path"] else config["target"]["bundled"]
         target_config, name = target_files.planning_config(target, bundled)
+        problem = quantization.refusal(target_config or {}, name)  # a scheme no route here reads (issue 74)
+        if problem:
+            raise PlanError(problem)
         problem = aux_layer_ids_problem(methods.get(config["draft"]["method"]), config["capture"]["aux_layer_ids"],
                                         target_config, name)
         if problem:
