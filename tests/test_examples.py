@@ -138,5 +138,6 @@ def test_kimi_online_plans_no_shards_and_splits_the_cards(tmp_path):
     assert ok["status"] == "ok" and ok["message"] == "target 91.9 of 108.0 GB per GPU, trainer 47.9 of 72.0 GB"
     bad = cr.plan_online(target_dir, target, capture, {**plan, "target_memory_fraction": 0.9}, int(96e9))
     assert bad["status"] == "fail" and bad["message"] == (
-        "the trainer needs 47.9 GB (states 18.6, activations 29.3) but the rest of a 96 GB GPU after the "
-        "target's share is 9.6 GB")
+        "the target needs 91.9 GB per GPU (weights 74.4 GB x 1.2 + KV cache) but capture.online.target_memory_fraction "
+        "0.9 of 96 GB gives it 86.4 GB; the trainer needs 47.9 GB (states 18.6, activations 29.3) but the rest of a "
+        "96 GB GPU after the target's share is 9.6 GB")

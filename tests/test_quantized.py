@@ -227,5 +227,5 @@ def test_an_fp8_target_builds_end_to_end(smol_target, quantized, tmp_path):
     bench = json.loads((res / "benchmark.json").read_text())
     assert bench["runs"] and all(r["lossless"] for r in bench["runs"])
     serving = json.loads((res / "serve/serving.json").read_text())
-    assert str(quantized["fp8"]) in json.dumps(serving)
+    assert serving["target"] == str(quantized["fp8"]) and serving["target_quantization"] == scheme
     assert torch.tensor(bench["runs"][0]["mean_acceptance_length"]) >= 1.0

@@ -44,8 +44,9 @@ from ..config.settings import config_fields, job
 from ..draft.head_format import Head
 from ..formats.artifacts import Serving, validate
 from ..formats.benchmark_runs import OWN_HEAD, benchmark_runs
+from ..formats.quantization import describe
 from ..vllm import engine_process
-from ..vllm.engine_args import drafter_config, engine_arg_declared, engine_args, engine_layout
+from ..vllm.engine_args import config_json, drafter_config, engine_arg_declared, engine_args, engine_layout
 from . import serving_files
 from .k_schedule import SCHEDULE_ENV
 
@@ -257,7 +258,16 @@ def serving(s: ServeConfigSettings, bench: Mapping[str, Any]) -> dict:
         "layout": engine_layout(gpus, s.pipeline_parallel_size), "dtype": engine["dtype"], "port": port,
         "served_name": served_name, "env": env, "per_request_metrics": s.per_request_metrics,
         "sampling": server_sampling(target_dir, s.trust_remote_code),
+        **target_form(target_dir),
     }}
+
+
+def target_form(target_dir: str | os.PathLike) -> dict:
+    """``{"target_quantization": scheme}`` for a quantized target (issue 74: vLLM starts it from its folder as it is,
+    quantized, reading its config.json's quantization_config; serving.json says which form it serves), ``{}`` for a
+    dense one (its serving.json keeps its bytes)."""
+    d = describe(config_json(target_dir))
+    return {"target_quantization": d["scheme"]} if d else {}
 
 
 def write(out_dir: str | os.PathLike, contents: Mapping[str, Any], python: str = sys.executable) -> dict[str, str]:
