@@ -44,7 +44,9 @@ EAGLE-3 head in its one benchmark job, the pre-flight's comparison included), ``
 ``kimi-online`` (the Kimi-K2.5-shaped target, offline and online capture), ``kimi-c16``, ``recipe-serve`` (the recipe
 head behind vLLM's OpenAI-compatible server, started from the build's serving files: ``serve_check`` through the
 ``openai`` client against the benchmark, then vLLM's load generator, ``vllm bench serve``, at 1 and 16 requests in
-flight, beside the benchmark's own figures at 16 in flight, 64 prompts a set).
+flight, beside the benchmark's own figures at 16 in flight, 64 prompts a set), ``int4-ab`` (issue 74: the recipe at 2
+epochs on the bundled target quantized W4A16, its head and the one trained at 2 epochs on the bf16 target served on it
+in one benchmark job).
 
 A given head (``--head``, issue 72): ``kschedule`` and ``recipe-serve`` measure the recipe's head without building
 it. ``--head`` names a head folder, or a record's archive (``OUT/<name>.tgz``, which carries ``results/<run>/head/``,
@@ -167,6 +169,29 @@ def _peer(call: "Call", rec: Record) -> int:
                      "--out", PEER_DIR, *dry], "peer_route")
 
 
+INT4_TARGET = "resources/targets/smollm2-135m-instruct-w4a16-g64"  # int4_ab.yaml's target.path
+INT4_BF16 = f"{GPU}/int4_ab_bf16.yaml"
+
+
+def _int4_ab(call: "Call", rec: Record) -> int:
+    """Issue 74's A/B: the recipe at 2 epochs on the bf16 target up to its head (``INT4_BF16``, run smollm2-8k-e2),
+    then the bundled target its build materialized, quantized W4A16 in groups of 64 by
+    examples/targets/quantize_target.py into ``INT4_TARGET``, which int4_ab.yaml builds on and serves beside the bf16
+    head. Each part once; side A's shards (the recipe's ~25 GB) are deleted once its head is exported, so that side B's
+    fit the 64 GiB disk beside them."""
+    if not (call.workdir / "results/smollm2-8k-e2/head/config.json").exists():
+        rc = call.snakemake((RECIPE, INT4_BF16, NO_PREFLIGHT, *rec.configfiles[3:]), ["--until", "export_head"],
+                            "bf16_head")
+        if rc != 0:
+            return rc
+    shutil.rmtree(call.workdir / "results/smollm2-8k-e2/hidden_states", ignore_errors=True)
+    if (call.workdir / INT4_TARGET / "config.json").exists():
+        return 0
+    return call.run([sys.executable, str(REPO / "examples/targets/quantize_target.py"),
+                     "resources/targets/smollm2-135m-instruct", INT4_TARGET, "--scheme", "w4a16", "--group-size", "64"],
+                    "int4_target")
+
+
 PREFLIGHT = "results/{run}/preflight.json"
 SERVE_CHECK = "results/{run}/serve/serve_check.json"
 KIMI = {"prepare": _kimi_target, "prepare_bytes": _kimi_target_bytes}
@@ -196,6 +221,8 @@ RECORDS: dict[str, Record] = {
     # then the server from results/<run>/serve/ checked with the openai client and loaded by vllm bench serve at 1, 16
     "recipe-serve": Record((RECIPE, f"{GPU}/c16_64.yaml", f"{GPU}/serve_load.yaml", NO_PREFLIGHT),
                            targets=(SERVE_CHECK,)),
+    # issue 74: the recipe (2 epochs) on the INT4 (W4A16) target, its head and the bf16-trained one served on it
+    "int4-ab": Record((RECIPE, f"{GPU}/int4_ab.yaml", NO_PREFLIGHT), prepare=_int4_ab),
 }
 # One name for several records, made in this order (issue 65: the recipe-based records in value order, one lease:
 # the recipe's build, then what adds to it: the other methods' heads, the k schedule, the server, the peer route).
