@@ -91,7 +91,7 @@ LARGE_TARGET_WEIGHT_BYTES = 80e9
 
 
 class CompatError(RuntimeError):
-    """A hard requirement failed; the message is the one-screen summary."""
+    """A hard requirement failed; the message is one line naming each failure (``write``: the report is logged)."""
 
 
 # What vLLM reads where none is importable here (a training node): the head flags that the
@@ -530,11 +530,14 @@ def write_decisions(report: dict, out_json: str) -> None:
 
 
 def write(report: dict, out_json: str, out_md: str | None = None) -> None:
-    """Write compat.json (and compat.md when ``out_md`` is given); raise CompatError (one-screen
-    summary) on a hard failure."""
+    """Write compat.json (and compat.md when ``out_md`` is given); on a hard failure, log the whole report and raise
+    CompatError: one line, each hard failure with its error."""
     md = render_markdown(report)
     if report["hard_failures"]:
-        raise CompatError(md)
+        log.error("%s", md)  # the whole report, in the job's log; the error itself is one line
+        failures = md.split("## HARD FAILURES", 1)[1].strip().split("\n- ")
+        raise CompatError("; ".join(" ".join(x.removeprefix("- ").split()) for x in failures)
+                          + " (compat report: the whole report is in this job's log)")
     write_json(out_json, report)
     if out_md is not None:
         write_text(out_md, md)
@@ -578,7 +581,7 @@ def compat_report(s: CompatSettings) -> dict:
     ``write_decisions`` decisions.json (``s.out_decisions``). Returns the report.
 
     Raises:
-        CompatError: a hard failure (the one-screen summary); nothing is written then.
+        CompatError: a hard failure (one line; the report in the log); nothing is written then.
     """
     report = build_report(s)
     write(report, s.out_json)
