@@ -22,7 +22,7 @@ def test_record_configs_validate(name):
 
 
 def test_every_overlay_is_a_records():
-    used = {f for r in record.RECORDS.values() for f in r.configfiles}
+    used = {f for r in record.RECORDS.values() for f in r.configfiles} | set(record.PREPARE_OVERLAYS)
     # every YAML file there is a config overlay but the card-time table (card_time.py)
     overlays = {f"benchmarks/gpu/{p.name}" for p in GPU.glob("*.yaml") if p.name != "card_seconds.yaml"}
     assert overlays <= used, f"overlays no record uses: {sorted(overlays - used)}"
@@ -31,6 +31,12 @@ def test_every_overlay_is_a_records():
 
 def test_overlays_set_what_their_records_say():
     recipe = "examples/configs/smollm2-8k-gpu.yaml"
+    # int4-ab: its prepare step's bf16 side and its own INT4 side, both the recipe at 2 epochs, the bf16 head compared
+    a = load_config([recipe, record.INT4_BF16, record.NO_PREFLIGHT])
+    b = load_config([REPO / f for f in record.RECORDS["int4-ab"].configfiles])
+    assert (a["run"], a["train"]["epochs"], b["train"]["epochs"]) == ("smollm2-8k-e2", 2, 2)
+    assert b["target"]["path"] == record.INT4_TARGET
+    assert b["benchmark"]["compare_heads"] == [{"name": "bf16-trained", "path": f"results/{a['run']}/head"}]
     b = load_config([recipe, "benchmarks/gpu/c16_64.yaml"])["benchmark"]
     assert (b["concurrency"], b["num_prompts"]) == (16, 64)
     assert load_config([recipe, "benchmarks/gpu/ks5.yaml"])["benchmark"]["ks"] == [5]

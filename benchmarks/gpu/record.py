@@ -171,6 +171,8 @@ def _peer(call: "Call", rec: Record) -> int:
 
 INT4_TARGET = "resources/targets/smollm2-135m-instruct-w4a16-g64"  # int4_ab.yaml's target.path
 INT4_BF16 = f"{GPU}/int4_ab_bf16.yaml"
+# Overlays a record's prepare step builds with (over the recipe and no_preflight.yaml), not its own configfiles.
+PREPARE_OVERLAYS = (INT4_BF16,)
 
 
 def _int4_ab(call: "Call", rec: Record) -> int:
