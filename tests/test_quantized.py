@@ -50,6 +50,7 @@ def tensors(folder) -> dict:
         return {k: f.get_slice(k) for k in f.keys()}
 
 
+@pytest.mark.slow  # the bundled target materialized and quantized twice (~60 s): make test, not make check
 def test_the_script_makes_int4_and_fp8_checkpoints_as_vllm_loads_them(smol_target, quantized, tmp_path):
     """W4A16: each Linear's weight packed 8 INT4 to an int32 with one scale per 64 inputs, lm_head (tied) and
     embeddings left as they were; FP8: E4M3 weights with a scale per output channel; config.json names the scheme as
@@ -91,6 +92,7 @@ def kimi_int4(tmp_path_factory):
     return base / "int4"
 
 
+@pytest.mark.slow  # the tiny Kimi-shaped target written and quantized (~40 s): make test, not make check
 def test_the_kimi_scheme_quantizes_the_routed_experts_alone(kimi_int4):
     """Kimi-K2.5's scheme on the tiny Kimi-shaped target: every routed expert's three projections in INT4 (group 32),
     attention, the shared expert, the dense first layer and lm_head left in bf16; the ignore patterns written as Kimi's
