@@ -233,3 +233,23 @@ def test_an_fp8_target_builds_end_to_end(smol_target, quantized, tmp_path):
     serving = json.loads((res / "serve/serving.json").read_text())
     assert serving["target"] == str(quantized["fp8"]) and serving["target_quantization"] == scheme
     assert torch.tensor(bench["runs"][0]["mean_acceptance_length"]) >= 1.0
+
+
+def test_quantized_serving_decides_from_the_smoke_on_this_platform():
+    """vLLM must serve a compressed-tensors scheme where the serving platform is this host: a failed smoke on a model
+    quantized the same way refuses it in one line; a scheme compressed-tensors cannot make (``fp8``) and a platform
+    elsewhere (a CPU planning an 8-card run) pass with the reason, as a host without vLLM does."""
+    from eagle3build.compat import compat_report as cr
+    from eagle3build.compat.probes import Probe
+
+    ct = {"method": "compressed-tensors", "scheme": "compressed-tensors pack-quantized W4A16 int4 g64"}
+    failed = {"vllm": Probe(name="vllm"), "vllm_capture_smoke": Probe(name="vllm_capture_smoke", status="fail",
+                                                                     error="RuntimeError: no kernel\nits trace")}
+    with pytest.raises(ValueError, match=r"^target quantized as 'compressed-tensors pack-quantized W4A16 int4 g64': "
+                                         r"this vLLM cannot serve it \(RuntimeError: no kernel\); the benchmark"):
+        cr.check_quantized_serving(ct, failed)
+    assert cr.check_quantized_serving(ct, failed, "serving on 8 GPU(s); this host has none")["vllm"].startswith(
+        "not probed: serving on 8 GPU(s)")
+    assert "stays dense for method fp8" in cr.check_quantized_serving({"method": "fp8", "scheme": "fp8"}, failed)["vllm"]
+    no_vllm = {"vllm": Probe(name="vllm", status="fail", error="ImportError")}
+    assert cr.check_quantized_serving(ct, no_vllm)["vllm"].startswith("not importable here")

@@ -350,14 +350,19 @@ def build_report(s: CompatSettings) -> dict:
     # 8-card Kimi run says nothing of the cards' kernels.
     serves_here = job_gpus["serve"] == 0 or bool((probes["torch"].value or {}).get("cuda_available"))
     if backend == "vllm" or (backend == "auto" and prefer) or (quant and serves_here and probes["vllm"].status != "fail"):
-        qcfg = quantization_config(target_dir, trust_remote_code) if quant else None
+        # the probe's model is quantized with the target's scheme where compressed-tensors can make it
+        qcfg = (quantization_config(target_dir, trust_remote_code)
+                if quant and quant["method"] == "compressed-tensors" else None)
         probes["vllm_capture_smoke"] = run_probe("vllm_capture_smoke", lambda: probe_vllm_capture(quantization=qcfg),
                                                  required=False)
         p = probes["vllm_capture_smoke"]
         log.info("probe %-28s %-4s %6.2fs %s", p.name, p.status, p.seconds, p.error or "")
         why = f"backend {backend}" + (f"; {why_target}" if backend == "auto" else "")
         if quant:
-            why += f"; quantized target ({quant['scheme']}): the probe's model is quantized the same way"
+            why += (f"; quantized target ({quant['scheme']}): " + (
+                "the probe's model is quantized the same way" if quant["method"] == "compressed-tensors" else
+                "the probe's model stays dense (only compressed-tensors schemes are made here): the scheme itself is "
+                "met when the capture or benchmark engine starts"))
         capture["vllm_capture_probe"] = {"run": True, "why": why}
     else:
         capture["vllm_capture_probe"] = {"run": False, "why": f"backend {backend}" + (
@@ -455,6 +460,9 @@ def check_quantized_serving(quant: dict, probes: dict[str, Probe], elsewhere: st
         return {"scheme": quant["scheme"], "vllm": f"not probed: {elsewhere}"}
     if probes["vllm"].status == "fail" or smoke is None:
         return {"scheme": quant["scheme"], "vllm": "not importable here: the benchmark and serving run elsewhere"}
+    if quant["method"] != "compressed-tensors":
+        return {"scheme": quant["scheme"], "vllm": "not probed with the scheme (the probe's model stays dense for "
+                f"method {quant['method']}): met when the capture or benchmark engine starts"}
     if smoke.status == "fail":
         raise ValueError(f"target quantized as {quant['scheme']!r}: this vLLM cannot serve it "
                          f"({(smoke.error or '').splitlines()[0][:400]}); the benchmark and serving need vLLM")
