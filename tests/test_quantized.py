@@ -253,3 +253,23 @@ def test_quantized_serving_decides_from_the_smoke_on_this_platform():
     assert "stays dense for method fp8" in cr.check_quantized_serving({"method": "fp8", "scheme": "fp8"}, failed)["vllm"]
     no_vllm = {"vllm": Probe(name="vllm", status="fail", error="ImportError")}
     assert cr.check_quantized_serving(ct, no_vllm)["vllm"].startswith("not importable here")
+
+
+def test_the_hooks_route_is_not_loaded_where_its_dense_form_cannot_fit(tmp_path):
+    """The hooks route's probe loads the target itself, and transformers decompresses it. It is not run for a
+    config-only folder, a large target, or a target whose dense form would take more than half this host's memory
+    (a 50B-parameter W4A16 checkpoint: 25 GB on disk, 100 GB in bf16, capture.compute_dtype's default, on this 24 GiB
+    machine). Each gets a reason."""
+    from eagle3build.compat import compat_report as cr
+
+    s = cr.CompatSettings(target_dir=str(tmp_path), results_dir=str(tmp_path / "r"))
+    q = {"weight_bytes_source": "files"}
+    probes, why = cr.quantized_load_probes(s, {"parameters": 50e9, "weight_bytes_per_parameter": 0.5,
+                                               "quantization": q}, None)
+    assert probes == {} and why.startswith("its dense form (100.0 GB) would take more than half of this host's free")
+    assert cr.quantized_load_probes(s, {"parameters": 1e12, "weight_bytes_per_parameter": 0.58, "quantization": q},
+                                    None)[1] == "a large target (580 GB): vLLM captures it"
+    assert cr.quantized_load_probes(s, {"parameters": 1e9, "weight_bytes_per_parameter": 0.5,
+                                        "quantization": {"weight_bytes_source": "config"}}, None)[1] == (
+        "no weight files (a config-only folder)")
+    assert cr.quantized_routes({}, why)["hooks"] == {"status": "not run", "error": why}

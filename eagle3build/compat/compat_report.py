@@ -341,8 +341,10 @@ def build_report(s: CompatSettings) -> dict:
         capture["bytes_per_token"] = hidden_state_bytes_per_token(len(aux_probe.value or []), target["hidden_size"],
                                                                   storage_dtype)
     quant = target.get("quantization")
+    hooks_not_run = None
     if quant:  # issue 74: which capture routes load the scheme, from evidence (quantized_routes)
-        probes.update(quantized_load_probes(s, target, capture.get("aux_layer_ids")))
+        loaded, hooks_not_run = quantized_load_probes(s, target, capture.get("aux_layer_ids"))
+        probes.update(loaded)
     # The engine smoke capture costs an engine start: run it only where its answer decides something (a quantized
     # target's: whether this vLLM serves the scheme at all, which the benchmark needs).
     prefer, why_target = engine_capture_preferred(target)
@@ -372,7 +374,7 @@ def build_report(s: CompatSettings) -> dict:
         probes["quantized_serving"] = run_probe("quantized_serving", lambda: check_quantized_serving(
             quant, probes, None if serves_here else f"serving on {job_gpus['serve']} GPU(s); this host has none"),
             required=True)
-        capture["quantized_routes"] = quantized_routes(probes)
+        capture["quantized_routes"] = quantized_routes(probes, hooks_not_run)
 
     Path(s.results_dir).mkdir(parents=True, exist_ok=True)
     usage = shutil.disk_usage(s.results_dir)
@@ -419,27 +421,41 @@ def quantization_config(target_dir: str, trust_remote_code: bool = declared("tar
     return of(json.loads((Path(target_dir) / "config.json").read_text())) or {}
 
 
-def quantized_load_probes(s: CompatSettings, target: dict, aux_layer_ids: list[int] | None) -> dict[str, Probe]:
+def quantized_load_probes(s: CompatSettings, target: dict,
+                          aux_layer_ids: list[int] | None) -> tuple[dict[str, Probe], str | None]:
     """The hooks route's evidence for a quantized target (issue 74): probe ``hooks_quantized_load`` loads the target
-    itself through transformers, as a capture would, where its weight files exist and it is not large (a large one
-    is captured by vLLM whatever this says: ``engine_capture_preferred``); otherwise it is not run, and the reason is
-    in compat.json's ``capture.quantized_routes``."""
+    itself through transformers, as a capture would. It is not run, and the reason returned, where the folder has no
+    weight files (config only), where the target is large (captured by vLLM whatever this says:
+    ``engine_capture_preferred``) or where its dense form (transformers decompresses it: parameters x 4 bytes in
+    float32, 2 in 16 bits) would take more than half of this host's free memory (the first GPU's where one is
+    visible, else RAM). Returns ``({name: probe}, None)`` or ``({}, why not)``."""
+    import psutil
+    import torch
+
     q = target["quantization"]
     weight = target["parameters"] * target["weight_bytes_per_parameter"]
-    if q["weight_bytes_source"] != "files" or weight > LARGE_TARGET_WEIGHT_BYTES:
-        return {}
+    if q["weight_bytes_source"] != "files":
+        return {}, "no weight files (a config-only folder)"
+    if weight > LARGE_TARGET_WEIGHT_BYTES:
+        return {}, f"a large target ({weight / 1e9:.0f} GB): vLLM captures it"
+    cuda = torch.cuda.is_available()
+    dense = target["parameters"] * (2 if cuda or s.compute_dtype in ("bfloat16", "float16") else 4)
+    free = torch.cuda.mem_get_info()[0] if cuda else psutil.virtual_memory().available
+    if dense > free / 2:
+        return {}, (f"its dense form ({dense / 1e9:.1f} GB) would take more than half of this host's free "
+                    f"{'GPU ' if cuda else ''}memory ({free / 1e9:.1f} GB)")
     p = run_probe("hooks_quantized_load", lambda: probe_hooks_load(s.target_dir, s.compute_dtype, s.trust_remote_code,
                                                                    aux_layer_ids), required=False)
     log.info("probe %-28s %-4s %6.2fs %s", p.name, p.status, p.seconds, p.error or "")
-    return {"hooks_quantized_load": p}
+    return {"hooks_quantized_load": p}, None
 
 
-def quantized_routes(probes: dict[str, Probe]) -> dict:
+def quantized_routes(probes: dict[str, Probe], hooks_not_run: str | None = None) -> dict:
     """What each route said of a quantized target: ``{"hooks": {"status", "error"}, "vllm": {...}}`` (``not run``
-    with the reason where its probe was not run)."""
+    with the reason where its probe was not run: ``hooks_not_run``, ``quantized_load_probes``'s)."""
     out = {}
-    for route, name, why in (("hooks", "hooks_quantized_load", "no weight files (config only) or a large target"),
-                             ("vllm", "vllm_capture_smoke", "vLLM not importable here")):
+    for route, name, why in (("hooks", "hooks_quantized_load", hooks_not_run or "not run"),
+                             ("vllm", "vllm_capture_smoke", "vLLM not importable here, or serving elsewhere")):
         p = probes.get(name)
         out[route] = ({"status": "not run", "error": why} if p is None
                       else {"status": p.status, "error": p.error, "probe": name})
