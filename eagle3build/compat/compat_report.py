@@ -353,8 +353,7 @@ def build_report(s: CompatSettings) -> dict:
     serves_here = job_gpus["serve"] == 0 or bool((probes["torch"].value or {}).get("cuda_available"))
     if backend == "vllm" or (backend == "auto" and prefer) or (quant and serves_here and probes["vllm"].status != "fail"):
         # the probe's model is quantized with the target's scheme where compressed-tensors can make it
-        qcfg = (quantization_config(target_dir, trust_remote_code)
-                if quant and quant["method"] == "compressed-tensors" else None)
+        qcfg = quantization_config(target_dir) if quant and quant["method"] == "compressed-tensors" else None
         probes["vllm_capture_smoke"] = run_probe("vllm_capture_smoke", lambda: probe_vllm_capture(quantization=qcfg),
                                                  required=False)
         p = probes["vllm_capture_smoke"]
@@ -412,8 +411,8 @@ def build_report(s: CompatSettings) -> dict:
     return report
 
 
-def quantization_config(target_dir: str, trust_remote_code: bool = declared("target.trust_remote_code")) -> dict:
-    """The target's ``quantization_config`` as its config.json has it (``formats.quantization``)."""
+def quantization_config(target_dir: str) -> dict:
+    """The target's ``quantization_config`` as its config.json has it (``formats.quantization``; ``{}`` for none)."""
     import json
 
     from ..formats.quantization import quantization_config as of
