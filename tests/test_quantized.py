@@ -193,7 +193,7 @@ def test_int4_targets_are_refused_here_with_the_evidence(which, request, tmp_pat
     assert line.startswith(f"quantized_serving: ValueError: target quantized as '{scheme}': this vLLM cannot serve it")
     assert "cpu_gemm_wna16" in line and "\n" not in line and not (tmp_path / "compat.json").exists()
     md = render_markdown(r)
-    assert f"- scheme: **{scheme}**" in md and "- hooks route: **ok**" in md and "- vllm route: **fail**" in md
+    assert f"- scheme: **{scheme}**" in md and "- hooks route: **loads it**" in md and "- vllm route: **fail**" in md
 
 
 @pytest.mark.e2e
@@ -222,7 +222,7 @@ def test_an_fp8_target_builds_end_to_end(smol_target, quantized, tmp_path):
     assert compat["capture"]["quantized_routes"]["hooks"]["status"] == "ok"
     assert compat["capture"]["quantized_routes"]["vllm"]["status"] in ("ok", "warn")
     md = (res / "compat.md").read_text()
-    assert f"- scheme: **{scheme}**" in md and "- backend: **hooks**" in md
+    assert f"- scheme: **{scheme}**" in md and "- backend: **hooks**" in md and "- hooks route: **loads it**" in md
     shard = next((res / "hidden_states/train").glob("*.safetensors"))
     with safe_open(str(shard), "pt") as f:
         assert f.metadata()["target_quantization"] == scheme

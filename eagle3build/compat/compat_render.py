@@ -57,7 +57,9 @@ def render_markdown(r: dict, preflight: dict | None = None) -> str:
         if q.get("quantized_modules") is not None:
             lines.append(f"- quantized layers in the files: {q['quantized_modules']}")
         for route, v in (r["capture"].get("quantized_routes") or {}).items():
-            lines.append(f"- {route} route: **{v['status']}**" + (f": {v['error']}" if v.get("error") else ""))
+            status = {"ok": "loads it", "warn": "loads it (with warnings: probe table)", "fail": "fail"}.get(
+                v["status"], v["status"])
+            lines.append(f"- {route} route: **{status}**" + (f": {v['error']}" if v.get("error") else ""))
     c = r["capture"]
     lines += ["", "## Capture", "", f"- backend: **{c['backend']}** (requested {c['requested']})"]
     lines += [f"- reason: {x}" for x in c["reasons"]]
