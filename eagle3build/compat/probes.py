@@ -480,19 +480,8 @@ def _scaled_modules(files: list) -> int:
 
 
 def weight_bytes_per_parameter(cfg) -> float:
-    """Bytes a stored weight takes: from ``quantization_config`` (bits / 8) or the config's dtype.
-
-    An estimate for planning: embeddings and norms usually stay in 16 bits.
-    """
-    q = getattr(cfg, "quantization_config", None) or getattr(text_config(cfg), "quantization_config", None)
-    if isinstance(q, dict):
-        bits = q.get("bits") or q.get("num_bits") or q.get("weight_bits")
-        if bits is None and isinstance(q.get("config_groups"), dict):
-            bits = next((g.get("weights", {}).get("num_bits") for g in q["config_groups"].values()), None)
-        if bits is None and "fp8" in str(q.get("quant_method", "")).lower():
-            bits = 8
-        if bits:
-            return int(bits) / 8
+    """Bytes a stored weight takes in a dense target: its config's dtype (2 for 16 bits). A quantized target's are
+    counted from its files or its scheme instead (``target_quantization``)."""
     dt = getattr(cfg, "dtype", None) or getattr(text_config(cfg), "dtype", None) or getattr(cfg, "torch_dtype", None)
     return {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0}.get(str(dt).replace("torch.", ""), 2.0)
 

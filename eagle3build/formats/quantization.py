@@ -247,43 +247,23 @@ def quantize_tensors(tensors: dict, config_groups: dict, ignore: list[str]) -> t
     return state, len(quantized), compressor
 
 
-def write_checkpoint(src: Path, tmp: Path, state: dict, compressor, ignore: list[str]) -> int:
-    """Write ``state`` as safetensors (one file, or 5 GiB shards with their index) into ``tmp`` beside ``src``'s
-    other files (config, tokenizer, chat template); ``compressor`` (``quantize_tensors``'s) writes config.json's
-    quantization_config, whose ignore list is then ``ignore`` as given: compressed-tensors writes the modules it left
-    out by the checkpoint's names, while the loaders match the list against their own module names (transformers'
-    Kimi-K2.5: ``model.language_model.layers...``), so the patterns are what a checkpoint carries.
-    Returns the bytes of the tensors."""
-    from safetensors.torch import save_file
+def write_checkpoint(src: Path, tmp: Path, state: dict, compressor, ignore: list[str]) -> None:
+    """Write ``state`` into ``tmp`` as huggingface_hub's ``save_torch_state_dict`` shards it (``model.safetensors``,
+    or 5 GB shards with their index), beside ``src``'s other files (config, tokenizer, chat template);
+    ``compressor`` (``quantize_tensors``'s) writes config.json's quantization_config, whose ignore list is then
+    ``ignore`` as given: compressed-tensors writes the modules it left out by the checkpoint's names, while the loaders
+    match the list against their own module names (transformers' Kimi-K2.5: ``model.language_model.layers...``), so
+    the patterns are what a checkpoint carries."""
+    from huggingface_hub import save_torch_state_dict
 
     for f in src.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
             shutil.copy2(f, tmp / f.name)
-    shards: list[dict] = [{}]
-    size = total = 0
-    for name in sorted(state):
-        nbytes = state[name].numel() * state[name].element_size()
-        if size and size + nbytes > SHARD_BYTES:
-            shards.append({})
-            size = 0
-        shards[-1][name] = state[name]
-        size += nbytes
-        total += nbytes
-    if len(shards) == 1:
-        save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    else:
-        weight_map = {}
-        for i, part in enumerate(shards):
-            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(part, str(tmp / fname), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(part, fname))
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1, sort_keys=True))
+    save_torch_state_dict(state, tmp, max_shard_size=SHARD_BYTES, metadata={"format": "pt"})
     compressor.update_config(str(tmp))
     cfg = json.loads((tmp / "config.json").read_text())
     cfg["quantization_config"]["ignore"] = list(ignore)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
-    return total
 
 
 def quantize_with(src: str | os.PathLike, out: str | os.PathLike, config_groups: dict, ignore: list[str]) -> dict:
@@ -297,7 +277,6 @@ def quantize_with(src: str | os.PathLike, out: str | os.PathLike, config_groups:
         FileExistsError: ``out`` exists. FileNotFoundError: ``src`` has no safetensors weights.
         ValueError: what ``quantize_tensors`` raises, with ``src`` named.
     """
-    import torch  # noqa: F401  (safetensors.torch needs it)
     from safetensors.torch import load_file
 
     src, out = Path(src), Path(out)
